@@ -1,0 +1,15 @@
+//! slurm-gpu-mode's shared logic. The SPANK plugin, the prolog, the epilog and
+//! the node checker are thin shells over this crate, so unit tests reach
+//! everything that decides anything.
+
+pub mod config;
+pub mod drain;
+pub mod fsutil;
+pub mod job_env;
+pub mod lifecycle;
+pub mod log;
+pub mod mode;
+pub mod state;
+
+pub use config::Config;
+pub use mode::GpuMode;

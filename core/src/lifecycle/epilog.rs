@@ -1,0 +1,73 @@
+//! The Epilog verb: undo what the prolog did for the job and remove its state.
+//! Idempotent: a second run, or a run after a reboot that lost /run, finds
+//! nothing and succeeds.
+
+use super::{Failure, Report};
+use crate::config::Config;
+use crate::job_env::JobEnv;
+use crate::log::Outcome;
+use crate::state::JobState;
+
+pub fn run(cfg: &Config, env: &JobEnv) -> Result<Report, Failure> {
+    let state = match JobState::load_if_present(&cfg.runtime_dir, env.job_id) {
+        Ok(s) => s,
+        // A corrupt state file cannot tell us what to undo: remove it so the
+        // next run is clean, but report it as a node fault to be looked at.
+        Err(e) => {
+            let _ = JobState::remove(&cfg.runtime_dir, env.job_id);
+            return Err(Failure::Node(format!("unreadable job state removed: {e}")));
+        }
+    };
+    let mode = state.as_ref().map(|s| s.mode.clone()).or_else(|| env.mode_value.clone());
+    if state.is_none() {
+        return Ok(Report { outcome: Outcome::Skipped, mode, detail: None });
+    }
+    JobState::remove(&cfg.runtime_dir, env.job_id)
+        .map_err(|e| Failure::Node(format!("cannot remove job state: {e}")))?;
+    Ok(Report { outcome: Outcome::Ok, mode, detail: None })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lifecycle::prolog;
+
+    fn setup() -> (tempfile::TempDir, Config, JobEnv) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = Config::default();
+        cfg.runtime_dir = dir.path().join("run");
+        let env = JobEnv {
+            job_id: 8,
+            uid: 1000,
+            gid: 1000,
+            user: "u".into(),
+            node: "n".into(),
+            gpus: vec![0],
+            mode_value: Some("checkpoint".into()),
+        };
+        (dir, cfg, env)
+    }
+
+    #[test]
+    fn removes_the_state_and_is_idempotent() {
+        let (_d, cfg, env) = setup();
+        prolog::run(&cfg, &env).unwrap();
+        assert_eq!(run(&cfg, &env).unwrap().outcome, Outcome::Ok);
+        assert_eq!(JobState::load_if_present(&cfg.runtime_dir, 8).unwrap(), None);
+        let again = run(&cfg, &env).unwrap();
+        assert_eq!(again.outcome, Outcome::Skipped);
+        assert_eq!(again.mode.as_deref(), Some("checkpoint"));
+    }
+
+    #[test]
+    fn a_corrupt_state_is_removed_and_reported() {
+        let (_d, cfg, env) = setup();
+        prolog::run(&cfg, &env).unwrap();
+        std::fs::write(crate::state::state_path(&cfg.runtime_dir, 8), b"{oops").unwrap();
+        match run(&cfg, &env) {
+            Err(Failure::Node(msg)) => assert!(msg.contains("is corrupt"), "{msg}"),
+            other => panic!("expected a node fault, got {other:?}"),
+        }
+        assert_eq!(run(&cfg, &env).unwrap().outcome, Outcome::Skipped);
+    }
+}

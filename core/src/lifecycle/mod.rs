@@ -1,0 +1,220 @@
+//! The node-side lifecycle verbs, one file each (prolog, epilog), and how their
+//! failures turn into exit codes and drains.
+//!
+//! # Failure policy (deliberate; see docs/architecture.md, "Failures")
+//!
+//! * [`Failure::Job`]: the job asked for something this node cannot give it
+//!   (a bad or unsupported value, a MIG profile the GPU lacks, a GPU another
+//!   user's MPS daemon holds). The node is healthy, so it must not be drained.
+//!   The prolog records a *refusal* in the job state and exits 0; the plugin
+//!   then fails the job's tasks in slurmstepd with the message.
+//! * [`Failure::Node`]: something is wrong with the node (state directory not
+//!   writable, NVML gone, a setting that would not apply or undo). Whatever was
+//!   done is undone first; then the helper drains the node itself with a
+//!   precise `gpu-mode: <verb>: <detail>` reason and exits non-zero. Exiting
+//!   non-zero keeps Slurm's own semantics (a failed Prolog requeues the job
+//!   held; a failed Epilog keeps the node out of service), and because our
+//!   drain came first, slurmctld's generic "Prolog error"/"Epilog error" does
+//!   not replace our reason. Should scontrol itself fail, the non-zero exit
+//!   still gets the node drained by Slurm.
+
+pub mod epilog;
+pub mod prolog;
+
+use crate::config::Config;
+use crate::drain::Scontrol;
+use crate::job_env::{format_gpu_list, JobEnv};
+use crate::log::{ActionLine, Outcome};
+
+/// Why a lifecycle verb could not do its job; see the module docs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failure {
+    Job(String),
+    Node(String),
+}
+
+/// What a verb did, for its log line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    pub outcome: Outcome,
+    /// Mode in canonical form, or the raw value when it did not parse.
+    pub mode: Option<String>,
+    /// Extra detail for the log line (e.g. the refusal).
+    pub detail: Option<String>,
+}
+
+/// Exit code slurmd sees for a node fault.
+pub const EXIT_NODE_FAULT: i32 = 1;
+
+/// Logs the verb's line, drains on a node fault, and returns the exit code.
+pub fn finish(verb: &str, cfg: &Config, env: &JobEnv, result: Result<Report, Failure>) -> i32 {
+    let line = ActionLine::new(verb)
+        .field("job", env.job_id)
+        .field("node", &env.node)
+        .field("user", &env.user)
+        .field("uid", env.uid)
+        .field("gpu", format_gpu_list(&env.gpus));
+    match result {
+        Ok(report) => {
+            let mut line = line.field("mode", report.mode.as_deref().unwrap_or("none"));
+            if let Some(d) = &report.detail {
+                line = line.field("detail", d);
+            }
+            line.outcome(report.outcome).emit(&cfg.log);
+            0
+        }
+        Err(Failure::Job(msg)) => {
+            // A verb that returns Failure::Job has already recorded the refusal.
+            line.field("detail", &msg).outcome(Outcome::Refused).emit(&cfg.log);
+            0
+        }
+        Err(Failure::Node(msg)) => {
+            line.field("detail", &msg).outcome(Outcome::Failed).emit(&cfg.log);
+            drain_for(verb, cfg, &env.node, &msg);
+            EXIT_NODE_FAULT
+        }
+    }
+}
+
+/// Drains the node with `gpu-mode: <verb>: <detail>` (when the config allows)
+/// and logs that action too.
+pub fn drain_for(verb: &str, cfg: &Config, node: &str, detail: &str) {
+    if !cfg.slurm.drain_on_node_fault {
+        return;
+    }
+    let reason = format!("{verb}: {detail}");
+    let result = Scontrol::new(&cfg.slurm.scontrol).drain(node, &reason);
+    let line = ActionLine::new("drain").field("node", node).field("reason", crate::drain::drain_reason(&reason));
+    match result {
+        Ok(()) => line.outcome(Outcome::Ok).emit(&cfg.log),
+        Err(e) => line.field("detail", e).outcome(Outcome::Failed).emit(&cfg.log),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+    use std::path::PathBuf;
+
+    fn env() -> JobEnv {
+        JobEnv {
+            job_id: 3,
+            uid: 1000,
+            gid: 1000,
+            user: "u".into(),
+            node: "n9".into(),
+            gpus: vec![0],
+            mode_value: Some("mps".into()),
+        }
+    }
+
+    fn cfg_with_fake_scontrol(dir: &std::path::Path) -> (Config, PathBuf) {
+        let log = dir.join("argv");
+        let script = dir.join("scontrol");
+        std::fs::write(&script, format!("#!/bin/sh\necho \"$@\" >> {}\n", log.display())).unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut cfg = Config::default();
+        cfg.slurm.scontrol = script;
+        cfg.log.syslog = false;
+        (cfg, log)
+    }
+
+    #[test]
+    fn exit_codes_and_drains_follow_the_failure_class() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cfg, log) = cfg_with_fake_scontrol(dir.path());
+        let ok = Report { outcome: Outcome::Ok, mode: Some("mps".into()), detail: None };
+        assert_eq!(finish("prolog", &cfg, &env(), Ok(ok)), 0);
+        assert_eq!(finish("prolog", &cfg, &env(), Err(Failure::Job("no such profile".into()))), 0);
+        assert!(!log.exists(), "neither success nor a job refusal may drain");
+        assert_eq!(finish("prolog", &cfg, &env(), Err(Failure::Node("disk full".into()))), EXIT_NODE_FAULT);
+        let argv = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(argv.trim(), "update NodeName=n9 State=DRAIN Reason=gpu-mode: prolog: disk full");
+    }
+
+    #[test]
+    fn drain_can_be_turned_off_but_the_exit_code_stays() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut cfg, log) = cfg_with_fake_scontrol(dir.path());
+        cfg.slurm.drain_on_node_fault = false;
+        assert_eq!(finish("epilog", &cfg, &env(), Err(Failure::Node("x".into()))), EXIT_NODE_FAULT);
+        assert!(!log.exists());
+    }
+}
+
+/// Which verb a hook binary runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verb {
+    Prolog,
+    Epilog,
+}
+
+impl Verb {
+    pub fn name(self) -> &'static str {
+        match self {
+            Verb::Prolog => "prolog",
+            Verb::Epilog => "epilog",
+        }
+    }
+}
+
+/// Exit code for a helper started wrongly (bad arguments, not under slurmd).
+pub const EXIT_USAGE: i32 = 2;
+
+/// The whole of `gpu-mode-prolog` / `gpu-mode-epilog`: arguments, config, job
+/// environment, the verb, and [`finish`]. Returns the process exit code.
+pub fn hook_main(verb: Verb, args: &[String]) -> i32 {
+    let config_path = match parse_hook_args(args) {
+        Ok(p) => p,
+        Err(msg) => {
+            eprintln!("gpu-mode-{}: {msg}\nusage: gpu-mode-{} [--config PATH]", verb.name(), verb.name());
+            return EXIT_USAGE;
+        }
+    };
+    let env = match JobEnv::from_process_env() {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("gpu-mode-{}: {e}", verb.name());
+            return EXIT_USAGE;
+        }
+    };
+    let cfg = match Config::load(config_path.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            // A broken config is the node's problem: every job here would fail
+            // the same way. Drain with the default scontrol so it gets fixed.
+            let cfg = Config::default();
+            return finish(verb.name(), &cfg, &env, Err(Failure::Node(e.to_string())));
+        }
+    };
+    let result = match verb {
+        Verb::Prolog => prolog::run(&cfg, &env),
+        Verb::Epilog => epilog::run(&cfg, &env),
+    };
+    finish(verb.name(), &cfg, &env, result)
+}
+
+/// `[--config PATH]`, nothing else.
+fn parse_hook_args(args: &[String]) -> Result<Option<std::path::PathBuf>, String> {
+    match args {
+        [] => Ok(None),
+        [flag, path] if flag == "--config" => Ok(Some(path.into())),
+        [flag] if flag == "--config" => Err("--config needs a path".into()),
+        [other, ..] => Err(format!("unexpected argument {other:?}")),
+    }
+}
+
+#[cfg(test)]
+mod arg_tests {
+    use super::*;
+
+    #[test]
+    fn hook_arguments() {
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        assert_eq!(parse_hook_args(&s(&[])), Ok(None));
+        assert_eq!(parse_hook_args(&s(&["--config", "/c.toml"])), Ok(Some("/c.toml".into())));
+        assert!(parse_hook_args(&s(&["--config"])).unwrap_err().contains("needs a path"));
+        assert!(parse_hook_args(&s(&["-x"])).unwrap_err().contains("unexpected argument"));
+    }
+}

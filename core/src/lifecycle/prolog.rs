@@ -1,0 +1,136 @@
+//! The Prolog verb: parse the job's mode, decide what its tasks get, and
+//! record it in the job state for the plugin and the epilog.
+
+use super::{Failure, Report};
+use crate::config::Config;
+use crate::job_env::{format_gpu_list, JobEnv};
+use crate::log::Outcome;
+use crate::mode::GpuMode;
+use crate::state::{JobState, STATE_VERSION};
+use std::collections::BTreeMap;
+
+/// Task variable with the job's mode in canonical form, set by the plugin from
+/// the job state (proof that the prolog's decision reached the task).
+pub const TASK_MODE_VAR: &str = "SLURM_GPU_MODE";
+/// Task variable with the physical GPU indices the prolog prepared.
+pub const TASK_GPUS_VAR: &str = "SLURM_GPU_MODE_GPUS";
+
+pub fn run(cfg: &Config, env: &JobEnv) -> Result<Report, Failure> {
+    let Some(raw) = env.mode_value.as_deref() else {
+        // Jobs without --gpu-mode are never touched.
+        return Ok(Report { outcome: Outcome::Skipped, mode: None, detail: None });
+    };
+    match GpuMode::parse(raw) {
+        Ok(mode) => prepare(cfg, env, &mode),
+        // The plugin validated at submit, so this is a value that bypassed it
+        // (e.g. a plugin missing on the submit host): the job's fault.
+        Err(e) => refuse(cfg, env, raw, e.to_string()),
+    }
+}
+
+fn prepare(cfg: &Config, env: &JobEnv, mode: &GpuMode) -> Result<Report, Failure> {
+    let canonical = mode.to_string();
+    let task_env: BTreeMap<String, String> = [
+        (TASK_MODE_VAR.to_string(), canonical.clone()),
+        (TASK_GPUS_VAR.to_string(), format_gpu_list(&env.gpus)),
+    ]
+    .into();
+    save(cfg, new_state(env, &canonical, task_env, None))?;
+    Ok(Report { outcome: Outcome::Ok, mode: Some(canonical), detail: None })
+}
+
+/// Records a refusal so the plugin fails the job's tasks with `message`.
+pub fn refuse(cfg: &Config, env: &JobEnv, mode: &str, message: String) -> Result<Report, Failure> {
+    save(cfg, new_state(env, mode, BTreeMap::new(), Some(message.clone())))?;
+    Err(Failure::Job(message))
+}
+
+fn new_state(env: &JobEnv, mode: &str, task_env: BTreeMap<String, String>, refusal: Option<String>) -> JobState {
+    JobState {
+        version: STATE_VERSION,
+        job_id: env.job_id,
+        uid: env.uid,
+        gid: env.gid,
+        user: env.user.clone(),
+        node: env.node.clone(),
+        mode: mode.to_string(),
+        gpus: env.gpus.clone(),
+        task_env,
+        refusal,
+        created_unix: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+    }
+}
+
+fn save(cfg: &Config, state: JobState) -> Result<(), Failure> {
+    state
+        .save(&cfg.runtime_dir)
+        .map(|_| ())
+        .map_err(|e| Failure::Node(format!("cannot write job state: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn setup(mode: Option<&str>) -> (tempfile::TempDir, Config, JobEnv) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = Config::default();
+        cfg.runtime_dir = dir.path().join("run");
+        let env = JobEnv {
+            job_id: 77,
+            uid: 1000,
+            gid: 1000,
+            user: "u".into(),
+            node: "n".into(),
+            gpus: vec![1, 2],
+            mode_value: mode.map(String::from),
+        };
+        (dir, cfg, env)
+    }
+
+    #[test]
+    fn a_job_without_mode_gets_no_state() {
+        let (_d, cfg, env) = setup(None);
+        assert_eq!(run(&cfg, &env).unwrap().outcome, Outcome::Skipped);
+        assert_eq!(JobState::load_if_present(&cfg.runtime_dir, 77).unwrap(), None);
+    }
+
+    #[test]
+    fn a_valid_mode_is_recorded_with_its_task_environment() {
+        let (_d, cfg, env) = setup(Some("mps:mem=8G,threads=10"));
+        let report = run(&cfg, &env).unwrap();
+        assert_eq!(report.mode.as_deref(), Some("mps:threads=10,mem=8G"));
+        let state = JobState::load(&cfg.runtime_dir, 77).unwrap();
+        assert_eq!(state.task_env[TASK_MODE_VAR], "mps:threads=10,mem=8G");
+        assert_eq!(state.task_env[TASK_GPUS_VAR], "1,2");
+        assert_eq!(state.gpus, vec![1, 2]);
+        assert_eq!(state.refusal, None);
+    }
+
+    #[test]
+    fn an_invalid_mode_is_refused_not_a_node_fault() {
+        let (_d, cfg, env) = setup(Some("mig:1g.10gbx9"));
+        match run(&cfg, &env) {
+            Err(Failure::Job(msg)) => assert!(msg.contains("count 9"), "{msg}"),
+            other => panic!("expected a job refusal, got {other:?}"),
+        }
+        let state = JobState::load(&cfg.runtime_dir, 77).unwrap();
+        assert!(state.refusal.unwrap().contains("count 9"));
+        assert!(state.task_env.is_empty());
+    }
+
+    #[test]
+    fn an_unwritable_runtime_dir_is_a_node_fault() {
+        let (d, mut cfg, env) = setup(Some("mps"));
+        let file = d.path().join("file");
+        std::fs::write(&file, b"").unwrap();
+        cfg.runtime_dir = file.join("run");
+        match run(&cfg, &env) {
+            Err(Failure::Node(msg)) => assert!(msg.contains("cannot write job state"), "{msg}"),
+            other => panic!("expected a node fault, got {other:?}"),
+        }
+    }
+}

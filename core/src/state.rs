@@ -1,0 +1,203 @@
+//! Per-job state: the channel from the prolog (root, slurmd) to the plugin in
+//! slurmstepd, and from the prolog to the epilog.
+//!
+//! One JSON file per job at `<runtime_dir>/jobs/<job id>.json`, written
+//! atomically by the prolog, read by the plugin before tasks start, removed by
+//! the epilog. The format carries a version; a reader refuses any other version
+//! with a clear error rather than guessing.
+
+use crate::fsutil;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Bump when a field changes meaning or a required field is added.
+pub const STATE_VERSION: u32 = 1;
+
+/// What the prolog decided for one job on this node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobState {
+    pub version: u32,
+    pub job_id: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub user: String,
+    pub node: String,
+    /// The job's mode in canonical form (`GpuMode`'s Display).
+    pub mode: String,
+    /// Physical GPU indices the job holds on this node.
+    pub gpus: Vec<u32>,
+    /// Environment the plugin sets in every task of the job.
+    pub task_env: BTreeMap<String, String>,
+    /// Set when the prolog could not give the job its mode on this node for a
+    /// reason that is the job's, not the node's (e.g. a MIG profile this GPU
+    /// lacks): the plugin fails the job's tasks with this message.
+    pub refusal: Option<String>,
+    /// Seconds since the epoch when the prolog wrote the state.
+    pub created_unix: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("job {job_id}: no state file {path}: the gpu-mode prolog did not prepare this job on this node (is Prolog= set to gpu-mode-prolog with PrologFlags=Alloc?)")]
+    Missing { job_id: u32, path: PathBuf },
+    #[error("job state file {path} is corrupt: {detail}")]
+    Corrupt { path: PathBuf, detail: String },
+    #[error("job state file {path} has format version {found}, this build reads version {STATE_VERSION}: were the plugin and the prolog upgraded separately?")]
+    Version { path: PathBuf, found: u64 },
+    #[error("job {job_id} cannot run on this node: {reason}")]
+    Refused { job_id: u32, reason: String },
+    #[error("job state file {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+}
+
+/// The directory of job state files under a runtime directory.
+pub fn jobs_dir(runtime_dir: &Path) -> PathBuf {
+    runtime_dir.join("jobs")
+}
+
+/// The state file of one job. Job ids are integers, so the path cannot escape
+/// the directory.
+pub fn state_path(runtime_dir: &Path, job_id: u32) -> PathBuf {
+    jobs_dir(runtime_dir).join(format!("{job_id}.json"))
+}
+
+impl JobState {
+    /// Writes the state atomically (mode 0644: slurmstepd reads it after
+    /// dropping privileges to the job's user). Creates the root-owned
+    /// directories on first use.
+    pub fn save(&self, runtime_dir: &Path) -> Result<PathBuf, StateError> {
+        let path = state_path(runtime_dir, self.job_id);
+        let io = |source| StateError::Io { path: path.clone(), source };
+        let owner = unsafe { libc::geteuid() };
+        let group = unsafe { libc::getegid() };
+        fsutil::ensure_private_dir(runtime_dir, owner, group, 0o755).map_err(io)?;
+        fsutil::ensure_private_dir(&jobs_dir(runtime_dir), owner, group, 0o755).map_err(io)?;
+        let mut text = serde_json::to_vec_pretty(self).expect("JobState always serializes");
+        text.push(b'\n');
+        fsutil::write_atomic(&path, &text, 0o644).map_err(io)?;
+        Ok(path)
+    }
+
+    /// Reads a job's state; see [`StateError`] for each failure.
+    pub fn load(runtime_dir: &Path, job_id: u32) -> Result<JobState, StateError> {
+        let path = state_path(runtime_dir, job_id);
+        let text = match std::fs::read(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(StateError::Missing { job_id, path })
+            }
+            Err(source) => return Err(StateError::Io { path, source }),
+        };
+        Self::from_json(&text, &path, job_id)
+    }
+
+    /// Loads a job's state if present; `Ok(None)` when the job has none.
+    pub fn load_if_present(runtime_dir: &Path, job_id: u32) -> Result<Option<JobState>, StateError> {
+        match Self::load(runtime_dir, job_id) {
+            Ok(s) => Ok(Some(s)),
+            Err(StateError::Missing { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn from_json(text: &[u8], path: &Path, job_id: u32) -> Result<JobState, StateError> {
+        let corrupt = |detail: String| StateError::Corrupt { path: path.to_path_buf(), detail };
+        // Read the version first so a future format gives a version error,
+        // not a confusing field error.
+        let value: serde_json::Value = serde_json::from_slice(text).map_err(|e| corrupt(e.to_string()))?;
+        let found = value
+            .get("version")
+            .and_then(|v| v.as_u64())
+            .ok_or_else(|| corrupt("no integer \"version\" field".into()))?;
+        if found != STATE_VERSION as u64 {
+            return Err(StateError::Version { path: path.to_path_buf(), found });
+        }
+        let state: JobState = serde_json::from_value(value).map_err(|e| corrupt(e.to_string()))?;
+        if state.job_id != job_id {
+            return Err(corrupt(format!("it names job {}, expected job {job_id}", state.job_id)));
+        }
+        Ok(state)
+    }
+
+    /// Removes a job's state; absent state is success (idempotent epilog).
+    pub fn remove(runtime_dir: &Path, job_id: u32) -> Result<bool, StateError> {
+        let path = state_path(runtime_dir, job_id);
+        fsutil::remove_if_present(&path).map_err(|source| StateError::Io { path, source })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(job_id: u32) -> JobState {
+        JobState {
+            version: STATE_VERSION,
+            job_id,
+            uid: 1000,
+            gid: 1000,
+            user: "alice".into(),
+            node: "n1".into(),
+            mode: "mps:threads=25".into(),
+            gpus: vec![0, 3],
+            task_env: [("SLURM_GPU_MODE".to_string(), "mps:threads=25".to_string())].into(),
+            refusal: None,
+            created_unix: 1_700_000_000,
+        }
+    }
+
+    #[test]
+    fn save_then_load_round_trips() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = sample(42).save(dir.path()).unwrap();
+        assert_eq!(path, dir.path().join("jobs/42.json"));
+        assert_eq!(JobState::load(dir.path(), 42).unwrap(), sample(42));
+    }
+
+    #[test]
+    fn missing_state_is_a_clear_error_and_load_if_present_gives_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = JobState::load(dir.path(), 7).unwrap_err().to_string();
+        assert!(err.contains("job 7: no state file") && err.contains("PrologFlags=Alloc"), "{err}");
+        assert_eq!(JobState::load_if_present(dir.path(), 7).unwrap(), None);
+    }
+
+    #[test]
+    fn corrupt_and_foreign_state_files_are_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        sample(9).save(dir.path()).unwrap();
+        let path = state_path(dir.path(), 9);
+        let good = serde_json::to_value(sample(9)).unwrap();
+        let with = |k: &str, v: serde_json::Value| {
+            let mut x = good.clone();
+            x[k] = v;
+            serde_json::to_vec(&x).unwrap()
+        };
+        let cases: Vec<(Vec<u8>, &str)> = vec![
+            (b"{\"version\":1,\"job_id\":".to_vec(), "is corrupt"),
+            (b"".to_vec(), "is corrupt"),
+            (b"[]".to_vec(), "no integer \"version\""),
+            (with("version", 2.into()), "format version 2"),
+            (with("job_id", 10.into()), "names job 10, expected job 9"),
+            (with("gpus", "0,1".into()), "is corrupt"),
+            (with("extra", 1.into()), "unknown field"),
+        ];
+        for (bytes, needle) in cases {
+            std::fs::write(&path, &bytes).unwrap();
+            let err = JobState::load(dir.path(), 9).unwrap_err().to_string();
+            assert!(err.contains(needle), "{:?}: {err:?} lacks {needle:?}", String::from_utf8_lossy(&bytes));
+            assert!(err.contains("9.json"), "{err}");
+        }
+    }
+
+    #[test]
+    fn remove_is_idempotent() {
+        let dir = tempfile::tempdir().unwrap();
+        sample(5).save(dir.path()).unwrap();
+        assert!(JobState::remove(dir.path(), 5).unwrap());
+        assert!(!JobState::remove(dir.path(), 5).unwrap());
+        assert!(!state_path(dir.path(), 5).exists());
+    }
+}

@@ -1,0 +1,7 @@
+//! `gpu-mode-epilog`: Slurm's Epilog= for slurm-gpu-mode. All logic lives in
+//! gpu_mode_core::lifecycle; see docs/architecture.md.
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    std::process::exit(gpu_mode_core::lifecycle::hook_main(gpu_mode_core::lifecycle::Verb::Epilog, &args));
+}

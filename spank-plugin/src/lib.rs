@@ -1,0 +1,58 @@
+//! The `gpu_mode` SPANK plugin. This file only routes each callback by context
+//! (as pyxis does): option handling lives in `options`, plugstack arguments in
+//! `args`, submit-side work (srun, sbatch, salloc) in `local`, and
+//! slurmstepd-side work in `remote`. Every callback runs inside
+//! slurm-spank's `catch_unwind`, so a panic becomes an error return, never an
+//! unwind across the FFI boundary into srun or slurmstepd.
+
+pub mod args;
+pub mod local;
+pub mod options;
+pub mod remote;
+
+use slurm_spank::{spank_log, Context, LogLevel, Plugin, SpankHandle, SPANK_PLUGIN};
+use std::error::Error;
+
+// 0x160500: built for Slurm 22.05; Slurm checks major.minor only.
+SPANK_PLUGIN!(b"gpu_mode", 0x160500, GpuModePlugin);
+
+#[derive(Default)]
+struct GpuModePlugin {
+    args: args::PluginArgs,
+}
+
+unsafe impl Plugin for GpuModePlugin {
+    fn init(&mut self, spank: &mut SpankHandle) -> Result<(), Box<dyn Error>> {
+        self.args = args::PluginArgs::parse(&spank.plugin_argv()?)?;
+        match spank.context()? {
+            Context::Local | Context::Allocator | Context::Remote => options::register(spank),
+            Context::Slurmd | Context::JobScript => Ok(()),
+        }
+    }
+
+    fn init_post_opt(&mut self, spank: &mut SpankHandle) -> Result<(), Box<dyn Error>> {
+        match spank.context()? {
+            Context::Local | Context::Allocator => local::init_post_opt(spank),
+            _ => Ok(()),
+        }
+    }
+
+    fn user_init(&mut self, spank: &mut SpankHandle) -> Result<(), Box<dyn Error>> {
+        match spank.context()? {
+            Context::Remote => remote::user_init(spank, &self.args),
+            _ => Ok(()),
+        }
+    }
+
+    /// slurm-spank's default installs a global tracing subscriber; we log
+    /// through Slurm directly and keep srun free of that work.
+    fn setup(&self, _spank: &mut SpankHandle) -> Result<(), Box<dyn Error>> {
+        Ok(())
+    }
+
+    /// Errors go through slurm_error, which srun/sbatch/salloc print as
+    /// `error: ...` and slurmstepd writes to the job's stderr and slurmd's log.
+    fn report_error(&self, error: &dyn Error) {
+        spank_log(LogLevel::Error, &format!("gpu-mode: {error}"));
+    }
+}

@@ -1,0 +1,55 @@
+//! Submit side: srun (local context), sbatch and salloc (allocator context).
+//! Validates the value before the job is queued and hands it to the node side
+//! through the job control environment (the Prolog/Epilog see SPANK_GPU_MODE).
+//! No I/O here: srun must never wait on us.
+
+use crate::options;
+use gpu_mode_core::job_env::{JOB_CONTROL_VAR, JOB_MODE_VAR};
+use gpu_mode_core::mode::GpuMode;
+use slurm_spank::{Context, SpankHandle};
+use std::error::Error;
+
+pub fn init_post_opt(spank: &mut SpankHandle) -> Result<(), Box<dyn Error>> {
+    let Some(value) = options::gpu_mode_value(spank)? else {
+        return Ok(());
+    };
+    let mode = options::validate(&value)?;
+    let in_allocation = spank.context()? == Context::Local && std::env::var_os("SLURM_JOB_ID").is_some();
+    if in_allocation {
+        // A step of an existing job: the prolog already ran with the job's mode.
+        let job_mode = std::env::var(JOB_MODE_VAR).ok();
+        return check_step_mode(&mode, job_mode.as_deref()).map_err(Into::into);
+    }
+    spank.job_control_setenv(JOB_CONTROL_VAR, mode.to_string(), true)?;
+    Ok(())
+}
+
+/// The mode is per job. A step may repeat the job's mode (srun inherits it
+/// through the environment inside sbatch) but not change or add one.
+pub fn check_step_mode(step: &GpuMode, job_value: Option<&str>) -> Result<(), String> {
+    let job = job_value.map(GpuMode::parse).transpose().ok().flatten();
+    match job {
+        Some(job) if &job == step => Ok(()),
+        Some(job) => Err(format!(
+            "--gpu-mode={step} differs from this job's --gpu-mode={job}: the mode is set per job, at sbatch/salloc/srun allocation time"
+        )),
+        None => Err(format!(
+            "--gpu-mode={step} was given to a step of a job allocated without --gpu-mode: give it to sbatch/salloc (or a standalone srun) instead"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn steps_may_repeat_but_not_change_the_job_mode() {
+        let mps = GpuMode::parse("mps:threads=5").unwrap();
+        assert!(check_step_mode(&mps, Some("mps:threads=5")).is_ok());
+        let err = check_step_mode(&mps, Some("checkpoint")).unwrap_err();
+        assert!(err.contains("differs from this job's --gpu-mode=checkpoint"), "{err}");
+        let err = check_step_mode(&mps, None).unwrap_err();
+        assert!(err.contains("allocated without --gpu-mode"), "{err}");
+    }
+}

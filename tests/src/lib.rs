@@ -1,0 +1,1 @@
+//! harness (in progress)
