@@ -1,1 +1,267 @@
-//! harness (in progress)
+//! A single-node Slurm cluster on localhost that the project owns: munged,
+//! slurmctld and slurmd on private ports, state and socket directories, with
+//! the built plugin in plugstack.conf and the built binaries as
+//! Prolog/Epilog. No system services, no systemd. Works with Slurm installed
+//! from Debian's packages or unpacked under a prefix (`GPU_MODE_SLURM_PREFIX`),
+//! as on the GPU machines. Facts: shared/field-notes.md §2.
+//!
+//! Teardown: [`Cluster`] stops everything on drop, and [`Cluster::start`]
+//! first kills whatever a previous run left in the same directory (a test
+//! binary killed by a timeout cannot run its destructors).
+
+pub mod artifacts;
+pub mod conf;
+pub mod process;
+pub mod shared;
+pub mod users;
+
+use anyhow::{anyhow, bail, Context, Result};
+use std::path::{Path, PathBuf};
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+pub use artifacts::Artifacts;
+pub use conf::{ClusterSpec, SlurmInstall};
+
+/// A running cluster. Drop stops it.
+pub struct Cluster {
+    pub spec: ClusterSpec,
+    pub install: SlurmInstall,
+    pub dir: PathBuf,
+    stopped: AtomicBool,
+}
+
+/// A finished batch job.
+#[derive(Debug, Clone)]
+pub struct JobResult {
+    pub id: u32,
+    /// sbatch --wait's exit code: the job's exit code.
+    pub exit_code: i32,
+    /// The job's stdout+stderr (its --output file).
+    pub output: String,
+}
+
+impl Cluster {
+    /// Writes the configuration into `spec.dir`, starts the daemons and waits
+    /// until the node is idle.
+    pub fn start(spec: ClusterSpec) -> Result<Cluster> {
+        if unsafe { libc::geteuid() } != 0 {
+            bail!("the local Slurm cluster must be started as root (it runs slurmd and munged)");
+        }
+        let install = SlurmInstall::detect()?;
+        let dir = spec.dir.clone();
+        process::stop_daemons_in(&dir);
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).with_context(|| format!("removing stale {}", dir.display()))?;
+        }
+        conf::write_all(&spec, &install).context("writing the cluster configuration")?;
+        let cluster = Cluster { spec, install, dir, stopped: AtomicBool::new(false) };
+        cluster.start_daemons()?;
+        Ok(cluster)
+    }
+
+    fn start_daemons(&self) -> Result<()> {
+        let d = &self.dir;
+        self.daemon(
+            &self.install.munged(),
+            &[
+                &format!("--socket={}", d.join("munge/munge.socket").display()),
+                &format!("--key-file={}", d.join("munge/munge.key").display()),
+                &format!("--pid-file={}", d.join("munge/munged.pid").display()),
+                &format!("--log-file={}", d.join("log/munged.log").display()),
+                &format!("--seed-file={}", d.join("munge/munged.seed").display()),
+                "--force",
+            ],
+        )?;
+        process::wait_for_path(&d.join("munge/munge.socket"), Duration::from_secs(10))
+            .context("munged did not create its socket")?;
+        let conf = d.join("slurm.conf");
+        self.daemon(&self.install.sbin("slurmctld"), &["-f", conf.to_str().unwrap()])?;
+        self.daemon(&self.install.sbin("slurmd"), &["-N", &self.spec.node_name, "-f", conf.to_str().unwrap()])?;
+        self.wait_node_idle(Duration::from_secs(60))
+    }
+
+    /// Starts a daemon that forks into the background, and checks it did.
+    fn daemon(&self, program: &Path, args: &[&str]) -> Result<()> {
+        let out = Command::new(program)
+            .args(args)
+            .envs(self.install.daemon_env())
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("cannot run {}", program.display()))?;
+        if !out.status.success() {
+            bail!(
+                "{} {} failed ({}): {}{}\n{}",
+                program.display(),
+                args.join(" "),
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr),
+                self.logs_tail()
+            );
+        }
+        Ok(())
+    }
+
+    fn wait_node_idle(&self, timeout: Duration) -> Result<()> {
+        let start = Instant::now();
+        let mut last = String::new();
+        while start.elapsed() < timeout {
+            if let Ok((state, _)) = self.node_state() {
+                if state.starts_with("IDLE") {
+                    return Ok(());
+                }
+                last = state;
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        bail!("node {} not idle after {:?} (last state {last:?})\n{}", self.spec.node_name, timeout, self.logs_tail())
+    }
+
+    /// The node's state and reason, from `scontrol show node`.
+    pub fn node_state(&self) -> Result<(String, String)> {
+        let out = self.client("scontrol", &["show", "node", &self.spec.node_name]).run_as_root()?;
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        if !out.status.success() {
+            bail!("scontrol show node failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let field = |name: &str| -> String {
+            text.split_whitespace()
+                .find_map(|w| w.strip_prefix(&format!("{name}=")).map(String::from))
+                .unwrap_or_default()
+        };
+        // Reason= runs to the end of its line and may contain spaces.
+        let reason = text
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("Reason=").map(|r| r.to_string()))
+            .unwrap_or_default();
+        Ok((field("State"), reason))
+    }
+
+    /// Brings a drained node back (tests that drain on purpose call this).
+    pub fn resume_node(&self) -> Result<()> {
+        let out = self
+            .client("scontrol", &["update", &format!("NodeName={}", self.spec.node_name), "State=RESUME"])
+            .run_as_root()?;
+        if !out.status.success() {
+            bail!("resume failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        self.wait_node_idle(Duration::from_secs(30))
+    }
+
+    /// A Slurm client command (sbatch, srun, ...) with this cluster's config.
+    pub fn client(&self, name: &str, args: &[&str]) -> ClientCommand {
+        let mut cmd = Command::new(self.install.bin(name));
+        cmd.args(args)
+            .env_clear()
+            .env("SLURM_CONF", self.dir.join("slurm.conf"))
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .envs(self.install.client_env())
+            .current_dir("/tmp")
+            .stdin(Stdio::null());
+        ClientCommand { cmd, timeout: Duration::from_secs(120) }
+    }
+
+    /// Submits `script` with sbatch --wait as `user` (None = root) and returns
+    /// the finished job. `args` go before the script.
+    pub fn sbatch_wait(&self, user: Option<&str>, args: &[&str], script: &str) -> Result<JobResult> {
+        let out_dir = self.dir.join("out");
+        let script_path = out_dir.join(format!("job-{}.sh", unique_suffix()));
+        std::fs::write(&script_path, script)?;
+        let output_arg = format!("--output={}/%j.out", out_dir.display());
+        let mut all: Vec<&str> = vec!["--parsable", "--wait", &output_arg];
+        all.extend_from_slice(args);
+        let script_arg = script_path.to_str().unwrap().to_string();
+        all.push(&script_arg);
+        let out = self.client("sbatch", &all).run_as(user)?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let id: u32 = stdout
+            .lines()
+            .next()
+            .and_then(|l| l.split(';').next())
+            .and_then(|s| s.trim().parse().ok())
+            .ok_or_else(|| anyhow!("sbatch gave no job id: {}{}", stdout, String::from_utf8_lossy(&out.stderr)))?;
+        let output = std::fs::read_to_string(out_dir.join(format!("{id}.out"))).unwrap_or_default();
+        Ok(JobResult { id, exit_code: out.status.code().unwrap_or(-1), output })
+    }
+
+    /// The structured lines the prolog/epilog wrote for `job_id`.
+    pub fn hook_log_lines(&self, job_id: u32) -> Vec<String> {
+        let text = std::fs::read_to_string(self.dir.join("log/hooks.log")).unwrap_or_default();
+        let needle = format!(" job={job_id} ");
+        text.lines().filter(|l| l.contains(&needle)).map(String::from).collect()
+    }
+
+    /// The gpu-mode runtime directory the helpers use.
+    pub fn runtime_dir(&self) -> PathBuf {
+        self.dir.join("run")
+    }
+
+    /// slurmctld/slurmd/hook log tails, for failure messages.
+    pub fn logs_tail(&self) -> String {
+        ["slurmctld.log", "slurmd.log", "hooks.log", "munged.log"]
+            .iter()
+            .map(|f| {
+                let text = std::fs::read_to_string(self.dir.join("log").join(f)).unwrap_or_default();
+                let lines: Vec<&str> = text.lines().collect();
+                let tail = lines[lines.len().saturating_sub(15)..].join("\n");
+                format!("--- {f} ---\n{tail}")
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Cancels every job, then stops slurmd, slurmctld and munged.
+    pub fn stop(&self) {
+        if self.stopped.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let _ = self.client("scancel", &["--full", "--partition", "debug"]).timeout(Duration::from_secs(10)).run_as_root();
+        process::stop_daemons_in(&self.dir);
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A client command with a timeout, run as root or as a test user.
+pub struct ClientCommand {
+    cmd: Command,
+    timeout: Duration,
+}
+
+impl ClientCommand {
+    pub fn timeout(mut self, t: Duration) -> Self {
+        self.timeout = t;
+        self
+    }
+
+    pub fn env(mut self, k: &str, v: &str) -> Self {
+        self.cmd.env(k, v);
+        self
+    }
+
+    pub fn run_as_root(self) -> Result<Output> {
+        self.run_as(None)
+    }
+
+    /// Runs as `user` (uid/gid/groups set by std's Command, no shell, no su).
+    pub fn run_as(mut self, user: Option<&str>) -> Result<Output> {
+        if let Some(name) = user {
+            let u = users::lookup(name)?;
+            self.cmd.uid(u.uid).gid(u.gid).env("USER", name).env("HOME", "/tmp");
+        }
+        process::output_with_timeout(self.cmd, self.timeout)
+    }
+}
+
+fn unique_suffix() -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!("{}-{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst))
+}

@@ -1,1 +1,56 @@
-fn main() {}
+//! `gpu-mode-cluster`: start or stop the project's local Slurm cluster by hand
+//! (the README's demo uses it; the tests use the library directly).
+//!
+//!   gpu-mode-cluster up [--gpus N] [--name NAME]   start, print how to use it
+//!   gpu-mode-cluster down [--name NAME]            stop and remove
+//!   gpu-mode-cluster env [--name NAME]             print `export SLURM_CONF=...`
+
+use anyhow::{bail, Result};
+use gpu_mode_tests::{process, Artifacts, Cluster, ClusterSpec};
+
+fn main() {
+    if let Err(e) = run(std::env::args().skip(1).collect()) {
+        eprintln!("gpu-mode-cluster: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: Vec<String>) -> Result<()> {
+    let (verb, rest) = args.split_first().map(|(v, r)| (v.as_str(), r)).unwrap_or(("", &[]));
+    let mut name = "demo".to_string();
+    let mut gpus = 4u32;
+    let mut it = rest.iter();
+    while let Some(a) = it.next() {
+        match (a.as_str(), it.next()) {
+            ("--name", Some(v)) => name = v.clone(),
+            ("--gpus", Some(v)) => gpus = v.parse()?,
+            _ => bail!("unexpected argument {a:?}"),
+        }
+    }
+    let base = std::env::var("GPU_MODE_CLUSTER_BASE").unwrap_or_else(|_| "/tmp/gpu-mode-cluster".into());
+    let dir = std::path::Path::new(&base).join(&name);
+    match verb {
+        "up" => {
+            gpu_mode_tests::users::ensure_test_users()?;
+            let cluster = Cluster::start(ClusterSpec::new(&name, gpus, Artifacts::locate()?))?;
+            println!("cluster {name} is up with {gpus} simulated GPUs in {}", dir.display());
+            println!("export SLURM_CONF={}", dir.join("slurm.conf").display());
+            // Keep the daemons: they run on after this process exits.
+            std::mem::forget(cluster);
+            Ok(())
+        }
+        "down" => {
+            process::stop_daemons_in(&dir);
+            if dir.exists() {
+                std::fs::remove_dir_all(&dir)?;
+            }
+            println!("cluster {name} is down");
+            Ok(())
+        }
+        "env" => {
+            println!("export SLURM_CONF={}", dir.join("slurm.conf").display());
+            Ok(())
+        }
+        _ => bail!("usage: gpu-mode-cluster up|down|env [--name NAME] [--gpus N]"),
+    }
+}

@@ -1,0 +1,57 @@
+//! The project's built artifacts the cluster runs: the plugin and the helper
+//! binaries, from the workspace's target directory.
+
+use anyhow::{bail, Result};
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone)]
+pub struct Artifacts {
+    pub plugin: PathBuf,
+    pub prolog: PathBuf,
+    pub epilog: PathBuf,
+    pub node_checker: PathBuf,
+}
+
+impl Artifacts {
+    /// Finds the artifacts of the current build profile, or those under
+    /// `GPU_MODE_ARTIFACTS` (a directory holding them, as carried to the GPU
+    /// machine). Missing files are named in the error with the fix.
+    pub fn locate() -> Result<Artifacts> {
+        let dir = match std::env::var_os("GPU_MODE_ARTIFACTS") {
+            Some(d) => PathBuf::from(d),
+            None => target_profile_dir(),
+        };
+        let a = Artifacts {
+            plugin: dir.join("libgpu_mode_spank.so"),
+            prolog: dir.join("gpu-mode-prolog"),
+            epilog: dir.join("gpu-mode-epilog"),
+            node_checker: dir.join("gpu-mode-node-checker"),
+        };
+        for p in [&a.plugin, &a.prolog, &a.epilog, &a.node_checker] {
+            if !p.is_file() {
+                bail!("{} is missing: run `cargo build --workspace` first (or set GPU_MODE_ARTIFACTS)", p.display());
+            }
+        }
+        Ok(a)
+    }
+}
+
+/// `<target>/<profile>`: CARGO_TARGET_DIR or `<workspace>/target`, and the
+/// profile this test binary was built with (its own path tells).
+fn target_profile_dir() -> PathBuf {
+    // Test binaries live in <target>/<profile>/deps/; the harness binary in
+    // <target>/<profile>/.
+    if let Ok(exe) = std::env::current_exe() {
+        let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+        if dir.ends_with("deps") {
+            dir.pop();
+        }
+        if dir.join("gpu-mode-prolog").exists() || dir.join("libgpu_mode_spank.so").exists() {
+            return dir;
+        }
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    target.join("debug")
+}

@@ -1,0 +1,311 @@
+//! The cluster's configuration files and where Slurm is installed.
+
+use crate::Artifacts;
+use anyhow::{bail, Context, Result};
+use std::fs;
+use std::io::Read;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+/// What to start.
+#[derive(Debug, Clone)]
+pub struct ClusterSpec {
+    /// Everything of this cluster lives here.
+    pub dir: PathBuf,
+    pub node_name: String,
+    pub gpus: u32,
+    /// CPUs announced to Slurm (config_overrides lets it exceed the host's).
+    pub cpus: u32,
+    pub ctld_port: u16,
+    pub slurmd_port: u16,
+    pub artifacts: Artifacts,
+    /// Extra lines appended to the gpu-mode config file.
+    pub extra_gpu_mode_config: String,
+    /// GPU device files for gres.conf; `None` makes placeholders.
+    pub gpu_device_files: Option<Vec<PathBuf>>,
+}
+
+impl ClusterSpec {
+    /// A cluster in `/tmp/gpu-mode-cluster/<name>` on free ports.
+    pub fn new(name: &str, gpus: u32, artifacts: Artifacts) -> ClusterSpec {
+        let base = std::env::var_os("GPU_MODE_CLUSTER_BASE")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/tmp/gpu-mode-cluster"));
+        ClusterSpec {
+            dir: base.join(name),
+            node_name: "localhost".into(),
+            gpus,
+            cpus: 8,
+            ctld_port: free_port(),
+            slurmd_port: free_port(),
+            artifacts,
+            extra_gpu_mode_config: String::new(),
+            gpu_device_files: None,
+        }
+    }
+}
+
+/// A port nobody listens on right now (the kernel picks it).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("binding a local port")
+}
+
+/// Where Slurm's programs, plugins and libraries are.
+#[derive(Debug, Clone)]
+pub struct SlurmInstall {
+    /// `/` for Debian's installed packages, or the prefix the .debs were
+    /// unpacked under (`GPU_MODE_SLURM_PREFIX`).
+    pub root: PathBuf,
+    pub prefixed: bool,
+}
+
+const MULTIARCH_LIB: &str = "usr/lib/x86_64-linux-gnu";
+
+impl SlurmInstall {
+    pub fn detect() -> Result<SlurmInstall> {
+        let install = match std::env::var_os("GPU_MODE_SLURM_PREFIX") {
+            Some(p) => SlurmInstall { root: PathBuf::from(p), prefixed: true },
+            None => SlurmInstall { root: PathBuf::from("/"), prefixed: false },
+        };
+        for p in [install.sbin("slurmctld"), install.sbin("slurmd"), install.munged(), install.bin("sbatch")] {
+            if !p.exists() {
+                bail!("{} not found: install slurmctld slurmd slurm-client munge (see README)", p.display());
+            }
+        }
+        if install.prefixed {
+            install.link_slurmstepd()?;
+        }
+        Ok(install)
+    }
+
+    /// A daemon: Debian installs `<name>-wlm` with an alternatives link;
+    /// unpacked .debs have only the `-wlm` file.
+    pub fn sbin(&self, name: &str) -> PathBuf {
+        let plain = self.root.join("usr/sbin").join(name);
+        if plain.exists() {
+            plain
+        } else {
+            self.root.join("usr/sbin").join(format!("{name}-wlm"))
+        }
+    }
+
+    pub fn bin(&self, name: &str) -> PathBuf {
+        self.root.join("usr/bin").join(name)
+    }
+
+    pub fn munged(&self) -> PathBuf {
+        self.root.join("usr/sbin/munged")
+    }
+
+    pub fn plugin_dir(&self) -> PathBuf {
+        self.root.join(MULTIARCH_LIB).join("slurm-wlm")
+    }
+
+    fn ld_library_path(&self) -> Option<String> {
+        self.prefixed.then(|| {
+            let lib = self.root.join(MULTIARCH_LIB);
+            format!("{}:{}", lib.display(), lib.join("slurm-wlm").display())
+        })
+    }
+
+    pub fn daemon_env(&self) -> Vec<(String, String)> {
+        self.ld_library_path().map(|p| vec![("LD_LIBRARY_PATH".to_string(), p)]).unwrap_or_default()
+    }
+
+    pub fn client_env(&self) -> Vec<(String, String)> {
+        self.daemon_env()
+    }
+
+    /// slurmd execs /usr/sbin/slurmstepd by absolute path (field notes §2).
+    fn link_slurmstepd(&self) -> Result<()> {
+        let link = Path::new("/usr/sbin/slurmstepd");
+        if !link.exists() {
+            std::os::unix::fs::symlink(self.sbin("slurmstepd"), link).context("linking /usr/sbin/slurmstepd")?;
+        }
+        Ok(())
+    }
+}
+
+/// Writes every file of the cluster under `spec.dir`.
+pub fn write_all(spec: &ClusterSpec, install: &SlurmInstall) -> Result<()> {
+    let d = &spec.dir;
+    for (sub, mode) in [("", 0o755), ("munge", 0o755), ("log", 0o755), ("state", 0o700), ("spool", 0o755),
+        ("hooks", 0o755), ("dev", 0o755), ("out", 0o1777)]
+    {
+        let p = d.join(sub);
+        fs::create_dir_all(&p)?;
+        fs::set_permissions(&p, fs::Permissions::from_mode(mode))?;
+    }
+    // Every parent of the munge socket must be reachable by non-root submitters.
+    let mut parent = d.parent();
+    while let Some(p) = parent {
+        if p.starts_with("/tmp/") {
+            fs::set_permissions(p, fs::Permissions::from_mode(0o755))?;
+        }
+        parent = p.parent();
+    }
+    write_munge_key(&d.join("munge/munge.key"))?;
+    let gpu_files = match &spec.gpu_device_files {
+        Some(files) => files.clone(),
+        None => make_placeholder_devices(&d.join("dev"), spec.gpus)?,
+    };
+    write(d, "slurm.conf", &slurm_conf(spec, install), 0o644)?;
+    write(d, "gres.conf", &gres_conf(&gpu_files), 0o644)?;
+    if cgroup_v2_only() {
+        write(d, "cgroup.conf", "CgroupPlugin=cgroup/v2\nIgnoreSystemd=yes\n", 0o644)?;
+        prepare_cgroup_v2()?;
+    }
+    write(
+        d,
+        "plugstack.conf",
+        &format!("required {} config={}\n", spec.artifacts.plugin.display(), d.join("gpu-mode.toml").display()),
+        0o644,
+    )?;
+    write(d, "gpu-mode.toml", &gpu_mode_config(spec, install), 0o644)?;
+    for (name, exe) in [("prolog", &spec.artifacts.prolog), ("epilog", &spec.artifacts.epilog)] {
+        write(&d.join("hooks"), name, &hook_wrapper(spec, install, exe), 0o755)?;
+    }
+    Ok(())
+}
+
+fn write(dir: &Path, name: &str, text: &str, mode: u32) -> Result<()> {
+    let p = dir.join(name);
+    fs::write(&p, text).with_context(|| format!("writing {}", p.display()))?;
+    fs::set_permissions(&p, fs::Permissions::from_mode(mode))?;
+    Ok(())
+}
+
+fn write_munge_key(path: &Path) -> Result<()> {
+    let mut key = vec![0u8; 1024];
+    fs::File::open("/dev/urandom")?.read_exact(&mut key)?;
+    fs::write(path, &key)?;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o600))?;
+    Ok(())
+}
+
+/// Character devices named like the real ones (Slurm takes the GPU index from
+/// the trailing number). They are copies of /dev/null: nothing opens them.
+fn make_placeholder_devices(dir: &Path, gpus: u32) -> Result<Vec<PathBuf>> {
+    (0..gpus)
+        .map(|i| {
+            let p = dir.join(format!("nvidia{i}"));
+            let dev = nix::sys::stat::makedev(1, 3);
+            nix::sys::stat::mknod(&p, nix::sys::stat::SFlag::S_IFCHR, nix::sys::stat::Mode::from_bits_truncate(0o666), dev)
+                .or_else(|_| fs::write(&p, b"").map_err(|e| nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(0))))
+                .with_context(|| format!("creating {}", p.display()))?;
+            Ok(p)
+        })
+        .collect()
+}
+
+fn slurm_conf(spec: &ClusterSpec, install: &SlurmInstall) -> String {
+    let d = spec.dir.display();
+    let plugin_dir = if install.prefixed { format!("PluginDir={}\n", install.plugin_dir().display()) } else { String::new() };
+    format!(
+        "# Generated by the slurm-gpu-mode test harness.
+ClusterName=gpumode
+SlurmctldHost=localhost
+SlurmctldPort={ctld}
+SlurmdPort={slurmd}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket={d}/munge/munge.socket
+CredType=cred/munge
+{plugin_dir}StateSaveLocation={d}/state
+SlurmdSpoolDir={d}/spool
+SlurmctldPidFile={d}/slurmctld.pid
+SlurmdPidFile={d}/slurmd.pid
+SlurmctldLogFile={d}/log/slurmctld.log
+SlurmdLogFile={d}/log/slurmd.log
+SlurmctldDebug=info
+SlurmdDebug=verbose
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/builtin
+MpiDefault=none
+MailProg=/bin/true
+ReturnToService=2
+GresTypes=gpu
+PlugStackConfig={d}/plugstack.conf
+Prolog={d}/hooks/prolog
+Epilog={d}/hooks/epilog
+PrologFlags=Alloc
+PrologEpilogTimeout=120
+SlurmdParameters=config_overrides
+MinJobAge=600
+KillWait=5
+InactiveLimit=0
+NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=4000 Gres=gpu:{gpus} State=UNKNOWN
+PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP
+",
+        ctld = spec.ctld_port,
+        slurmd = spec.slurmd_port,
+        node = spec.node_name,
+        cpus = spec.cpus,
+        gpus = spec.gpus,
+    )
+}
+
+fn gres_conf(files: &[PathBuf]) -> String {
+    let mut s = String::from("AutoDetect=off\n");
+    for f in files {
+        s.push_str(&format!("Name=gpu File={}\n", f.display()));
+    }
+    s
+}
+
+fn gpu_mode_config(spec: &ClusterSpec, install: &SlurmInstall) -> String {
+    format!(
+        "# Generated by the slurm-gpu-mode test harness.
+runtime_dir = \"{run}\"
+
+[slurm]
+scontrol = \"{scontrol}\"
+
+[log]
+syslog = false
+stderr = true
+{extra}",
+        run = spec.dir.join("run").display(),
+        scontrol = install.bin("scontrol").display(),
+        extra = spec.extra_gpu_mode_config,
+    )
+}
+
+/// slurmd runs Prolog=/Epilog= without arguments, so the harness points them
+/// at a wrapper that passes this cluster's config and keeps their log lines.
+/// Production installs need no wrapper (the default config path is used).
+fn hook_wrapper(spec: &ClusterSpec, install: &SlurmInstall, exe: &Path) -> String {
+    let d = spec.dir.display();
+    let ld = install.ld_library_path().map(|p| format!("LD_LIBRARY_PATH={p}\nexport LD_LIBRARY_PATH\n")).unwrap_or_default();
+    format!(
+        "#!/bin/sh
+# Generated by the slurm-gpu-mode test harness.
+SLURM_CONF={d}/slurm.conf
+export SLURM_CONF
+{ld}exec {exe} --config {d}/gpu-mode.toml 2>>{d}/log/hooks.log
+",
+        exe = exe.display()
+    )
+}
+
+fn cgroup_v2_only() -> bool {
+    Path::new("/sys/fs/cgroup/cgroup.controllers").exists() && !Path::new("/sys/fs/cgroup/cpu").exists()
+}
+
+/// On cgroup v2-only hosts slurmd needs the controllers delegated and a
+/// system.slice to exist (field notes §2).
+fn prepare_cgroup_v2() -> Result<()> {
+    let _ = fs::write("/sys/fs/cgroup/cgroup.subtree_control", "+cpuset +cpu +memory +pids");
+    fs::create_dir_all("/sys/fs/cgroup/system.slice").context("creating /sys/fs/cgroup/system.slice")?;
+    Ok(())
+}

@@ -1,0 +1,114 @@
+//! Process plumbing for the harness: timeouts, pid files, waiting for paths.
+
+use anyhow::{bail, Context, Result};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use std::io::Read;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Runs a command, killing it after `timeout`.
+pub fn output_with_timeout(mut cmd: Command, timeout: Duration) -> Result<Output> {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("cannot run {:?}", cmd.get_program()))?;
+    // Drain both pipes on threads so a chatty child cannot block on a full pipe.
+    let mut so = child.stdout.take().unwrap();
+    let mut se = child.stderr.take().unwrap();
+    let t_out = std::thread::spawn(move || {
+        let mut b = Vec::new();
+        let _ = so.read_to_end(&mut b);
+        b
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut b = Vec::new();
+        let _ = se.read_to_end(&mut b);
+        b
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait()? {
+            break s;
+        }
+        if start.elapsed() > timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("{:?} {:?} timed out after {:?}", cmd.get_program(), cmd.get_args().collect::<Vec<_>>(), timeout);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Ok(Output { status, stdout: t_out.join().unwrap_or_default(), stderr: t_err.join().unwrap_or_default() })
+}
+
+pub fn wait_for_path(path: &Path, timeout: Duration) -> Result<()> {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if path.exists() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    bail!("{} did not appear within {:?}", path.display(), timeout)
+}
+
+/// Pid files of the daemons, in stop order.
+const PID_FILES: &[&str] = &["slurmd.pid", "slurmctld.pid", "munge/munged.pid"];
+
+/// Stops the daemons whose pid files are in `dir`: SIGTERM, then SIGKILL
+/// after 10 s. Also kills slurmstepds left by a slurmd of this directory.
+pub fn stop_daemons_in(dir: &Path) {
+    for f in PID_FILES {
+        if let Some(pid) = read_pid(&dir.join(f)) {
+            terminate(pid);
+        }
+    }
+    for pid in stepds_of(dir) {
+        terminate(pid);
+    }
+}
+
+fn read_pid(path: &Path) -> Option<Pid> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let n: i32 = text.trim().parse().ok()?;
+    (n > 1).then(|| Pid::from_raw(n))
+}
+
+fn terminate(pid: Pid) {
+    if kill(pid, Signal::SIGTERM).is_err() {
+        return;
+    }
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(10) {
+        if kill(pid, None).is_err() || is_zombie(pid) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = kill(pid, Signal::SIGKILL);
+}
+
+fn is_zombie(pid: Pid) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| s.rsplit(')').next().map(|r| r.trim_start().starts_with('Z')).unwrap_or(false))
+        .unwrap_or(true)
+}
+
+/// slurmstepd processes whose environment names this cluster's slurm.conf.
+fn stepds_of(dir: &Path) -> Vec<Pid> {
+    let conf = format!("SLURM_CONF={}", dir.join("slurm.conf").display());
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            comm.starts_with("slurmstepd")
+                && std::fs::read(format!("/proc/{pid}/environ"))
+                    .map(|e| e.split(|b| *b == 0).any(|v| v == conf.as_bytes()))
+                    .unwrap_or(false)
+        })
+        .map(Pid::from_raw)
+        .collect()
+}
