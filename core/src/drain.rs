@@ -27,6 +27,49 @@ pub fn drain_reason(detail: &str) -> String {
     reason
 }
 
+/// What [`Scontrol::drain_unless_drained`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DrainAction {
+    Drained,
+    AlreadyDrained { reason: String },
+}
+
+/// A node's state and reason, parsed from `scontrol show node`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeStatus {
+    /// e.g. `IDLE+DRAIN`, `MIXED`, `DOWN*+DRAIN`.
+    pub state: String,
+    /// Empty when none. Slurm appends ` [user@time]`.
+    pub reason: String,
+}
+
+impl NodeStatus {
+    pub fn parse(show_node: &str) -> NodeStatus {
+        let state = show_node
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("State="))
+            .unwrap_or_default()
+            .to_string();
+        // Reason= runs to the end of its line and may contain spaces.
+        let reason = show_node
+            .lines()
+            .find_map(|l| l.trim_start().strip_prefix("Reason="))
+            .unwrap_or_default()
+            .trim()
+            .to_string();
+        NodeStatus { state, reason }
+    }
+
+    pub fn is_drained_or_down(&self) -> bool {
+        self.state.split('+').any(|f| matches!(f.trim_end_matches('*'), "DRAIN" | "DRAINED" | "DRAINING" | "DOWN" | "FAIL" | "FAILING"))
+    }
+
+    /// Whether the current reason is one of ours.
+    pub fn reason_is_ours(&self) -> bool {
+        self.reason.starts_with(DRAIN_PREFIX)
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum DrainError {
     #[error("cannot run {path}: {source}")]
@@ -53,6 +96,18 @@ impl Scontrol {
         let reason = drain_reason(detail);
         self.run(&["update", &format!("NodeName={node}"), "State=DRAIN", &format!("Reason={reason}")])
             .map(|_| ())
+    }
+
+    /// Drains unless the node is already drained or down, whoever did it: the
+    /// first reason is the one that explains the node, and an admin's drain
+    /// must never be overwritten. Returns what was done.
+    pub fn drain_unless_drained(&self, node: &str, detail: &str) -> Result<DrainAction, DrainError> {
+        let status = NodeStatus::parse(&self.show_node(node)?);
+        if status.is_drained_or_down() {
+            return Ok(DrainAction::AlreadyDrained { reason: status.reason });
+        }
+        self.drain(node, detail)?;
+        Ok(DrainAction::Drained)
     }
 
     /// `scontrol update NodeName=<node> State=RESUME`.
@@ -130,6 +185,44 @@ mod tests {
         .unwrap();
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
         (script, log)
+    }
+
+    const SHOW_DRAINED: &str = "NodeName=n1 Arch=x86_64 CoresPerSocket=1\n   State=IDLE+DRAIN ThreadsPerCore=1 TmpDisk=0\n   Reason=gpu-mode: prolog: disk full [root@2026-11-21T05:16:06]\n";
+
+    #[test]
+    fn node_status_is_parsed_from_scontrol_show_node() {
+        let cases = [
+            (SHOW_DRAINED, "IDLE+DRAIN", "gpu-mode: prolog: disk full [root@2026-11-21T05:16:06]", true, true),
+            ("NodeName=n1\n   State=IDLE ThreadsPerCore=1\n", "IDLE", "", false, false),
+            ("   State=DOWN* ThreadsPerCore=1\n   Reason=Not responding [slurm@x]\n", "DOWN*", "Not responding [slurm@x]", true, false),
+            ("   State=MIXED+DRAIN\n   Reason=admin: bad fan\n", "MIXED+DRAIN", "admin: bad fan", true, false),
+            ("   State=ALLOCATED\n", "ALLOCATED", "", false, false),
+        ];
+        for (text, state, reason, drained, ours) in cases {
+            let s = NodeStatus::parse(text);
+            assert_eq!((s.state.as_str(), s.reason.as_str()), (state, reason));
+            assert_eq!(s.is_drained_or_down(), drained, "{state}");
+            assert_eq!(s.reason_is_ours(), ours, "{reason}");
+        }
+    }
+
+    #[test]
+    fn drain_unless_drained_keeps_the_first_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("argv");
+        let script = dir.path().join("scontrol");
+        std::fs::write(
+            &script,
+            format!("#!/bin/sh\necho \"$@\" >> {}\nif [ \"$1\" = show ]; then printf '%s' '{}'; fi\n", log.display(), SHOW_DRAINED),
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let action = Scontrol::new(&script).drain_unless_drained("n1", "epilog: other").unwrap();
+        assert_eq!(
+            action,
+            DrainAction::AlreadyDrained { reason: "gpu-mode: prolog: disk full [root@2026-11-21T05:16:06]".into() }
+        );
+        assert_eq!(std::fs::read_to_string(&log).unwrap().trim(), "show node n1", "must not issue an update");
     }
 
     #[test]

@@ -37,9 +37,12 @@ unsafe impl Plugin for GpuModePlugin {
         }
     }
 
-    fn user_init(&mut self, spank: &mut SpankHandle) -> Result<(), Box<dyn Error>> {
+    /// Runs in each task process before exec. A failure here ends only that
+    /// task (exit 1), which is how a refused job must fail: the same failure
+    /// in user_init is a batch launch failure, and Slurm drains the node for it.
+    fn task_init(&mut self, spank: &mut SpankHandle) -> Result<(), Box<dyn Error>> {
         match spank.context()? {
-            Context::Remote => remote::user_init(spank, &self.args),
+            Context::Remote => remote::task_init(spank, &self.args),
             _ => Ok(()),
         }
     }

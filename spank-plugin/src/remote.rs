@@ -1,6 +1,6 @@
-//! slurmstepd side (remote context): before the tasks start, give them the
-//! environment the prolog decided (job state), or fail them with the prolog's
-//! refusal. Jobs that did not ask for a mode are not touched at all, not even
+//! slurmstepd side (remote context): in each task before exec, set the
+//! environment the prolog decided (job state), or fail the task with the
+//! prolog's refusal. Jobs that did not ask for a mode are not touched at all, not even
 //! by reading the config.
 
 use crate::args::PluginArgs;
@@ -11,7 +11,7 @@ use gpu_mode_core::state::{JobState, StateError};
 use slurm_spank::SpankHandle;
 use std::error::Error;
 
-pub fn user_init(spank: &mut SpankHandle, args: &PluginArgs) -> Result<(), Box<dyn Error>> {
+pub fn task_init(spank: &mut SpankHandle, args: &PluginArgs) -> Result<(), Box<dyn Error>> {
     let asked = options::gpu_mode_value(spank)?.is_some() || spank.getenv(JOB_MODE_VAR)?.is_some();
     if !asked {
         return Ok(());

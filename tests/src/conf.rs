@@ -274,6 +274,9 @@ scontrol = \"{scontrol}\"
 [log]
 syslog = false
 stderr = true
+
+[mig.layouts]
+half = \"3g.40gbx2\"
 {extra}",
         run = spec.dir.join("run").display(),
         scontrol = install.bin("scontrol").display(),

@@ -123,21 +123,11 @@ impl Cluster {
     /// The node's state and reason, from `scontrol show node`.
     pub fn node_state(&self) -> Result<(String, String)> {
         let out = self.client("scontrol", &["show", "node", &self.spec.node_name]).run_as_root()?;
-        let text = String::from_utf8_lossy(&out.stdout).to_string();
         if !out.status.success() {
             bail!("scontrol show node failed: {}", String::from_utf8_lossy(&out.stderr));
         }
-        let field = |name: &str| -> String {
-            text.split_whitespace()
-                .find_map(|w| w.strip_prefix(&format!("{name}=")).map(String::from))
-                .unwrap_or_default()
-        };
-        // Reason= runs to the end of its line and may contain spaces.
-        let reason = text
-            .lines()
-            .find_map(|l| l.trim().strip_prefix("Reason=").map(|r| r.to_string()))
-            .unwrap_or_default();
-        Ok((field("State"), reason))
+        let status = gpu_mode_core::drain::NodeStatus::parse(&String::from_utf8_lossy(&out.stdout));
+        Ok((status.state, status.reason))
     }
 
     /// Brings a drained node back (tests that drain on purpose call this).

@@ -22,7 +22,7 @@ pub mod epilog;
 pub mod prolog;
 
 use crate::config::Config;
-use crate::drain::Scontrol;
+use crate::drain::{DrainAction, Scontrol};
 use crate::job_env::{format_gpu_list, JobEnv};
 use crate::log::{ActionLine, Outcome};
 
@@ -83,10 +83,13 @@ pub fn drain_for(verb: &str, cfg: &Config, node: &str, detail: &str) {
         return;
     }
     let reason = format!("{verb}: {detail}");
-    let result = Scontrol::new(&cfg.slurm.scontrol).drain(node, &reason);
+    let result = Scontrol::new(&cfg.slurm.scontrol).drain_unless_drained(node, &reason);
     let line = ActionLine::new("drain").field("node", node).field("reason", crate::drain::drain_reason(&reason));
     match result {
-        Ok(()) => line.outcome(Outcome::Ok).emit(&cfg.log),
+        Ok(DrainAction::Drained) => line.outcome(Outcome::Ok).emit(&cfg.log),
+        Ok(DrainAction::AlreadyDrained { reason }) => {
+            line.field("detail", format!("already drained: {reason}")).outcome(Outcome::Skipped).emit(&cfg.log)
+        }
         Err(e) => line.field("detail", e).outcome(Outcome::Failed).emit(&cfg.log),
     }
 }
@@ -112,7 +115,12 @@ mod tests {
     fn cfg_with_fake_scontrol(dir: &std::path::Path) -> (Config, PathBuf) {
         let log = dir.join("argv");
         let script = dir.join("scontrol");
-        std::fs::write(&script, format!("#!/bin/sh\necho \"$@\" >> {}\n", log.display())).unwrap();
+        // Answers `show node` with an idle node; records every call.
+        std::fs::write(
+            &script,
+            format!("#!/bin/sh\necho \"$@\" >> {}\nif [ \"$1\" = show ]; then echo '   State=IDLE'; fi\n", log.display()),
+        )
+        .unwrap();
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
         let mut cfg = Config::default();
         cfg.slurm.scontrol = script;
@@ -130,7 +138,10 @@ mod tests {
         assert!(!log.exists(), "neither success nor a job refusal may drain");
         assert_eq!(finish("prolog", &cfg, &env(), Err(Failure::Node("disk full".into()))), EXIT_NODE_FAULT);
         let argv = std::fs::read_to_string(&log).unwrap();
-        assert_eq!(argv.trim(), "update NodeName=n9 State=DRAIN Reason=gpu-mode: prolog: disk full");
+        assert_eq!(
+            argv.lines().collect::<Vec<_>>(),
+            vec!["show node n9", "update NodeName=n9 State=DRAIN Reason=gpu-mode: prolog: disk full"]
+        );
     }
 
     #[test]

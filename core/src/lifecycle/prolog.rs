@@ -5,7 +5,7 @@ use super::{Failure, Report};
 use crate::config::Config;
 use crate::job_env::{format_gpu_list, JobEnv};
 use crate::log::Outcome;
-use crate::mode::GpuMode;
+use crate::mode::{GpuMode, MigRequest};
 use crate::state::{JobState, STATE_VERSION};
 use std::collections::BTreeMap;
 
@@ -21,11 +21,27 @@ pub fn run(cfg: &Config, env: &JobEnv) -> Result<Report, Failure> {
         return Ok(Report { outcome: Outcome::Skipped, mode: None, detail: None });
     };
     match GpuMode::parse(raw) {
-        Ok(mode) => prepare(cfg, env, &mode),
+        Ok(mode) => match check_on_this_node(cfg, env, &mode) {
+            Ok(()) => prepare(cfg, env, &mode),
+            Err(msg) => refuse(cfg, env, &mode.to_string(), msg),
+        },
         // The plugin validated at submit, so this is a value that bypassed it
         // (e.g. a plugin missing on the submit host): the job's fault.
         Err(e) => refuse(cfg, env, raw, e.to_string()),
     }
+}
+
+/// Checks what only this node can tell: values valid at submit that this
+/// node's configuration or GPUs cannot serve.
+fn check_on_this_node(cfg: &Config, env: &JobEnv, mode: &GpuMode) -> Result<(), String> {
+    if let GpuMode::Mig(MigRequest::Layout(name)) = mode {
+        if !cfg.mig.layouts.contains_key(name) {
+            let known: Vec<&str> = cfg.mig.layouts.keys().map(String::as_str).collect();
+            let known = if known.is_empty() { "none".to_string() } else { known.join(", ") };
+            return Err(format!("MIG layout \"{name}\" is not defined on node {} (defined: {known})", env.node));
+        }
+    }
+    Ok(())
 }
 
 fn prepare(cfg: &Config, env: &JobEnv, mode: &GpuMode) -> Result<Report, Failure> {
@@ -120,6 +136,21 @@ mod tests {
         let state = JobState::load(&cfg.runtime_dir, 77).unwrap();
         assert!(state.refusal.unwrap().contains("count 9"));
         assert!(state.task_env.is_empty());
+    }
+
+    #[test]
+    fn a_layout_this_node_does_not_define_is_refused() {
+        let (_d, mut cfg, env) = setup(Some("mig:@nope"));
+        cfg.mig.layouts.insert("half".into(), "3g.40gbx2".into());
+        match run(&cfg, &env) {
+            Err(Failure::Job(msg)) => {
+                assert_eq!(msg, "MIG layout \"nope\" is not defined on node n (defined: half)")
+            }
+            other => panic!("expected a job refusal, got {other:?}"),
+        }
+        let (_d, mut cfg, env) = setup(Some("mig:@half"));
+        cfg.mig.layouts.insert("half".into(), "3g.40gbx2".into());
+        assert_eq!(run(&cfg, &env).unwrap().outcome, Outcome::Ok);
     }
 
     #[test]
