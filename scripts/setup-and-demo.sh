@@ -1,0 +1,39 @@
+#!/bin/sh
+# Command (a) of the README: on a fresh Debian/Ubuntu machine, install what is
+# missing, build, start the project's local Slurm cluster (simulated GPUs),
+# and run one demo job per --gpu-mode, as a non-root user. Run as root.
+#   --keep   leave the cluster running afterwards (stop: gpu-mode-cluster down)
+set -eu
+cd "$(dirname "$0")/.."
+. scripts/common.sh
+require_root
+ensure_packages
+ensure_rust
+
+echo "== building"
+cargo build --workspace --release
+bin=target/release
+"$bin/gpu-mode-cluster" down >/dev/null 2>&1 || true
+echo "== starting the local cluster (munged, slurmctld, slurmd; 4 simulated GPUs)"
+"$bin/gpu-mode-cluster" up --gpus 4
+SLURM_CONF=/tmp/gpu-mode-cluster/demo/slurm.conf
+export SLURM_CONF
+trap '[ "${1:-}" = --keep ] || "$bin/gpu-mode-cluster" down' EXIT
+
+demo() {
+    echo
+    echo "== sbatch --gpu-mode=$1 (as user gmtest1)"
+    out=/tmp/gpu-mode-cluster/demo/out/demo-$$.out
+    runuser -u gmtest1 -- /usr/bin/sbatch --wait --quiet --gres=gpu:1 --output="$out" --gpu-mode="$1" \
+        --wrap 'echo "job $SLURM_JOB_ID on $(hostname): SLURM_GPU_MODE=$SLURM_GPU_MODE GPUs=$SLURM_GPU_MODE_GPUS"' \
+        && cat "$out" || { echo "job failed:"; cat "$out"; }
+}
+demo mps:threads=50
+demo mig:1g.10gbx2
+demo checkpoint
+echo
+echo "== a bad value is refused at submit time"
+runuser -u gmtest1 -- /usr/bin/sbatch --gpu-mode=mig:1g.10gbx9 --wrap true || true
+echo
+echo "== prolog/epilog log lines"
+cat /tmp/gpu-mode-cluster/demo/log/hooks.log
