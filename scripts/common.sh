@@ -3,7 +3,7 @@
 
 # Slurm 22.05+ daemons and clients, munge, the SPANK header, and libclang for
 # bindgen (the plugin's bindings are generated from <slurm/spank.h>).
-GPU_MODE_APT_PACKAGES="slurmctld slurmd slurm-client munge libslurm-dev libclang-dev clang pkg-config build-essential passwd"
+GPU_MODE_APT_PACKAGES="slurmctld slurmd slurm-client munge libslurm-dev libclang-dev pkg-config build-essential passwd"
 
 die() { echo "error: $*" >&2; exit 1; }
 

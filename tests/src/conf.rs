@@ -40,9 +40,16 @@ impl ClusterSpec {
             slurmd_port: free_port(),
             artifacts,
             extra_gpu_mode_config: String::new(),
-            gpu_device_files: None,
+            gpu_device_files: real_gpu_devices(),
         }
     }
+}
+
+/// `GPU_MODE_GPU_DEVICES=/dev/nvidia0,/dev/nvidia1`: real GPUs for gres.conf
+/// (on the GPU machines) instead of placeholders.
+fn real_gpu_devices() -> Option<Vec<PathBuf>> {
+    let list = std::env::var("GPU_MODE_GPU_DEVICES").ok().filter(|v| !v.is_empty())?;
+    Some(list.split(',').map(PathBuf::from).collect())
 }
 
 /// A port nobody listens on right now (the kernel picks it).
@@ -70,26 +77,23 @@ impl SlurmInstall {
             Some(p) => SlurmInstall { root: PathBuf::from(p), prefixed: true },
             None => SlurmInstall { root: PathBuf::from("/"), prefixed: false },
         };
+        if install.prefixed {
+            install.link_daemon_names()?;
+        }
         for p in [install.sbin("slurmctld"), install.sbin("slurmd"), install.munged(), install.bin("sbatch")] {
             if !p.exists() {
                 bail!("{} not found: install slurmctld slurmd slurm-client munge (see README)", p.display());
             }
         }
-        if install.prefixed {
-            install.link_slurmstepd()?;
-        }
         Ok(install)
     }
 
-    /// A daemon: Debian installs `<name>-wlm` with an alternatives link;
-    /// unpacked .debs have only the `-wlm` file.
+    /// A daemon by its plain name. Slurm decides what it is from argv[0]
+    /// (a `slurmd-wlm` does not load the node's GRES), so unpacked .debs,
+    /// which only have the `-wlm` files, get `slurmd`-named links (see
+    /// [`SlurmInstall::link_daemon_names`]).
     pub fn sbin(&self, name: &str) -> PathBuf {
-        let plain = self.root.join("usr/sbin").join(name);
-        if plain.exists() {
-            plain
-        } else {
-            self.root.join("usr/sbin").join(format!("{name}-wlm"))
-        }
+        self.root.join("usr/sbin").join(name)
     }
 
     pub fn bin(&self, name: &str) -> PathBuf {
@@ -119,11 +123,20 @@ impl SlurmInstall {
         self.daemon_env()
     }
 
-    /// slurmd execs /usr/sbin/slurmstepd by absolute path (field notes §2).
-    fn link_slurmstepd(&self) -> Result<()> {
-        let link = Path::new("/usr/sbin/slurmstepd");
-        if !link.exists() {
-            std::os::unix::fs::symlink(self.sbin("slurmstepd"), link).context("linking /usr/sbin/slurmstepd")?;
+    /// `<prefix>/usr/sbin/slurmd -> slurmd-wlm` (and slurmctld, slurmstepd),
+    /// and `/usr/sbin/slurmstepd`, which slurmd execs by absolute path
+    /// (field notes §2), when the host has none.
+    fn link_daemon_names(&self) -> Result<()> {
+        for name in ["slurmd", "slurmctld", "slurmstepd"] {
+            let link = self.sbin(name);
+            if !link.exists() {
+                std::os::unix::fs::symlink(format!("{name}-wlm"), &link)
+                    .with_context(|| format!("linking {}", link.display()))?;
+            }
+        }
+        let system = Path::new("/usr/sbin/slurmstepd");
+        if !system.exists() {
+            std::os::unix::fs::symlink(self.sbin("slurmstepd"), system).context("linking /usr/sbin/slurmstepd")?;
         }
         Ok(())
     }
@@ -152,7 +165,7 @@ pub fn write_all(spec: &ClusterSpec, install: &SlurmInstall) -> Result<()> {
         Some(files) => files.clone(),
         None => make_placeholder_devices(&d.join("dev"), spec.gpus)?,
     };
-    write(d, "slurm.conf", &slurm_conf(spec, install), 0o644)?;
+    write(d, "slurm.conf", &slurm_conf(spec, install, gpu_files.len()), 0o644)?;
     write(d, "gres.conf", &gres_conf(&gpu_files), 0o644)?;
     if cgroup_v2_only() {
         write(d, "cgroup.conf", "CgroupPlugin=cgroup/v2\nIgnoreSystemd=yes\n", 0o644)?;
@@ -201,7 +214,7 @@ fn make_placeholder_devices(dir: &Path, gpus: u32) -> Result<Vec<PathBuf>> {
         .collect()
 }
 
-fn slurm_conf(spec: &ClusterSpec, install: &SlurmInstall) -> String {
+fn slurm_conf(spec: &ClusterSpec, install: &SlurmInstall, gpus: usize) -> String {
     let d = spec.dir.display();
     let plugin_dir = if install.prefixed { format!("PluginDir={}\n", install.plugin_dir().display()) } else { String::new() };
     format!(
@@ -251,7 +264,6 @@ PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP
         slurmd = spec.slurmd_port,
         node = spec.node_name,
         cpus = spec.cpus,
-        gpus = spec.gpus,
     )
 }
 
