@@ -5,10 +5,13 @@
 pub mod config;
 pub mod drain;
 pub mod fsutil;
+pub mod gpu_lock;
 pub mod job_env;
 pub mod lifecycle;
 pub mod log;
 pub mod mode;
+pub mod privdrop;
+pub mod procfs;
 pub mod state;
 
 pub use config::Config;

@@ -1,0 +1,137 @@
+//! Reading processes from /proc. A process is identified by pid *and* start
+//! time: pids are reused, and killing a stranger that inherited a pid we
+//! recorded must never happen.
+
+use std::path::Path;
+
+/// One process as /proc shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcInfo {
+    pub pid: i32,
+    pub ppid: i32,
+    /// Real uid (first field of `Uid:` in /proc/<pid>/status).
+    pub uid: u32,
+    /// The executable's name as the kernel keeps it (15 bytes at most).
+    pub comm: String,
+    /// State letter: R, S, D (uninterruptible), Z (zombie), T, ...
+    pub state: char,
+    /// Start time in clock ticks after boot (field 22 of /proc/<pid>/stat).
+    pub start_time: u64,
+}
+
+/// A recorded process identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ProcId {
+    pub pid: i32,
+    pub start_time: u64,
+}
+
+impl ProcInfo {
+    pub fn id(&self) -> ProcId {
+        ProcId { pid: self.pid, start_time: self.start_time }
+    }
+
+    /// Neither running nor able to run: a zombie or stuck in the kernel.
+    pub fn is_stuck(&self) -> bool {
+        matches!(self.state, 'Z' | 'D')
+    }
+}
+
+/// Parses `/proc/<pid>/stat`. The command name is in parentheses and may
+/// itself contain spaces and parentheses, so fields are counted after the
+/// *last* `)`.
+pub fn parse_stat(stat: &str) -> Option<(String, char, i32, u64)> {
+    let open = stat.find('(')?;
+    let close = stat.rfind(')')?;
+    let comm = stat.get(open + 1..close)?.to_string();
+    let rest: Vec<&str> = stat.get(close + 1..)?.split_whitespace().collect();
+    // rest[0] is field 3 (state); field N is rest[N - 3].
+    let state = rest.first()?.chars().next()?;
+    let ppid: i32 = rest.get(1)?.parse().ok()?;
+    let start_time: u64 = rest.get(19)?.parse().ok()?;
+    Some((comm, state, ppid, start_time))
+}
+
+fn parse_uid(status: &str) -> Option<u32> {
+    status.lines().find_map(|l| l.strip_prefix("Uid:")).and_then(|v| v.split_whitespace().next()?.parse().ok())
+}
+
+/// Reads one process; `None` when it is gone (or unreadable).
+pub fn read(pid: i32) -> Option<ProcInfo> {
+    read_in(Path::new("/proc"), pid)
+}
+
+fn read_in(proc_root: &Path, pid: i32) -> Option<ProcInfo> {
+    let dir = proc_root.join(pid.to_string());
+    let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
+    let (comm, state, ppid, start_time) = parse_stat(&stat)?;
+    let uid = parse_uid(&std::fs::read_to_string(dir.join("status")).ok()?)?;
+    Some(ProcInfo { pid, ppid, uid, comm, state, start_time })
+}
+
+/// Every process on the node.
+pub fn all() -> Vec<ProcInfo> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(read)
+        .collect()
+}
+
+/// The process with this identity, if it still exists (same pid, same start).
+pub fn find(id: ProcId) -> Option<ProcInfo> {
+    read(id.pid).filter(|p| p.start_time == id.start_time)
+}
+
+/// The value of `name` in a process's environment (root can read any).
+pub fn environ_var(pid: i32, name: &str) -> Option<String> {
+    let data = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    environ_lookup(&data, name)
+}
+
+/// Looks `name` up in NUL-separated `KEY=VALUE` data.
+pub fn environ_lookup(data: &[u8], name: &str) -> Option<String> {
+    data.split(|b| *b == 0).find_map(|kv| {
+        let kv = std::str::from_utf8(kv).ok()?;
+        kv.strip_prefix(name)?.strip_prefix('=').map(String::from)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_lines_with_awkward_names_parse() {
+        let stat = "4242 (nvidia-cuda-mps) S 1 4242 4242 0 -1 4194624 100 0 0 0 1 2 0 0 20 0 3 0 987654 1000 200 0";
+        assert_eq!(parse_stat(stat), Some(("nvidia-cuda-mps".into(), 'S', 1, 987654)));
+        let odd = "7 (a) b (c) Z 3 7 7 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 55 0 0";
+        assert_eq!(parse_stat(odd), Some(("a) b (c".into(), 'Z', 3, 55)));
+        assert_eq!(parse_stat("garbage"), None);
+    }
+
+    #[test]
+    fn our_own_process_is_found_by_identity() {
+        let me = read(std::process::id() as i32).expect("reading /proc/self");
+        assert_eq!(me.uid, unsafe { libc::getuid() });
+        assert_eq!(find(me.id()).map(|p| p.pid), Some(me.pid));
+        let stale = ProcId { pid: me.pid, start_time: me.start_time + 1 };
+        assert_eq!(find(stale), None, "a reused pid must not match");
+        assert!(all().iter().any(|p| p.pid == me.pid));
+    }
+
+    #[test]
+    fn environ_values_are_looked_up_exactly() {
+        let data = b"A=1\0CUDA_MPS_PIPE_DIRECTORY=/run/x/pipe\0CUDA_MPS_PIPE_DIRECTORY_X=no\0";
+        assert_eq!(environ_lookup(data, "CUDA_MPS_PIPE_DIRECTORY").as_deref(), Some("/run/x/pipe"));
+        assert_eq!(environ_lookup(data, "CUDA_MPS"), None);
+        assert_eq!(environ_lookup(data, "B"), None);
+    }
+
+    #[test]
+    fn stuck_states() {
+        let p = |state| ProcInfo { pid: 1, ppid: 0, uid: 0, comm: String::new(), state, start_time: 0 };
+        assert!(p('Z').is_stuck() && p('D').is_stuck());
+        assert!(!p('S').is_stuck() && !p('R').is_stuck());
+    }
+}
