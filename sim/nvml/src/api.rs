@@ -765,6 +765,16 @@ pub unsafe extern "C" fn nvmlDeviceGetRetiredPages_v2(
 }
 
 #[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetRetiredPages(
+    device: nvmlDevice_t,
+    cause: nvmlPageRetirementCause_t,
+    count: *mut c_uint,
+    addresses: *mut c_ulonglong,
+) -> nvmlReturn_t {
+    nvmlDeviceGetRetiredPages_v2(device, cause, count, addresses, std::ptr::null_mut())
+}
+
+#[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetRetiredPagesPendingStatus(device: nvmlDevice_t, pending: *mut nvmlEnableState_t) -> nvmlReturn_t {
     guard(|| out(pending, with_full_gpu(device, |g| Ok(g.health.retired_pending as nvmlEnableState_t))?))
 }
@@ -1027,7 +1037,7 @@ mod tests {
             nvmlGpuInstanceGetComputeInstances, nvmlComputeInstanceDestroy, nvmlComputeInstanceGetInfo_v2,
             nvmlDeviceGetMaxMigDeviceCount, nvmlDeviceGetMigDeviceHandleByIndex, nvmlDeviceIsMigDeviceHandle,
             nvmlDeviceGetGpuInstanceId, nvmlDeviceGetComputeInstanceId, nvmlDeviceGetTotalEccErrors,
-            nvmlDeviceGetRetiredPages_v2, nvmlDeviceGetRetiredPagesPendingStatus, nvmlDeviceGetRemappedRows,
+            nvmlDeviceGetRetiredPages_v2, nvmlDeviceGetRetiredPages, nvmlDeviceGetRetiredPagesPendingStatus, nvmlDeviceGetRemappedRows,
             nvmlDeviceGetCurrentClocksEventReasons, nvmlDeviceGetCurrentClocksThrottleReasons,
             nvmlDeviceGetTemperature, nvmlDeviceGetTemperatureThreshold, nvmlDeviceGetPowerUsage,
             nvmlDeviceGetEnforcedPowerLimit, nvmlDeviceGetCurrPcieLinkGeneration, nvmlDeviceGetMaxPcieLinkGeneration,
