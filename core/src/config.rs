@@ -2,6 +2,7 @@
 //! Every key is optional and documented in `etc/config.toml`. Unknown keys are
 //! errors: a typo must not silently fall back to a default on a root helper.
 
+use crate::gpu::{ComputeModeSetting, MigInstanceSetting, MigModeSetting};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -18,6 +19,7 @@ pub struct Config {
     pub log: LogConfig,
     pub nvml: NvmlConfig,
     pub mig: MigConfig,
+    pub gpu: GpuConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -55,6 +57,32 @@ pub struct MigConfig {
     pub layouts: BTreeMap<String, String>,
 }
 
+/// Which GPU settings the helpers may change. Each has a "leave" value that
+/// never changes it (e.g. on shared machines where only reads are allowed).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GpuConfig {
+    /// Compute mode the prolog sets on an MPS job's GPUs.
+    pub mps_compute_mode: ComputeModeSetting,
+    /// Compute mode the epilog sets back after a job.
+    pub restore_compute_mode: ComputeModeSetting,
+    /// Whether MIG mode may be switched on or off for jobs.
+    pub mig_mode: MigModeSetting,
+    /// Whether MIG instances may be created and destroyed for jobs.
+    pub mig_instances: MigInstanceSetting,
+}
+
+impl Default for GpuConfig {
+    fn default() -> Self {
+        GpuConfig {
+            mps_compute_mode: ComputeModeSetting::ExclusiveProcess,
+            restore_compute_mode: ComputeModeSetting::Default,
+            mig_mode: MigModeSetting::Switch,
+            mig_instances: MigInstanceSetting::Manage,
+        }
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -63,6 +91,7 @@ impl Default for Config {
             log: LogConfig::default(),
             nvml: NvmlConfig::default(),
             mig: MigConfig::default(),
+            gpu: GpuConfig::default(),
         }
     }
 }
@@ -196,6 +225,23 @@ mod tests {
         assert!(cfg.log.stderr);
         assert_eq!(cfg.nvml.library, Some(PathBuf::from("/opt/sim/libnvidia-ml.so")));
         assert_eq!(cfg.mig.layouts["half"], "3g.40gbx2");
+        assert_eq!(cfg.gpu, GpuConfig::default());
+    }
+
+    #[test]
+    fn every_gpu_setter_can_be_left_alone() {
+        let cfg = parse(
+            "[gpu]\nmps_compute_mode = \"leave\"\nrestore_compute_mode = \"leave\"\n\
+             mig_mode = \"leave\"\nmig_instances = \"leave\"",
+        )
+        .unwrap();
+        assert_eq!(cfg.gpu.mps_compute_mode, ComputeModeSetting::Leave);
+        assert_eq!(cfg.gpu.restore_compute_mode, ComputeModeSetting::Leave);
+        assert_eq!(cfg.gpu.mig_mode, MigModeSetting::Leave);
+        assert_eq!(cfg.gpu.mig_instances, MigInstanceSetting::Leave);
+        let err = parse("[gpu]\nmps_compute_mode = \"exclusive\"").unwrap_err();
+        assert!(err.contains("unknown variant `exclusive`") && err.contains("exclusive_process"), "{err}");
+        assert!(parse("[gpu]\nmig = \"leave\"").unwrap_err().contains("unknown field `mig`"));
     }
 
     #[test]

@@ -5,6 +5,7 @@
 pub mod config;
 pub mod drain;
 pub mod fsutil;
+pub mod gpu;
 pub mod gpu_lock;
 pub mod job_env;
 pub mod lifecycle;

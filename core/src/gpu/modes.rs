@@ -1,0 +1,177 @@
+//! Compute, persistence and MIG modes: readings, setters, and the "leave as
+//! is" settings that let a site (or a shared test machine) forbid changes.
+
+use super::{wrap, GpuError, GpuOps, NvmlGpus};
+use nvml_wrapper::enum_wrappers::device::ComputeMode as NvmlComputeMode;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ComputeMode {
+    Default,
+    /// Removed by NVIDIA; only ever read, never set.
+    ExclusiveThread,
+    Prohibited,
+    /// One process (the MPS server with MPS) holds the GPU.
+    ExclusiveProcess,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigModes {
+    pub current: bool,
+    /// The mode after the next GPU reset.
+    pub pending: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuModes {
+    pub compute: ComputeMode,
+    pub persistence: bool,
+    /// `None` on GPUs without MIG.
+    pub mig: Option<MigModes>,
+}
+
+/// The outcome of nvmlDeviceSetMigMode.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MigModeChange {
+    /// The driver reset the GPU and the new mode is current.
+    Applied,
+    /// The mode is pending until a GPU reset; why it could not be applied now.
+    Pending { reason: String },
+}
+
+/// `[gpu] mps_compute_mode` / `restore_compute_mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ComputeModeSetting {
+    ExclusiveProcess,
+    Default,
+    Prohibited,
+    /// Never change the compute mode.
+    Leave,
+}
+
+/// `[gpu] mig_mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MigModeSetting {
+    /// Enable/disable MIG as jobs ask.
+    Switch,
+    /// Never change MIG mode; a job that needs another mode is refused.
+    Leave,
+}
+
+/// What an `apply_*` function did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Applied<T> {
+    /// The setting says leave as is: nothing was read or written.
+    Left,
+    /// Already as wanted: nothing written.
+    Unchanged,
+    Changed { from: T, to: T },
+}
+
+impl ComputeModeSetting {
+    pub fn target(self) -> Option<ComputeMode> {
+        match self {
+            ComputeModeSetting::ExclusiveProcess => Some(ComputeMode::ExclusiveProcess),
+            ComputeModeSetting::Default => Some(ComputeMode::Default),
+            ComputeModeSetting::Prohibited => Some(ComputeMode::Prohibited),
+            ComputeModeSetting::Leave => None,
+        }
+    }
+}
+
+/// Sets `gpu`'s compute mode as `setting` says, writing only if it differs.
+pub fn apply_compute_mode(ops: &dyn GpuOps, gpu: u32, setting: ComputeModeSetting) -> Result<Applied<ComputeMode>, GpuError> {
+    let Some(want) = setting.target() else { return Ok(Applied::Left) };
+    let from = ops.modes(gpu)?.compute;
+    if from == want {
+        return Ok(Applied::Unchanged);
+    }
+    ops.set_compute_mode(gpu, want)?;
+    Ok(Applied::Changed { from, to: want })
+}
+
+/// What [`apply_mig_mode`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MigApplied {
+    /// Current and pending mode were already as wanted.
+    Unchanged,
+    Changed(MigModeChange),
+}
+
+/// Turns MIG on or off on `gpu` if `setting` allows; with `Leave`, a GPU not
+/// already in the wanted mode is an error the prolog turns into a refusal.
+pub fn apply_mig_mode(ops: &dyn GpuOps, gpu: u32, setting: MigModeSetting, enable: bool) -> Result<MigApplied, GpuError> {
+    let mig = ops.modes(gpu)?.mig.ok_or_else(|| GpuError::Refused {
+        gpu: super::GpuLabel(Some(gpu)),
+        detail: "this GPU has no MIG mode".into(),
+    })?;
+    if mig.current == enable && mig.pending == enable {
+        return Ok(MigApplied::Unchanged);
+    }
+    if setting == MigModeSetting::Leave {
+        let want = if enable { "on" } else { "off" };
+        return Err(GpuError::Refused {
+            gpu: super::GpuLabel(Some(gpu)),
+            detail: format!("MIG would need to be switched {want}, but [gpu] mig_mode = \"leave\""),
+        });
+    }
+    Ok(MigApplied::Changed(ops.set_mig_mode(gpu, enable)?))
+}
+
+impl From<NvmlComputeMode> for ComputeMode {
+    fn from(m: NvmlComputeMode) -> Self {
+        match m {
+            NvmlComputeMode::Default => ComputeMode::Default,
+            NvmlComputeMode::ExclusiveThread => ComputeMode::ExclusiveThread,
+            NvmlComputeMode::Prohibited => ComputeMode::Prohibited,
+            NvmlComputeMode::ExclusiveProcess => ComputeMode::ExclusiveProcess,
+        }
+    }
+}
+
+impl From<ComputeMode> for NvmlComputeMode {
+    fn from(m: ComputeMode) -> Self {
+        match m {
+            ComputeMode::Default => NvmlComputeMode::Default,
+            ComputeMode::ExclusiveThread => NvmlComputeMode::ExclusiveThread,
+            ComputeMode::Prohibited => NvmlComputeMode::Prohibited,
+            ComputeMode::ExclusiveProcess => NvmlComputeMode::ExclusiveProcess,
+        }
+    }
+}
+
+impl NvmlGpus {
+    pub(super) fn read_modes(&self, gpu: u32) -> Result<GpuModes, GpuError> {
+        let d = self.device(gpu)?;
+        let mig = match d.mig_mode() {
+            Ok(m) => Some(MigModes { current: m.current == 1, pending: m.pending == 1 }),
+            Err(e) => match GpuError::from_wrapper("nvmlDeviceGetMigMode", Some(gpu), e) {
+                e if e.is_not_supported() => None,
+                e => return Err(e),
+            },
+        };
+        Ok(GpuModes {
+            compute: wrap("nvmlDeviceGetComputeMode", gpu, d.compute_mode())?.into(),
+            persistence: wrap("nvmlDeviceGetPersistenceMode", gpu, d.is_in_persistent_mode())?,
+            mig,
+        })
+    }
+
+    pub(super) fn write_compute_mode(&self, gpu: u32, mode: ComputeMode) -> Result<(), GpuError> {
+        let mut d = self.device(gpu)?;
+        wrap("nvmlDeviceSetComputeMode", gpu, d.set_compute_mode(mode.into()))
+    }
+
+    pub(super) fn write_mig_mode(&self, gpu: u32, enable: bool) -> Result<MigModeChange, GpuError> {
+        let d = self.device(gpu)?;
+        let activation = wrap("nvmlDeviceSetMigMode", gpu, d.set_mig_mode(enable))?;
+        if activation == nvml_wrapper_sys::bindings::nvmlReturn_enum_NVML_SUCCESS {
+            return Ok(MigModeChange::Applied);
+        }
+        let reason = GpuError::from_code("nvmlDeviceSetMigMode activation", Some(gpu), activation).to_string();
+        Ok(MigModeChange::Pending { reason })
+    }
+}
