@@ -25,7 +25,7 @@ mod tests;
 pub use device_map::DeviceMap;
 pub use driver::{CheckpointDriver, CudaDriver, DriverError, GpuPair, GpuUuid, ProcessState};
 pub use nvml::{GpuInfo, GpuProcess, Nvml};
-pub use parallel::Step;
+pub use parallel::{Phase, Step, StepRun};
 pub use procs::{FoundBy, NvidiaFile, ProcFs, ProcessHost};
 pub use record::{CheckpointRecord, Footprint, ProcessRecord};
 pub use checkpoint::CheckpointReport;
@@ -148,4 +148,15 @@ pub struct Checkpointer<'a> {
 /// Milliseconds of a duration, for reports.
 fn ms(d: std::time::Duration) -> f64 {
     d.as_secs_f64() * 1000.0
+}
+
+impl Settings {
+    /// The `[checkpoint]` section, with records under `<runtime_dir>/checkpoint`.
+    pub fn from_config(cfg: &crate::Config) -> Settings {
+        Settings {
+            lock_timeout_ms: cfg.checkpoint.lock_timeout_ms,
+            memory_margin_bytes: cfg.checkpoint.memory_margin_mib << 20,
+            record_dir: cfg.runtime_dir.join("checkpoint"),
+        }
+    }
 }
