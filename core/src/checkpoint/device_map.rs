@@ -63,7 +63,7 @@ mod tests {
         assert_eq!(map.target(b), a);
         assert!(map.covers(a) && map.covers(b));
         let bad = [
-            (format!("{A}"), "not OLD_UUID=NEW_UUID"),
+            (A.to_string(), "not OLD_UUID=NEW_UUID"),
             (format!("{A}={B},{A}={A}"), "mapped twice"),
             (format!("{A}={B},{B}={B}"), "two GPUs are mapped onto"),
             (format!("{A}=GPU-12"), "not a GPU UUID"),
