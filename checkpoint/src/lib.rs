@@ -1,6 +1,6 @@
 //! Human-readable reports shared by gpu-mode-checkpoint and the benchmark.
 
-use gpu_mode_core::checkpoint::{CheckpointReport, RestoreReport, StateReport, Step};
+use gpu_mode_core::checkpoint::{CheckpointReport, Phase, RestoreReport, StateReport, Step};
 
 const GIB: f64 = (1u64 << 30) as f64;
 
@@ -12,8 +12,19 @@ pub fn gib_per_s(bytes: u64, ms: f64) -> f64 {
     bytes as f64 / GIB / (ms / 1000.0)
 }
 
-fn phase_line(phases: &[gpu_mode_core::checkpoint::Phase]) -> String {
+fn phase_line(phases: &[Phase]) -> String {
     phases.iter().map(|p| format!("{} {:.3} s", step_name(p.step), p.wall_ms / 1000.0)).collect::<Vec<_>>().join(", ")
+}
+
+/// `checkpointed job 7: 2 process(es), 9.07 GiB of GPU memory in 1.839 s (4.93 GiB/s); lock …`
+fn summary(verb: &str, target: &str, n: usize, bytes: u64, ms: f64, phases: &[Phase]) -> String {
+    format!(
+        "{verb} {target}: {n} process(es), {:.2} GiB of GPU memory in {:.3} s ({:.2} GiB/s); {}",
+        bytes as f64 / GIB,
+        ms / 1000.0,
+        gib_per_s(bytes, ms),
+        phase_line(phases)
+    )
 }
 
 pub fn step_name(step: Step) -> &'static str {
@@ -26,17 +37,8 @@ pub fn step_name(step: Step) -> &'static str {
 }
 
 pub fn describe_checkpoint(r: &CheckpointReport) -> String {
-    let bytes = r.bytes();
-    let mut out = format!(
-        "checkpointed {}: {} process(es), {:.2} GiB of GPU memory in {:.3} s ({:.2} GiB/s); {}; record {}",
-        r.target,
-        r.processes.len(),
-        bytes as f64 / GIB,
-        r.total_ms / 1000.0,
-        gib_per_s(bytes, r.total_ms),
-        phase_line(&r.phases),
-        r.record.display()
-    );
+    let mut out = summary("checkpointed", &r.target, r.processes.len(), r.bytes(), r.total_ms, &r.phases);
+    out.push_str(&format!("; record {}", r.record.display()));
     for p in &r.processes {
         let gpus: Vec<String> = p.footprint.iter().map(|f| format!("{} {:.2} GiB", f.gpu, f.bytes as f64 / GIB)).collect();
         out.push_str(&format!("\n  pid {}: {}", p.pid, if gpus.is_empty() { "no GPU memory".into() } else { gpus.join(", ") }));
@@ -45,16 +47,7 @@ pub fn describe_checkpoint(r: &CheckpointReport) -> String {
 }
 
 pub fn describe_restore(r: &RestoreReport) -> String {
-    let bytes = r.bytes();
-    let mut out = format!(
-        "restored {}: {} process(es), {:.2} GiB in {:.3} s ({:.2} GiB/s); {}",
-        r.target,
-        r.restored.len(),
-        bytes as f64 / GIB,
-        r.total_ms / 1000.0,
-        gib_per_s(bytes, r.total_ms),
-        phase_line(&r.phases)
-    );
+    let mut out = summary("restored", &r.target, r.restored.len(), r.bytes(), r.total_ms, &r.phases);
     if !r.unlocked_only.is_empty() {
         out.push_str(&format!("\n  unlocked only (restored earlier): {:?}", r.unlocked_only));
     }

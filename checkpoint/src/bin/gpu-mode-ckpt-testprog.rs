@@ -15,7 +15,41 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-const PTX: &str = r#"
+// The grid-stride loop both kernels share: rd1 = buffer, rd2 = n, r1 = seed,
+// rd3 = this thread's first index, rd5 = stride; r6 = pattern(rd3), rd7 = &buf[rd3].
+macro_rules! grid_loop {
+    ($body:literal) => {
+        concat!(
+            "    ld.param.u64 rd1, [p_buf];\n",
+            "    cvta.to.global.u64 rd1, rd1;\n",
+            "    ld.param.u64 rd2, [p_n];\n",
+            "    ld.param.u32 r1, [p_seed];\n",
+            "    mov.u32 r2, %ctaid.x;\n",
+            "    mov.u32 r3, %ntid.x;\n",
+            "    mov.u32 r4, %tid.x;\n",
+            "    mul.wide.u32 rd3, r2, r3;\n",
+            "    cvt.u64.u32 rd4, r4;\n",
+            "    add.u64 rd3, rd3, rd4;\n",
+            "    mov.u32 r5, %nctaid.x;\n",
+            "    mul.wide.u32 rd5, r5, r3;\n",
+            "LOOP:\n",
+            "    setp.ge.u64 p, rd3, rd2;\n",
+            "    @p bra DONE;\n",
+            "    call (r6), pattern, (rd3, r1);\n",
+            "    shl.b64 rd6, rd3, 2;\n",
+            "    add.u64 rd7, rd1, rd6;\n",
+            $body,
+            "    add.u64 rd3, rd3, rd5;\n",
+            "    bra.uni LOOP;\n",
+            "DONE:\n",
+            "    ret;\n",
+            "}\n"
+        )
+    };
+}
+
+const PTX: &str = concat!(
+    r#"
 .version 8.0
 .target sm_80
 .address_size 64
@@ -37,66 +71,22 @@ const PTX: &str = r#"
 {
     .reg .pred p;
     .reg .b32 r<8>;
-    .reg .b64 rd<10>;
-    ld.param.u64 rd1, [p_buf];
-    cvta.to.global.u64 rd1, rd1;
-    ld.param.u64 rd2, [p_n];
-    ld.param.u32 r1, [p_seed];
-    mov.u32 r2, %ctaid.x;
-    mov.u32 r3, %ntid.x;
-    mov.u32 r4, %tid.x;
-    mul.wide.u32 rd3, r2, r3;
-    cvt.u64.u32 rd4, r4;
-    add.u64 rd3, rd3, rd4;
-    mov.u32 r5, %nctaid.x;
-    mul.wide.u32 rd5, r5, r3;
-LOOP:
-    setp.ge.u64 p, rd3, rd2;
-    @p bra DONE;
-    call (r6), pattern, (rd3, r1);
-    shl.b64 rd6, rd3, 2;
-    add.u64 rd7, rd1, rd6;
-    st.global.u32 [rd7], r6;
-    add.u64 rd3, rd3, rd5;
-    bra.uni LOOP;
-DONE:
-    ret;
-}
-
+    .reg .b64 rd<12>;
+"#,
+    grid_loop!("    st.global.u32 [rd7], r6;\n"),
+    r#"
 .visible .entry verify(.param .u64 p_buf, .param .u64 p_n, .param .u32 p_seed, .param .u64 p_bad)
 {
     .reg .pred p, q;
     .reg .b32 r<8>;
     .reg .b64 rd<12>;
-    ld.param.u64 rd1, [p_buf];
-    cvta.to.global.u64 rd1, rd1;
-    ld.param.u64 rd2, [p_n];
-    ld.param.u32 r1, [p_seed];
     ld.param.u64 rd9, [p_bad];
     cvta.to.global.u64 rd9, rd9;
-    mov.u32 r2, %ctaid.x;
-    mov.u32 r3, %ntid.x;
-    mov.u32 r4, %tid.x;
-    mul.wide.u32 rd3, r2, r3;
-    cvt.u64.u32 rd4, r4;
-    add.u64 rd3, rd3, rd4;
-    mov.u32 r5, %nctaid.x;
-    mul.wide.u32 rd5, r5, r3;
-LOOP:
-    setp.ge.u64 p, rd3, rd2;
-    @p bra DONE;
-    call (r6), pattern, (rd3, r1);
-    shl.b64 rd6, rd3, 2;
-    add.u64 rd7, rd1, rd6;
-    ld.global.u32 r7, [rd7];
-    setp.ne.u32 q, r7, r6;
-    @q atom.global.add.u64 rd10, [rd9], 1;
-    add.u64 rd3, rd3, rd5;
-    bra.uni LOOP;
-DONE:
-    ret;
-}
-"#;
+"#,
+    grid_loop!(
+        "    ld.global.u32 r7, [rd7];\n    setp.ne.u32 q, r7, r6;\n    @q atom.global.add.u64 rd10, [rd9], 1;\n"
+    ),
+);
 
 fn pattern(i: u64, seed: u32) -> u32 {
     (i as u32).wrapping_mul(0x9E37_79B1) ^ ((i >> 32) as u32) ^ seed
@@ -133,6 +123,10 @@ fn parse_args() -> Result<Opts, String> {
             "--seed" => o.seed = val()?.parse().map_err(|e| format!("--seed: {e}"))?,
             "--fork-child" => o.fork_child = true,
             "--hold" => o.hold = true,
+            "--print-ptx" => {
+                print!("{PTX}");
+                std::process::exit(0);
+            }
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
