@@ -20,6 +20,7 @@ pub struct Config {
     pub nvml: NvmlConfig,
     pub mig: MigConfig,
     pub gpu: GpuConfig,
+    pub checkpoint: CheckpointConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -83,6 +84,23 @@ impl Default for GpuConfig {
     }
 }
 
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CheckpointConfig {
+    /// How long cuCheckpointProcessLock waits for a process's GPU work to drain.
+    pub lock_timeout_ms: u32,
+    /// Free GPU memory a restore needs beyond the recorded footprint.
+    pub memory_margin_mib: u64,
+    /// libcuda to load; unset means the system's (`libcuda.so.1`).
+    pub cuda_library: Option<PathBuf>,
+}
+
+impl Default for CheckpointConfig {
+    fn default() -> Self {
+        CheckpointConfig { lock_timeout_ms: 10_000, memory_margin_mib: 512, cuda_library: None }
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -92,6 +110,7 @@ impl Default for Config {
             nvml: NvmlConfig::default(),
             mig: MigConfig::default(),
             gpu: GpuConfig::default(),
+            checkpoint: CheckpointConfig::default(),
         }
     }
 }
@@ -145,6 +164,12 @@ impl Config {
         require_absolute("slurm.scontrol", &self.slurm.scontrol)?;
         if let Some(lib) = &self.nvml.library {
             require_absolute("nvml.library", lib)?;
+        }
+        if let Some(lib) = &self.checkpoint.cuda_library {
+            require_absolute("checkpoint.cuda_library", lib)?;
+        }
+        if self.checkpoint.lock_timeout_ms == 0 {
+            return Err("checkpoint.lock_timeout_ms must be at least 1".into());
         }
         for (name, profiles) in &self.mig.layouts {
             let value = format!("mig:{profiles}");
@@ -215,6 +240,10 @@ mod tests {
             library = "/opt/sim/libnvidia-ml.so"
             [mig.layouts]
             half = "3g.40gbx2"
+            [checkpoint]
+            lock_timeout_ms = 2500
+            memory_margin_mib = 64
+            cuda_library = "/opt/drv/libcuda.so.1"
             "#,
         )
         .unwrap();
@@ -225,6 +254,9 @@ mod tests {
         assert!(cfg.log.stderr);
         assert_eq!(cfg.nvml.library, Some(PathBuf::from("/opt/sim/libnvidia-ml.so")));
         assert_eq!(cfg.mig.layouts["half"], "3g.40gbx2");
+        assert_eq!(cfg.checkpoint.lock_timeout_ms, 2500);
+        assert_eq!(cfg.checkpoint.memory_margin_mib, 64);
+        assert_eq!(cfg.checkpoint.cuda_library, Some(PathBuf::from("/opt/drv/libcuda.so.1")));
         assert_eq!(cfg.gpu, GpuConfig::default());
     }
 
@@ -256,6 +288,8 @@ mod tests {
             ("[mig.layouts]\nx = \"@y\"", "mig.layouts.x: a layout lists profiles"),
             ("[mig.layouts]\n\"bad name\" = \"1g.10gb\"", "bad layout name"),
             ("runtime_dir = ", "/etc/x.toml"),
+            ("[checkpoint]\ncuda_library = \"libcuda.so.1\"", "checkpoint.cuda_library"),
+            ("[checkpoint]\nlock_timeout_ms = 0", "checkpoint.lock_timeout_ms must be at least 1"),
         ];
         for (text, needle) in cases {
             let err = parse(text).expect_err(text);

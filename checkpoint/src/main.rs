@@ -1,0 +1,120 @@
+//! `gpu-mode-checkpoint`: CUDA checkpoint/restore of one process or of every
+//! CUDA process of a Slurm job on this node. All logic lives in
+//! gpu_mode_core::checkpoint; this is argument parsing and printing.
+
+use clap::{Args, Parser, Subcommand};
+use gpu_mode_checkpoint::{describe_checkpoint, describe_restore, describe_state};
+use gpu_mode_core::checkpoint::{Checkpointer, CudaDriver, DeviceMap, Nvml, ProcFs, Settings, Target};
+use gpu_mode_core::log::{ActionLine, Outcome};
+use gpu_mode_core::Config;
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(name = "gpu-mode-checkpoint", about = "CUDA checkpoint/restore of a process or a Slurm job's processes")]
+struct Cli {
+    /// Site configuration (default /etc/slurm-gpu-mode/config.toml).
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
+    /// Print the report as JSON on stdout.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    verb: Verb,
+}
+
+#[derive(Subcommand)]
+enum Verb {
+    /// Lock, then checkpoint every process (GPU memory moves to host memory).
+    Checkpoint(Which),
+    /// Restore every process (optionally onto other GPUs), then unlock.
+    Restore {
+        #[command(flatten)]
+        which: Which,
+        /// OLD_UUID=NEW_UUID,... (GPU-… UUIDs; every checkpointed GPU must be mapped).
+        #[arg(long)]
+        device_map: Option<String>,
+    },
+    /// Each process's checkpoint state.
+    State(Which),
+}
+
+#[derive(Args)]
+#[group(required = true, multiple = false)]
+struct Which {
+    /// A process (with its descendants); repeat for several.
+    #[arg(long, num_args = 1..)]
+    pid: Vec<i32>,
+    /// Every process of this Slurm job on this node.
+    #[arg(long)]
+    job: Option<u32>,
+}
+
+impl Which {
+    fn target(&self) -> Target {
+        match self.job {
+            Some(job) => Target::Job(job),
+            None => Target::Pids(self.pid.clone()),
+        }
+    }
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let cfg = match Config::load(cli.config.as_deref()) {
+        Ok(cfg) => cfg,
+        Err(e) => {
+            eprintln!("gpu-mode-checkpoint: {e}");
+            std::process::exit(2);
+        }
+    };
+    let (action, target) = match &cli.verb {
+        Verb::Checkpoint(w) => ("checkpoint", w.target()),
+        Verb::Restore { which, .. } => ("restore", which.target()),
+        Verb::State(w) => ("state", w.target()),
+    };
+    let line = ActionLine::new(action).field("target", &target);
+    match run(&cli, &cfg, &target) {
+        Ok(text) => {
+            println!("{text}");
+            if action != "state" {
+                line.outcome(Outcome::Ok).emit(&cfg.log);
+            }
+        }
+        Err(e) => {
+            line.field("error", format!("{e:#}")).outcome(Outcome::Failed).emit(&cfg.log);
+            if !cfg.log.stderr {
+                eprintln!("gpu-mode-checkpoint: {e:#}");
+            }
+            if cli.json {
+                println!("{}", serde_json::json!({ "error": format!("{e:#}") }));
+            }
+            std::process::exit(1);
+        }
+    }
+}
+
+fn run(cli: &Cli, cfg: &Config, target: &Target) -> anyhow::Result<String> {
+    let driver = CudaDriver::load(cfg.checkpoint.cuda_library.as_deref())?;
+    let nvml = Nvml::load(cfg.nvml_library().as_deref()).map_err(anyhow::Error::msg)?;
+    let host = ProcFs::default();
+    let ckpt = Checkpointer { driver: &driver, host: &host, gpus: &nvml, settings: Settings::from_config(cfg) };
+    let json = |v: serde_json::Result<String>| v.map_err(anyhow::Error::from);
+    Ok(match &cli.verb {
+        Verb::Checkpoint(_) => {
+            let r = ckpt.checkpoint(target)?;
+            if cli.json { json(serde_json::to_string_pretty(&r))? } else { describe_checkpoint(&r) }
+        }
+        Verb::Restore { device_map, .. } => {
+            let map = match device_map {
+                Some(text) => DeviceMap::parse(text).map_err(|e| anyhow::anyhow!("--device-map: {e}"))?,
+                None => DeviceMap::default(),
+            };
+            let r = ckpt.restore(target, &map)?;
+            if cli.json { json(serde_json::to_string_pretty(&r))? } else { describe_restore(&r) }
+        }
+        Verb::State(_) => {
+            let r = ckpt.state(target)?;
+            if cli.json { json(serde_json::to_string_pretty(&r))? } else { describe_state(&r) }
+        }
+    })
+}

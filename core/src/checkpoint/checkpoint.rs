@@ -1,0 +1,169 @@
+//! The checkpoint verb: find, vet, record, lock all, checkpoint all, verify
+//! that no GPU file remains, roll everything back on any failure.
+
+use super::driver::ProcessState;
+use super::parallel::{run_all, Phase, Step};
+use super::procs::{FoundBy, NvidiaFile};
+use super::record::{CheckpointRecord, Footprint, ProcessRecord};
+use super::{CheckpointError, Checkpointer, Target};
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CheckpointReport {
+    pub target: String,
+    pub found_by: FoundBy,
+    pub processes: Vec<ProcessRecord>,
+    pub phases: Vec<Phase>,
+    pub total_ms: f64,
+    pub record: PathBuf,
+}
+
+impl CheckpointReport {
+    pub fn bytes(&self) -> u64 {
+        self.processes.iter().map(ProcessRecord::bytes).sum()
+    }
+}
+
+impl Checkpointer<'_> {
+    pub fn checkpoint(&self, target: &Target) -> Result<CheckpointReport, CheckpointError> {
+        let (scope, found_by) = self.scope(target)?;
+        let holders = self.holders(target, &scope)?;
+        if holders.is_empty() {
+            return Err(CheckpointError::NoCudaProcesses { target: target.clone() });
+        }
+        self.refuse_unready(&holders)?;
+        let pids: Vec<i32> = holders.iter().map(|(p, _)| *p).collect();
+        let record = self.make_record(target, &pids)?;
+        let start = std::time::Instant::now();
+        let phases = self.lock_and_checkpoint(target, &pids)?;
+        let path = record.save(&self.settings.record_dir).map_err(|detail| {
+            let rollback = self.roll_back(&pids, &pids);
+            CheckpointError::Record { path: self.settings.record_dir.clone(), detail: format!("{detail}; rollback: {rollback}") }
+        })?;
+        Ok(CheckpointReport {
+            target: target.to_string(),
+            found_by,
+            processes: record.processes,
+            phases,
+            total_ms: super::ms(start.elapsed()),
+            record: path,
+        })
+    }
+
+    /// The processes the checkpoint must cover: the job's, or each pid with
+    /// its descendants.
+    pub(super) fn scope(&self, target: &Target) -> Result<(Vec<i32>, FoundBy), CheckpointError> {
+        let (pids, found_by) = match target {
+            Target::Job(job) => self
+                .host
+                .job_processes(*job)
+                .map_err(|detail| CheckpointError::Scan { target: target.clone(), detail })?,
+            Target::Pids(pids) => {
+                if let Some(gone) = pids.iter().find(|p| self.host.start_time(**p).is_none()) {
+                    return Err(CheckpointError::Scan { target: target.clone(), detail: format!("pid {gone} does not exist") });
+                }
+                let all: BTreeSet<i32> = pids.iter().flat_map(|p| self.host.with_descendants(*p)).collect();
+                (all.into_iter().collect(), FoundBy::Pid)
+            }
+        };
+        if pids.is_empty() {
+            return Err(CheckpointError::NoProcesses { target: target.clone() });
+        }
+        Ok((pids, found_by))
+    }
+
+    /// The processes of `scope` that hold /dev/nvidia* files. A process that
+    /// exits while being scanned holds nothing and is skipped.
+    pub(super) fn holders(&self, target: &Target, scope: &[i32]) -> Result<Vec<(i32, Vec<NvidiaFile>)>, CheckpointError> {
+        let mut out = Vec::new();
+        for &pid in scope {
+            match self.host.nvidia_files(pid) {
+                Ok(files) if files.is_empty() => {}
+                Ok(files) => out.push((pid, files)),
+                Err(_) if self.host.start_time(pid).is_none() => {}
+                Err(detail) => return Err(CheckpointError::Scan { target: target.clone(), detail }),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every GPU holder must be a running CUDA process the driver can take;
+    /// checked for all before any is touched.
+    fn refuse_unready(&self, holders: &[(i32, Vec<NvidiaFile>)]) -> Result<(), CheckpointError> {
+        for (pid, files) in holders {
+            match self.driver.state(*pid) {
+                Ok(ProcessState::Running) => {}
+                Ok(state) => return Err(CheckpointError::NotRunning { pid: *pid, state: state.name() }),
+                Err(e) => {
+                    return Err(CheckpointError::NotCheckpointable { pid: *pid, file: files[0].clone(), detail: e.to_string() })
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn make_record(&self, target: &Target, pids: &[i32]) -> Result<CheckpointRecord, CheckpointError> {
+        let on_gpus = self.gpus.compute_processes().map_err(CheckpointError::Footprint)?;
+        let processes = pids
+            .iter()
+            .map(|&pid| ProcessRecord {
+                pid,
+                start_time: self.host.start_time(pid).unwrap_or(0),
+                footprint: on_gpus
+                    .iter()
+                    .filter(|g| g.pid == pid)
+                    .map(|g| Footprint { gpu: g.gpu, bytes: g.used_bytes })
+                    .collect(),
+            })
+            .collect();
+        let created_unix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        Ok(CheckpointRecord { target: target.key(), created_unix, processes })
+    }
+
+    /// Lock all, then checkpoint all, then prove the GPU files are gone from
+    /// every process of the (re-read) scope. Rolls back on any failure.
+    fn lock_and_checkpoint(&self, target: &Target, pids: &[i32]) -> Result<Vec<Phase>, CheckpointError> {
+        let lock = self.lock_all(pids);
+        let locked = lock.succeeded();
+        if locked.len() != pids.len() {
+            let rollback = self.roll_back(&[], &locked);
+            return Err(CheckpointError::Lock { failures: lock.failures(), rollback });
+        }
+        let ckpt = run_all(Step::Checkpoint, pids, |pid| self.driver.checkpoint(pid));
+        let done = ckpt.succeeded();
+        if done.len() != pids.len() {
+            let rollback = self.roll_back(&done, pids);
+            return Err(CheckpointError::Checkpoint { failures: ckpt.failures(), rollback });
+        }
+        let blocked = self.leftover_files(target, pids);
+        if !blocked.is_empty() {
+            let rollback = self.roll_back(pids, pids);
+            return Err(CheckpointError::HandlesRemain { blocked, rollback });
+        }
+        Ok(vec![lock, ckpt])
+    }
+
+    /// GPU files still held after checkpoint, by the checkpointed processes or
+    /// by any process that joined the scope meanwhile.
+    fn leftover_files(&self, target: &Target, pids: &[i32]) -> Vec<(i32, NvidiaFile)> {
+        let mut scope: BTreeSet<i32> = pids.iter().copied().collect();
+        if let Ok((now, _)) = self.scope(target) {
+            scope.extend(now);
+        }
+        let mut blocked = Vec::new();
+        for pid in scope {
+            match self.host.nvidia_files(pid) {
+                Ok(files) => blocked.extend(files.into_iter().map(|f| (pid, f))),
+                // Unreadable is not proof of absence, unless the process is gone.
+                Err(e) if self.host.start_time(pid).is_some() => {
+                    blocked.push((pid, NvidiaFile { how: "unreadable".into(), path: e }))
+                }
+                Err(_) => {}
+            }
+        }
+        blocked
+    }
+}

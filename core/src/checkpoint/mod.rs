@@ -1,0 +1,164 @@
+//! CUDA checkpoint/restore of a process or of every CUDA process of a Slurm
+//! job on this node: GPU memory is copied to host memory and released, then
+//! later restored (optionally onto other GPUs) intact.
+//!
+//! Order of a checkpoint: find the processes, refuse anything the driver
+//! cannot take (before touching any), record each one's GPU footprint, lock
+//! all in parallel, checkpoint all in parallel, then prove no /dev/nvidia*
+//! descriptor or mapping remains. Any failure rolls every process back
+//! (restore, then unlock). A restore first checks each target GPU has room,
+//! then restores all in parallel and unlocks all in parallel.
+
+// One file per verb: the checkpoint verb lives in checkpoint.rs like the others.
+#[allow(clippy::module_inception)]
+mod checkpoint;
+pub mod device_map;
+pub mod driver;
+mod lock;
+pub mod nvml;
+mod parallel;
+pub mod procs;
+pub mod record;
+mod restore;
+mod state;
+#[cfg(test)]
+mod tests;
+
+pub use device_map::DeviceMap;
+pub use driver::{CheckpointDriver, CudaDriver, DriverError, GpuPair, GpuUuid, ProcessState};
+pub use nvml::{GpuInfo, GpuProcess, Nvml};
+pub use parallel::{Phase, Step, StepRun};
+pub use procs::{FoundBy, NvidiaFile, ProcFs, ProcessHost};
+pub use record::{CheckpointRecord, Footprint, ProcessRecord};
+pub use checkpoint::CheckpointReport;
+pub use restore::RestoreReport;
+pub use state::{ProcessStateReport, StateReport};
+
+use std::path::PathBuf;
+
+/// What to checkpoint: explicit processes (each with its descendants) or
+/// every process of a Slurm job on this node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    Pids(Vec<i32>),
+    Job(u32),
+}
+
+impl Target {
+    /// The record file's name stem: `job-42`, `pid-1234`, `pids-1-2`.
+    pub fn key(&self) -> String {
+        match self {
+            Target::Job(j) => format!("job-{j}"),
+            Target::Pids(p) if p.len() == 1 => format!("pid-{}", p[0]),
+            Target::Pids(p) => format!("pids-{}", p.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("-")),
+        }
+    }
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Job(j) => write!(f, "job {j}"),
+            Target::Pids(p) => write!(f, "pid {}", p.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",")),
+        }
+    }
+}
+
+/// Tunables, from the `[checkpoint]` section of the config.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// How long Lock waits for a process's in-flight GPU work.
+    pub lock_timeout_ms: u32,
+    /// Headroom a target GPU must have beyond the recorded footprint.
+    pub memory_margin_bytes: u64,
+    /// Where checkpoint records (footprints, start times) are kept.
+    pub record_dir: PathBuf,
+}
+
+/// One process's outcome in a failed step, for the error's report.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PidFailure {
+    pub pid: i32,
+    pub error: String,
+}
+
+fn list_failures(f: &[PidFailure]) -> String {
+    f.iter().map(|x| format!("pid {}: {}", x.pid, x.error)).collect::<Vec<_>>().join("; ")
+}
+
+fn list_blocked(b: &[(i32, NvidiaFile)]) -> String {
+    b.iter().map(|(pid, f)| format!("pid {pid} still holds {f}")).collect::<Vec<_>>().join("; ")
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("{target}: no process found on this node")]
+    NoProcesses { target: Target },
+    #[error("{target}: no process holds a GPU (/dev/nvidia*): nothing to checkpoint")]
+    NoCudaProcesses { target: Target },
+    #[error("cannot list the processes of {target}: {detail}")]
+    Scan { target: Target, detail: String },
+    #[error(
+        "pid {pid} holds {file} but the CUDA driver cannot checkpoint it ({detail}); a child forked without exec keeps its \
+         parent's GPU mappings and cannot be checkpointed: refused, nothing was changed"
+    )]
+    NotCheckpointable { pid: i32, file: NvidiaFile, detail: String },
+    #[error("pid {pid} is {state}, not running: refused, nothing was changed")]
+    NotRunning { pid: i32, state: String },
+    #[error("cannot record the GPU memory footprint (needed to check free memory before restore): {0}")]
+    Footprint(String),
+    #[error("locking failed: {}; rollback: {rollback}", list_failures(failures))]
+    Lock { failures: Vec<PidFailure>, rollback: String },
+    #[error("checkpoint failed: {}; rollback: {rollback}", list_failures(failures))]
+    Checkpoint { failures: Vec<PidFailure>, rollback: String },
+    #[error("GPU files remain after checkpoint: {}; rollback: {rollback}", list_blocked(blocked))]
+    HandlesRemain { blocked: Vec<(i32, NvidiaFile)>, rollback: String },
+    #[error("no checkpoint record for {target} at {path}: was it checkpointed by gpu-mode-checkpoint on this node?")]
+    NoRecord { target: Target, path: PathBuf },
+    #[error("checkpoint record {path}: {detail}")]
+    Record { path: PathBuf, detail: String },
+    #[error("pid {pid} is no longer the process that was checkpointed (it exited, or its pid was reused): refused")]
+    ProcessGone { pid: i32 },
+    #[error("device map: {0}")]
+    DeviceMap(String),
+    #[error(
+        "not enough free memory on {gpu} to restore pid {}: needs {} MiB ({} MiB footprint + {} MiB margin), {} MiB free; \
+         a restore that runs out of GPU memory leaves the process stuck, so nothing was restored",
+        pids.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(","),
+        (need + margin) >> 20, need >> 20, margin >> 20, free >> 20
+    )]
+    NotEnoughMemory { gpu: GpuUuid, pids: Vec<i32>, need: u64, margin: u64, free: u64 },
+    #[error("cannot read free memory of {gpu}: {detail}")]
+    FreeMemory { gpu: GpuUuid, detail: String },
+    #[error("restore failed: {}; every process stays locked (restored ones included) so none runs without its peers; run restore again", list_failures(failures))]
+    Restore { failures: Vec<PidFailure> },
+    #[error("unlock failed: {}", list_failures(failures))]
+    Unlock { failures: Vec<PidFailure> },
+    #[error("pid {pid} is in state {state}: cannot restore it")]
+    CannotRestore { pid: i32, state: String },
+}
+
+/// The checkpoint machinery over a driver, a host and a GPU inventory, each a
+/// trait so the orchestration runs against doubles in tests.
+pub struct Checkpointer<'a> {
+    pub driver: &'a dyn CheckpointDriver,
+    pub host: &'a dyn ProcessHost,
+    pub gpus: &'a dyn GpuInfo,
+    pub settings: Settings,
+}
+
+/// Milliseconds of a duration, for reports.
+fn ms(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+impl Settings {
+    /// The `[checkpoint]` section, with records under `<runtime_dir>/checkpoint`.
+    pub fn from_config(cfg: &crate::Config) -> Settings {
+        Settings {
+            lock_timeout_ms: cfg.checkpoint.lock_timeout_ms,
+            memory_margin_bytes: cfg.checkpoint.memory_margin_mib << 20,
+            record_dir: cfg.runtime_dir.join("checkpoint"),
+        }
+    }
+}

@@ -1,0 +1,335 @@
+//! Orchestration tests against a made-up node: one double plays the driver
+//! (a per-process state machine), /proc and NVML, so a checkpoint really
+//! releases the fake GPU files and a restore really needs free memory.
+
+use super::*;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::time::Duration;
+
+const GPU0: &str = "GPU-00000000-0000-0000-0000-000000000000";
+const GPU1: &str = "GPU-11111111-1111-1111-1111-111111111111";
+const GIB: u64 = 1 << 30;
+
+fn gpu(text: &str) -> GpuUuid {
+    GpuUuid::parse(text).unwrap()
+}
+
+fn file(path: &str) -> NvidiaFile {
+    NvidiaFile { how: "fd 5".into(), path: path.into() }
+}
+
+#[derive(Default)]
+struct Node {
+    states: Mutex<HashMap<i32, ProcessState>>,
+    files: Mutex<HashMap<i32, Vec<NvidiaFile>>>,
+    /// pid → (GPU, bytes) while it is running on the GPU.
+    memory: BTreeMap<i32, (GpuUuid, u64)>,
+    free: BTreeMap<GpuUuid, u64>,
+    jobs: BTreeMap<u32, Vec<i32>>,
+    children: BTreeMap<i32, Vec<i32>>,
+    /// Calls made, in order: ("lock", 12).
+    calls: Mutex<Vec<(&'static str, i32)>>,
+    /// Scripted failures: (call, pid) → CUDA error code.
+    fail: BTreeMap<(&'static str, i32), u32>,
+    /// Processes whose GPU files survive a checkpoint (a forked child's).
+    sticky: Vec<i32>,
+    delay: Duration,
+}
+
+impl Node {
+    /// A node whose processes each hold 1 GiB on GPU0 and /dev/nvidia0.
+    fn with_cuda(pids: &[i32]) -> Node {
+        let mut node = Node::default();
+        for &pid in pids {
+            node.states.get_mut().unwrap().insert(pid, ProcessState::Running);
+            node.files.get_mut().unwrap().insert(pid, vec![file("/dev/nvidia0")]);
+            node.memory.insert(pid, (gpu(GPU0), GIB));
+        }
+        node.free.insert(gpu(GPU0), 10 * GIB);
+        node.free.insert(gpu(GPU1), 10 * GIB);
+        node
+    }
+
+    fn job(mut self, job: u32, pids: &[i32]) -> Node {
+        self.jobs.insert(job, pids.to_vec());
+        self
+    }
+
+    fn failing(mut self, call: &'static str, pid: i32, code: u32) -> Node {
+        self.fail.insert((call, pid), code);
+        self
+    }
+
+    fn state_of(&self, pid: i32) -> Option<ProcessState> {
+        self.states.lock().unwrap().get(&pid).copied()
+    }
+
+    fn calls(&self) -> Vec<(&'static str, i32)> {
+        self.calls.lock().unwrap().clone()
+    }
+
+    /// One transition of the driver's state machine, or the error it gives.
+    fn step(&self, call: &'static str, pid: i32, from: ProcessState, to: ProcessState) -> Result<(), DriverError> {
+        std::thread::sleep(self.delay);
+        self.calls.lock().unwrap().push((call, pid));
+        let err = |code: u32| DriverError::Call { call, pid, code, name: format!("E{code}"), text: "scripted".into() };
+        if let Some(code) = self.fail.get(&(call, pid)) {
+            return Err(err(*code));
+        }
+        let mut states = self.states.lock().unwrap();
+        match states.get(&pid) {
+            Some(s) if *s == from => {
+                states.insert(pid, to);
+                Ok(())
+            }
+            // CUDA_ERROR_ILLEGAL_STATE
+            _ => Err(err(401)),
+        }
+    }
+}
+
+impl CheckpointDriver for Node {
+    fn state(&self, pid: i32) -> Result<ProcessState, DriverError> {
+        self.state_of(pid).ok_or(DriverError::Call {
+            call: "cuCheckpointProcessGetState",
+            pid,
+            code: 3,
+            name: "CUDA_ERROR_NOT_INITIALIZED".into(),
+            text: "not a CUDA process".into(),
+        })
+    }
+    fn restore_thread_id(&self, pid: i32) -> Result<i32, DriverError> {
+        Ok(pid + 1)
+    }
+    fn lock(&self, pid: i32, _timeout_ms: u32) -> Result<(), DriverError> {
+        self.step("lock", pid, ProcessState::Running, ProcessState::Locked)
+    }
+    fn checkpoint(&self, pid: i32) -> Result<(), DriverError> {
+        self.step("checkpoint", pid, ProcessState::Locked, ProcessState::Checkpointed)?;
+        if !self.sticky.contains(&pid) {
+            self.files.lock().unwrap().insert(pid, Vec::new());
+        }
+        Ok(())
+    }
+    fn restore(&self, pid: i32, _pairs: &[GpuPair]) -> Result<(), DriverError> {
+        self.step("restore", pid, ProcessState::Checkpointed, ProcessState::Locked)?;
+        self.files.lock().unwrap().insert(pid, vec![file("/dev/nvidia0")]);
+        Ok(())
+    }
+    fn unlock(&self, pid: i32) -> Result<(), DriverError> {
+        self.step("unlock", pid, ProcessState::Locked, ProcessState::Running)
+    }
+}
+
+impl ProcessHost for Node {
+    fn job_processes(&self, job: u32) -> Result<(Vec<i32>, FoundBy), String> {
+        Ok((self.jobs.get(&job).cloned().unwrap_or_default(), FoundBy::Cgroup))
+    }
+    fn with_descendants(&self, pid: i32) -> Vec<i32> {
+        let mut out = vec![pid];
+        out.extend(self.children.get(&pid).into_iter().flatten());
+        out
+    }
+    fn nvidia_files(&self, pid: i32) -> Result<Vec<NvidiaFile>, String> {
+        Ok(self.files.lock().unwrap().get(&pid).cloned().unwrap_or_default())
+    }
+    fn start_time(&self, pid: i32) -> Option<u64> {
+        let known = self.files.lock().unwrap().contains_key(&pid) || self.jobs.values().flatten().any(|p| *p == pid);
+        known.then_some(1000 + pid as u64)
+    }
+}
+
+impl GpuInfo for Node {
+    fn compute_processes(&self) -> Result<Vec<GpuProcess>, String> {
+        Ok(self.memory.iter().map(|(pid, (gpu, bytes))| GpuProcess { gpu: *gpu, pid: *pid, used_bytes: *bytes }).collect())
+    }
+    fn free_bytes(&self, gpu: GpuUuid) -> Result<u64, String> {
+        self.free.get(&gpu).copied().ok_or_else(|| format!("no GPU {gpu}"))
+    }
+}
+
+fn with<T>(node: &Node, f: impl FnOnce(&Checkpointer) -> T) -> T {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = Settings { lock_timeout_ms: 500, memory_margin_bytes: 256 << 20, record_dir: dir.path().join("ckpt") };
+    let ckpt = Checkpointer { driver: node, host: node, gpus: node, settings };
+    f(&ckpt)
+}
+
+fn all_states(node: &Node, pids: &[i32]) -> Vec<Option<ProcessState>> {
+    pids.iter().map(|p| node.state_of(*p)).collect()
+}
+
+#[test]
+fn a_job_is_locked_in_full_before_any_checkpoint_and_restored_before_unlock() {
+    let node = Node::with_cuda(&[10, 11, 12]).job(7, &[9, 10, 11, 12]);
+    with(&node, |c| {
+        let report = c.checkpoint(&Target::Job(7)).unwrap();
+        assert_eq!(report.processes.iter().map(|p| p.pid).collect::<Vec<_>>(), [10, 11, 12], "pid 9 holds no GPU");
+        assert_eq!(report.bytes(), 3 * GIB);
+        assert_eq!(all_states(&node, &[10, 11, 12]), [Some(ProcessState::Checkpointed); 3]);
+        c.restore(&Target::Job(7), &DeviceMap::default()).unwrap();
+        assert!(!report.record.exists(), "the record is removed after a full restore");
+    });
+    let calls: Vec<&str> = node.calls().iter().map(|(c, _)| *c).collect();
+    assert_eq!(calls, ["lock", "lock", "lock", "checkpoint", "checkpoint", "checkpoint", "restore", "restore", "restore", "unlock", "unlock", "unlock"]);
+    assert_eq!(all_states(&node, &[10, 11, 12]), [Some(ProcessState::Running); 3]);
+}
+
+#[test]
+fn failures_roll_everything_back_to_running() {
+    // (node, what the error must say)
+    let cases = [
+        (Node::with_cuda(&[1, 2, 3]).failing("lock", 2, driver::CUDA_ERROR_TIMEOUT), "locking failed: pid 2"),
+        (Node::with_cuda(&[1, 2, 3]).failing("checkpoint", 3, 2), "checkpoint failed: pid 3"),
+        (Node { sticky: vec![2], ..Node::with_cuda(&[1, 2, 3]) }, "pid 2 still holds /dev/nvidia0 (fd 5)"),
+    ];
+    for (node, needle) in cases {
+        let err = with(&node, |c| c.checkpoint(&Target::Pids(vec![1, 2, 3])).unwrap_err()).to_string();
+        assert!(err.contains(needle), "{err}");
+        assert!(err.contains("running again"), "{err}");
+        assert_eq!(all_states(&node, &[1, 2, 3]), [Some(ProcessState::Running); 3], "{err}");
+    }
+}
+
+#[test]
+fn a_lock_timeout_is_reported_with_the_driver_code_and_only_locked_ones_are_unlocked() {
+    let node = Node::with_cuda(&[1, 2]).failing("lock", 1, driver::CUDA_ERROR_TIMEOUT);
+    let err = with(&node, |c| c.checkpoint(&Target::Pids(vec![1, 2])).unwrap_err()).to_string();
+    assert!(err.contains("(909)"), "{err}");
+    let unlocks: Vec<i32> = node.calls().iter().filter(|(c, _)| *c == "unlock").map(|(_, p)| *p).collect();
+    assert_eq!(unlocks, [2]);
+    assert!(!node.calls().iter().any(|(c, _)| *c == "checkpoint"), "no checkpoint after a failed lock");
+}
+
+#[test]
+fn processes_the_driver_cannot_take_are_refused_before_anything_is_touched() {
+    // A forked child: holds the parent's /dev/nvidia0 but is no CUDA process.
+    let mut fork = Node::with_cuda(&[1]);
+    fork.children.insert(1, vec![2]);
+    fork.files.get_mut().unwrap().insert(2, vec![file("/dev/nvidia0")]);
+    let mut locked = Node::with_cuda(&[1, 2]);
+    locked.states.get_mut().unwrap().insert(2, ProcessState::Locked);
+    let cases = [
+        (fork, vec![1], "pid 2 holds /dev/nvidia0 (fd 5) but the CUDA driver cannot checkpoint it"),
+        (locked, vec![1, 2], "pid 2 is locked, not running"),
+    ];
+    for (node, pids, needle) in cases {
+        let err = with(&node, |c| c.checkpoint(&Target::Pids(pids)).unwrap_err()).to_string();
+        assert!(err.contains(needle) && err.contains("nothing was changed"), "{err}");
+        assert!(node.calls().is_empty(), "{:?}", node.calls());
+    }
+}
+
+#[test]
+fn empty_scopes_are_named() {
+    let node = Node::with_cuda(&[]).job(5, &[40]).job(6, &[]);
+    let cases = [
+        (Target::Job(5), "job 5: no process holds a GPU"),
+        (Target::Job(6), "job 6: no process found"),
+        (Target::Pids(vec![99]), "pid 99 does not exist"),
+    ];
+    for (target, needle) in cases {
+        let err = with(&node, |c| c.checkpoint(&target).unwrap_err()).to_string();
+        assert!(err.contains(needle), "{err}");
+    }
+}
+
+#[test]
+fn restore_is_refused_when_the_target_gpu_lacks_room() {
+    let mut node = Node::with_cuda(&[1, 2]);
+    node.free.insert(gpu(GPU0), GIB);
+    with(&node, |c| {
+        c.checkpoint(&Target::Pids(vec![1, 2])).unwrap();
+        let err = c.restore(&Target::Pids(vec![1, 2]), &DeviceMap::default()).unwrap_err().to_string();
+        assert!(err.contains(&format!("not enough free memory on {GPU0} to restore pid 1,2")), "{err}");
+        assert!(err.contains("needs 2304 MiB (2048 MiB footprint + 256 MiB margin), 1024 MiB free"), "{err}");
+        // Onto the other GPU it fits.
+        let map = DeviceMap::parse(&format!("{GPU0}={GPU1}")).unwrap();
+        c.restore(&Target::Pids(vec![1, 2]), &map).unwrap();
+    });
+    assert_eq!(all_states(&node, &[1, 2]), [Some(ProcessState::Running); 2]);
+}
+
+#[test]
+fn a_device_map_must_cover_every_checkpointed_gpu() {
+    let node = Node::with_cuda(&[1]);
+    with(&node, |c| {
+        c.checkpoint(&Target::Pids(vec![1])).unwrap();
+        let map = DeviceMap::parse(&format!("{GPU1}={GPU0}")).unwrap();
+        let err = c.restore(&Target::Pids(vec![1]), &map).unwrap_err().to_string();
+        assert!(err.contains(&format!("pid 1 was checkpointed on {GPU0} but the map does not say")), "{err}");
+    });
+    assert_eq!(node.state_of(1), Some(ProcessState::Checkpointed));
+}
+
+#[test]
+fn a_failed_restore_leaves_all_locked_and_a_rerun_finishes_the_job() {
+    let node = Node::with_cuda(&[1, 2]).failing("restore", 2, 2);
+    let mut node_ok = None;
+    with(&node, |c| {
+        c.checkpoint(&Target::Pids(vec![1, 2])).unwrap();
+        let err = c.restore(&Target::Pids(vec![1, 2]), &DeviceMap::default()).unwrap_err().to_string();
+        assert!(err.contains("restore failed: pid 2") && err.contains("stays locked"), "{err}");
+        assert_eq!(all_states(&node, &[1, 2]), [Some(ProcessState::Locked), Some(ProcessState::Checkpointed)]);
+        node_ok = Some(c.settings.clone());
+    });
+    assert!(!node.calls().iter().any(|(c, _)| *c == "unlock"), "nothing is unlocked after a failed restore");
+    // Same node, the fault cleared: the rerun restores 2 and unlocks both.
+    let healed = Node { fail: BTreeMap::new(), ..node };
+    let settings = node_ok.unwrap();
+    let c = Checkpointer { driver: &healed, host: &healed, gpus: &healed, settings };
+    // The record went with the tempdir; write it again as the first run left it.
+    let record = CheckpointRecord {
+        target: "pids-1-2".into(),
+        created_unix: 0,
+        processes: [1, 2].map(|pid| ProcessRecord { pid, start_time: 1000 + pid as u64, footprint: vec![] }).to_vec(),
+    };
+    record.save(&c.settings.record_dir).unwrap();
+    let report = c.restore(&Target::Pids(vec![1, 2]), &DeviceMap::default()).unwrap();
+    assert_eq!(report.restored.iter().map(|p| p.pid).collect::<Vec<_>>(), [2]);
+    assert_eq!(report.unlocked_only, [1]);
+    assert_eq!(all_states(&healed, &[1, 2]), [Some(ProcessState::Running); 2]);
+    let _ = std::fs::remove_dir_all(&c.settings.record_dir);
+}
+
+#[test]
+fn a_reused_pid_is_not_restored() {
+    let node = Node::with_cuda(&[1]);
+    with(&node, |c| {
+        c.checkpoint(&Target::Pids(vec![1])).unwrap();
+        let mut record = CheckpointRecord::load(&c.settings.record_dir, "pid-1").unwrap().unwrap();
+        record.processes[0].start_time += 1;
+        record.save(&c.settings.record_dir).unwrap();
+        let err = c.restore(&Target::Pids(vec![1]), &DeviceMap::default()).unwrap_err().to_string();
+        assert!(err.contains("pid 1 is no longer the process that was checkpointed"), "{err}");
+        assert!(c.restore(&Target::Pids(vec![7]), &DeviceMap::default()).unwrap_err().to_string().contains("no checkpoint record"));
+    });
+}
+
+#[test]
+fn processes_are_handled_in_parallel() {
+    let pids = [1, 2, 3, 4, 5, 6];
+    let node = Node { delay: Duration::from_millis(150), ..Node::with_cuda(&pids) };
+    with(&node, |c| {
+        let report = c.checkpoint(&Target::Pids(pids.to_vec())).unwrap();
+        for phase in &report.phases {
+            // Serially this phase would take 6 × 150 ms.
+            assert!(phase.wall_ms < 600.0, "{:?} took {} ms", phase.step, phase.wall_ms);
+            assert_eq!(phase.runs.len(), 6);
+        }
+    });
+}
+
+#[test]
+fn state_reports_cuda_processes_and_gpu_holders_only() {
+    let mut node = Node::with_cuda(&[10]).job(3, &[9, 10, 11]);
+    node.files.get_mut().unwrap().insert(11, vec![file("/dev/nvidiactl")]);
+    with(&node, |c| {
+        let report = c.state(&Target::Job(3)).unwrap();
+        let got: Vec<(i32, Option<ProcessState>, bool)> =
+            report.processes.iter().map(|p| (p.pid, p.state, p.error.is_some())).collect();
+        assert_eq!(got, [(10, Some(ProcessState::Running), false), (11, None, true)]);
+        assert_eq!(report.processes[0].restore_thread, Some(11));
+    });
+}
