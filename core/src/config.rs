@@ -21,6 +21,35 @@ pub struct Config {
     pub mig: MigConfig,
     pub gpu: GpuConfig,
     pub checkpoint: CheckpointConfig,
+    pub mps: MpsConfig,
+}
+
+/// `[mps]`: the per-job MPS daemons.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MpsConfig {
+    /// Absolute path of nvidia-cuda-mps-control (no PATH under slurmd).
+    pub control: PathBuf,
+    /// Bound on starting a daemon: `-d` returning and its control socket answering.
+    pub start_timeout_ms: u64,
+    /// After `quit`, how long the daemon and its servers get to exit.
+    pub quit_timeout_ms: u64,
+    /// After SIGTERM (and again after SIGKILL), how long leftovers get to die.
+    pub kill_timeout_ms: u64,
+    /// How long a prolog/epilog waits for another job's hold on a GPU.
+    pub lock_timeout_ms: u64,
+}
+
+impl Default for MpsConfig {
+    fn default() -> Self {
+        MpsConfig {
+            control: PathBuf::from("/usr/bin/nvidia-cuda-mps-control"),
+            start_timeout_ms: 10_000,
+            quit_timeout_ms: 5_000,
+            kill_timeout_ms: 3_000,
+            lock_timeout_ms: 60_000,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -111,6 +140,7 @@ impl Default for Config {
             mig: MigConfig::default(),
             gpu: GpuConfig::default(),
             checkpoint: CheckpointConfig::default(),
+            mps: MpsConfig::default(),
         }
     }
 }
@@ -162,6 +192,17 @@ impl Config {
     fn validate(&self) -> Result<(), String> {
         require_absolute("runtime_dir", &self.runtime_dir)?;
         require_absolute("slurm.scontrol", &self.slurm.scontrol)?;
+        require_absolute("mps.control", &self.mps.control)?;
+        for (key, ms) in [
+            ("mps.start_timeout_ms", self.mps.start_timeout_ms),
+            ("mps.quit_timeout_ms", self.mps.quit_timeout_ms),
+            ("mps.kill_timeout_ms", self.mps.kill_timeout_ms),
+            ("mps.lock_timeout_ms", self.mps.lock_timeout_ms),
+        ] {
+            if ms == 0 || ms > 600_000 {
+                return Err(format!("{key} = {ms} must be between 1 and 600000 (10 minutes)"));
+            }
+        }
         if let Some(lib) = &self.nvml.library {
             require_absolute("nvml.library", lib)?;
         }
@@ -290,6 +331,9 @@ mod tests {
             ("runtime_dir = ", "/etc/x.toml"),
             ("[checkpoint]\ncuda_library = \"libcuda.so.1\"", "checkpoint.cuda_library"),
             ("[checkpoint]\nlock_timeout_ms = 0", "checkpoint.lock_timeout_ms must be at least 1"),
+            ("[mps]\ncontrol = \"nvidia-cuda-mps-control\"", "mps.control"),
+            ("[mps]\nquit_timeout_ms = 0", "mps.quit_timeout_ms = 0 must be between 1 and 600000"),
+            ("[mps]\nthreads = 5", "unknown field `threads`"),
         ];
         for (text, needle) in cases {
             let err = parse(text).expect_err(text);

@@ -3,8 +3,9 @@
 //! resume a node someone else drained.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use crate::command::{run_with_timeout, CommandError};
+use std::process::Command;
+use std::time::Duration;
 
 /// Every drain reason this project sets starts with this.
 pub const DRAIN_PREFIX: &str = "gpu-mode:";
@@ -72,10 +73,8 @@ impl NodeStatus {
 
 #[derive(Debug, thiserror::Error)]
 pub enum DrainError {
-    #[error("cannot run {path}: {source}")]
-    Spawn { path: PathBuf, source: std::io::Error },
-    #[error("{path} {args} timed out after {secs} s")]
-    Timeout { path: PathBuf, args: String, secs: u64 },
+    #[error(transparent)]
+    Run(#[from] CommandError),
     #[error("{path} {args} failed ({status}): {stderr}")]
     Failed { path: PathBuf, args: String, status: String, stderr: String },
 }
@@ -121,37 +120,13 @@ impl Scontrol {
     }
 
     fn run(&self, args: &[&str]) -> Result<String, DrainError> {
-        let joined = args.join(" ");
-        let mut child = Command::new(&self.path)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|source| DrainError::Spawn { path: self.path.clone(), source })?;
-        let start = Instant::now();
-        loop {
-            match child.try_wait() {
-                Ok(Some(_)) => break,
-                Ok(None) if start.elapsed() < SCONTROL_TIMEOUT => std::thread::sleep(Duration::from_millis(20)),
-                _ => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err(DrainError::Timeout {
-                        path: self.path.clone(),
-                        args: joined,
-                        secs: SCONTROL_TIMEOUT.as_secs(),
-                    });
-                }
-            }
-        }
-        let out = child
-            .wait_with_output()
-            .map_err(|source| DrainError::Spawn { path: self.path.clone(), source })?;
+        let mut cmd = Command::new(&self.path);
+        cmd.args(args);
+        let out = run_with_timeout(cmd, None, SCONTROL_TIMEOUT).map_err(DrainError::Run)?;
         if !out.status.success() {
             return Err(DrainError::Failed {
                 path: self.path.clone(),
-                args: joined,
+                args: args.join(" "),
                 status: out.status.to_string(),
                 stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
             });

@@ -3,6 +3,7 @@
 //! everything that decides anything.
 
 pub mod checkpoint;
+pub mod command;
 pub mod config;
 pub mod drain;
 pub mod fsutil;
@@ -12,6 +13,7 @@ pub mod job_env;
 pub mod lifecycle;
 pub mod log;
 pub mod mode;
+pub mod mps;
 pub mod privdrop;
 pub mod procfs;
 pub mod state;

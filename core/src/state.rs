@@ -36,20 +36,46 @@ pub struct JobState {
     pub refusal: Option<String>,
     /// Seconds since the epoch when the prolog wrote the state.
     pub created_unix: u64,
+    /// Key of the MPS daemon the job uses (`--gpu-mode=mps`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mps_daemon: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
     #[error("job {job_id}: no state file {path}: the gpu-mode prolog did not prepare this job on this node (is Prolog= set to gpu-mode-prolog with PrologFlags=Alloc?)")]
     Missing { job_id: u32, path: PathBuf },
-    #[error("job state file {path} is corrupt: {detail}")]
+    #[error("state file {path} is corrupt: {detail}")]
     Corrupt { path: PathBuf, detail: String },
-    #[error("job state file {path} has format version {found}, this build reads version {STATE_VERSION}: were the plugin and the prolog upgraded separately?")]
-    Version { path: PathBuf, found: u64 },
+    #[error("state file {path} has format version {found}, this build reads version {expected}: were the plugin and the helpers upgraded separately?")]
+    Version { path: PathBuf, found: u64, expected: u32 },
     #[error("job {job_id} cannot run on this node: {reason}")]
     Refused { job_id: u32, reason: String },
-    #[error("job state file {path}: {source}")]
+    #[error("state file {path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
+}
+
+/// Parses a JSON state file that carries a `version` field. The version is
+/// read first, so a future format gives a version error, not a confusing
+/// field error.
+pub fn parse_versioned<T: serde::de::DeserializeOwned>(text: &[u8], path: &Path, expected: u32) -> Result<T, StateError> {
+    let corrupt = |detail: String| StateError::Corrupt { path: path.to_path_buf(), detail };
+    let value: serde_json::Value = serde_json::from_slice(text).map_err(|e| corrupt(e.to_string()))?;
+    let found = value
+        .get("version")
+        .and_then(|v| v.as_u64())
+        .ok_or_else(|| corrupt("no integer \"version\" field".into()))?;
+    if found != expected as u64 {
+        return Err(StateError::Version { path: path.to_path_buf(), found, expected });
+    }
+    serde_json::from_value(value).map_err(|e| corrupt(e.to_string()))
+}
+
+/// Writes a state value as pretty JSON, atomically, mode 0644.
+pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), StateError> {
+    let mut text = serde_json::to_vec_pretty(value).expect("state values always serialize");
+    text.push(b'\n');
+    fsutil::write_atomic(path, &text, 0o644).map_err(|source| StateError::Io { path: path.to_path_buf(), source })
 }
 
 /// The directory of job state files under a runtime directory.
@@ -74,9 +100,7 @@ impl JobState {
         let group = unsafe { libc::getegid() };
         fsutil::ensure_private_dir(runtime_dir, owner, group, 0o755).map_err(io)?;
         fsutil::ensure_private_dir(&jobs_dir(runtime_dir), owner, group, 0o755).map_err(io)?;
-        let mut text = serde_json::to_vec_pretty(self).expect("JobState always serializes");
-        text.push(b'\n');
-        fsutil::write_atomic(&path, &text, 0o644).map_err(io)?;
+        write_json(&path, self)?;
         Ok(path)
     }
 
@@ -103,20 +127,12 @@ impl JobState {
     }
 
     fn from_json(text: &[u8], path: &Path, job_id: u32) -> Result<JobState, StateError> {
-        let corrupt = |detail: String| StateError::Corrupt { path: path.to_path_buf(), detail };
-        // Read the version first so a future format gives a version error,
-        // not a confusing field error.
-        let value: serde_json::Value = serde_json::from_slice(text).map_err(|e| corrupt(e.to_string()))?;
-        let found = value
-            .get("version")
-            .and_then(|v| v.as_u64())
-            .ok_or_else(|| corrupt("no integer \"version\" field".into()))?;
-        if found != STATE_VERSION as u64 {
-            return Err(StateError::Version { path: path.to_path_buf(), found });
-        }
-        let state: JobState = serde_json::from_value(value).map_err(|e| corrupt(e.to_string()))?;
+        let state: JobState = parse_versioned(text, path, STATE_VERSION)?;
         if state.job_id != job_id {
-            return Err(corrupt(format!("it names job {}, expected job {job_id}", state.job_id)));
+            return Err(StateError::Corrupt {
+                path: path.to_path_buf(),
+                detail: format!("it names job {}, expected job {job_id}", state.job_id),
+            });
         }
         Ok(state)
     }
@@ -145,6 +161,7 @@ mod tests {
             task_env: [("SLURM_GPU_MODE".to_string(), "mps:threads=25".to_string())].into(),
             refusal: None,
             created_unix: 1_700_000_000,
+            mps_daemon: Some("1000-0_3".into()),
         }
     }
 

@@ -20,6 +20,10 @@ pub fn task_init(spank: &mut SpankHandle, args: &PluginArgs) -> Result<(), Box<d
     let job_id = spank.job_id()?;
     let state = JobState::load(&cfg.runtime_dir, job_id)?;
     for (name, value) in task_env(&state)? {
+        // gres/mps gives the job its GPU share in this variable: keep it.
+        if gpu_mode_core::mps::KEEP_IF_SET.contains(&name) && spank.getenv(name)?.is_some() {
+            continue;
+        }
         spank.setenv(name, value, true)?;
     }
     Ok(())
@@ -50,6 +54,7 @@ mod tests {
             task_env: [("A".to_string(), "1".to_string())].into(),
             refusal: refusal.map(String::from),
             created_unix: 0,
+            mps_daemon: None,
         }
     }
 

@@ -6,6 +6,7 @@ use super::{Failure, Report};
 use crate::config::Config;
 use crate::job_env::JobEnv;
 use crate::log::Outcome;
+use crate::mps::{self, TeardownOutcome};
 use crate::state::JobState;
 
 pub fn run(cfg: &Config, env: &JobEnv) -> Result<Report, Failure> {
@@ -19,12 +20,26 @@ pub fn run(cfg: &Config, env: &JobEnv) -> Result<Report, Failure> {
         }
     };
     let mode = state.as_ref().map(|s| s.mode.clone()).or_else(|| env.mode_value.clone());
-    if state.is_none() {
+    // Without a state (lost, or a second run) the registry is searched: a
+    // daemon must never outlive its last job.
+    let mps = mps::teardown(cfg, env.job_id, state.as_ref().and_then(|s| s.mps_daemon.as_deref()));
+    if state.is_none() && matches!(mps, Ok(TeardownOutcome::NoDaemon)) {
         return Ok(Report { outcome: Outcome::Skipped, mode, detail: None });
     }
-    JobState::remove(&cfg.runtime_dir, env.job_id)
-        .map_err(|e| Failure::Node(format!("cannot remove job state: {e}")))?;
-    Ok(Report { outcome: Outcome::Ok, mode, detail: None })
+    // The state goes last, and also when teardown failed: the node is then
+    // drained, and the job must not look live to later jobs.
+    let removed = JobState::remove(&cfg.runtime_dir, env.job_id);
+    let detail = match mps? {
+        TeardownOutcome::NoDaemon => None,
+        TeardownOutcome::Released { key, remaining } => Some(format!("mps daemon {key} kept for job(s) {remaining:?}")),
+        TeardownOutcome::Stopped { key, quit_worked, signalled } => Some(if quit_worked {
+            format!("mps daemon {key} stopped")
+        } else {
+            format!("mps daemon {key} ignored quit; signalled pids {signalled:?}")
+        }),
+    };
+    removed.map_err(|e| Failure::Node(format!("cannot remove job state: {e}")))?;
+    Ok(Report { outcome: Outcome::Ok, mode, detail })
 }
 
 #[cfg(test)]

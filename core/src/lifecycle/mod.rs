@@ -30,7 +30,11 @@ use crate::log::{ActionLine, Outcome};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Failure {
     Job(String),
+    /// A node fault; drained as `gpu-mode: <verb>: <detail>`.
     Node(String),
+    /// A node fault whose whole drain reason (after `gpu-mode: `) is given,
+    /// e.g. `MPS zombie pid 12 (job 7, GPU GPU-...)`.
+    Drain(String),
 }
 
 /// What a verb did, for its log line.
@@ -70,21 +74,25 @@ pub fn finish(verb: &str, cfg: &Config, env: &JobEnv, result: Result<Report, Fai
         }
         Err(Failure::Node(msg)) => {
             line.field("detail", &msg).outcome(Outcome::Failed).emit(&cfg.log);
-            drain_for(verb, cfg, &env.node, &msg);
+            drain_for(cfg, &env.node, &format!("{verb}: {msg}"));
+            EXIT_NODE_FAULT
+        }
+        Err(Failure::Drain(reason)) => {
+            line.field("detail", &reason).outcome(Outcome::Failed).emit(&cfg.log);
+            drain_for(cfg, &env.node, &reason);
             EXIT_NODE_FAULT
         }
     }
 }
 
-/// Drains the node with `gpu-mode: <verb>: <detail>` (when the config allows)
-/// and logs that action too.
-pub fn drain_for(verb: &str, cfg: &Config, node: &str, detail: &str) {
+/// Drains the node with `gpu-mode: <reason>` (when the config allows) and
+/// logs that action too.
+pub fn drain_for(cfg: &Config, node: &str, reason: &str) {
     if !cfg.slurm.drain_on_node_fault {
         return;
     }
-    let reason = format!("{verb}: {detail}");
-    let result = Scontrol::new(&cfg.slurm.scontrol).drain_unless_drained(node, &reason);
-    let line = ActionLine::new("drain").field("node", node).field("reason", crate::drain::drain_reason(&reason));
+    let result = Scontrol::new(&cfg.slurm.scontrol).drain_unless_drained(node, reason);
+    let line = ActionLine::new("drain").field("node", node).field("reason", crate::drain::drain_reason(reason));
     match result {
         Ok(DrainAction::Drained) => line.outcome(Outcome::Ok).emit(&cfg.log),
         Ok(DrainAction::AlreadyDrained { reason }) => {

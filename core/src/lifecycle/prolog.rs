@@ -5,7 +5,9 @@ use super::{Failure, Report};
 use crate::config::Config;
 use crate::job_env::{format_gpu_list, JobEnv};
 use crate::log::Outcome;
+use crate::gpu::NvmlGpus;
 use crate::mode::{GpuMode, MigRequest};
+use crate::mps;
 use crate::state::{JobState, STATE_VERSION};
 use std::collections::BTreeMap;
 
@@ -21,9 +23,9 @@ pub fn run(cfg: &Config, env: &JobEnv) -> Result<Report, Failure> {
         return Ok(Report { outcome: Outcome::Skipped, mode: None, detail: None });
     };
     match GpuMode::parse(raw) {
-        Ok(mode) => match check_on_this_node(cfg, env, &mode) {
-            Ok(()) => prepare(cfg, env, &mode),
-            Err(msg) => refuse(cfg, env, &mode.to_string(), msg),
+        Ok(mode) => match check_on_this_node(cfg, env, &mode).map_err(Failure::Job).and_then(|()| prepare(cfg, env, &mode)) {
+            Err(Failure::Job(msg)) => refuse(cfg, env, &mode.to_string(), msg),
+            other => other,
         },
         // The plugin validated at submit, so this is a value that bypassed it
         // (e.g. a plugin missing on the submit host): the job's fault.
@@ -46,13 +48,27 @@ fn check_on_this_node(cfg: &Config, env: &JobEnv, mode: &GpuMode) -> Result<(), 
 
 fn prepare(cfg: &Config, env: &JobEnv, mode: &GpuMode) -> Result<Report, Failure> {
     let canonical = mode.to_string();
-    let task_env: BTreeMap<String, String> = [
+    let mut task_env: BTreeMap<String, String> = [
         (TASK_MODE_VAR.to_string(), canonical.clone()),
         (TASK_GPUS_VAR.to_string(), format_gpu_list(&env.gpus)),
     ]
     .into();
-    save(cfg, new_state(env, &canonical, task_env, None))?;
-    Ok(Report { outcome: Outcome::Ok, mode: Some(canonical), detail: None })
+    let mut state = new_state(env, &canonical, BTreeMap::new(), None);
+    if let GpuMode::Mps(params) = mode {
+        let gpus = NvmlGpus::from_config(cfg).map_err(|e| Failure::Node(format!("NVML: {e}")))?;
+        let job = mps::setup(cfg, env, params, &gpus)?;
+        task_env.extend(job.task_env);
+        state.mps_daemon = Some(job.key);
+    }
+    state.task_env = task_env;
+    if let Err(e) = save(cfg, state.clone()) {
+        // Undo what was set up: the epilog would find no state to work from.
+        if let Some(key) = &state.mps_daemon {
+            let _ = mps::teardown(cfg, env.job_id, Some(key));
+        }
+        return Err(e);
+    }
+    Ok(Report { outcome: Outcome::Ok, mode: Some(canonical), detail: state.mps_daemon.map(|k| format!("mps daemon {k}")) })
 }
 
 /// Records a refusal so the plugin fails the job's tasks with `message`.
@@ -73,6 +89,7 @@ fn new_state(env: &JobEnv, mode: &str, task_env: BTreeMap<String, String>, refus
         gpus: env.gpus.clone(),
         task_env,
         refusal,
+        mps_daemon: None,
         created_unix: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
@@ -116,11 +133,11 @@ mod tests {
 
     #[test]
     fn a_valid_mode_is_recorded_with_its_task_environment() {
-        let (_d, cfg, env) = setup(Some("mps:mem=8G,threads=10"));
+        let (_d, cfg, env) = setup(Some("checkpoint"));
         let report = run(&cfg, &env).unwrap();
-        assert_eq!(report.mode.as_deref(), Some("mps:threads=10,mem=8G"));
+        assert_eq!(report.mode.as_deref(), Some("checkpoint"));
         let state = JobState::load(&cfg.runtime_dir, 77).unwrap();
-        assert_eq!(state.task_env[TASK_MODE_VAR], "mps:threads=10,mem=8G");
+        assert_eq!(state.task_env[TASK_MODE_VAR], "checkpoint");
         assert_eq!(state.task_env[TASK_GPUS_VAR], "1,2");
         assert_eq!(state.gpus, vec![1, 2]);
         assert_eq!(state.refusal, None);
@@ -155,7 +172,7 @@ mod tests {
 
     #[test]
     fn an_unwritable_runtime_dir_is_a_node_fault() {
-        let (d, mut cfg, env) = setup(Some("mps"));
+        let (d, mut cfg, env) = setup(Some("checkpoint"));
         let file = d.path().join("file");
         std::fs::write(&file, b"").unwrap();
         cfg.runtime_dir = file.join("run");

@@ -1,0 +1,74 @@
+//! Running a helper program (scontrol, nvidia-cuda-mps-control) by absolute
+//! path with an argument vector, optional stdin, and a timeout. Root code
+//! must never wait forever on another program.
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    #[error("cannot run {path}: {source}")]
+    Spawn { path: PathBuf, source: std::io::Error },
+    #[error("{path} {args} timed out after {ms} ms")]
+    Timeout { path: PathBuf, args: String, ms: u128 },
+}
+
+/// Runs `cmd` to completion or kills it after `timeout`. Output is collected
+/// on threads so a chatty program cannot block on a full pipe.
+pub fn run_with_timeout(mut cmd: Command, stdin: Option<&[u8]>, timeout: Duration) -> Result<Output, CommandError> {
+    let path = PathBuf::from(cmd.get_program());
+    let args: Vec<String> = cmd.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
+    let mut child = cmd
+        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|source| CommandError::Spawn { path: path.clone(), source })?;
+    if let (Some(data), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        // Closing the pipe after writing is what ends the client's input.
+        let _ = pipe.write_all(data);
+    }
+    let read_all = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            let _ = r.read_to_end(&mut buf);
+            buf
+        })
+    };
+    let out = read_all(Box::new(child.stdout.take().expect("piped")));
+    let err = read_all(Box::new(child.stderr.take().expect("piped")));
+    let start = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if start.elapsed() < timeout => std::thread::sleep(Duration::from_millis(5)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(CommandError::Timeout { path, args: args.join(" "), ms: timeout.as_millis() });
+            }
+        }
+    };
+    Ok(Output { status, stdout: out.join().unwrap_or_default(), stderr: err.join().unwrap_or_default() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_stdin_and_timeouts() {
+        let mut cat = Command::new("/bin/cat");
+        cat.arg("-");
+        let out = run_with_timeout(cat, Some(b"quit\n"), Duration::from_secs(5)).unwrap();
+        assert_eq!(out.stdout, b"quit\n");
+        let mut sleep = Command::new("/bin/sleep");
+        sleep.arg("5");
+        let err = run_with_timeout(sleep, None, Duration::from_millis(100)).unwrap_err().to_string();
+        assert_eq!(err, "/bin/sleep 5 timed out after 100 ms");
+        let err = run_with_timeout(Command::new("/nonexistent"), None, Duration::from_secs(1)).unwrap_err().to_string();
+        assert!(err.starts_with("cannot run /nonexistent"), "{err}");
+    }
+}

@@ -1,0 +1,165 @@
+//! The node's MPS daemons: one record per daemon, shared by the prologs and
+//! epilogs of the jobs that use it, under per-GPU locks.
+//!
+//! A daemon serves one user on one GPU set (MPS serves one user per GPU at a
+//! time). Records live in root-owned `<runtime_dir>/mps-daemons/<key>.json`;
+//! the daemon's own directories are `<runtime_dir>/mps/<key>/{pipe,log}`,
+//! owned by the user, mode 0700.
+
+use crate::gpu::ComputeMode;
+use crate::procfs::ProcId;
+use crate::state::{parse_versioned, write_json, StateError};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+pub const REGISTRY_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DaemonRecord {
+    pub version: u32,
+    pub key: String,
+    pub uid: u32,
+    pub gid: u32,
+    /// Physical GPU indices, ascending.
+    pub gpus: Vec<u32>,
+    /// Their UUIDs, same order (what the daemon's CUDA_VISIBLE_DEVICES holds).
+    pub gpu_uuids: Vec<String>,
+    pub daemon: ProcId,
+    pub pipe_dir: PathBuf,
+    pub log_dir: PathBuf,
+    /// Jobs using the daemon; it is stopped when the last one ends.
+    pub jobs: Vec<u32>,
+    /// Compute modes found before the first job changed them; the epilog of
+    /// the last job puts these back. Empty when nothing was changed.
+    pub saved_compute_modes: Vec<(u32, ComputeMode)>,
+}
+
+/// `<uid>-<gpu>_<gpu>...`: one daemon per user and GPU set.
+pub fn daemon_key(uid: u32, gpus: &[u32]) -> String {
+    let mut sorted = gpus.to_vec();
+    sorted.sort_unstable();
+    let set: Vec<String> = sorted.iter().map(u32::to_string).collect();
+    format!("{uid}-{}", set.join("_"))
+}
+
+pub fn registry_dir(runtime_dir: &Path) -> PathBuf {
+    runtime_dir.join("mps-daemons")
+}
+
+/// The directory holding a daemon's `pipe/` and `log/`.
+pub fn daemon_dir(runtime_dir: &Path, key: &str) -> PathBuf {
+    runtime_dir.join("mps").join(key)
+}
+
+fn record_path(runtime_dir: &Path, key: &str) -> PathBuf {
+    registry_dir(runtime_dir).join(format!("{key}.json"))
+}
+
+impl DaemonRecord {
+    pub fn save(&self, runtime_dir: &Path) -> Result<(), StateError> {
+        let dir = registry_dir(runtime_dir);
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        crate::fsutil::ensure_private_dir(&dir, uid, gid, 0o755)
+            .map_err(|source| StateError::Io { path: dir.clone(), source })?;
+        write_json(&record_path(runtime_dir, &self.key), self)
+    }
+
+    pub fn remove(runtime_dir: &Path, key: &str) -> Result<(), StateError> {
+        let path = record_path(runtime_dir, key);
+        crate::fsutil::remove_if_present(&path).map(|_| ()).map_err(|source| StateError::Io { path, source })
+    }
+
+    pub fn load(runtime_dir: &Path, key: &str) -> Result<Option<DaemonRecord>, StateError> {
+        let path = record_path(runtime_dir, key);
+        match std::fs::read(&path) {
+            Ok(text) => parse_versioned(&text, &path, REGISTRY_VERSION).map(Some),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(StateError::Io { path, source }),
+        }
+    }
+
+    /// Every record on the node. An unreadable record is an error: a daemon
+    /// we cannot account for must not be ignored.
+    pub fn all(runtime_dir: &Path) -> Result<Vec<DaemonRecord>, StateError> {
+        let dir = registry_dir(runtime_dir);
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(source) => return Err(StateError::Io { path: dir, source }),
+        };
+        let mut out = Vec::new();
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if let Some(key) = name.strip_suffix(".json") {
+                if let Some(rec) = DaemonRecord::load(runtime_dir, key)? {
+                    out.push(rec);
+                }
+            }
+        }
+        out.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(out)
+    }
+
+    /// The UUID of `gpu`, or its index when unknown (for messages).
+    pub fn gpu_label(&self, gpu: u32) -> String {
+        self.gpus
+            .iter()
+            .position(|g| *g == gpu)
+            .and_then(|i| self.gpu_uuids.get(i).cloned())
+            .unwrap_or_else(|| gpu.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub fn record(key: &str, uid: u32, gpus: &[u32], jobs: &[u32]) -> DaemonRecord {
+        DaemonRecord {
+            version: REGISTRY_VERSION,
+            key: key.into(),
+            uid,
+            gid: uid,
+            gpus: gpus.to_vec(),
+            gpu_uuids: gpus.iter().map(|g| format!("GPU-{g}")).collect(),
+            daemon: ProcId { pid: 99, start_time: 5 },
+            pipe_dir: "/p".into(),
+            log_dir: "/l".into(),
+            jobs: jobs.to_vec(),
+            saved_compute_modes: vec![(0, ComputeMode::Default)],
+        }
+    }
+
+    #[test]
+    fn keys_name_user_and_sorted_gpu_set() {
+        assert_eq!(daemon_key(1001, &[3, 1]), "1001-1_3");
+        assert_eq!(daemon_key(0, &[0]), "0-0");
+    }
+
+    #[test]
+    fn records_round_trip_and_list() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(DaemonRecord::all(dir.path()).unwrap().is_empty());
+        let a = record("7-0", 7, &[0], &[1, 2]);
+        let b = record("8-1_2", 8, &[1, 2], &[3]);
+        a.save(dir.path()).unwrap();
+        b.save(dir.path()).unwrap();
+        assert_eq!(DaemonRecord::load(dir.path(), "7-0").unwrap(), Some(a.clone()));
+        assert_eq!(DaemonRecord::all(dir.path()).unwrap(), vec![a, b.clone()]);
+        assert_eq!(b.gpu_label(2), "GPU-2");
+        assert_eq!(b.gpu_label(5), "5");
+        DaemonRecord::remove(dir.path(), "7-0").unwrap();
+        DaemonRecord::remove(dir.path(), "7-0").unwrap();
+        assert_eq!(DaemonRecord::all(dir.path()).unwrap(), vec![b]);
+    }
+
+    #[test]
+    fn a_corrupt_record_is_an_error_not_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        record("7-0", 7, &[0], &[1]).save(dir.path()).unwrap();
+        std::fs::write(registry_dir(dir.path()).join("7-0.json"), b"{").unwrap();
+        let err = DaemonRecord::all(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("7-0.json is corrupt"), "{err}");
+    }
+}

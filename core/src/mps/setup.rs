@@ -1,0 +1,281 @@
+//! Prolog side of `--gpu-mode=mps`.
+
+use super::control::{parameter_commands, Control, LOG_VAR, PIPE_VAR};
+use super::daemon::{self, DaemonSpec};
+use super::registry::{daemon_dir, daemon_key, DaemonRecord, REGISTRY_VERSION};
+use super::teardown::dismantle;
+use crate::config::Config;
+use crate::gpu::{apply_compute_mode, Applied, GpuOps};
+use crate::gpu_lock::GpuLocks;
+use crate::job_env::{format_gpu_list, JobEnv};
+use crate::lifecycle::Failure;
+use crate::mode::MpsParams;
+use crate::privdrop::Identity;
+use crate::procfs;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// What the job got: its daemon's key (for the epilog) and its tasks' variables.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MpsJob {
+    pub key: String,
+    pub task_env: BTreeMap<String, String>,
+}
+
+/// Where a job's daemon comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Placement {
+    /// The user already has a daemon on exactly these GPUs.
+    Reuse(DaemonRecord),
+    New,
+    /// A job refusal: the message names the GPU.
+    Conflict(String),
+}
+
+/// Decides, from the live daemons, whether a job of `uid` on `gpus` shares a
+/// daemon, needs a new one, or cannot use MPS on these GPUs now.
+pub fn place(live: &[DaemonRecord], uid: u32, gpus: &[u32]) -> Placement {
+    let key = daemon_key(uid, gpus);
+    for rec in live {
+        let Some(shared) = gpus.iter().find(|g| rec.gpus.contains(g)) else { continue };
+        let jobs = format_gpu_list(&rec.jobs);
+        if rec.uid != uid {
+            return Placement::Conflict(format!(
+                "GPU {} is in use by another user's MPS daemon (job {jobs}); MPS serves one user per GPU at a time",
+                rec.gpu_label(*shared)
+            ));
+        }
+        if rec.key != key {
+            return Placement::Conflict(format!(
+                "GPU {} is in your MPS daemon for GPUs {} (job {jobs}); jobs sharing a GPU under MPS must hold the same GPUs",
+                rec.gpu_label(*shared),
+                format_gpu_list(&rec.gpus)
+            ));
+        }
+        return Placement::Reuse(rec.clone());
+    }
+    Placement::New
+}
+
+/// Prepares MPS for a job; see the module docs of [`crate::mps`].
+pub fn setup(cfg: &Config, env: &JobEnv, params: &MpsParams, ops: &dyn GpuOps) -> Result<MpsJob, Failure> {
+    if env.gpus.is_empty() {
+        return Err(Failure::Job("--gpu-mode=mps needs GPUs: request them with --gres=gpu:N or --gpus=N".into()));
+    }
+    let node = |what: &str, e: &dyn std::fmt::Display| Failure::Node(format!("mps: {what}: {e}"));
+    let _locks = GpuLocks::acquire(&cfg.runtime_dir, &env.gpus, ms(cfg.mps.lock_timeout_ms))
+        .map_err(|e| node("locking GPUs", &e))?;
+    let records = DaemonRecord::all(&cfg.runtime_dir).map_err(|e| node("reading the daemon registry", &e))?;
+    let (live, stale): (Vec<_>, Vec<_>) = records.into_iter().partition(|r| procfs::find(r.daemon).is_some());
+    for rec in stale.iter().filter(|r| r.gpus.iter().any(|g| env.gpus.contains(g))) {
+        // A daemon that died (or a node that rebooted with /run kept): clear
+        // what it left before its GPUs are used again.
+        dismantle(cfg, rec, env.job_id, Some(ops)).map_err(|f| match f {
+            Failure::Drain(r) | Failure::Node(r) | Failure::Job(r) => Failure::Node(format!("mps: stale daemon {}: {r}", rec.key)),
+        })?;
+    }
+    let record = match place(&live, env.uid, &env.gpus) {
+        Placement::Conflict(msg) => return Err(Failure::Job(msg)),
+        Placement::Reuse(mut rec) => {
+            rec.jobs.push(env.job_id);
+            rec.save(&cfg.runtime_dir).map_err(|e| node("saving the daemon registry", &e))?;
+            rec
+        }
+        Placement::New => start_new(cfg, env, params, ops)?,
+    };
+    Ok(MpsJob { key: record.key.clone(), task_env: task_env(&record, params) })
+}
+
+/// Every task's MPS variables. The devices are the daemon's UUIDs: the same
+/// strings for daemon and clients, whatever index Slurm gave the task.
+pub fn task_env(rec: &DaemonRecord, params: &MpsParams) -> BTreeMap<String, String> {
+    let mut env: BTreeMap<String, String> = [
+        (PIPE_VAR.to_string(), rec.pipe_dir.display().to_string()),
+        (LOG_VAR.to_string(), rec.log_dir.display().to_string()),
+        ("CUDA_VISIBLE_DEVICES".to_string(), rec.gpu_uuids.join(",")),
+    ]
+    .into();
+    if let Some(t) = params.threads {
+        env.insert("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(), t.to_string());
+    }
+    if let Some(m) = params.mem {
+        let limits: Vec<String> = (0..rec.gpus.len()).map(|d| format!("{d}={m}")).collect();
+        env.insert("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".into(), limits.join(","));
+    }
+    env
+}
+
+fn ms(v: u64) -> Duration {
+    Duration::from_millis(v)
+}
+
+/// Steps done so far, undone in reverse on failure.
+#[derive(Default)]
+struct Undo {
+    saved_modes: Vec<(u32, crate::gpu::ComputeMode)>,
+    dir: Option<std::path::PathBuf>,
+    daemon: Option<crate::procfs::ProcId>,
+}
+
+fn start_new(cfg: &Config, env: &JobEnv, params: &MpsParams, ops: &dyn GpuOps) -> Result<DaemonRecord, Failure> {
+    let mut gpus = env.gpus.clone();
+    gpus.sort_unstable();
+    let key = daemon_key(env.uid, &gpus);
+    let dir = daemon_dir(&cfg.runtime_dir, &key);
+    let mut undo = Undo::default();
+    let result = start_steps(cfg, env, params, ops, &gpus, &key, &mut undo);
+    result.map_err(|msg| {
+        let undo_errors = roll_back(cfg, ops, &dir, &mut undo);
+        Failure::Node(format!("mps: {msg}{undo_errors}"))
+    })
+}
+
+fn start_steps(
+    cfg: &Config,
+    env: &JobEnv,
+    params: &MpsParams,
+    ops: &dyn GpuOps,
+    gpus: &[u32],
+    key: &str,
+    undo: &mut Undo,
+) -> Result<DaemonRecord, String> {
+    let uuids = gpus
+        .iter()
+        .map(|&g| ops.inventory(g).map(|i| i.uuid))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
+    for &gpu in gpus {
+        if let Applied::Changed { from, .. } =
+            apply_compute_mode(ops, gpu, cfg.gpu.mps_compute_mode).map_err(|e| e.to_string())?
+        {
+            undo.saved_modes.push((gpu, from));
+        }
+    }
+    let dir = daemon_dir(&cfg.runtime_dir, key);
+    let (pipe_dir, log_dir) = (dir.join("pipe"), dir.join("log"));
+    let (root_uid, root_gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    crate::fsutil::ensure_private_dir(&cfg.runtime_dir.join("mps"), root_uid, root_gid, 0o755)
+        .map_err(|e| format!("creating {}: {e}", cfg.runtime_dir.join("mps").display()))?;
+    undo.dir = Some(dir.clone());
+    for d in [&dir, &pipe_dir, &log_dir] {
+        crate::fsutil::ensure_private_dir(d, env.uid, env.gid, 0o700).map_err(|e| format!("creating {}: {e}", d.display()))?;
+    }
+    let who = Identity::of_user(env.uid, env.gid).map_err(|e| e.to_string())?;
+    let spec = DaemonSpec { program: &cfg.mps.control, who: &who, devices: &uuids, pipe_dir: &pipe_dir, log_dir: &log_dir };
+    let id = daemon::start(&spec, ms(cfg.mps.start_timeout_ms)).map_err(|e| e.to_string())?;
+    undo.daemon = Some(id);
+    let commands = parameter_commands(params.threads, params.mem, gpus.len());
+    if !commands.is_empty() {
+        let control = Control { program: &cfg.mps.control, pipe_dir: &pipe_dir, log_dir: &log_dir };
+        control.send(&commands, ms(cfg.mps.start_timeout_ms)).map_err(|e| e.to_string())?;
+    }
+    let record = DaemonRecord {
+        version: REGISTRY_VERSION,
+        key: key.to_string(),
+        uid: env.uid,
+        gid: env.gid,
+        gpus: gpus.to_vec(),
+        gpu_uuids: uuids,
+        daemon: id,
+        pipe_dir,
+        log_dir,
+        jobs: vec![env.job_id],
+        saved_compute_modes: undo.saved_modes.clone(),
+    };
+    record.save(&cfg.runtime_dir).map_err(|e| e.to_string())?;
+    Ok(record)
+}
+
+/// Undoes the steps of a failed start; returns "; undo: ..." when some undo
+/// step failed too (the node then needs a look).
+fn roll_back(cfg: &Config, ops: &dyn GpuOps, dir: &std::path::Path, undo: &mut Undo) -> String {
+    let mut errors = Vec::new();
+    if let Some(id) = undo.daemon.take() {
+        let control = Control { program: &cfg.mps.control, pipe_dir: &dir.join("pipe"), log_dir: &dir.join("log") };
+        let out = daemon::stop(&control, id, ms(cfg.mps.quit_timeout_ms), ms(cfg.mps.kill_timeout_ms));
+        if let Some(p) = out.survivors.first() {
+            errors.push(format!("MPS process {} survived SIGKILL", p.pid));
+        }
+    }
+    if let Some(d) = undo.dir.take() {
+        if let Err(e) = std::fs::remove_dir_all(&d) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                errors.push(format!("removing {}: {e}", d.display()));
+            }
+        }
+    }
+    for (gpu, mode) in undo.saved_modes.drain(..).rev() {
+        if let Err(e) = ops.set_compute_mode(gpu, mode) {
+            errors.push(format!("restoring compute mode of GPU {gpu}: {e}"));
+        }
+    }
+    if errors.is_empty() {
+        String::new()
+    } else {
+        format!("; undo: {}", errors.join("; "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::procfs::ProcId;
+
+    fn rec(uid: u32, gpus: &[u32], jobs: &[u32]) -> DaemonRecord {
+        DaemonRecord {
+            version: REGISTRY_VERSION,
+            key: daemon_key(uid, gpus),
+            uid,
+            gid: uid,
+            gpus: gpus.to_vec(),
+            gpu_uuids: gpus.iter().map(|g| format!("GPU-{g}")).collect(),
+            daemon: ProcId { pid: 1, start_time: 1 },
+            pipe_dir: "/r/mps/k/pipe".into(),
+            log_dir: "/r/mps/k/log".into(),
+            jobs: jobs.to_vec(),
+            saved_compute_modes: vec![],
+        }
+    }
+
+    #[test]
+    fn placement_decision_table() {
+        let alice01 = rec(1001, &[0, 1], &[5]);
+        let bob2 = rec(1002, &[2], &[6]);
+        let live = vec![alice01.clone(), bob2];
+        let cases: Vec<(u32, Vec<u32>, Result<Option<&str>, &str>)> = vec![
+            // same user, same GPUs (any order): share
+            (1001, vec![1, 0], Ok(Some("1001-0_1"))),
+            // free GPU: new daemon
+            (1001, vec![3], Ok(None)),
+            (1002, vec![3], Ok(None)),
+            // another user's GPU: refused, naming the GPU
+            (1001, vec![2], Err("GPU GPU-2 is in use by another user's MPS daemon (job 6)")),
+            (1002, vec![1, 3], Err("GPU GPU-1 is in use by another user's MPS daemon (job 5)")),
+            // the same user on an overlapping but different set: refused
+            (1001, vec![1], Err("GPU GPU-1 is in your MPS daemon for GPUs 0,1 (job 5)")),
+        ];
+        for (uid, gpus, want) in cases {
+            let got = place(&live, uid, &gpus);
+            match (&got, want) {
+                (Placement::Reuse(r), Ok(Some(key))) => assert_eq!(r.key, key),
+                (Placement::New, Ok(None)) => {}
+                (Placement::Conflict(msg), Err(needle)) => assert!(msg.starts_with(needle), "{msg}"),
+                _ => panic!("uid {uid} gpus {gpus:?}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn task_env_uses_uuids_and_per_client_limits() {
+        let r = rec(7, &[0, 3], &[1]);
+        let env = task_env(&r, &MpsParams::default());
+        assert_eq!(env["CUDA_VISIBLE_DEVICES"], "GPU-0,GPU-3");
+        assert_eq!(env["CUDA_MPS_PIPE_DIRECTORY"], "/r/mps/k/pipe");
+        assert!(!env.contains_key("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
+        let p = crate::mode::GpuMode::parse("mps:threads=25,mem=2G").unwrap();
+        let crate::mode::GpuMode::Mps(params) = p else { unreachable!() };
+        let env = task_env(&r, &params);
+        assert_eq!(env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "25");
+        assert_eq!(env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], "0=2G,1=2G");
+    }
+}
