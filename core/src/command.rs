@@ -7,6 +7,9 @@ use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+/// How long output may still arrive after the program exited.
+const PIPE_GRACE: Duration = Duration::from_millis(500);
+
 #[derive(Debug, thiserror::Error)]
 pub enum CommandError {
     #[error("cannot run {path}: {source}")]
@@ -30,12 +33,17 @@ pub fn run_with_timeout(mut cmd: Command, stdin: Option<&[u8]>, timeout: Duratio
         // Closing the pipe after writing is what ends the client's input.
         let _ = pipe.write_all(data);
     }
+    // Each pipe is read on its own thread, which hands its bytes over a
+    // channel: a program that leaves a grandchild holding the pipes open
+    // (a daemon) must not keep us waiting for an end of file.
     let read_all = |mut r: Box<dyn Read + Send>| {
+        let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let mut buf = Vec::new();
             let _ = r.read_to_end(&mut buf);
-            buf
-        })
+            let _ = tx.send(buf);
+        });
+        rx
     };
     let out = read_all(Box::new(child.stdout.take().expect("piped")));
     let err = read_all(Box::new(child.stderr.take().expect("piped")));
@@ -51,7 +59,8 @@ pub fn run_with_timeout(mut cmd: Command, stdin: Option<&[u8]>, timeout: Duratio
             }
         }
     };
-    Ok(Output { status, stdout: out.join().unwrap_or_default(), stderr: err.join().unwrap_or_default() })
+    let drain = |rx: std::sync::mpsc::Receiver<Vec<u8>>| rx.recv_timeout(PIPE_GRACE).unwrap_or_default();
+    Ok(Output { status, stdout: drain(out), stderr: drain(err) })
 }
 
 #[cfg(test)]
@@ -70,5 +79,15 @@ mod tests {
         assert_eq!(err, "/bin/sleep 5 timed out after 100 ms");
         let err = run_with_timeout(Command::new("/nonexistent"), None, Duration::from_secs(1)).unwrap_err().to_string();
         assert!(err.starts_with("cannot run /nonexistent"), "{err}");
+    }
+
+    #[test]
+    fn a_background_child_holding_the_pipes_does_not_block() {
+        let mut sh = Command::new("/bin/sh");
+        sh.args(["-c", "echo started; sleep 5 &"]);
+        let start = Instant::now();
+        let out = run_with_timeout(sh, None, Duration::from_secs(4)).unwrap();
+        assert!(start.elapsed() < Duration::from_secs(2), "waited for the background child");
+        assert!(out.status.success());
     }
 }

@@ -10,6 +10,19 @@ pub struct Artifacts {
     pub prolog: PathBuf,
     pub epilog: PathBuf,
     pub node_checker: PathBuf,
+    /// The simulated GPU side; `None` where it was not built (GPU machines).
+    pub sim: Option<SimArtifacts>,
+}
+
+/// The simulated libnvidia-ml and MPS binaries (sim/nvml, sim/mps).
+#[derive(Debug, Clone)]
+pub struct SimArtifacts {
+    pub nvml_library: PathBuf,
+    pub nvml_ctl: PathBuf,
+    pub mps_control: PathBuf,
+    pub mps_server: PathBuf,
+    /// sim/nvml/fixtures.
+    pub fixtures: PathBuf,
 }
 
 impl Artifacts {
@@ -26,13 +39,22 @@ impl Artifacts {
             prolog: dir.join("gpu-mode-prolog"),
             epilog: dir.join("gpu-mode-epilog"),
             node_checker: dir.join("gpu-mode-node-checker"),
+            sim: None,
         };
         for p in [&a.plugin, &a.prolog, &a.epilog, &a.node_checker] {
             if !p.is_file() {
                 bail!("{} is missing: run `cargo build --workspace` first (or set GPU_MODE_ARTIFACTS)", p.display());
             }
         }
-        Ok(a)
+        let sim = SimArtifacts {
+            nvml_library: dir.join("libnvml_sim.so"),
+            nvml_ctl: dir.join("nvml-sim-ctl"),
+            mps_control: dir.join("nvidia-cuda-mps-control"),
+            mps_server: dir.join("nvidia-cuda-mps-server"),
+            fixtures: Path::new(env!("CARGO_MANIFEST_DIR")).join("../sim/nvml/fixtures"),
+        };
+        let built = [&sim.nvml_library, &sim.nvml_ctl, &sim.mps_control, &sim.mps_server].iter().all(|p| p.is_file());
+        Ok(Artifacts { sim: built.then_some(sim), ..a })
     }
 }
 

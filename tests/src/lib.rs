@@ -189,6 +189,49 @@ impl Cluster {
         self.dir.join("run")
     }
 
+    /// Runs `nvml-sim-ctl` on this cluster's simulated GPUs.
+    pub fn sim_ctl(&self, args: &[&str]) -> Result<String> {
+        let sim = self.spec.artifacts.sim.as_ref().ok_or_else(|| anyhow!("no simulated GPUs in this cluster"))?;
+        let out = Command::new(&sim.nvml_ctl)
+            .args(args)
+            .env("GPU_MODE_SIM_STATE", self.dir.join("sim/nvml-state.json"))
+            .output()?;
+        if !out.status.success() {
+            bail!("nvml-sim-ctl {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// A simulated GPU's compute mode as NVML numbers it (0 default,
+    /// 3 exclusive process).
+    pub fn sim_compute_mode(&self, gpu: usize) -> Result<u64> {
+        let state: serde_json::Value = serde_json::from_str(&self.sim_ctl(&["show"])?)?;
+        state["gpus"][gpu]["compute_mode"].as_u64().ok_or_else(|| anyhow!("no compute_mode for GPU {gpu}"))
+    }
+
+    /// Runs a built helper (prolog, epilog) by hand with a Slurm-like
+    /// environment for a made-up job, as slurmd would run it.
+    pub fn run_hook(&self, hook: &str, job: u32, user: &str, gpus: &str, mode: &str) -> Result<Output> {
+        let u = users::lookup(user)?;
+        let mut cmd = Command::new(self.dir.join("hooks").join(hook));
+        cmd.env_clear()
+            .env("SLURM_JOB_ID", job.to_string())
+            .env("SLURM_JOB_UID", u.uid.to_string())
+            .env("SLURM_JOB_GID", u.gid.to_string())
+            .env("SLURM_JOB_USER", user)
+            .env("SLURMD_NODENAME", &self.spec.node_name)
+            .env("SLURM_JOB_GPUS", gpus)
+            .env("SPANK_GPU_MODE", mode);
+        process::output_with_timeout(cmd, Duration::from_secs(60))
+    }
+
+    /// Makes the simulated MPS daemons misbehave (see sim/mps): `text` is
+    /// the content of their `mps-sim.toml`.
+    pub fn set_mps_behaviour(&self, text: &str) -> Result<()> {
+        std::fs::write(self.dir.join("sim/mps-sim.toml"), text)?;
+        Ok(())
+    }
+
     /// slurmctld/slurmd/hook log tails, for failure messages.
     pub fn logs_tail(&self) -> String {
         ["slurmctld.log", "slurmd.log", "hooks.log", "munged.log"]

@@ -43,13 +43,53 @@ pub fn find_orphans(runtime_dir: &Path) -> Result<Vec<OrphanMps>, StateError> {
 
 fn describe(p: &ProcInfo, records: &[DaemonRecord]) -> OrphanMps {
     let pipe_dir = procfs::environ_var(p.pid, PIPE_VAR);
-    let pipe = pipe_dir.clone().unwrap_or_else(|| DEFAULT_PIPE_DIR.to_string());
-    let why = if pipe == DEFAULT_PIPE_DIR {
+    let why = why_orphan(pipe_dir.as_deref(), records);
+    OrphanMps { pid: p.pid, uid: p.uid, state: p.state, pipe_dir, why }
+}
+
+/// Why an MPS process with this pipe directory (`None`: the default) is an
+/// orphan, for the node checker's message.
+pub fn why_orphan(pipe_dir: Option<&str>, records: &[DaemonRecord]) -> String {
+    let pipe = pipe_dir.unwrap_or(DEFAULT_PIPE_DIR);
+    if pipe == DEFAULT_PIPE_DIR {
         format!("serves the default pipe directory {DEFAULT_PIPE_DIR}: it captures every CUDA program without its own")
     } else if let Some(r) = records.iter().find(|r| r.pipe_dir.to_string_lossy() == pipe) {
         format!("daemon {} of ended job(s) {:?} is still running", r.key, r.jobs)
     } else {
         format!("not started by slurm-gpu-mode (pipe directory {pipe})")
-    };
-    OrphanMps { pid: p.pid, uid: p.uid, state: p.state, pipe_dir, why }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::procfs::ProcId;
+
+    #[test]
+    fn orphans_are_explained() {
+        let rec = DaemonRecord {
+            version: super::super::registry::REGISTRY_VERSION,
+            key: "7-0".into(),
+            uid: 7,
+            gid: 7,
+            gpus: vec![0],
+            gpu_uuids: vec!["GPU-0".into()],
+            daemon: ProcId { pid: 1, start_time: 1 },
+            pipe_dir: "/run/g/mps/7-0/pipe".into(),
+            log_dir: "/run/g/mps/7-0/log".into(),
+            jobs: vec![12],
+            saved_compute_modes: vec![],
+        };
+        let records = [rec];
+        let cases = [
+            (None, "serves the default pipe directory /tmp/nvidia-mps"),
+            (Some("/tmp/nvidia-mps"), "serves the default pipe directory"),
+            (Some("/run/g/mps/7-0/pipe"), "daemon 7-0 of ended job(s) [12] is still running"),
+            (Some("/home/x/mps"), "not started by slurm-gpu-mode (pipe directory /home/x/mps)"),
+        ];
+        for (pipe, want) in cases {
+            let got = why_orphan(pipe, &records);
+            assert!(got.starts_with(want), "{pipe:?}: {got}");
+        }
+    }
 }

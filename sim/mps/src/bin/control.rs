@@ -85,6 +85,9 @@ fn become_unreaped_child(ready: &std::fs::File) {
         nix::unistd::ForkResult::Parent { .. } => {
             // The readiness pipe is the daemon's to answer, not sleep's.
             unsafe { libc::close(std::os::unix::io::AsRawFd::as_raw_fd(ready)) };
+            // Out of the starter's session: slurmd kills what a prolog leaves
+            // in its own process group.
+            let _ = nix::unistd::setsid();
             let err = std::os::unix::process::CommandExt::exec(Command::new("/bin/sleep").arg("30"));
             eprintln!("exec sleep: {err}");
             std::process::exit(1);

@@ -1,0 +1,36 @@
+//! The node checker's view of MPS: a daemon no live job owns is an orphan;
+//! a job's daemon is not. Uses the simulated MPS binaries directly.
+
+use gpu_mode_core::mps::find_orphans;
+use gpu_mode_tests::Artifacts;
+use std::process::Command;
+
+#[test]
+fn a_stray_daemon_is_an_orphan_and_goes_away_with_quit() {
+    let sim = Artifacts::locate().unwrap().sim.expect("sim binaries built");
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = dir.path().join("run");
+    let pipe = dir.path().join("stray-pipe");
+    let run = |args: &[&str], stdin: &str| {
+        let mut cmd = Command::new(&sim.mps_control);
+        cmd.args(args)
+            .env_clear()
+            .env("CUDA_MPS_PIPE_DIRECTORY", &pipe)
+            .env("CUDA_MPS_LOG_DIRECTORY", dir.path().join("log"));
+        gpu_mode_core::command::run_with_timeout(cmd, Some(stdin.as_bytes()), std::time::Duration::from_secs(10)).unwrap()
+    };
+    assert!(run(&["-d"], "").status.success());
+    let pid: i32 = std::fs::read_to_string(pipe.join("nvidia-cuda-mps-control.pid")).unwrap().trim().parse().unwrap();
+    let orphans = find_orphans(&runtime).unwrap();
+    let stray = orphans.iter().find(|o| o.pid == pid).expect("the stray daemon must be reported");
+    assert!(stray.why.starts_with("not started by slurm-gpu-mode"), "{}", stray.why);
+    assert_eq!(stray.pipe_dir.as_deref(), Some(pipe.to_str().unwrap()));
+    run(&[], "quit\n");
+    for _ in 0..100 {
+        if !find_orphans(&runtime).unwrap().iter().any(|o| o.pid == pid) {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    panic!("the daemon was still reported after quit");
+}
