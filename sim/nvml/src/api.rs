@@ -749,8 +749,9 @@ pub unsafe extern "C" fn nvmlDeviceGetRetiredPages_v2(
     timestamps: *mut c_ulonglong,
 ) -> nvmlReturn_t {
     guard(|| {
-        let n = with_full_gpu(device, |g| {
-            Ok(if cause == RETIRED_FOR_DBE { g.health.retired_pages } else { 0 })
+        let n = with_full_gpu(device, |g| match g.model.page_retirement {
+            false => Err(code::NOT_SUPPORTED),
+            true => Ok(if cause == RETIRED_FOR_DBE { g.health.retired_pages } else { 0 }),
         })?;
         let addrs: Vec<c_ulonglong> = (0..n as u64).map(|i| 0x1000_0000 + i * 0x1000).collect();
         let times: Vec<c_ulonglong> = (0..n as u64).map(|i| 1_763_700_000_000_000 + i).collect();
@@ -776,7 +777,13 @@ pub unsafe extern "C" fn nvmlDeviceGetRetiredPages(
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetRetiredPagesPendingStatus(device: nvmlDevice_t, pending: *mut nvmlEnableState_t) -> nvmlReturn_t {
-    guard(|| out(pending, with_full_gpu(device, |g| Ok(g.health.retired_pending as nvmlEnableState_t))?))
+    guard(|| {
+        let v = with_full_gpu(device, |g| match g.model.page_retirement {
+            false => Err(code::NOT_SUPPORTED),
+            true => Ok(g.health.retired_pending as nvmlEnableState_t),
+        })?;
+        out(pending, v)
+    })
 }
 
 #[no_mangle]

@@ -52,6 +52,10 @@ pub struct GpuModel {
     pub shutdown_temp_c: u32,
     pub power_usage_mw: u32,
     pub power_limit_mw: u32,
+    /// Page retirement (pre-Ampere style ECC handling). Hopper reports
+    /// NOT_SUPPORTED for it (seen on a real H200) and uses row remapping.
+    #[serde(default)]
+    pub page_retirement: bool,
     /// NVML_GPU_FABRIC_STATE_*; `None`: the fabric query is not supported.
     #[serde(default)]
     pub fabric_state: Option<u8>,
