@@ -117,7 +117,7 @@ fn leave_settings_never_write() {
     assert_eq!(gpus.modes(0).unwrap().compute, ComputeMode::Default);
     let err = apply_mig_mode(&gpus, 0, MigModeSetting::Leave, true).unwrap_err();
     assert!(err.to_string().contains("mig_mode = \"leave\""), "{err}");
-    assert_eq!(gpus.modes(0).unwrap().mig.unwrap().pending, false);
+    assert!(!gpus.modes(0).unwrap().mig.unwrap().pending);
     assert_eq!(apply_mig_mode(&gpus, 0, MigModeSetting::Leave, false).unwrap(), MigApplied::Unchanged);
     assert_eq!(clear_mig_instances(&gpus, 0, MigInstanceSetting::Leave).unwrap(), Applied::Left);
     let err = apply_mig_layout(&gpus, 0, MigInstanceSetting::Leave, &[9]).unwrap_err();

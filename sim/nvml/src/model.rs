@@ -639,7 +639,8 @@ mod tests {
     #[test]
     fn creation_outcomes() {
         // (instances created first, then the one tried, expected result)
-        let cases: &[(&[(u32, Option<u32>)], (u32, Option<u32>), Result<(), NvmlCode>)] = &[
+        type Create = (u32, Option<u32>);
+        let cases: &[(&[Create], Create, Result<(), NvmlCode>)] = &[
             (&[], (ID_4G, Some(4)), Err(code::INVALID_ARGUMENT)),
             (&[], (ID_3G, Some(2)), Err(code::INVALID_ARGUMENT)),
             (&[(ID_3G, Some(0))], (ID_3G, Some(4)), Ok(())),
