@@ -119,7 +119,7 @@ impl NvmlGpus {
         let d = self.device(gpu)?;
         let mut c = Collector { gpu, unavailable: Vec::new() };
         let unc = MemoryError::Uncorrected;
-        let ecc_volatile = c.take("nvmlDeviceGetTotalEccErrors", d.total_ecc_errors(unc.clone(), EccCounter::Volatile))?;
+        let ecc_volatile = c.take("nvmlDeviceGetTotalEccErrors", d.total_ecc_errors(unc, EccCounter::Volatile))?;
         let ecc_aggregate = c.take("nvmlDeviceGetTotalEccErrors", d.total_ecc_errors(unc, EccCounter::Aggregate))?;
         let dbe = c.take("nvmlDeviceGetRetiredPages_v2", d.retired_pages(RetirementCause::DoubleBitEccError))?;
         let sbe = c.take("nvmlDeviceGetRetiredPages_v2", d.retired_pages(RetirementCause::MultipleSingleBitEccErrors))?;

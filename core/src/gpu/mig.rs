@@ -120,7 +120,7 @@ fn absent(e: &GpuError) -> bool {
 
 /// A name from slices and memory, for drivers without profile info v2.
 fn fallback_name(slices: u32, memory_mb: u64) -> String {
-    format!("{slices}g.{}gb", (memory_mb + 1023) / 1024)
+    format!("{slices}g.{}gb", memory_mb.div_ceil(1024))
 }
 
 impl NvmlGpus {

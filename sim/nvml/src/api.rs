@@ -52,7 +52,14 @@ fn state_path() -> Result<PathBuf, NvmlCode> {
 
 fn with_node<R>(f: impl FnOnce(&mut NodeState) -> Result<R, NvmlCode>) -> Result<R, NvmlCode> {
     let path = state_path()?;
-    store::update(&path, f).map_err(|e| e.code())?
+    store::update(&path, f).map_err(report)?
+}
+
+/// The NVML code for a state-file problem. NVML callers only see the code,
+/// so the cause goes to stderr where a test log keeps it.
+fn report(e: store::StoreError) -> NvmlCode {
+    eprintln!("nvml-sim: {e}");
+    e.code()
 }
 
 // ---- handles ---------------------------------------------------------------
@@ -190,10 +197,10 @@ pub unsafe extern "C" fn nvmlInit_v2() -> nvmlReturn_t {
 #[no_mangle]
 pub unsafe extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> nvmlReturn_t {
     guard(|| {
-        let path = store::state_path_from_env().map_err(|e| e.code())?;
+        let path = store::state_path_from_env().map_err(report)?;
         // Reading the state now makes a missing node fail here, as a missing
         // driver fails nvmlInit, and creates the state from the fixture.
-        store::update(&path, |_| ()).map_err(|e| e.code())?;
+        store::update(&path, |_| ()).map_err(report)?;
         let mut init = lock(&INIT);
         let refs = init.as_ref().map_or(0, |(_, n)| *n);
         *init = Some((path, refs + 1));
@@ -749,8 +756,9 @@ pub unsafe extern "C" fn nvmlDeviceGetRetiredPages_v2(
     timestamps: *mut c_ulonglong,
 ) -> nvmlReturn_t {
     guard(|| {
-        let n = with_full_gpu(device, |g| {
-            Ok(if cause == RETIRED_FOR_DBE { g.health.retired_pages } else { 0 })
+        let n = with_full_gpu(device, |g| match g.model.page_retirement {
+            false => Err(code::NOT_SUPPORTED),
+            true => Ok(if cause == RETIRED_FOR_DBE { g.health.retired_pages } else { 0 }),
         })?;
         let addrs: Vec<c_ulonglong> = (0..n as u64).map(|i| 0x1000_0000 + i * 0x1000).collect();
         let times: Vec<c_ulonglong> = (0..n as u64).map(|i| 1_763_700_000_000_000 + i).collect();
@@ -776,7 +784,13 @@ pub unsafe extern "C" fn nvmlDeviceGetRetiredPages(
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetRetiredPagesPendingStatus(device: nvmlDevice_t, pending: *mut nvmlEnableState_t) -> nvmlReturn_t {
-    guard(|| out(pending, with_full_gpu(device, |g| Ok(g.health.retired_pending as nvmlEnableState_t))?))
+    guard(|| {
+        let v = with_full_gpu(device, |g| match g.model.page_retirement {
+            false => Err(code::NOT_SUPPORTED),
+            true => Ok(g.health.retired_pending as nvmlEnableState_t),
+        })?;
+        out(pending, v)
+    })
 }
 
 #[no_mangle]

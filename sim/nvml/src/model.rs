@@ -52,6 +52,10 @@ pub struct GpuModel {
     pub shutdown_temp_c: u32,
     pub power_usage_mw: u32,
     pub power_limit_mw: u32,
+    /// Page retirement (pre-Ampere style ECC handling). Hopper reports
+    /// NOT_SUPPORTED for it (seen on a real H200) and uses row remapping.
+    #[serde(default)]
+    pub page_retirement: bool,
     /// NVML_GPU_FABRIC_STATE_*; `None`: the fabric query is not supported.
     #[serde(default)]
     pub fabric_state: Option<u8>,
@@ -635,7 +639,8 @@ mod tests {
     #[test]
     fn creation_outcomes() {
         // (instances created first, then the one tried, expected result)
-        let cases: &[(&[(u32, Option<u32>)], (u32, Option<u32>), Result<(), NvmlCode>)] = &[
+        type Create = (u32, Option<u32>);
+        let cases: &[(&[Create], Create, Result<(), NvmlCode>)] = &[
             (&[], (ID_4G, Some(4)), Err(code::INVALID_ARGUMENT)),
             (&[], (ID_3G, Some(2)), Err(code::INVALID_ARGUMENT)),
             (&[(ID_3G, Some(0))], (ID_3G, Some(4)), Ok(())),
