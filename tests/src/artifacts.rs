@@ -51,7 +51,12 @@ impl Artifacts {
             nvml_ctl: dir.join("nvml-sim-ctl"),
             mps_control: dir.join("nvidia-cuda-mps-control"),
             mps_server: dir.join("nvidia-cuda-mps-server"),
-            fixtures: Path::new(env!("CARGO_MANIFEST_DIR")).join("../sim/nvml/fixtures"),
+            // Carried artifacts bring their fixtures along.
+            fixtures: if dir.join("fixtures").is_dir() {
+                dir.join("fixtures")
+            } else {
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("../sim/nvml/fixtures")
+            },
         };
         let built = [&sim.nvml_library, &sim.nvml_ctl, &sim.mps_control, &sim.mps_server].iter().all(|p| p.is_file());
         Ok(Artifacts { sim: built.then_some(sim), ..a })
