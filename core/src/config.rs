@@ -400,6 +400,28 @@ mod tests {
         let text = include_str!("../../etc/config.toml");
         let cfg = parse(text).expect("etc/config.toml must stay valid");
         assert_eq!(cfg.runtime_dir, PathBuf::from("/run/slurm-gpu-mode"));
+        assert_eq!(cfg.health, HealthConfig::default(), "etc/config.toml documents the [health] defaults");
+    }
+
+    #[test]
+    fn health_keys_are_read_and_checked() {
+        let cfg = parse("[health]\nexpected_gpus = 8\nxid_fail = [79]\npcie_width_below_max = \"warn\"\ndisabled = [\"fabric\"]\n[health.deep]\nmemory_mib = 64").unwrap();
+        assert_eq!((cfg.health.expected_gpus, cfg.health.xid_fail.clone()), (8, vec![79]));
+        assert_eq!(cfg.health.pcie_width_below_max, Severity::Warn);
+        assert_eq!(cfg.health.deep.memory_mib, 64);
+        assert_eq!(cfg.health.state_dir(Path::new("/run/x")), PathBuf::from("/run/x/health"));
+        let cases = [
+            ("[health]\ndisabled = [\"fabrik\"]", "health.disabled: no check named \"fabrik\""),
+            ("[health]\ndeadline_ms = 60000", "health.deadline_ms = 60000 must be between 1 and 40000"),
+            ("[health]\nkmsg_path = \"kmsg\"", "health.kmsg_path"),
+            ("[health]\nprometheus_textfile = \"x.prom\"", "health.prometheus_textfile"),
+            ("[health.deep]\nmemory_mib = 0", "health.deep.memory_mib"),
+            ("[health]\nxid = [1]", "unknown field `xid`"),
+        ];
+        for (text, needle) in cases {
+            let err = parse(text).expect_err(text);
+            assert!(err.contains(needle), "{text:?}: {err}");
+        }
     }
 
     #[test]

@@ -29,6 +29,7 @@ pub mod xid;
 mod fake;
 
 pub use policy::{decide, Action};
+pub use output::Report;
 pub use run::{check_after_epilog, check_node, CheckOptions, NodeOutcome};
 pub use snapshot::{Ctx, GpuSnap};
 

@@ -153,3 +153,20 @@ pub fn check_after_epilog(config: &Config, node: &str) -> NodeOutcome {
     let opts = CheckOptions { deep: false, drain: config.slurm.drain_on_node_fault, node: Some(node.to_string()), only: None };
     check_node(config, &opts)
 }
+
+/// `gpu-mode-node-checker ack`: an administrator repaired the node; forget
+/// this boot's XIDs and accept the GPUs' current volatile ECC counts.
+pub fn acknowledge(config: &Config) -> Result<String, String> {
+    let gpus = NvmlGpus::from_config(config);
+    let ops: Result<&dyn GpuOps, String> = gpus.as_ref().map(|g| g as &dyn GpuOps).map_err(|e| e.to_string());
+    let mut ctx = snapshot::take(config, ops);
+    let counts = ctx
+        .gpus()
+        .iter()
+        .filter_map(|g| Some((g.inventory.as_ref()?.uuid.clone(), g.health.as_ref()?.ecc_uncorrected_volatile?)))
+        .collect();
+    let forgotten = ctx.cursor.xids.len();
+    ctx.cursor.acknowledge(&counts);
+    ctx.cursor.save(&config.health.state_dir(&config.runtime_dir))?;
+    Ok(format!("acknowledged: {forgotten} XID(s) forgotten, ECC baselines set for {} GPU(s)", counts.len()))
+}
