@@ -60,7 +60,8 @@ mod tests {
 
     #[test]
     fn counts_are_judged() {
-        let cases: &[(u32, Option<u32>, Result<u32, String>, Status, &str)] = &[
+        type Case = (u32, Option<u32>, Result<u32, String>, Status, &'static str);
+        let cases: &[Case] = &[
             (0, Some(2), Ok(2), Status::Ok, "2 GPU(s) (NVML and PCI agree)"),
             (8, Some(8), Ok(8), Status::Ok, "8 GPU(s)"),
             (8, Some(7), Ok(8), Status::Fail, "NVML sees 7 GPU(s), the config expects 8"),

@@ -151,8 +151,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let sd = dir.path().join("health");
         assert_eq!(Cursor::load(&sd).unwrap(), Cursor::default());
-        let mut c = Cursor::default();
-        c.kmsg_seq = Some(9);
+        let c = Cursor { kmsg_seq: Some(9), ..Cursor::default() };
         c.save(&sd).unwrap();
         assert_eq!(Cursor::load(&sd).unwrap(), c);
         std::fs::write(cursor_path(&sd), b"{").unwrap();

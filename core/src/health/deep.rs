@@ -146,7 +146,7 @@ pub fn judge(gpu: u32, model: &str, f: &DeepFigures, cfg: &DeepConfig) -> CheckR
     if let Some(floor) = floor.filter(|fl| f.bandwidth_gbps < *fl) {
         found.push((Status::Fail, format!("device-to-device bandwidth {:.0} GB/s below the {model} floor {floor:.0}", f.bandwidth_gbps)));
     }
-    let ok = format!("context {:.0} ms, {} MiB pattern ok, d2d {:.0} GB/s", f.context_ms, f.words * 4 >> 20, f.bandwidth_gbps);
+    let ok = format!("context {:.0} ms, {} MiB pattern ok, d2d {:.0} GB/s", f.context_ms, (f.words * 4) >> 20, f.bandwidth_gbps);
     super::combine(NAME, Some(gpu), found, ok)
 }
 

@@ -58,7 +58,8 @@ mod tests {
     #[test]
     fn instances_outside_the_baseline_and_without_a_job_fail() {
         // (MIG on, instances (gi, profile id), baseline, held) -> status, message
-        let cases: Vec<(bool, Vec<(u32, u32)>, Vec<&str>, bool, Status, &str)> = vec![
+        type Case = (bool, Vec<(u32, u32)>, Vec<&'static str>, bool, Status, &'static str);
+        let cases: Vec<Case> = vec![
             (false, vec![], vec![], false, Status::Skipped, "MIG off"),
             (true, vec![], vec![], false, Status::Ok, "0 instance(s)"),
             (true, vec![(1, 19), (2, 19)], vec!["1g.18gb", "1g.18gb"], false, Status::Ok, "2 instance(s), all in the baseline"),

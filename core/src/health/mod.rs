@@ -144,7 +144,7 @@ pub fn combine(name: &str, gpu: Option<u32>, findings: Vec<(Status, String)>, ok
     }
     // The worst findings first, so the drain reason leads with them.
     let mut sorted = findings;
-    sorted.sort_by(|a, b| b.0.cmp(&a.0));
+    sorted.sort_by_key(|f| std::cmp::Reverse(f.0));
     let text: Vec<String> = sorted.into_iter().map(|f| f.1).collect();
     CheckResult::new(name, gpu, worst, text.join("; "))
 }

@@ -65,7 +65,8 @@ mod tests {
 
     #[test]
     fn xids_are_judged_per_gpu() {
-        let cases: Vec<(Vec<SeenXid>, Vec<(Option<u32>, Status, &str)>)> = vec![
+        type Case = (Vec<SeenXid>, Vec<(Option<u32>, Status, &'static str)>);
+        let cases: Vec<Case> = vec![
             (vec![], vec![(Some(0), Status::Ok, "no critical"), (Some(1), Status::Ok, "no critical")]),
             (vec![seen(Some(1), 79), seen(Some(1), 79)], vec![(Some(0), Status::Ok, "no"), (Some(1), Status::Fail, "XID 79 this boot")]),
             (vec![seen(Some(0), 94), seen(Some(0), 63)], vec![(Some(0), Status::Warn, "XID 63,94 this boot"), (Some(1), Status::Ok, "no")]),
