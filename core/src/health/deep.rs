@@ -14,19 +14,11 @@ use std::time::Instant;
 const NAME: &str = "deep";
 const COPIES: u32 = 5;
 
-/// fill: buf[i] = i ^ seed; verify: counts words that differ into *bad.
-/// Grid-stride loops; hand-written PTX (no NVRTC needed on the node).
-const PTX: &str = r#"
-.version 8.0
-.target sm_80
-.address_size 64
-
-.visible .entry fill(.param .u64 p_buf, .param .u64 p_n, .param .u32 p_seed)
-{
-    .reg .pred p;
-    .reg .b32 r<8>;
-    .reg .b64 rd<8>;
-    ld.param.u64 rd1, [p_buf];
+// The grid-stride setup both kernels share: rd1 = buffer, rd2 = n, r1 =
+// seed, rd3 = this thread's first index, rd5 = the stride.
+macro_rules! grid_setup {
+    () => {
+        "    ld.param.u64 rd1, [p_buf];
     cvta.to.global.u64 rd1, rd1;
     ld.param.u64 rd2, [p_n];
     ld.param.u32 r1, [p_seed];
@@ -38,7 +30,26 @@ const PTX: &str = r#"
     add.u64 rd3, rd3, rd4;
     mov.u32 r5, %nctaid.x;
     mul.wide.u32 rd5, r5, r3;
-FILL:
+"
+    };
+}
+
+/// fill: buf[i] = i ^ seed; verify: counts words that differ into *bad.
+/// Hand-written PTX, so the node needs no NVRTC.
+const PTX: &str = concat!(
+    r#"
+.version 8.0
+.target sm_80
+.address_size 64
+
+.visible .entry fill(.param .u64 p_buf, .param .u64 p_n, .param .u32 p_seed)
+{
+    .reg .pred p;
+    .reg .b32 r<8>;
+    .reg .b64 rd<8>;
+"#,
+    grid_setup!(),
+    r#"FILL:
     setp.ge.u64 p, rd3, rd2;
     @p bra END;
     cvt.u32.u64 r6, rd3;
@@ -57,21 +68,11 @@ END:
     .reg .pred p, q;
     .reg .b32 r<8>;
     .reg .b64 rd<10>;
-    ld.param.u64 rd1, [p_buf];
-    cvta.to.global.u64 rd1, rd1;
-    ld.param.u64 rd2, [p_n];
-    ld.param.u32 r1, [p_seed];
     ld.param.u64 rd8, [p_bad];
     cvta.to.global.u64 rd8, rd8;
-    mov.u32 r2, %ctaid.x;
-    mov.u32 r3, %ntid.x;
-    mov.u32 r4, %tid.x;
-    mul.wide.u32 rd3, r2, r3;
-    cvt.u64.u32 rd4, r4;
-    add.u64 rd3, rd3, rd4;
-    mov.u32 r5, %nctaid.x;
-    mul.wide.u32 rd5, r5, r3;
-CHECK:
+"#,
+    grid_setup!(),
+    r#"CHECK:
     setp.ge.u64 p, rd3, rd2;
     @p bra END;
     cvt.u32.u64 r6, rd3;
@@ -86,7 +87,8 @@ CHECK:
 END:
     ret;
 }
-"#;
+"#
+);
 
 /// Figures of one GPU's deep check.
 #[derive(Debug, Clone, PartialEq)]
