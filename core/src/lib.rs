@@ -9,6 +9,7 @@ pub mod drain;
 pub mod fsutil;
 pub mod gpu;
 pub mod gpu_lock;
+pub mod health;
 pub mod job_env;
 pub mod lifecycle;
 pub mod log;

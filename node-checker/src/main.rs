@@ -1,60 +1,120 @@
-//! `gpu-mode-node-checker`: Slurm HealthCheckProgram. Its checks arrive with
-//! the node-checker issue; until then it reports that it has none and exits 0,
-//! so a site that wires it early is never drained by it.
+//! `gpu-mode-node-checker`: GPU health checks for Slurm's HealthCheckProgram,
+//! the epilog and people. Thin: the checks, the drain policy and the outputs
+//! are `gpu_mode_core::health`. Usage and exit codes: docs/node-checker.md.
 //!
-//! `gpu-mode-node-checker inventory [--json] [--config PATH] [--xid-wait-ms N]`
-//! prints the GPUs' inventory, modes, MIG profiles and health readings
-//! (read-only; the logic is `gpu_mode_core::gpu::report`).
+//! Exit codes: 0 no check failed (warnings allowed), 1 a check failed,
+//! 2 usage or config error, 3 the drain/resume could not be applied.
 
+use clap::{Args, Parser, Subcommand};
+use gpu_mode_core::health::{self, CheckOptions, Status};
 use gpu_mode_core::Config;
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::time::Duration;
 
-const USAGE: &str = "usage: gpu-mode-node-checker [inventory [--json] [--config PATH] [--xid-wait-ms N]]";
+#[derive(Parser)]
+#[command(name = "gpu-mode-node-checker", about = "GPU health checks; drains and resumes the Slurm node", args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    check: CheckArgs,
+}
 
-struct InventoryArgs {
+#[derive(Subcommand)]
+enum Command {
+    /// Run the checks (the default).
+    Check(CheckArgs),
+    /// Print the GPUs' inventory, modes and health readings (read-only).
+    Inventory {
+        #[arg(long)]
+        json: bool,
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// How long to listen for XID events.
+        #[arg(long, default_value_t = 200)]
+        xid_wait_ms: u64,
+    },
+    /// After a repair: forget this boot's XIDs, accept the current ECC counts.
+    Ack {
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+}
+
+#[derive(Args, Clone, Default)]
+struct CheckArgs {
+    /// JSON instead of a table (schema: docs/node-checker.md).
+    #[arg(long)]
     json: bool,
+    /// Also run the CUDA checks on idle GPUs.
+    #[arg(long)]
+    deep: bool,
+    /// Report only; never drain or resume.
+    #[arg(long)]
+    no_drain: bool,
+    #[arg(long)]
     config: Option<PathBuf>,
-    xid_wait: Duration,
+    /// Slurm node name (default: SLURMD_NODENAME).
+    #[arg(long)]
+    node: Option<String>,
+    /// Run only this check.
+    #[arg(long)]
+    only: Option<String>,
 }
 
-fn parse_inventory(args: &[String]) -> Result<InventoryArgs, String> {
-    let mut parsed = InventoryArgs { json: false, config: None, xid_wait: Duration::from_millis(200) };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--json" => parsed.json = true,
-            "--config" => parsed.config = Some(it.next().ok_or("--config needs a path")?.into()),
-            "--xid-wait-ms" => {
-                let v = it.next().ok_or("--xid-wait-ms needs a number")?;
-                parsed.xid_wait = Duration::from_millis(v.parse().map_err(|_| format!("--xid-wait-ms {v:?} is not a number"))?);
-            }
-            other => return Err(format!("unexpected argument {other:?}")),
-        }
+const EXIT_FAIL: u8 = 1;
+const EXIT_USAGE: u8 = 2;
+const EXIT_ACTION: u8 = 3;
+
+fn load(config: Option<&std::path::Path>) -> Result<Config, ExitCode> {
+    Config::load(config).map_err(|e| {
+        eprintln!("gpu-mode-node-checker: {e}");
+        ExitCode::from(EXIT_USAGE)
+    })
+}
+
+fn check(a: CheckArgs) -> Result<ExitCode, ExitCode> {
+    let config = load(a.config.as_deref())?;
+    if let Some(o) = a.only.as_deref().filter(|o| !health::CHECK_NAMES.contains(o)) {
+        eprintln!("gpu-mode-node-checker: no check named {o:?}; checks: {}", health::CHECK_NAMES.join(", "));
+        return Err(ExitCode::from(EXIT_USAGE));
     }
-    Ok(parsed)
+    let opts = CheckOptions { deep: a.deep, drain: !a.no_drain, node: a.node, only: a.only };
+    let report = health::check_node(&config, &opts).report;
+    print!("{}", if a.json { report.to_json() } else { report.to_table() });
+    Ok(match (&report.action_error, report.status) {
+        (Some(_), _) => ExitCode::from(EXIT_ACTION),
+        (None, Status::Fail) => ExitCode::from(EXIT_FAIL),
+        _ => ExitCode::SUCCESS,
+    })
 }
 
-fn inventory(args: &[String]) -> Result<String, String> {
-    let a = parse_inventory(args)?;
-    let config = Config::load(a.config.as_deref()).map_err(|e| e.to_string())?;
-    gpu_mode_core::gpu::inventory_output(&config, a.json, a.xid_wait).map_err(|e| e.to_string())
-}
-
-fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.first().map(String::as_str) {
-        None => println!("gpu-mode-node-checker: no checks configured"),
-        Some("inventory") => match inventory(&args[1..]) {
-            Ok(out) => print!("{out}"),
-            Err(e) => {
+fn run(cli: Cli) -> Result<ExitCode, ExitCode> {
+    match cli.command {
+        None => check(cli.check),
+        Some(Command::Check(a)) => check(a),
+        Some(Command::Inventory { json, config, xid_wait_ms }) => {
+            let config = load(config.as_deref())?;
+            let out = gpu_mode_core::gpu::inventory_output(&config, json, Duration::from_millis(xid_wait_ms)).map_err(|e| {
                 eprintln!("gpu-mode-node-checker inventory: {e}");
-                std::process::exit(1);
-            }
-        },
-        Some(a) => {
-            eprintln!("gpu-mode-node-checker: unexpected argument {a:?}\n{USAGE}");
-            std::process::exit(2);
+                ExitCode::from(EXIT_FAIL)
+            })?;
+            print!("{out}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Some(Command::Ack { config }) => {
+            let config = load(config.as_deref())?;
+            let msg = health::run::acknowledge(&config).map_err(|e| {
+                eprintln!("gpu-mode-node-checker ack: {e}");
+                ExitCode::from(EXIT_FAIL)
+            })?;
+            println!("{msg}");
+            Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+fn main() -> ExitCode {
+    run(Cli::parse()).unwrap_or_else(|code| code)
 }

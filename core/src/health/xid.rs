@@ -1,0 +1,96 @@
+//! XIDs from the kernel log since the last run (see [`super::kmsg`] and
+//! [`super::cursor`]). Failing XIDs (48, 74, 79, 95, 119, 120, 140 by
+//! default) keep failing their GPU until a reboot or `ack`; warning XIDs
+//! (63, 94) warn; application XIDs (13, 31, 43, 45, 68, 109) are the job's
+//! problem and are never counted.
+
+use super::cursor::SeenXid;
+use super::{Check, CheckResult, Ctx, Status};
+
+pub struct Xid;
+
+const NAME: &str = "xid";
+
+impl Check for Xid {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn run(&self, ctx: &Ctx) -> Vec<CheckResult> {
+        if let Some(e) = &ctx.kmsg_error {
+            return vec![CheckResult::new(NAME, None, Status::Warn, format!("XIDs not checked: {e}"))];
+        }
+        let mut out: Vec<CheckResult> = ctx.gpus().iter().map(|g| judge(ctx, Some(g.index), &ctx.cursor.xids)).collect();
+        // XIDs of a PCI address NVML does not know (a GPU it lost) fail the node.
+        if ctx.cursor.xids.iter().any(|x| x.gpu.is_none()) {
+            out.push(judge(ctx, None, &ctx.cursor.xids));
+        } else if out.is_empty() {
+            out.push(CheckResult::new(NAME, None, Status::Ok, "no critical XIDs this boot"));
+        }
+        out
+    }
+}
+
+fn judge(ctx: &Ctx, gpu: Option<u32>, seen: &[SeenXid]) -> CheckResult {
+    let mine: Vec<&SeenXid> = seen.iter().filter(|x| x.gpu == gpu).collect();
+    let fail: Vec<u64> = dedup(mine.iter().filter(|x| ctx.config.xid_fail.contains(&x.xid)).map(|x| x.xid));
+    let warn: Vec<u64> = dedup(mine.iter().filter(|x| ctx.config.xid_warn.contains(&x.xid)).map(|x| x.xid));
+    let list = |v: &[u64]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",");
+    let at = mine.first().filter(|_| gpu.is_none()).map(|x| format!(" at PCI {}", x.pci)).unwrap_or_default();
+    let (status, text) = if !fail.is_empty() {
+        (Status::Fail, format!("XID {}{at} this boot (gpu-mode-node-checker ack after repair)", list(&fail)))
+    } else if !warn.is_empty() {
+        (Status::Warn, format!("XID {}{at} this boot", list(&warn)))
+    } else {
+        (Status::Ok, "no critical XIDs this boot".to_string())
+    };
+    CheckResult::new(NAME, gpu, status, text)
+}
+
+fn dedup(it: impl Iterator<Item = u64>) -> Vec<u64> {
+    let mut v: Vec<u64> = it.collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::fake::*;
+    use super::*;
+
+    fn seen(gpu: Option<u32>, xid: u64) -> SeenXid {
+        SeenXid { seq: 1, gpu, pci: "0000:99:00".into(), xid }
+    }
+
+    #[test]
+    fn xids_are_judged_per_gpu() {
+        type Case = (Vec<SeenXid>, Vec<(Option<u32>, Status, &'static str)>);
+        let cases: Vec<Case> = vec![
+            (vec![], vec![(Some(0), Status::Ok, "no critical"), (Some(1), Status::Ok, "no critical")]),
+            (vec![seen(Some(1), 79), seen(Some(1), 79)], vec![(Some(0), Status::Ok, "no"), (Some(1), Status::Fail, "XID 79 this boot")]),
+            (vec![seen(Some(0), 94), seen(Some(0), 63)], vec![(Some(0), Status::Warn, "XID 63,94 this boot"), (Some(1), Status::Ok, "no")]),
+            (vec![seen(Some(0), 94), seen(Some(0), 48)], vec![(Some(0), Status::Fail, "XID 48 this"), (Some(1), Status::Ok, "no")]),
+            (vec![seen(None, 79)], vec![(Some(0), Status::Ok, "no"), (Some(1), Status::Ok, "no"), (None, Status::Fail, "XID 79 at PCI 0000:99:00")]),
+        ];
+        for (xids, want) in cases {
+            let mut fx = Fixture::new(vec![healthy_gpu(0), healthy_gpu(1)]);
+            fx.cursor.xids = xids.clone();
+            let got = Xid.run(&fx.ctx());
+            assert_eq!(got.len(), want.len(), "{got:?}");
+            for (r, (gpu, status, text)) in got.iter().zip(&want) {
+                assert_eq!((r.gpu, r.status), (*gpu, *status), "{xids:?}: {r:?}");
+                assert!(r.message.starts_with(text), "{r:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn an_unreadable_kernel_log_warns() {
+        let fx = Fixture::new(vec![healthy_gpu(0)]);
+        let mut ctx = fx.ctx();
+        ctx.kmsg_error = Some("cannot open /dev/kmsg".into());
+        let r = Xid.run(&ctx);
+        assert_eq!((r.len(), r[0].status), (1, Status::Warn));
+    }
+}
