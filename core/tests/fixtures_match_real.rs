@@ -52,11 +52,9 @@ fn simulated_h200_matches_the_real_h200s() {
 
 #[test]
 fn simulated_h100_matches_the_real_h100() {
-    // Recorded by running .dev-carry/gpu/run-inventory.sh h100 on an H100
-    // machine (docs/validation.md). Until that file exists there is nothing
-    // real to compare with: say so loudly rather than pass silently.
+    // Recorded on the nvidia-h100-x1 machine (docs/validation.md).
     match real_report("inventory-h100.json") {
         Some(real) => compare("node-1x-h100.toml", &real),
-        None => eprintln!("NOT CHECKED: docs/validation/inventory-h100.json is missing; see docs/validation.md"),
+        None => panic!("docs/validation/inventory-h100.json is missing; see docs/validation.md"),
     }
 }

@@ -117,9 +117,11 @@ impl SlurmInstall {
     }
 
     fn ld_library_path(&self) -> Option<String> {
+        // Some .debs (libdbus-1-3) still install under /lib, not /usr/lib.
         self.prefixed.then(|| {
             let lib = self.root.join(MULTIARCH_LIB);
-            format!("{}:{}", lib.display(), lib.join("slurm-wlm").display())
+            let old_lib = self.root.join("lib/x86_64-linux-gnu");
+            format!("{}:{}:{}", lib.display(), lib.join("slurm-wlm").display(), old_lib.display())
         })
     }
 
@@ -145,6 +147,23 @@ impl SlurmInstall {
         let system = Path::new("/usr/sbin/slurmstepd");
         if !system.exists() {
             std::os::unix::fs::symlink(self.sbin("slurmstepd"), system).context("linking /usr/sbin/slurmstepd")?;
+        }
+        self.register_libraries()
+    }
+
+    /// slurmd starts `slurmstepd spank prolog` with the job's environment,
+    /// not its own, so LD_LIBRARY_PATH does not reach it (seen on the GPU
+    /// machine: exit 127, "spank/prolog returned status 0x7f00"). The
+    /// prefix's library directories go to the dynamic linker's cache instead.
+    fn register_libraries(&self) -> Result<()> {
+        let conf = Path::new("/etc/ld.so.conf.d/gpu-mode-slurm-prefix.conf");
+        let dirs = self.ld_library_path().unwrap_or_default().replace(':', "\n") + "\n";
+        if fs::read_to_string(conf).ok().as_deref() != Some(dirs.as_str()) {
+            fs::write(conf, &dirs).with_context(|| format!("writing {}", conf.display()))?;
+            let status = std::process::Command::new("/sbin/ldconfig").status().context("running ldconfig")?;
+            if !status.success() {
+                bail!("ldconfig failed ({status})");
+            }
         }
         Ok(())
     }

@@ -147,7 +147,8 @@ impl Cluster {
         cmd.args(args)
             .env_clear()
             .env("SLURM_CONF", self.dir.join("slurm.conf"))
-            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            // Jobs inherit it: their own srun must be this install's.
+            .env("PATH", format!("{}:/usr/local/bin:/usr/bin:/bin", self.install.bin("").display()))
             .envs(self.install.client_env())
             .current_dir("/tmp")
             .stdin(Stdio::null());
