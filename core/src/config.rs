@@ -64,6 +64,10 @@ pub struct HealthConfig {
     pub prometheus_textfile: Option<PathBuf>,
     /// Checks not run at all (by name, e.g. "fabric").
     pub disabled: Vec<String>,
+    /// Run the quick checks in the epilog after teardown (drain/resume as
+    /// the HealthCheckProgram would). Off by default: it adds an NVML
+    /// round trip to every job's end.
+    pub after_epilog: bool,
     pub deep: DeepConfig,
 }
 
@@ -121,6 +125,7 @@ impl Default for HealthConfig {
             deadline_ms: 30_000,
             prometheus_textfile: None,
             disabled: Vec::new(),
+            after_epilog: false,
             deep: DeepConfig::default(),
         }
     }

@@ -10,6 +10,17 @@ use crate::mps::{self, TeardownOutcome};
 use crate::state::JobState;
 
 pub fn run(cfg: &Config, env: &JobEnv) -> Result<Report, Failure> {
+    let result = undo_job(cfg, env);
+    if cfg.health.after_epilog && !matches!(result, Err(Failure::Node(_) | Failure::Drain(_))) {
+        // After every job, with or without a mode. The checker drains (and
+        // logs) by itself: a failed check is the node's condition, already
+        // reported, not a failure of this epilog.
+        let _ = crate::health::check_after_epilog(cfg, &env.node);
+    }
+    result
+}
+
+fn undo_job(cfg: &Config, env: &JobEnv) -> Result<Report, Failure> {
     let state = match JobState::load_if_present(&cfg.runtime_dir, env.job_id) {
         Ok(s) => s,
         // A corrupt state file cannot tell us what to undo: remove it so the
