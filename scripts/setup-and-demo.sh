@@ -14,8 +14,17 @@ echo "== building"
 cargo build --workspace --release
 bin=target/release
 "$bin/gpu-mode-cluster" down >/dev/null 2>&1 || true
-echo "== starting the local cluster (munged, slurmctld, slurmd; 4 simulated GPUs)"
-"$bin/gpu-mode-cluster" up --gpus 4
+# Real GPUs where present (every GPU setting is then left as it is), else
+# four simulated ones.
+if command -v nvidia-smi >/dev/null && n=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU') && [ "$n" -gt 0 ]; then
+    GPU_MODE_GPU_DEVICES=$(seq -s, -f /dev/nvidia%g 0 $((n - 1)))
+    export GPU_MODE_GPU_DEVICES
+    echo "== starting the local cluster (munged, slurmctld, slurmd; $n real GPUs)"
+    "$bin/gpu-mode-cluster" up --gpus "$n"
+else
+    echo "== starting the local cluster (munged, slurmctld, slurmd; 4 simulated GPUs)"
+    "$bin/gpu-mode-cluster" up --gpus 4
+fi
 SLURM_CONF=/tmp/gpu-mode-cluster/demo/slurm.conf
 export SLURM_CONF
 trap '[ "${1:-}" = --keep ] || "$bin/gpu-mode-cluster" down' EXIT

@@ -33,7 +33,8 @@ fn run(args: Vec<String>) -> Result<()> {
         "up" => {
             gpu_mode_tests::users::ensure_test_users()?;
             let cluster = Cluster::start(ClusterSpec::new(&name, gpus, Artifacts::locate()?))?;
-            println!("cluster {name} is up with {gpus} simulated GPUs in {}", dir.display());
+            let kind = if cluster.spec.real_gpus { "real" } else { "simulated" };
+            println!("cluster {name} is up with {gpus} {kind} GPUs in {}", dir.display());
             println!("export SLURM_CONF={}", dir.join("slurm.conf").display());
             // Keep the daemons: they run on after this process exits.
             std::mem::forget(cluster);
