@@ -110,8 +110,7 @@ mod tests {
 
     fn setup(mode: Option<&str>) -> (tempfile::TempDir, Config, JobEnv) {
         let dir = tempfile::tempdir().unwrap();
-        let mut cfg = Config::default();
-        cfg.runtime_dir = dir.path().join("run");
+        let cfg = Config { runtime_dir: dir.path().join("run"), ..Config::default() };
         let env = JobEnv {
             job_id: 77,
             uid: 1000,

@@ -242,7 +242,9 @@ mod tests {
         let alice01 = rec(1001, &[0, 1], &[5]);
         let bob2 = rec(1002, &[2], &[6]);
         let live = vec![alice01.clone(), bob2];
-        let cases: Vec<(u32, Vec<u32>, Result<Option<&str>, &str>)> = vec![
+        // (uid, GPUs, Ok(shared daemon key) / Ok(None) for a new one / Err(refusal))
+        type Want<'a> = Result<Option<&'a str>, &'a str>;
+        let cases: Vec<(u32, Vec<u32>, Want)> = vec![
             // same user, same GPUs (any order): share
             (1001, vec![1, 0], Ok(Some("1001-0_1"))),
             // free GPU: new daemon
