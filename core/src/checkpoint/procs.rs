@@ -164,19 +164,14 @@ pub fn nvidia_maps(text: &str) -> Vec<NvidiaFile> {
         .collect()
 }
 
-/// Fields after the command name of /proc/<pid>/stat, which may hold spaces
-/// and parentheses itself: the last ')' ends it.
-fn stat_fields(stat: &str) -> Vec<&str> {
-    stat.rfind(')').map(|i| stat[i + 1..].split_whitespace().collect()).unwrap_or_default()
-}
-
+/// The parent pid from a /proc/<pid>/stat line (parsed by [`crate::procfs`]).
 pub fn parse_ppid(stat: &str) -> Option<i32> {
-    stat_fields(stat).get(1)?.parse().ok()
+    crate::procfs::parse_stat(stat).map(|(_, _, ppid, _)| ppid)
 }
 
+/// The start time (clock ticks after boot) from a /proc/<pid>/stat line.
 pub fn parse_start_time(stat: &str) -> Option<u64> {
-    // Field 22 of stat; the slice starts at field 3 (state).
-    stat_fields(stat).get(19)?.parse().ok()
+    crate::procfs::parse_stat(stat).map(|(_, _, _, start)| start)
 }
 
 /// `root` and every process below it in the (pid, ppid) table.

@@ -63,22 +63,13 @@ pub fn why_orphan(pipe_dir: Option<&str>, records: &[DaemonRecord]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::procfs::ProcId;
 
     #[test]
     fn orphans_are_explained() {
         let rec = DaemonRecord {
-            version: super::super::registry::REGISTRY_VERSION,
-            key: "7-0".into(),
-            uid: 7,
-            gid: 7,
-            gpus: vec![0],
-            gpu_uuids: vec!["GPU-0".into()],
-            daemon: ProcId { pid: 1, start_time: 1 },
             pipe_dir: "/run/g/mps/7-0/pipe".into(),
-            log_dir: "/run/g/mps/7-0/log".into(),
             jobs: vec![12],
-            saved_compute_modes: vec![],
+            ..crate::mps::registry::test_record(7, &[0], &[12])
         };
         let records = [rec];
         let cases = [

@@ -111,24 +111,32 @@ impl DaemonRecord {
     }
 }
 
+/// A record for tests: GPU `g` has UUID `GPU-g`, pipe directory `/p`.
+#[cfg(test)]
+pub(crate) fn test_record(uid: u32, gpus: &[u32], jobs: &[u32]) -> DaemonRecord {
+    DaemonRecord {
+        version: REGISTRY_VERSION,
+        key: daemon_key(uid, gpus),
+        uid,
+        gid: uid,
+        gpus: gpus.to_vec(),
+        gpu_uuids: gpus.iter().map(|g| format!("GPU-{g}")).collect(),
+        daemon: ProcId { pid: 99, start_time: 5 },
+        pipe_dir: "/p".into(),
+        log_dir: "/l".into(),
+        jobs: jobs.to_vec(),
+        saved_compute_modes: vec![(0, ComputeMode::Default)],
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    pub fn record(key: &str, uid: u32, gpus: &[u32], jobs: &[u32]) -> DaemonRecord {
-        DaemonRecord {
-            version: REGISTRY_VERSION,
-            key: key.into(),
-            uid,
-            gid: uid,
-            gpus: gpus.to_vec(),
-            gpu_uuids: gpus.iter().map(|g| format!("GPU-{g}")).collect(),
-            daemon: ProcId { pid: 99, start_time: 5 },
-            pipe_dir: "/p".into(),
-            log_dir: "/l".into(),
-            jobs: jobs.to_vec(),
-            saved_compute_modes: vec![(0, ComputeMode::Default)],
-        }
+    fn record(key: &str, uid: u32, gpus: &[u32], jobs: &[u32]) -> DaemonRecord {
+        let r = test_record(uid, gpus, jobs);
+        assert_eq!(r.key, key, "test keys follow daemon_key");
+        r
     }
 
     #[test]

@@ -219,21 +219,12 @@ fn roll_back(cfg: &Config, ops: &dyn GpuOps, dir: &std::path::Path, undo: &mut U
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::procfs::ProcId;
-
     fn rec(uid: u32, gpus: &[u32], jobs: &[u32]) -> DaemonRecord {
         DaemonRecord {
-            version: REGISTRY_VERSION,
-            key: daemon_key(uid, gpus),
-            uid,
-            gid: uid,
-            gpus: gpus.to_vec(),
-            gpu_uuids: gpus.iter().map(|g| format!("GPU-{g}")).collect(),
-            daemon: ProcId { pid: 1, start_time: 1 },
             pipe_dir: "/r/mps/k/pipe".into(),
             log_dir: "/r/mps/k/log".into(),
-            jobs: jobs.to_vec(),
             saved_compute_modes: vec![],
+            ..crate::mps::registry::test_record(uid, gpus, jobs)
         }
     }
 
