@@ -13,6 +13,7 @@ out=${1:-target/deb}
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
 cargo build --release --workspace
 root=$(mktemp -d)
+chmod 0755 "$root"  # mktemp makes it 0700; the package root must be 0755
 trap 'rm -rf "$root"' EXIT
 install -D -m 0755 target/release/libgpu_mode_spank.so "$root/usr/lib/x86_64-linux-gnu/slurm-wlm/gpu_mode.so"
 for b in gpu-mode-prolog gpu-mode-epilog gpu-mode-node-checker; do
