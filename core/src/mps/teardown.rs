@@ -63,7 +63,7 @@ fn find_record(cfg: &Config, job_id: u32, key: Option<&str>) -> Result<Option<Da
 /// A job is still on this node while its state file exists (the epilog
 /// removes it last).
 fn job_is_live(cfg: &Config, job_id: u32) -> bool {
-    crate::state::state_path(&cfg.runtime_dir, job_id).exists() && JobState::load(&cfg.runtime_dir, job_id).is_ok()
+    JobState::load(&cfg.runtime_dir, job_id).is_ok()
 }
 
 /// Stops the daemon and its servers, restores the compute modes, removes the
