@@ -7,6 +7,9 @@ use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+/// The largest `checkpoint.memory_margin_mib` accepted (1 TiB).
+pub const MAX_MARGIN_MIB: u64 = 1 << 20;
+
 /// Where the helpers look when no `--config` / `config=` is given.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/slurm-gpu-mode/config.toml";
 
@@ -189,7 +192,6 @@ pub struct LogConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct NvmlConfig {
     /// libnvidia-ml to load; empty means the system's (`libnvidia-ml.so.1`).
-    /// The environment variable `GPU_MODE_NVML_LIBRARY` overrides it (tests).
     pub library: Option<PathBuf>,
 }
 
@@ -278,6 +280,8 @@ pub enum ConfigError {
     Read { path: PathBuf, source: std::io::Error },
     #[error("config file {path}: {detail}")]
     Invalid { path: PathBuf, detail: String },
+    #[error("config file {path} is {detail}: root helpers run the programs and load the libraries it names, so only root may write it (chown root {path}; chmod go-w {path})")]
+    Unsafe { path: PathBuf, detail: String },
 }
 
 impl Config {
@@ -290,10 +294,61 @@ impl Config {
             None => (PathBuf::from(DEFAULT_CONFIG_PATH), false),
         };
         match std::fs::read_to_string(&path) {
-            Ok(text) => Config::parse(&text, &path),
+            Ok(text) => {
+                check_owner(&path)?;
+                Config::parse(&text, &path)
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => Ok(Config::default()),
             Err(source) => Err(ConfigError::Read { path, source }),
         }
+    }
+
+    /// For the prolog and epilog: the config, or, when it cannot be loaded,
+    /// what can be salvaged from it (see [`Config::salvage`]) and the error.
+    /// A typo in the site config must not fail jobs that asked for no mode
+    /// (audit item H2): the hooks decide what the error means for each job.
+    pub fn load_or_salvage(path: Option<&Path>) -> (Config, Option<ConfigError>) {
+        match Config::load(path) {
+            Ok(cfg) => (cfg, None),
+            Err(e) => {
+                let text = std::fs::read_to_string(path.unwrap_or(Path::new(DEFAULT_CONFIG_PATH))).unwrap_or_default();
+                (Config::salvage(&text), Some(e))
+            }
+        }
+    }
+
+    /// The defaults, with each top-level setting or section of `text` that
+    /// is valid on its own taken over: enough for an epilog to find and undo
+    /// what earlier jobs left (the runtime directory above all) and to log
+    /// and drain as the site asked. Never fails.
+    pub fn salvage(text: &str) -> Config {
+        let Ok(table) = text.parse::<toml::Table>() else { return Config::default() };
+        fn take<T: serde::de::DeserializeOwned>(table: &toml::Table, key: &str, into: &mut T) {
+            if let Some(v) = table.get(key).and_then(|v| T::deserialize(v.clone()).ok()) {
+                *into = v;
+            }
+        }
+        let mut cfg = Config::default();
+        take(&table, "runtime_dir", &mut cfg.runtime_dir);
+        take(&table, "slurm", &mut cfg.slurm);
+        take(&table, "log", &mut cfg.log);
+        take(&table, "nvml", &mut cfg.nvml);
+        take(&table, "mps", &mut cfg.mps);
+        take(&table, "gpu", &mut cfg.gpu);
+        if cfg.validate().is_err() {
+            // A salvaged part is itself invalid: keep only what is checked
+            // here, the rest stays at its default.
+            let defaults = Config::default();
+            let runtime_ok = require_absolute("runtime_dir", &cfg.runtime_dir).is_ok();
+            let scontrol_ok = require_absolute("slurm.scontrol", &cfg.slurm.scontrol).is_ok();
+            cfg = Config {
+                runtime_dir: if runtime_ok { cfg.runtime_dir } else { defaults.runtime_dir.clone() },
+                slurm: if scontrol_ok { cfg.slurm } else { defaults.slurm.clone() },
+                log: cfg.log,
+                ..defaults
+            };
+        }
+        cfg
     }
 
     /// Parses and validates config text; `path` is only used in messages.
@@ -328,6 +383,13 @@ impl Config {
         if self.checkpoint.lock_timeout_ms == 0 {
             return Err("checkpoint.lock_timeout_ms must be at least 1".into());
         }
+        // Used as bytes (<< 20): bounded so that cannot overflow.
+        if self.checkpoint.memory_margin_mib > MAX_MARGIN_MIB {
+            return Err(format!(
+                "checkpoint.memory_margin_mib = {} must be at most {MAX_MARGIN_MIB} (1 TiB)",
+                self.checkpoint.memory_margin_mib
+            ));
+        }
         for (name, profiles) in &self.mig.layouts {
             let value = format!("mig:{profiles}");
             match crate::mode::GpuMode::parse(&value) {
@@ -357,6 +419,12 @@ impl Config {
         if h.deep.memory_mib == 0 || h.deep.context_ms_max == 0 {
             return Err("health.deep.memory_mib and health.deep.context_ms_max must be at least 1".into());
         }
+        for (model, floor) in &h.deep.bandwidth_floor_gbps {
+            // NaN compares false with everything: it would pass every GPU.
+            if !floor.is_finite() || *floor <= 0.0 {
+                return Err(format!("health.deep.bandwidth_floor_gbps.{model} = {floor} must be a positive number of GB/s"));
+            }
+        }
         for name in &h.disabled {
             if !crate::health::CHECK_NAMES.contains(&name.as_str()) {
                 return Err(format!("health.disabled: no check named {name:?}; checks: {}", crate::health::CHECK_NAMES.join(", ")));
@@ -365,14 +433,32 @@ impl Config {
         Ok(())
     }
 
-    /// The NVML library to load: the environment override, then the config,
-    /// then `None` for the system default.
+    /// The NVML library to load: the config's, or `None` for the system
+    /// default. No environment variable overrides it: root helpers must not
+    /// load a library whoever starts them names (audit, low items); tests
+    /// set `[nvml] library` in the config they pass, as sites would.
     pub fn nvml_library(&self) -> Option<PathBuf> {
-        std::env::var_os("GPU_MODE_NVML_LIBRARY")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-            .or_else(|| self.nvml.library.clone())
+        self.nvml.library.clone()
     }
+}
+
+/// When running as root, the config must be root's and writable by root
+/// alone: it names programs (scontrol, nvidia-cuda-mps-control) and
+/// libraries (libnvidia-ml, libcuda) that root runs and loads.
+fn check_owner(path: &Path) -> Result<(), ConfigError> {
+    use std::os::unix::fs::MetadataExt;
+    if unsafe { libc::geteuid() } != 0 {
+        return Ok(());
+    }
+    let meta = std::fs::metadata(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+    let detail = if meta.uid() != 0 {
+        format!("owned by uid {}", meta.uid())
+    } else if meta.mode() & 0o022 != 0 {
+        format!("writable by group or others (mode {:o})", meta.mode() & 0o7777)
+    } else {
+        return Ok(());
+    };
+    Err(ConfigError::Unsafe { path: path.to_path_buf(), detail })
 }
 
 /// Paths in the config are used by root helpers with no PATH and no fixed
@@ -496,12 +582,62 @@ mod tests {
             ("[mps]\ncontrol = \"nvidia-cuda-mps-control\"", "mps.control"),
             ("[mps]\nquit_timeout_ms = 0", "mps.quit_timeout_ms = 0 must be between 1 and 600000"),
             ("[mps]\nthreads = 5", "unknown field `threads`"),
+            ("[checkpoint]\nmemory_margin_mib = 18446744073709551615", "checkpoint.memory_margin_mib"),
+            ("[health.deep.bandwidth_floor_gbps]\nH100 = -1.0", "bandwidth_floor_gbps.H100 = -1 must be a positive"),
+            ("[health.deep.bandwidth_floor_gbps]\nH100 = nan", "bandwidth_floor_gbps.H100 = NaN"),
+            ("[health.deep.bandwidth_floor_gbps]\nH100 = inf", "bandwidth_floor_gbps.H100 = inf"),
         ];
         for (text, needle) in cases {
             let err = parse(text).expect_err(text);
             assert!(err.contains(needle), "config {text:?}: {err:?} lacks {needle:?}");
             assert!(err.starts_with("config file /etc/x.toml"), "{err}");
         }
+    }
+
+    #[test]
+    fn a_broken_config_is_salvaged_section_by_section() {
+        let cases: Vec<(&str, &str, bool)> = vec![
+            // (text, runtime_dir we must still find, syslog kept as written)
+            ("runtime_dir = \"/var/run/gm\"\nruntimedir = 1\n[log]\nsyslog = false", "/var/run/gm", false),
+            ("runtime_dir = \"/var/run/gm\"\n[log]\nsyslog = false\n[health]\nxid = [1]", "/var/run/gm", false),
+            ("runtime_dir = \"/var/run/gm\"\n[mps]\nquit_timeout_ms = 0", "/var/run/gm", true),
+            ("runtime_dir = \"relative\"\n[log]\nsyslog = false", "/run/slurm-gpu-mode", false),
+            ("this is not toml [", "/run/slurm-gpu-mode", true),
+        ];
+        for (text, runtime, syslog) in cases {
+            assert!(parse(text).is_err(), "{text:?} must be invalid for the test to mean anything");
+            let cfg = Config::salvage(text);
+            assert_eq!(cfg.runtime_dir, PathBuf::from(runtime), "{text:?}");
+            assert_eq!(cfg.log.syslog, syslog, "{text:?}");
+            assert!(cfg.validate().is_ok(), "{text:?}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "runtime_dir = \"/var/run/gm\"\n[health]\nxid = [1]").unwrap();
+        let (cfg, err) = Config::load_or_salvage(Some(&path));
+        assert_eq!(cfg.runtime_dir, PathBuf::from("/var/run/gm"));
+        assert!(err.unwrap().to_string().contains("unknown field `xid`"));
+    }
+
+    #[test]
+    fn as_root_a_config_others_can_write_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: the ownership rule applies to root only");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(Config::load(Some(&path)).is_ok());
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let err = Config::load(Some(&path)).unwrap_err().to_string();
+        assert!(err.contains("writable by group or others (mode 666)"), "{err}");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        std::os::unix::fs::chown(&path, Some(65534), None).unwrap();
+        let err = Config::load(Some(&path)).unwrap_err().to_string();
+        assert!(err.contains("owned by uid 65534"), "{err}");
     }
 
     #[test]

@@ -93,12 +93,26 @@ impl FinishedLine {
     /// Writes the line where the config says.
     pub fn emit(&self, cfg: &LogConfig) {
         if cfg.stderr {
-            eprintln!("{}", self.text);
+            stderr_line(&self.text);
         }
         if cfg.syslog {
             to_syslog(self.outcome.priority(), &self.text);
         }
     }
+}
+
+/// Writes one line to stderr and ignores failure: slurmd may have closed the
+/// pipe, and `eprintln!` would panic on EPIPE (exit 101, a "Prolog error"
+/// drain). Logging must never fail a hook.
+pub fn stderr_line(text: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr().lock(), "{text}");
+}
+
+/// The same for stdout (the node checker's report).
+pub fn stdout_line(text: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stdout().lock(), "{text}");
 }
 
 fn to_syslog(priority: libc::c_int, text: &str) {

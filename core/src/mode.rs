@@ -65,10 +65,13 @@ pub enum MemUnit {
 }
 
 impl MemLimit {
-    pub fn mebibytes(self) -> u64 {
+    /// The size in MiB; `None` when it does not fit in 64 bits (checked:
+    /// an unchecked multiply wrapped `mps:mem=18014398509481984G` into range
+    /// in release builds and panicked in debug ones, audit item M2).
+    pub fn mebibytes(self) -> Option<u64> {
         match self.unit {
-            MemUnit::MiB => self.amount,
-            MemUnit::GiB => self.amount * 1024,
+            MemUnit::MiB => Some(self.amount),
+            MemUnit::GiB => self.amount.checked_mul(1024),
         }
     }
 }
@@ -312,7 +315,7 @@ fn parse_mem(val: &str) -> Result<MemLimit, String> {
     };
     let amount: u64 = parse_digits(&val[..val.len() - 1]).ok_or_else(bad)?;
     let limit = MemLimit { amount, unit };
-    if amount == 0 || limit.mebibytes() > MAX_MEM_MIB {
+    if amount == 0 || !matches!(limit.mebibytes(), Some(m) if m <= MAX_MEM_MIB) {
         return Err(bad());
     }
     Ok(limit)
@@ -464,6 +467,10 @@ mod tests {
             ("mps:threads=-5", "threads=-5"),
             ("mps:mem=0G", "mem=0G"),
             ("mps:mem=2000G", "mem=2000G"),
+            // 2^54 GiB is 2^64 MiB: wrapped to 0 MiB before the checked multiply.
+            ("mps:mem=18014398509481984G", "mem=18014398509481984G"),
+            ("mps:mem=18014398509481985G", "mem=18014398509481985G"),
+            ("mps:mem=99999999999999999999G", "mem=99999999999999999999G"),
             ("mps:mem=20", "mem=20 "),
             ("mps:mem=20g", "mem=20g"),
             ("mps:mem=G", "mem=G"),
@@ -519,8 +526,9 @@ mod tests {
 
     #[test]
     fn mem_limit_converts_to_mebibytes() {
-        assert_eq!(MemLimit { amount: 2, unit: MemUnit::GiB }.mebibytes(), 2048);
-        assert_eq!(MemLimit { amount: 512, unit: MemUnit::MiB }.mebibytes(), 512);
+        assert_eq!(MemLimit { amount: 2, unit: MemUnit::GiB }.mebibytes(), Some(2048));
+        assert_eq!(MemLimit { amount: 512, unit: MemUnit::MiB }.mebibytes(), Some(512));
+        assert_eq!(MemLimit { amount: u64::MAX / 512, unit: MemUnit::GiB }.mebibytes(), None);
     }
 
     #[test]

@@ -43,14 +43,17 @@ impl Identity {
     }
 }
 
-/// Starts `program args` as `who` with exactly `env` as its environment,
-/// stdin from /dev/null, and output discarded (daemons log to their own files).
-pub fn spawn_as(program: &Path, args: &[&str], env: &BTreeMap<String, String>, who: &Identity) -> Result<Child, SpawnError> {
-    if !program.is_absolute() {
-        return Err(SpawnError::NotAbsolute { path: program.to_path_buf() });
+impl Identity {
+    /// As [`Identity::of_user`], or the bare uid/gid when the user has left
+    /// the user database (a teardown must still drop privileges then).
+    pub fn of_user_or_bare(uid: u32, gid: u32) -> Identity {
+        Identity::of_user(uid, gid).unwrap_or(Identity { uid, gid, groups: vec![gid] })
     }
-    let mut cmd = Command::new(program);
-    cmd.args(args).env_clear().envs(env).current_dir("/").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+}
+
+/// Makes `cmd` run as `who`: groups, gid, then uid are set between fork and
+/// exec, so the program never runs with root's privileges.
+pub fn run_as(cmd: &mut Command, who: &Identity) {
     let (uid, gid, groups) = (who.uid, who.gid, who.groups.clone());
     // SAFETY: only async-signal-safe system calls run between fork and exec;
     // the group list was computed before the fork. Order matters: groups and
@@ -66,7 +69,18 @@ pub fn spawn_as(program: &Path, args: &[&str], env: &BTreeMap<String, String>, w
             Ok(())
         });
     }
-    cmd.spawn().map_err(|source| SpawnError::Spawn { path: program.to_path_buf(), uid, source })
+}
+
+/// Starts `program args` as `who` with exactly `env` as its environment,
+/// stdin from /dev/null, and output discarded (daemons log to their own files).
+pub fn spawn_as(program: &Path, args: &[&str], env: &BTreeMap<String, String>, who: &Identity) -> Result<Child, SpawnError> {
+    if !program.is_absolute() {
+        return Err(SpawnError::NotAbsolute { path: program.to_path_buf() });
+    }
+    let mut cmd = Command::new(program);
+    cmd.args(args).env_clear().envs(env).current_dir("/").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+    run_as(&mut cmd, who);
+    cmd.spawn().map_err(|source| SpawnError::Spawn { path: program.to_path_buf(), uid: who.uid, source })
 }
 
 #[cfg(test)]

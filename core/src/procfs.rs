@@ -83,6 +83,31 @@ pub fn find(id: ProcId) -> Option<ProcInfo> {
     read(id.pid).filter(|p| p.start_time == id.start_time)
 }
 
+/// Sends `signal` to exactly the process `id`, never to a stranger that
+/// inherited its pid: the pid is pinned with a pidfd first, the start time
+/// is checked while the pidfd is held, and the signal goes through the pidfd
+/// (a pid reused after pidfd_open cannot receive it). Returns whether the
+/// signal was sent. Kernels without pidfd (< 5.3) fall back to kill(2) after
+/// the identity check, the best they allow.
+pub fn signal_exact(id: ProcId, signal: i32) -> bool {
+    // SAFETY: plain system calls on integers; the fd is closed below.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, id.pid, 0) } as i32;
+    if fd < 0 {
+        let nosys = std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS);
+        return nosys && find(id).is_some() && unsafe { libc::kill(id.pid, signal) } == 0;
+    }
+    let sent = find(id).is_some()
+        && unsafe { libc::syscall(libc::SYS_pidfd_send_signal, fd, signal, std::ptr::null::<libc::siginfo_t>(), 0) } == 0;
+    unsafe { libc::close(fd) };
+    sent
+}
+
+/// The executable a process runs (`/proc/<pid>/exe`), `None` when gone or
+/// unreadable. Unlike the command name, a user cannot choose it freely.
+pub fn exe(pid: i32) -> Option<std::path::PathBuf> {
+    std::fs::read_link(format!("/proc/{pid}/exe")).ok()
+}
+
 /// The value of `name` in a process's environment (root can read any).
 pub fn environ_var(pid: i32, name: &str) -> Option<String> {
     let data = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
@@ -118,6 +143,19 @@ mod tests {
         let stale = ProcId { pid: me.pid, start_time: me.start_time + 1 };
         assert_eq!(find(stale), None, "a reused pid must not match");
         assert!(all().iter().any(|p| p.pid == me.pid));
+    }
+
+    #[test]
+    fn signals_reach_only_the_exact_process() {
+        let mut child = std::process::Command::new("/bin/sleep").arg("30").spawn().unwrap();
+        let info = read(child.id() as i32).unwrap();
+        let stale = ProcId { pid: info.pid, start_time: info.start_time + 1 };
+        assert!(!signal_exact(stale, libc::SIGKILL), "a reused pid must not be signalled");
+        assert!(child.try_wait().unwrap().is_none());
+        assert_eq!(exe(info.pid).unwrap().file_name().unwrap(), "sleep");
+        assert!(signal_exact(info.id(), libc::SIGKILL));
+        assert_eq!(std::os::unix::process::ExitStatusExt::signal(&child.wait().unwrap()), Some(libc::SIGKILL));
+        assert!(!signal_exact(info.id(), libc::SIGKILL), "a reaped process is gone");
     }
 
     #[test]

@@ -12,13 +12,27 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// Bump when a field changes meaning or a required field is added.
-pub const STATE_VERSION: u32 = 1;
+/// Version 2 added `status`; version 1 files still load (as `ready`).
+pub const STATE_VERSION: u32 = 2;
+
+/// Where the prolog is with a job. The prolog saves `preparing` before it
+/// takes any lock or changes anything, so from then on the job counts as live
+/// on this node (another job's epilog must not stop a daemon it is joining:
+/// audit item M1), and a prolog killed half-way leaves a state the epilog
+/// recognises and cleans up after.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobStatus {
+    Preparing,
+    Ready,
+}
 
 /// What the prolog decided for one job on this node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JobState {
     pub version: u32,
+    pub status: JobStatus,
     pub job_id: u32,
     pub uid: u32,
     pub gid: u32,
@@ -51,6 +65,8 @@ pub enum StateError {
     Version { path: PathBuf, found: u64, expected: u32 },
     #[error("job {job_id} cannot run on this node: {reason}")]
     Refused { job_id: u32, reason: String },
+    #[error("job {job_id}: the gpu-mode prolog did not finish preparing this job on this node (see the node's log)")]
+    Unfinished { job_id: u32 },
     #[error("state file {path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
 }
@@ -71,11 +87,13 @@ pub fn parse_versioned<T: serde::de::DeserializeOwned>(text: &[u8], path: &Path,
     serde_json::from_value(value).map_err(|e| corrupt(e.to_string()))
 }
 
-/// Writes a state value as pretty JSON, atomically, mode 0644.
+/// Writes a state value as pretty JSON, atomically, mode 0600: state files
+/// are root's (the plugin reads them in slurmstepd before it drops
+/// privileges), so no user learns another job's directories or daemons.
 pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), StateError> {
-    let mut text = serde_json::to_vec_pretty(value).expect("state values always serialize");
+    let mut text = serde_json::to_vec_pretty(value).map_err(|e| StateError::Corrupt { path: path.to_path_buf(), detail: e.to_string() })?;
     text.push(b'\n');
-    fsutil::write_atomic(path, &text, 0o644).map_err(|source| StateError::Io { path: path.to_path_buf(), source })
+    fsutil::write_atomic(path, &text, 0o600).map_err(|source| StateError::Io { path: path.to_path_buf(), source })
 }
 
 /// The directory of job state files under a runtime directory.
@@ -90,16 +108,18 @@ pub fn state_path(runtime_dir: &Path, job_id: u32) -> PathBuf {
 }
 
 impl JobState {
-    /// Writes the state atomically (mode 0644: slurmstepd reads it after
-    /// dropping privileges to the job's user). Creates the root-owned
-    /// directories on first use.
+    /// Writes the state atomically (mode 0600: the plugin reads it as root in
+    /// slurmstepd's task_init_privileged). Creates the root-owned directories
+    /// on first use.
     pub fn save(&self, runtime_dir: &Path) -> Result<PathBuf, StateError> {
         let path = state_path(runtime_dir, self.job_id);
         let io = |source| StateError::Io { path: path.clone(), source };
         let owner = unsafe { libc::geteuid() };
         let group = unsafe { libc::getegid() };
+        // The runtime directory stays traversable: users reach their MPS
+        // pipe directories through it. The job states are root's alone.
         fsutil::ensure_private_dir(runtime_dir, owner, group, 0o755).map_err(io)?;
-        fsutil::ensure_private_dir(&jobs_dir(runtime_dir), owner, group, 0o755).map_err(io)?;
+        fsutil::ensure_private_dir(&jobs_dir(runtime_dir), owner, group, 0o700).map_err(io)?;
         write_json(&path, self)?;
         Ok(path)
     }
@@ -127,7 +147,15 @@ impl JobState {
     }
 
     fn from_json(text: &[u8], path: &Path, job_id: u32) -> Result<JobState, StateError> {
-        let state: JobState = parse_versioned(text, path, STATE_VERSION)?;
+        let state: JobState = match parse_versioned(text, path, STATE_VERSION) {
+            Err(StateError::Version { found: 1, .. }) => {
+                let mut v1: serde_json::Value = parse_versioned(text, path, 1)?;
+                v1["version"] = STATE_VERSION.into();
+                v1["status"] = "ready".into();
+                serde_json::from_value(v1).map_err(|e| StateError::Corrupt { path: path.to_path_buf(), detail: e.to_string() })?
+            }
+            other => other?,
+        };
         if state.job_id != job_id {
             return Err(StateError::Corrupt {
                 path: path.to_path_buf(),
@@ -135,6 +163,15 @@ impl JobState {
             });
         }
         Ok(state)
+    }
+
+    /// A job is live on this node from the moment its prolog starts until its
+    /// epilog ends: exactly while its state file exists, whatever it holds
+    /// (the epilog removes it last, also when it is corrupt). The one answer
+    /// to "is job J still here?" for MPS teardown, orphan checks and the
+    /// node checker.
+    pub fn is_live(runtime_dir: &Path, job_id: u32) -> bool {
+        std::fs::symlink_metadata(state_path(runtime_dir, job_id)).is_ok()
     }
 
     /// Removes a job's state; absent state is success (idempotent epilog).
@@ -151,6 +188,7 @@ mod tests {
     fn sample(job_id: u32) -> JobState {
         JobState {
             version: STATE_VERSION,
+            status: JobStatus::Ready,
             job_id,
             uid: 1000,
             gid: 1000,
@@ -196,7 +234,8 @@ mod tests {
             (b"{\"version\":1,\"job_id\":".to_vec(), "is corrupt"),
             (b"".to_vec(), "is corrupt"),
             (b"[]".to_vec(), "no integer \"version\""),
-            (with("version", 2.into()), "format version 2"),
+            (with("version", 3.into()), "format version 3"),
+            (with("status", "done".into()), "unknown variant"),
             (with("job_id", 10.into()), "names job 10, expected job 9"),
             (with("gpus", "0,1".into()), "is corrupt"),
             (with("extra", 1.into()), "unknown field"),
@@ -207,6 +246,34 @@ mod tests {
             assert!(err.contains(needle), "{:?}: {err:?} lacks {needle:?}", String::from_utf8_lossy(&bytes));
             assert!(err.contains("9.json"), "{err}");
         }
+    }
+
+    #[test]
+    fn a_version_1_state_loads_as_ready() {
+        let dir = tempfile::tempdir().unwrap();
+        sample(9).save(dir.path()).unwrap();
+        let path = state_path(dir.path(), 9);
+        let mut v1 = serde_json::to_value(sample(9)).unwrap();
+        v1["version"] = 1.into();
+        v1.as_object_mut().unwrap().remove("status");
+        std::fs::write(&path, serde_json::to_vec(&v1).unwrap()).unwrap();
+        assert_eq!(JobState::load(dir.path(), 9).unwrap(), sample(9));
+    }
+
+    #[test]
+    fn state_files_are_root_only_and_liveness_is_their_existence() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!JobState::is_live(dir.path(), 5));
+        let path = sample(5).save(dir.path()).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().mode() & 0o777, 0o600);
+        assert_eq!(std::fs::metadata(jobs_dir(dir.path())).unwrap().mode() & 0o777, 0o700);
+        assert!(JobState::is_live(dir.path(), 5));
+        // A corrupt state still means the epilog has not run yet.
+        std::fs::write(&path, b"{").unwrap();
+        assert!(JobState::is_live(dir.path(), 5));
+        JobState::remove(dir.path(), 5).unwrap();
+        assert!(!JobState::is_live(dir.path(), 5));
     }
 
     #[test]

@@ -257,10 +257,10 @@ fn missing_library_and_missing_driver_are_distinct_errors() {
 fn inventory_output_is_json_that_reads_back() {
     let node = SimNode::new("node-2x-h200.toml");
     let _ = node.gpus();
-    let text = inventory_output(&gpu_mode_core::Config::default(), true, Duration::ZERO).unwrap();
+    let text = inventory_output(&common::config(), true, Duration::ZERO).unwrap();
     let report: NodeReport = serde_json::from_str(&text).unwrap();
     assert_eq!(report.gpus.len(), 2);
     assert_eq!(report.gpus[1].inventory.as_ref().unwrap().name, "NVIDIA H200");
-    let plain = inventory_output(&gpu_mode_core::Config::default(), false, Duration::ZERO).unwrap();
+    let plain = inventory_output(&common::config(), false, Duration::ZERO).unwrap();
     assert!(plain.contains("profile 3g.71gb") && plain.contains("PCIe gen 5/5 width x16/x16"), "{plain}");
 }

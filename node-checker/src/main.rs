@@ -7,6 +7,7 @@
 
 use clap::{Args, Parser, Subcommand};
 use gpu_mode_core::health::{self, CheckOptions, Status};
+use gpu_mode_core::log::{stderr_line, stdout_line};
 use gpu_mode_core::Config;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -69,7 +70,7 @@ const EXIT_ACTION: u8 = 3;
 
 fn load(config: Option<&std::path::Path>) -> Result<Config, ExitCode> {
     Config::load(config).map_err(|e| {
-        eprintln!("gpu-mode-node-checker: {e}");
+        stderr_line(&format!("gpu-mode-node-checker: {e}"));
         ExitCode::from(EXIT_USAGE)
     })
 }
@@ -77,12 +78,12 @@ fn load(config: Option<&std::path::Path>) -> Result<Config, ExitCode> {
 fn check(a: CheckArgs) -> Result<ExitCode, ExitCode> {
     let config = load(a.config.as_deref())?;
     if let Some(o) = a.only.as_deref().filter(|o| !health::CHECK_NAMES.contains(o)) {
-        eprintln!("gpu-mode-node-checker: no check named {o:?}; checks: {}", health::CHECK_NAMES.join(", "));
+        stderr_line(&format!("gpu-mode-node-checker: no check named {o:?}; checks: {}", health::CHECK_NAMES.join(", ")));
         return Err(ExitCode::from(EXIT_USAGE));
     }
     let opts = CheckOptions { deep: a.deep, drain: !a.no_drain, node: a.node, only: a.only };
     let report = health::check_node(&config, &opts).report;
-    print!("{}", if a.json { report.to_json() } else { report.to_table() });
+    stdout_text(&if a.json { report.to_json() } else { report.to_table() });
     Ok(match (&report.action_error, report.status) {
         (Some(_), _) => ExitCode::from(EXIT_ACTION),
         (None, Status::Fail) => ExitCode::from(EXIT_FAIL),
@@ -97,22 +98,29 @@ fn run(cli: Cli) -> Result<ExitCode, ExitCode> {
         Some(Command::Inventory { json, config, xid_wait_ms }) => {
             let config = load(config.as_deref())?;
             let out = gpu_mode_core::gpu::inventory_output(&config, json, Duration::from_millis(xid_wait_ms)).map_err(|e| {
-                eprintln!("gpu-mode-node-checker inventory: {e}");
+                stderr_line(&format!("gpu-mode-node-checker inventory: {e}"));
                 ExitCode::from(EXIT_FAIL)
             })?;
-            print!("{out}");
+            stdout_text(&out);
             Ok(ExitCode::SUCCESS)
         }
         Some(Command::Ack { config }) => {
             let config = load(config.as_deref())?;
             let msg = health::run::acknowledge(&config).map_err(|e| {
-                eprintln!("gpu-mode-node-checker ack: {e}");
+                stderr_line(&format!("gpu-mode-node-checker ack: {e}"));
                 ExitCode::from(EXIT_FAIL)
             })?;
-            println!("{msg}");
+            stdout_line(&msg);
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// Prints as `print!` would, but a closed stdout (slurmd stops reading a
+/// HealthCheckProgram it killed) is no panic.
+fn stdout_text(text: &str) {
+    use std::io::Write as _;
+    let _ = std::io::stdout().lock().write_all(text.as_bytes());
 }
 
 fn main() -> ExitCode {

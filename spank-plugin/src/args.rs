@@ -1,4 +1,7 @@
-//! Plugin arguments from plugstack.conf: `required gpu_mode.so [config=PATH]`.
+//! Plugin arguments from plugstack.conf:
+//! `required gpu_mode.so [config=PATH] [runtime_dir=PATH]`. With
+//! `runtime_dir=` the plugin never reads the site config (as pyxis takes its
+//! settings from plugstack arguments).
 
 use std::path::PathBuf;
 
@@ -6,10 +9,12 @@ use std::path::PathBuf;
 pub struct PluginArgs {
     /// The site config file; `None` means the default path.
     pub config: Option<PathBuf>,
+    /// Where the helpers keep job states; `None`: from the site config.
+    pub runtime_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("plugstack.conf arguments: {0} (known: config=<absolute path>)")]
+#[error("plugstack.conf arguments: {0} (known: config=<absolute path>, runtime_dir=<absolute path>)")]
 pub struct ArgsError(pub String);
 
 impl PluginArgs {
@@ -19,19 +24,19 @@ impl PluginArgs {
             let (key, value) = arg
                 .split_once('=')
                 .ok_or_else(|| ArgsError(format!("{arg:?} is not key=value")))?;
-            match key {
-                "config" => {
-                    if out.config.is_some() {
-                        return Err(ArgsError("config= is given twice".into()));
-                    }
-                    let path = PathBuf::from(value);
-                    if !path.is_absolute() {
-                        return Err(ArgsError(format!("config={value:?} must be an absolute path")));
-                    }
-                    out.config = Some(path);
-                }
+            let slot = match key {
+                "config" => &mut out.config,
+                "runtime_dir" => &mut out.runtime_dir,
                 other => return Err(ArgsError(format!("unknown argument {other:?}"))),
+            };
+            if slot.is_some() {
+                return Err(ArgsError(format!("{key}= is given twice")));
             }
+            let path = PathBuf::from(value);
+            if !path.is_absolute() || path.components().any(|c| c == std::path::Component::ParentDir) {
+                return Err(ArgsError(format!("{key}={value:?} must be an absolute path without '..'")));
+            }
+            *slot = Some(path);
         }
         Ok(out)
     }
@@ -48,6 +53,10 @@ mod tests {
             PluginArgs::parse(&["config=/etc/g.toml"]).unwrap().config,
             Some(PathBuf::from("/etc/g.toml"))
         );
+        assert_eq!(
+            PluginArgs::parse(&["runtime_dir=/run/gm"]).unwrap().runtime_dir,
+            Some(PathBuf::from("/run/gm"))
+        );
     }
 
     #[test]
@@ -55,6 +64,8 @@ mod tests {
         for (argv, needle) in [
             (vec!["config"], "\"config\" is not key=value"),
             (vec!["config=rel.toml"], "must be an absolute path"),
+            (vec!["runtime_dir=/run/../etc"], "without '..'"),
+            (vec!["runtime_dir=/a", "runtime_dir=/b"], "runtime_dir= is given twice"),
             (vec!["config=/a", "config=/b"], "given twice"),
             (vec!["debug=1"], "unknown argument \"debug\""),
         ] {

@@ -19,6 +19,9 @@ SPANK_PLUGIN!(b"gpu_mode", 0x160500, GpuModePlugin);
 #[derive(Default)]
 struct GpuModePlugin {
     args: args::PluginArgs,
+    /// Found as root in task_init_privileged, applied in task_init: both
+    /// run in the same forked task process.
+    pending: remote::Pending,
 }
 
 unsafe impl Plugin for GpuModePlugin {
@@ -37,12 +40,21 @@ unsafe impl Plugin for GpuModePlugin {
         }
     }
 
+    /// Runs as root in each task process after fork: reads the root-only
+    /// job state. Never fails the task itself: errors wait for task_init.
+    fn task_init_privileged(&mut self, spank: &mut SpankHandle) -> Result<(), Box<dyn Error>> {
+        if let Context::Remote = spank.context()? {
+            self.pending = remote::task_init_privileged(spank, &self.args).unwrap_or_else(|e| remote::Pending::Fail(e.to_string()));
+        }
+        Ok(())
+    }
+
     /// Runs in each task process before exec. A failure here ends only that
     /// task (exit 1), which is how a refused job must fail: the same failure
     /// in user_init is a batch launch failure, and Slurm drains the node for it.
     fn task_init(&mut self, spank: &mut SpankHandle) -> Result<(), Box<dyn Error>> {
         match spank.context()? {
-            Context::Remote => remote::task_init(spank, &self.args),
+            Context::Remote => remote::task_init(spank, &self.pending),
             _ => Ok(()),
         }
     }

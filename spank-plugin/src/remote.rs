@@ -1,25 +1,59 @@
-//! slurmstepd side (remote context): in each task before exec, set the
-//! environment the prolog decided (job state), or fail the task with the
-//! prolog's refusal. Jobs that did not ask for a mode are not touched at all, not even
-//! by reading the config.
+//! slurmstepd side (remote context). The job state is root's alone (mode
+//! 0600 in a 0700 directory), so it is read in `task_init_privileged`, which
+//! slurmstepd runs as root in each task process after fork; what it found is
+//! kept in the plugin and applied in `task_init`, in the same process just
+//! before exec (after Slurm's own GPU variables are set, so ours win), or the
+//! task fails there with the prolog's refusal. Jobs that did not ask for a
+//! mode are not touched at all, not even by reading the config.
 
 use crate::args::PluginArgs;
 use crate::options;
 use gpu_mode_core::config::Config;
 use gpu_mode_core::job_env::JOB_MODE_VAR;
-use gpu_mode_core::state::{JobState, StateError};
+use gpu_mode_core::state::{JobState, JobStatus, StateError};
 use slurm_spank::SpankHandle;
 use std::error::Error;
 
-pub fn task_init(spank: &mut SpankHandle, args: &PluginArgs) -> Result<(), Box<dyn Error>> {
+/// What `task_init_privileged` found for this task: nothing to do, the
+/// state to apply, or the error to fail the task with.
+#[derive(Debug, Default)]
+pub enum Pending {
+    #[default]
+    NotAsked,
+    Apply(JobState),
+    Fail(String),
+}
+
+/// As root: reads the job's state if the job asked for a mode.
+pub fn task_init_privileged(spank: &mut SpankHandle, args: &PluginArgs) -> Result<Pending, Box<dyn Error>> {
     let asked = options::gpu_mode_value(spank)?.is_some() || spank.getenv(JOB_MODE_VAR)?.is_some();
     if !asked {
-        return Ok(());
+        return Ok(Pending::NotAsked);
     }
-    let cfg = Config::load(args.config.as_deref())?;
     let job_id = spank.job_id()?;
-    let state = JobState::load(&cfg.runtime_dir, job_id)?;
-    for (name, value) in task_env(&state)? {
+    Ok(match JobState::load(&runtime_dir(args), job_id) {
+        Ok(state) => Pending::Apply(state),
+        Err(e) => Pending::Fail(e.to_string()),
+    })
+}
+
+/// Where the job states are: the plugstack argument, else the site config
+/// (salvaged if it does not load: only runtime_dir matters here).
+fn runtime_dir(args: &PluginArgs) -> std::path::PathBuf {
+    match &args.runtime_dir {
+        Some(dir) => dir.clone(),
+        None => Config::load_or_salvage(args.config.as_deref()).0.runtime_dir,
+    }
+}
+
+/// As the user, just before exec: sets the task's variables or fails it.
+pub fn task_init(spank: &mut SpankHandle, pending: &Pending) -> Result<(), Box<dyn Error>> {
+    let state = match pending {
+        Pending::NotAsked => return Ok(()),
+        Pending::Fail(msg) => return Err(msg.clone().into()),
+        Pending::Apply(state) => state,
+    };
+    for (name, value) in task_env(state)? {
         // gres/mps gives the job its GPU share in this variable: keep it.
         if gpu_mode_core::mps::KEEP_IF_SET.contains(&name) && spank.getenv(name)?.is_some() {
             continue;
@@ -34,6 +68,9 @@ pub fn task_env(state: &JobState) -> Result<Vec<(&str, &str)>, StateError> {
     if let Some(reason) = &state.refusal {
         return Err(StateError::Refused { job_id: state.job_id, reason: reason.clone() });
     }
+    if state.status != JobStatus::Ready {
+        return Err(StateError::Unfinished { job_id: state.job_id });
+    }
     Ok(state.task_env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect())
 }
 
@@ -44,6 +81,7 @@ mod tests {
     fn state(refusal: Option<&str>) -> JobState {
         JobState {
             version: gpu_mode_core::state::STATE_VERSION,
+            status: JobStatus::Ready,
             job_id: 4,
             uid: 1,
             gid: 1,
@@ -63,5 +101,8 @@ mod tests {
         assert_eq!(task_env(&state(None)).unwrap(), vec![("A", "1")]);
         let err = task_env(&state(Some("GPU 0 has no 7g.80gb profile"))).unwrap_err().to_string();
         assert_eq!(err, "job 4 cannot run on this node: GPU 0 has no 7g.80gb profile");
+        let unfinished = JobState { status: JobStatus::Preparing, ..state(None) };
+        let err = task_env(&unfinished).unwrap_err().to_string();
+        assert!(err.contains("did not finish preparing"), "{err}");
     }
 }

@@ -2,6 +2,7 @@
 //! a job's daemon is not. Uses the simulated MPS binaries directly.
 
 use gpu_mode_core::mps::find_orphans;
+use gpu_mode_core::mps::orphans::{mps_binaries, Blame};
 use gpu_mode_tests::Artifacts;
 use std::process::Command;
 
@@ -21,16 +22,39 @@ fn a_stray_daemon_is_an_orphan_and_goes_away_with_quit() {
     };
     assert!(run(&["-d"], "").status.success());
     let pid: i32 = std::fs::read_to_string(pipe.join("nvidia-cuda-mps-control.pid")).unwrap().trim().parse().unwrap();
-    let orphans = find_orphans(&runtime).unwrap();
+    let bins = mps_binaries(&sim.mps_control);
+    let orphans = find_orphans(&runtime, &bins).unwrap();
     let stray = orphans.iter().find(|o| o.pid == pid).expect("the stray daemon must be reported");
     assert!(stray.why.starts_with("not started by slurm-gpu-mode"), "{}", stray.why);
+    // Root's: the node's problem (a user's own would only warn).
+    assert_eq!(stray.blame, Blame::Node);
     assert_eq!(stray.pipe_dir.as_deref(), Some(pipe.to_str().unwrap()));
     run(&[], "quit\n");
     for _ in 0..100 {
-        if !find_orphans(&runtime).unwrap().iter().any(|o| o.pid == pid) {
+        if !find_orphans(&runtime, &bins).unwrap().iter().any(|o| o.pid == pid) {
             return;
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     panic!("the daemon was still reported after quit");
+}
+
+/// Audit item M3: a process merely *named* like MPS is not MPS. Before the
+/// fix, a user could fail the node checker (and drain the node) by running
+/// any program under the name nvidia-cuda-mps-control.
+#[test]
+fn a_program_named_like_mps_is_not_an_orphan() {
+    let sim = Artifacts::locate().unwrap().sim.expect("sim binaries built");
+    let dir = tempfile::tempdir().unwrap();
+    let fake = dir.path().join("nvidia-cuda-mps-control");
+    std::fs::copy("/bin/sleep", &fake).unwrap();
+    let mut child = Command::new(&fake).arg("30").spawn().unwrap();
+    let pid = child.id() as i32;
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap();
+    assert_eq!(comm.trim(), "nvidia-cuda-mps", "the impostor must look like MPS by name");
+    let orphans = find_orphans(&dir.path().join("run"), &mps_binaries(&sim.mps_control)).unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(!orphans.iter().any(|o| o.pid == pid), "{orphans:?}");
 }

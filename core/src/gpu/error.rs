@@ -52,7 +52,7 @@ impl fmt::Display for ErrorKind {
 #[derive(Debug, thiserror::Error)]
 pub enum GpuError {
     #[error("cannot load libnvidia-ml from {library}: {detail} (is the NVIDIA driver installed? \
-             [nvml] library / GPU_MODE_NVML_LIBRARY choose another)")]
+             [nvml] library chooses another)")]
     LibraryMissing { library: String, detail: String },
     #[error("{call}: the NVIDIA driver is not loaded (is the nvidia kernel module loaded?)")]
     DriverNotLoaded { call: &'static str },

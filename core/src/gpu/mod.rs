@@ -1,7 +1,7 @@
 //! The node's NVIDIA GPUs, through NVML (nvml-wrapper over libnvidia-ml).
 //!
 //! [`NvmlGpus::open`] loads the libnvidia-ml the config names (the system's by
-//! default; `GPU_MODE_NVML_LIBRARY` overrides it). In CI that is the simulated
+//! default; `[nvml] library` chooses another). In CI that is the simulated
 //! library of `sim/nvml`, so tests run this same code. The operations are the
 //! [`GpuOps`] trait so that the prolog, epilog and node checker can be written
 //! against it; the only production implementation is [`NvmlGpus`].

@@ -48,6 +48,7 @@ pub fn process(pid: i32, ppid: i32, comm: &str) -> ProcInfo {
 pub fn job(id: u32, gpus: &[u32], mode: &str) -> JobState {
     JobState {
         version: crate::state::STATE_VERSION,
+        status: crate::state::JobStatus::Ready,
         job_id: id,
         uid: 1000,
         gid: 1000,
@@ -101,6 +102,7 @@ impl Fixture {
             nvml,
             processes: self.processes.clone(),
             live_jobs: self.jobs.clone(),
+            mps_binaries: Vec::new(),
             cursor: self.cursor.clone(),
             kmsg_error: None,
             cursor_error: None,

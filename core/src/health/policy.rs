@@ -1,8 +1,11 @@
 //! What the results mean for the node, as a pure function of (node state,
 //! current reason, results). NHC's rules (field notes section 7): drain with
 //! a `gpu-mode: <check>: <detail>` reason; resume only a node whose reason is
-//! ours and only when nothing fails; never touch a node drained or down for
-//! another reason (an admin's); never re-drain with the reason already set.
+//! the checker's own and only when nothing fails; never touch a node drained
+//! or down for another reason (an admin's, or the prolog's and epilog's
+//! `gpu-mode: prolog: ...`, `gpu-mode: MPS zombie ...`: faults the checker
+//! cannot re-verify, so resuming them would hide them and make retrying an
+//! attack easy, audit item M5); never re-drain with the reason already set.
 
 use super::{CheckResult, Status};
 use crate::drain::{drain_reason, NodeStatus};
@@ -35,19 +38,27 @@ fn reason_text(reason: &str) -> &str {
     }
 }
 
+/// Whether a drain reason is one the checker set: `gpu-mode: <check>: ...`
+/// with one of [`super::CHECK_NAMES`].
+pub fn is_checker_reason(reason: &str) -> bool {
+    let Some(rest) = reason_text(reason).strip_prefix(crate::drain::DRAIN_PREFIX) else { return false };
+    rest.trim_start().split_once(':').is_some_and(|(check, _)| super::CHECK_NAMES.contains(&check))
+}
+
 pub fn decide(node: &NodeStatus, results: &[CheckResult]) -> Action {
     let out_of_service = node.is_drained_or_down();
+    let ours = is_checker_reason(&node.reason);
     match fail_detail(results) {
         Some(detail) => {
             let reason = drain_reason(&detail);
-            if out_of_service && (!node.reason_is_ours() || reason_text(&node.reason) == reason) {
+            if out_of_service && (!ours || reason_text(&node.reason) == reason) {
                 // Someone else's drain stays; ours with the same reason too.
                 Action::Nothing
             } else {
                 Action::Drain { reason }
             }
         }
-        None if out_of_service && node.reason_is_ours() => Action::Resume,
+        None if out_of_service && ours => Action::Resume,
         None => Action::Nothing,
     }
 }
@@ -77,7 +88,11 @@ mod tests {
             ("IDLE+DRAIN", remap_reason, &remap, Action::Nothing),
             ("IDLE+DRAIN", "gpu-mode: xid: GPU 0: XID 79 this boot [root@t]", &remap, drain(remap_reason)),
             ("IDLE+DRAIN", "gpu-mode: memory: GPU 1: row remap pending [root@t]", &healthy, Action::Resume),
-            ("DOWN*+DRAIN", "gpu-mode: prolog: cannot write job state [root@t]", &healthy, Action::Resume),
+            // The prolog's and epilog's faults are not the checker's to clear
+            // or to rewrite.
+            ("DOWN*+DRAIN", "gpu-mode: prolog: cannot write job state [root@t]", &healthy, Action::Nothing),
+            ("IDLE+DRAIN", "gpu-mode: MPS zombie pid 12 (job 7, GPU GPU-1) [root@t]", &healthy, Action::Nothing),
+            ("IDLE+DRAIN", "gpu-mode: epilog: mps teardown: x [root@t]", &remap, Action::Nothing),
             ("MIXED+DRAIN", "gpu-mode: xid: x [root@t]", &healthy, Action::Resume),
             // Drained or down for someone else's reason: never touched.
             ("IDLE+DRAIN", "admin: bad fan [root@t]", &healthy, Action::Nothing),

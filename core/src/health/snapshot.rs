@@ -55,6 +55,8 @@ pub struct Ctx<'a> {
     /// NVML, or why it could not be initialized.
     pub nvml: Result<NvmlSnap, String>,
     pub processes: Vec<ProcInfo>,
+    /// The node's MPS binaries ([`crate::mps::orphans::mps_binaries`]).
+    pub mps_binaries: Vec<PathBuf>,
     /// Jobs whose state file exists: they hold their GPUs.
     pub live_jobs: Vec<JobState>,
     /// XIDs (new and remembered) and ECC baselines, updated for this run.
@@ -144,6 +146,7 @@ pub fn take<'a>(config: &'a crate::Config, nvml: Result<&dyn GpuOps, String>) ->
         nvml,
         processes: crate::procfs::all(),
         live_jobs: live_jobs(&config.runtime_dir),
+        mps_binaries: crate::mps::orphans::mps_binaries(&config.mps.control),
         cursor,
         kmsg_error,
         cursor_error,

@@ -20,7 +20,8 @@ pub fn run(cfg: &Config, env: &JobEnv) -> Result<Report, Failure> {
     result
 }
 
-fn undo_job(cfg: &Config, env: &JobEnv) -> Result<Report, Failure> {
+/// Undoes what the prolog did for the job, without the health checks.
+pub fn undo_job(cfg: &Config, env: &JobEnv) -> Result<Report, Failure> {
     let state = match JobState::load_if_present(&cfg.runtime_dir, env.job_id) {
         Ok(s) => s,
         // A corrupt state file cannot tell us what to undo: remove it so the
@@ -43,11 +44,20 @@ fn undo_job(cfg: &Config, env: &JobEnv) -> Result<Report, Failure> {
     let detail = match mps? {
         TeardownOutcome::NoDaemon => None,
         TeardownOutcome::Released { key, remaining } => Some(format!("mps daemon {key} kept for job(s) {remaining:?}")),
-        TeardownOutcome::Stopped { key, quit_worked, signalled } => Some(if quit_worked {
-            format!("mps daemon {key} stopped")
-        } else {
-            format!("mps daemon {key} ignored quit; signalled pids {signalled:?}")
-        }),
+        TeardownOutcome::Stopped { key, quit_worked, signalled, unreaped } => {
+            let mut text = if quit_worked {
+                format!("mps daemon {key} stopped")
+            } else {
+                format!("mps daemon {key} ignored quit; signalled pids {signalled:?}")
+            };
+            if !unreaped.is_empty() {
+                // Ended processes the user's own process has not reaped: they
+                // hold nothing, so this is the user's leftover, not a fault.
+                let list: Vec<String> = unreaped.iter().map(|(z, p)| format!("{z} (parent {p})")).collect();
+                text.push_str(&format!("; unreaped zombies {} left to their parents", list.join(", ")));
+            }
+            Some(text)
+        }
     };
     removed.map_err(|e| Failure::Node(format!("cannot remove job state: {e}")))?;
     Ok(Report { outcome: Outcome::Ok, mode, detail })

@@ -187,31 +187,51 @@ pub fn hook_main(verb: Verb, args: &[String]) -> i32 {
     let config_path = match parse_hook_args(args) {
         Ok(p) => p,
         Err(msg) => {
-            eprintln!("gpu-mode-{}: {msg}\nusage: gpu-mode-{} [--config PATH]", verb.name(), verb.name());
+            crate::log::stderr_line(&format!("gpu-mode-{}: {msg}\nusage: gpu-mode-{} [--config PATH]", verb.name(), verb.name()));
             return EXIT_USAGE;
         }
     };
     let env = match JobEnv::from_process_env() {
         Ok(e) => e,
         Err(e) => {
-            eprintln!("gpu-mode-{}: {e}", verb.name());
+            crate::log::stderr_line(&format!("gpu-mode-{}: {e}", verb.name()));
             return EXIT_USAGE;
         }
     };
-    let cfg = match Config::load(config_path.as_deref()) {
-        Ok(c) => c,
-        Err(e) => {
-            // A broken config is the node's problem: every job here would fail
-            // the same way. Drain with the default scontrol so it gets fixed.
-            let cfg = Config::default();
-            return finish(verb.name(), &cfg, &env, Err(Failure::Node(e.to_string())));
-        }
-    };
-    let result = match verb {
-        Verb::Prolog => prolog::run(&cfg, &env),
-        Verb::Epilog => epilog::run(&cfg, &env),
+    let (cfg, config_error) = Config::load_or_salvage(config_path.as_deref());
+    let result = match &config_error {
+        None => match verb {
+            Verb::Prolog => prolog::run(&cfg, &env),
+            Verb::Epilog => epilog::run(&cfg, &env),
+        },
+        Some(e) => with_broken_config(verb, &cfg, &env, &e.to_string()),
     };
     finish(verb.name(), &cfg, &env, result)
+}
+
+/// What a hook does when the site config does not load (audit item H2). A
+/// config typo must not fail or drain for jobs that asked for no mode: those
+/// pass untouched. A job with a mode is refused with a message that says
+/// why (its tasks fail; the node stays up for everyone else). The epilog
+/// still undoes what earlier jobs left, with the salvaged settings. Every
+/// time, the error is logged loudly so the admin sees it.
+fn with_broken_config(verb: Verb, cfg: &Config, env: &JobEnv, error: &str) -> Result<Report, Failure> {
+    ActionLine::new("config")
+        .field("job", env.job_id)
+        .field("node", &env.node)
+        .field("detail", format!("{error}; jobs without --gpu-mode are unaffected, jobs with one are refused until it is fixed"))
+        .outcome(Outcome::Failed)
+        .emit(&cfg.log);
+    match verb {
+        Verb::Prolog if env.mode_value.is_none() => prolog::run(cfg, env),
+        Verb::Prolog => {
+            let mode = env.mode_value.as_deref().unwrap_or_default();
+            let why = format!("the gpu-mode site configuration of node {} is invalid, so no GPU mode can be set up there: ask the site admin to fix it ({error})", env.node);
+            prolog::refuse(cfg, env, mode, why)
+        }
+        // Health checks after the epilog need the thresholds: skipped.
+        Verb::Epilog => epilog::undo_job(cfg, env),
+    }
 }
 
 /// `[--config PATH]`, nothing else.

@@ -8,7 +8,7 @@ use crate::log::Outcome;
 use crate::gpu::NvmlGpus;
 use crate::mode::{GpuMode, MigRequest};
 use crate::mps;
-use crate::state::{JobState, STATE_VERSION};
+use crate::state::{JobState, JobStatus, STATE_VERSION};
 use std::collections::BTreeMap;
 
 /// Task variable with the job's mode in canonical form, set by the plugin from
@@ -17,19 +17,35 @@ pub const TASK_MODE_VAR: &str = "SLURM_GPU_MODE";
 /// Task variable with the physical GPU indices the prolog prepared.
 pub const TASK_GPUS_VAR: &str = "SLURM_GPU_MODE_GPUS";
 
+/// The most of a user's raw mode value or of a message kept in a state file
+/// or a log line: a forged value must not bloat them.
+pub const MAX_RECORDED_LEN: usize = 512;
+
 pub fn run(cfg: &Config, env: &JobEnv) -> Result<Report, Failure> {
     let Some(raw) = env.mode_value.as_deref() else {
         // Jobs without --gpu-mode are never touched.
         return Ok(Report { outcome: Outcome::Skipped, mode: None, detail: None });
     };
-    match GpuMode::parse(raw) {
-        Ok(mode) => match check_on_this_node(cfg, env, &mode).map_err(Failure::Job).and_then(|()| prepare(cfg, env, &mode)) {
-            Err(Failure::Job(msg)) => refuse(cfg, env, &mode.to_string(), msg),
-            other => other,
-        },
-        // The plugin validated at submit, so this is a value that bypassed it
-        // (e.g. a plugin missing on the submit host): the job's fault.
-        Err(e) => refuse(cfg, env, raw, e.to_string()),
+    // The value comes from the job's user: it is parsed again here, never
+    // trusted because the plugin checked it at submit.
+    let mode = match GpuMode::parse(raw) {
+        Ok(mode) => mode,
+        // A value that bypassed the plugin (e.g. a plugin missing on the
+        // submit host): the job's fault.
+        Err(e) => return refuse(cfg, env, raw, e.to_string()),
+    };
+    let canonical = mode.to_string();
+    // From here on the job is live on this node (audit item M1).
+    save(cfg, new_state(env, &canonical, BTreeMap::new(), None, JobStatus::Preparing))?;
+    let result = check_on_this_node(cfg, env, &mode).map_err(Failure::Job).and_then(|()| prepare(cfg, env, &mode));
+    match result {
+        Err(Failure::Job(msg)) => refuse(cfg, env, &canonical, msg),
+        Err(fault) => {
+            // Everything was undone: the job no longer holds anything here.
+            let _ = JobState::remove(&cfg.runtime_dir, env.job_id);
+            Err(fault)
+        }
+        ok => ok,
     }
 }
 
@@ -53,7 +69,7 @@ fn prepare(cfg: &Config, env: &JobEnv, mode: &GpuMode) -> Result<Report, Failure
         (TASK_GPUS_VAR.to_string(), format_gpu_list(&env.gpus)),
     ]
     .into();
-    let mut state = new_state(env, &canonical, BTreeMap::new(), None);
+    let mut state = new_state(env, &canonical, BTreeMap::new(), None, JobStatus::Ready);
     if let GpuMode::Mps(params) = mode {
         let gpus = NvmlGpus::from_config(cfg).map_err(|e| Failure::Node(format!("NVML: {e}")))?;
         let job = mps::setup(cfg, env, params, &gpus)?;
@@ -73,13 +89,27 @@ fn prepare(cfg: &Config, env: &JobEnv, mode: &GpuMode) -> Result<Report, Failure
 
 /// Records a refusal so the plugin fails the job's tasks with `message`.
 pub fn refuse(cfg: &Config, env: &JobEnv, mode: &str, message: String) -> Result<Report, Failure> {
-    save(cfg, new_state(env, mode, BTreeMap::new(), Some(message.clone())))?;
+    let message = bounded(&message);
+    save(cfg, new_state(env, &bounded(mode), BTreeMap::new(), Some(message.clone()), JobStatus::Ready))?;
     Err(Failure::Job(message))
 }
 
-fn new_state(env: &JobEnv, mode: &str, task_env: BTreeMap<String, String>, refusal: Option<String>) -> JobState {
+/// `text` cut to [`MAX_RECORDED_LEN`] bytes (at a character boundary).
+pub fn bounded(text: &str) -> String {
+    if text.len() <= MAX_RECORDED_LEN {
+        return text.to_string();
+    }
+    let mut end = MAX_RECORDED_LEN - 3;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &text[..end])
+}
+
+fn new_state(env: &JobEnv, mode: &str, task_env: BTreeMap<String, String>, refusal: Option<String>, status: JobStatus) -> JobState {
     JobState {
         version: STATE_VERSION,
+        status,
         job_id: env.job_id,
         uid: env.uid,
         gid: env.gid,
@@ -167,6 +197,21 @@ mod tests {
         let (_d, mut cfg, env) = setup(Some("mig:@half"));
         cfg.mig.layouts.insert("half".into(), "3g.40gbx2".into());
         assert_eq!(run(&cfg, &env).unwrap().outcome, Outcome::Ok);
+    }
+
+    #[test]
+    fn a_forged_huge_mode_value_is_refused_and_recorded_bounded() {
+        let huge = format!("mps:threads={}", "9".repeat(1_000_000));
+        let (_d, cfg, env) = setup(Some(&huge));
+        match run(&cfg, &env) {
+            Err(Failure::Job(msg)) => assert!(msg.len() <= MAX_RECORDED_LEN, "{}", msg.len()),
+            other => panic!("expected a job refusal, got {other:?}"),
+        }
+        let state = JobState::load(&cfg.runtime_dir, 77).unwrap();
+        assert!(state.mode.len() <= MAX_RECORDED_LEN && state.refusal.unwrap().len() <= MAX_RECORDED_LEN);
+        assert!(std::fs::metadata(crate::state::state_path(&cfg.runtime_dir, 77)).unwrap().len() < 4096);
+        assert_eq!(bounded("ab"), "ab");
+        assert_eq!(bounded(&"é".repeat(400)).len(), MAX_RECORDED_LEN - 1);
     }
 
     #[test]

@@ -1,9 +1,12 @@
 //! Talking to an MPS control daemon: `nvidia-cuda-mps-control` in client
 //! mode, commands on stdin, with the daemon's pipe directory in the
-//! environment. Run as root (root may use any user's control socket).
+//! environment. The client runs as the daemon's user (the daemon accepts its
+//! owner), never as root: its pipe directory is the user's, and root must not
+//! open paths inside it (audit item M11).
 
 use super::MpsError;
 use crate::command::run_with_timeout;
+use crate::privdrop::{run_as, Identity};
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -17,6 +20,8 @@ pub struct Control<'a> {
     pub program: &'a Path,
     pub pipe_dir: &'a Path,
     pub log_dir: &'a Path,
+    /// The daemon's owner, whom the client runs as.
+    pub who: &'a Identity,
 }
 
 impl Control<'_> {
@@ -24,6 +29,7 @@ impl Control<'_> {
     pub fn send(&self, commands: &[String], timeout: Duration) -> Result<String, MpsError> {
         let mut cmd = Command::new(self.program);
         cmd.env_clear().env(PIPE_VAR, self.pipe_dir).env(LOG_VAR, self.log_dir).current_dir("/");
+        run_as(&mut cmd, self.who);
         let input = commands.iter().map(|c| format!("{c}\n")).collect::<String>();
         let out = run_with_timeout(cmd, Some(input.as_bytes()), timeout).map_err(MpsError::Command)?;
         let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
@@ -85,12 +91,29 @@ mod tests {
     }
 
     #[test]
+    fn the_client_runs_as_the_daemons_owner() {
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: needs root to change user");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let fake = dir.path().join("ctl");
+        std::fs::write(&fake, "#!/bin/sh\n/usr/bin/id -u\n").unwrap();
+        std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let nobody = Identity { uid: 65534, gid: 65534, groups: vec![65534] };
+        let c = Control { program: &fake, pipe_dir: dir.path(), log_dir: dir.path(), who: &nobody };
+        assert_eq!(c.send(&["get_server_list".into()], Duration::from_secs(5)).unwrap().trim(), "65534");
+    }
+
+    #[test]
     fn a_missing_daemon_is_a_control_error() {
         let dir = tempfile::tempdir().unwrap();
         let fake = dir.path().join("ctl");
         std::fs::write(&fake, "#!/bin/sh\necho 'Cannot find MPS control daemon process' >&2\nexit 1\n").unwrap();
         std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-        let c = Control { program: &fake, pipe_dir: dir.path(), log_dir: dir.path() };
+        let me = Identity::of_user_or_bare(unsafe { libc::geteuid() }, unsafe { libc::getegid() });
+        let c = Control { program: &fake, pipe_dir: dir.path(), log_dir: dir.path(), who: &me };
         let err = c.send(&["quit".into()], Duration::from_secs(2)).unwrap_err().to_string();
         assert!(err.contains("quit") && err.contains("Cannot find MPS control daemon"), "{err}");
         assert!(c.wait_ready(Duration::from_millis(100)).is_err());

@@ -22,6 +22,10 @@ pub struct DaemonSpec<'a> {
     /// CUDA_VISIBLE_DEVICES for the daemon: GPU UUIDs, so the daemon, its
     /// servers and the clients agree on which GPUs are meant.
     pub devices: &'a [String],
+    /// Root-owned `<runtime>/mps`, and the daemon's directory name in it:
+    /// the pid file is read by walking from there without following links.
+    pub parent: &'a Path,
+    pub key: &'a str,
     pub pipe_dir: &'a Path,
     pub log_dir: &'a Path,
 }
@@ -57,17 +61,28 @@ pub fn start(spec: &DaemonSpec, timeout: Duration) -> Result<ProcId, MpsError> {
         )));
     }
     let id = wait_for_pid(spec, deadline)?;
-    let control = Control { program: spec.program, pipe_dir: spec.pipe_dir, log_dir: spec.log_dir };
+    let control = Control { program: spec.program, pipe_dir: spec.pipe_dir, log_dir: spec.log_dir, who: spec.who };
     control.wait_ready(deadline.saturating_duration_since(Instant::now()))?;
     Ok(id)
 }
 
+/// The pid file holds a decimal pid: a few bytes are plenty.
+const PID_FILE_MAX: usize = 32;
+
 /// Reads the daemon's pid file and checks the process is an MPS daemon of
 /// the right user, so a stale or forged file cannot make us track a stranger.
+/// The file is in the user's directory: it is read without following links,
+/// non-blocking and bounded (audit item H1), so a FIFO or a link to
+/// /dev/zero there cannot hang or exhaust the prolog.
 fn wait_for_pid(spec: &DaemonSpec, deadline: Instant) -> Result<ProcId, MpsError> {
     let path = spec.pipe_dir.join(PID_FILE);
     loop {
-        let pid = std::fs::read_to_string(&path).ok().and_then(|t| t.trim().parse::<i32>().ok());
+        let text = match crate::fsutil::read_user_file(spec.parent, &[spec.key, "pipe", PID_FILE], spec.who.uid, PID_FILE_MAX) {
+            Ok(bytes) => Some(bytes),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(MpsError::Start(format!("daemon pid file: {e}"))),
+        };
+        let pid = text.and_then(|t| String::from_utf8_lossy(&t).trim().parse::<i32>().ok());
         if let Some(p) = pid.and_then(procfs::read) {
             if p.comm.starts_with(MPS_COMM) && p.uid == spec.who.uid {
                 return Ok(p.id());
@@ -88,27 +103,41 @@ fn wait_for_pid(spec: &DaemonSpec, deadline: Instant) -> Result<ProcId, MpsError
     }
 }
 
+/// Whose processes a daemon's are: the daemon (when known), its user, and
+/// its pipe directory.
+#[derive(Debug, Clone, Copy)]
+pub struct DaemonId<'a> {
+    pub daemon: Option<ProcId>,
+    pub uid: u32,
+    pub pipe_dir: &'a Path,
+}
+
 /// The daemon (if still alive as the same process) and every MPS server it
-/// started: children of the daemon, or MPS processes whose environment names
-/// the daemon's pipe directory (servers outlive a killed daemon).
-pub fn processes(daemon: ProcId, pipe_dir: &Path, all: &[ProcInfo]) -> Vec<ProcInfo> {
-    let pipe = pipe_dir.to_string_lossy();
+/// started: children of the daemon *process* (the parent's pid and start
+/// time must match, so a reused pid adopts nothing: audit item M4), or MPS
+/// processes whose environment names the daemon's pipe directory (servers
+/// outlive a killed daemon; an intent record knows only this). All of them
+/// run as the daemon's user.
+pub fn processes(of: DaemonId, all: &[ProcInfo]) -> Vec<ProcInfo> {
+    let pipe = of.pipe_dir.to_string_lossy();
+    let is_daemon = |p: &ProcInfo| of.daemon == Some(p.id());
+    let parent_is_daemon = |p: &ProcInfo| {
+        of.daemon.is_some_and(|d| d.pid == p.ppid && all.iter().any(|q| q.id() == d))
+    };
     all.iter()
-        .filter(|p| p.comm.starts_with(MPS_COMM))
-        .filter(|p| {
-            p.id() == daemon
-                || p.ppid == daemon.pid
-                || procfs::environ_var(p.pid, PIPE_VAR).is_some_and(|v| v == pipe)
-        })
+        .filter(|p| p.comm.starts_with(MPS_COMM) && p.uid == of.uid)
+        .filter(|p| is_daemon(p) || parent_is_daemon(p) || procfs::environ_var(p.pid, PIPE_VAR).is_some_and(|v| v == pipe))
         .cloned()
         .collect()
 }
 
-/// Whether a process still counts as present. A zombie whose parent is init
-/// has ended and only waits to be reaped (containers reap late); any other
-/// zombie, or a process in uninterruptible sleep, is a survivor.
+/// Whether a process still counts as present. A zombie has ended: it holds
+/// no GPU, no memory and no file, and only waits for its parent to reap it
+/// (containers and a user's own non-reaping process reap late or never). It
+/// is the user's leftover at worst, never a reason to drain (audit item M3).
+/// Anything else, a process stuck in the kernel (D) included, is present.
 pub fn still_present(p: &ProcInfo) -> bool {
-    !(p.state == 'Z' && p.ppid == 1)
+    p.state != 'Z'
 }
 
 /// What the stop sequence left behind.
@@ -120,48 +149,60 @@ pub struct StopOutcome {
     pub quit_worked: bool,
     /// Processes that needed a signal.
     pub signalled: Vec<i32>,
+    /// Ended processes that wait for their parent to reap them, with the
+    /// parent: (zombie pid, parent pid).
+    pub unreaped: Vec<(i32, i32)>,
 }
 
 /// Stops a daemon and its servers: `quit` through the control socket, then
 /// SIGTERM, then SIGKILL to whatever is left, each step bounded.
-pub fn stop(control: &Control, daemon: ProcId, quit_timeout: Duration, kill_timeout: Duration) -> StopOutcome {
-    let mut tracked: Vec<ProcInfo> = processes(daemon, control.pipe_dir, &procfs::all());
+pub fn stop(control: &Control, daemon: Option<ProcId>, quit_timeout: Duration, kill_timeout: Duration) -> StopOutcome {
+    let of = DaemonId { daemon, uid: control.who.uid, pipe_dir: control.pipe_dir };
+    let mut tracked: Vec<ProcInfo> = processes(of, &procfs::all());
     let _ = control.send(&["quit".to_string()], quit_timeout);
-    let quit_worked = wait_gone(&mut tracked, control.pipe_dir, daemon, quit_timeout);
+    let mut zombies = Vec::new();
+    let quit_worked = wait_gone(&mut tracked, &mut zombies, of, quit_timeout);
     let mut signalled = Vec::new();
     for signal in [libc::SIGTERM, libc::SIGKILL] {
         if tracked.is_empty() {
             break;
         }
         for p in &tracked {
-            // Only signal the very process we tracked (same start time).
-            if procfs::find(p.id()).is_some() {
-                unsafe { libc::kill(p.pid, signal) };
+            // Only the very process we tracked, pinned by a pidfd.
+            if procfs::signal_exact(p.id(), signal) {
                 signalled.push(p.pid);
             }
         }
-        wait_gone(&mut tracked, control.pipe_dir, daemon, kill_timeout);
+        wait_gone(&mut tracked, &mut zombies, of, kill_timeout);
     }
     signalled.sort_unstable();
     signalled.dedup();
-    StopOutcome { survivors: tracked, quit_worked, signalled }
+    let unreaped = zombies.iter().filter_map(|z| procfs::find(z.id()).map(|p| (p.pid, p.ppid))).collect();
+    StopOutcome { survivors: tracked, quit_worked, signalled, unreaped }
 }
 
 /// Waits until every tracked process is gone; keeps tracking servers that
-/// appear meanwhile. Returns whether all went within `timeout`.
-fn wait_gone(tracked: &mut Vec<ProcInfo>, pipe_dir: &Path, daemon: ProcId, timeout: Duration) -> bool {
+/// appear meanwhile. Processes that became zombies move to `zombies`.
+/// Returns whether all went within `timeout`.
+fn wait_gone(tracked: &mut Vec<ProcInfo>, zombies: &mut Vec<ProcInfo>, of: DaemonId, timeout: Duration) -> bool {
     let deadline = Instant::now() + timeout;
     loop {
         let now = procfs::all();
-        for p in processes(daemon, pipe_dir, &now) {
+        for p in processes(of, &now) {
             if !tracked.iter().any(|t| t.id() == p.id()) {
                 tracked.push(p);
             }
         }
         tracked.retain_mut(|t| match now.iter().find(|p| p.id() == t.id()) {
-            Some(p) => {
+            Some(p) if still_present(p) => {
                 *t = p.clone();
-                still_present(p)
+                true
+            }
+            Some(p) => {
+                if !zombies.iter().any(|z| z.id() == p.id()) {
+                    zombies.push(p.clone());
+                }
+                false
             }
             None => false,
         });
@@ -184,11 +225,12 @@ mod tests {
     }
 
     #[test]
-    fn survivors_are_live_or_stuck_processes_but_not_zombies_awaiting_init() {
+    fn survivors_are_live_or_stuck_processes_never_zombies() {
         let cases = [
             (p(10, 1, 'S', MPS_COMM), true),
             (p(10, 1, 'D', MPS_COMM), true),
-            (p(10, 55, 'Z', MPS_COMM), true),
+            // A zombie under a user's non-reaping process is not a survivor.
+            (p(10, 55, 'Z', MPS_COMM), false),
             (p(10, 1, 'Z', MPS_COMM), false),
         ];
         for (proc_, want) in cases {
@@ -199,14 +241,52 @@ mod tests {
     #[test]
     fn processes_match_the_daemon_and_its_children_only() {
         let daemon = ProcId { pid: 10, start_time: 110 };
+        let of = DaemonId { daemon: Some(daemon), uid: 1000, pipe_dir: Path::new("/nonexistent/pipe") };
         let all = vec![
             p(10, 1, 'S', MPS_COMM),           // the daemon
             p(11, 10, 'S', MPS_COMM),          // its server
             p(12, 10, 'S', "python3"),         // a client forked by nobody we own
             p(13, 1, 'S', MPS_COMM),           // another daemon
             ProcInfo { start_time: 999, ..p(10, 1, 'S', MPS_COMM) }, // pid reused
+            ProcInfo { uid: 0, ..p(14, 10, 'S', MPS_COMM) },          // not the user's
         ];
-        let got: Vec<i32> = processes(daemon, Path::new("/nonexistent/pipe"), &all).iter().map(|p| p.pid).collect();
+        let got: Vec<i32> = processes(of, &all).iter().map(|p| p.pid).collect();
         assert_eq!(got, vec![10, 11]);
+    }
+
+    /// Audit item H1: the user's daemon (here a stand-in that plants a FIFO
+    /// as its pid file, as a hostile user could) must not hang the prolog.
+    #[test]
+    fn a_fifo_as_pid_file_fails_the_start_at_once_instead_of_hanging() {
+        let dir = tempfile::tempdir().unwrap();
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        crate::fsutil::create_user_tree(dir.path(), "k", &["pipe", "log"], uid, gid, 0o700).unwrap();
+        let program = dir.path().join("fake-control");
+        let script = format!("#!/bin/sh\n/usr/bin/mkfifo \"$CUDA_MPS_PIPE_DIRECTORY/{PID_FILE}\"\nexit 0\n");
+        std::fs::write(&program, script).unwrap();
+        std::fs::set_permissions(&program, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let (parent, program2) = (dir.path().to_path_buf(), program.clone());
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let who = Identity::of_user_or_bare(uid, gid);
+            let (pipe, log) = (parent.join("k/pipe"), parent.join("k/log"));
+            let spec = DaemonSpec { program: &program2, who: &who, devices: &[], parent: &parent, key: "k", pipe_dir: &pipe, log_dir: &log };
+            let _ = tx.send(start(&spec, Duration::from_secs(3)).map(|_| ()).map_err(|e| e.to_string()));
+        });
+        let got = rx.recv_timeout(Duration::from_secs(10)).expect("the start hung on the FIFO");
+        let err = got.unwrap_err();
+        assert!(err.contains("is not a regular file"), "{err}");
+    }
+
+    #[test]
+    fn children_of_a_reused_daemon_pid_are_not_adopted() {
+        // The daemon (pid 10, started at 110) is gone; pid 10 now belongs to
+        // another process of the same user whose child is an MPS process.
+        let of = DaemonId { daemon: Some(ProcId { pid: 10, start_time: 110 }), uid: 1000, pipe_dir: Path::new("/nonexistent/pipe") };
+        let all = vec![ProcInfo { start_time: 555, ..p(10, 1, 'S', "bash") }, p(11, 10, 'S', MPS_COMM)];
+        assert!(processes(of, &all).is_empty());
+        // An intent record (no daemon yet) adopts no child at all.
+        let intent = DaemonId { daemon: None, ..of };
+        assert!(processes(intent, &[p(10, 1, 'S', MPS_COMM), p(11, 10, 'S', MPS_COMM)]).is_empty());
     }
 }

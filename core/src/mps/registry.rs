@@ -12,7 +12,9 @@ use crate::state::{parse_versioned, write_json, StateError};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
-pub const REGISTRY_VERSION: u32 = 1;
+/// Version 2: `daemon` may be absent (an intent record written before the
+/// daemon is spawned). Version 1 records still load.
+pub const REGISTRY_VERSION: u32 = 2;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -25,7 +27,10 @@ pub struct DaemonRecord {
     pub gpus: Vec<u32>,
     /// Their UUIDs, same order (what the daemon's CUDA_VISIBLE_DEVICES holds).
     pub gpu_uuids: Vec<String>,
-    pub daemon: ProcId,
+    /// `None` in the intent record saved before the daemon is spawned: a
+    /// prolog killed mid-start then leaves a record that says where to look
+    /// (processes serving `pipe_dir`) instead of an unknown daemon.
+    pub daemon: Option<ProcId>,
     pub pipe_dir: PathBuf,
     pub log_dir: PathBuf,
     /// Jobs using the daemon; it is stopped when the last one ends.
@@ -47,9 +52,27 @@ pub fn registry_dir(runtime_dir: &Path) -> PathBuf {
     runtime_dir.join("mps-daemons")
 }
 
+/// Root-owned parent of every daemon's directory.
+pub fn daemons_parent(runtime_dir: &Path) -> PathBuf {
+    runtime_dir.join("mps")
+}
+
 /// The directory holding a daemon's `pipe/` and `log/`.
 pub fn daemon_dir(runtime_dir: &Path, key: &str) -> PathBuf {
-    runtime_dir.join("mps").join(key)
+    daemons_parent(runtime_dir).join(key)
+}
+
+/// Creates `<runtime>/mps/<key>/{pipe,log}` for the daemon's user, mode 0700,
+/// without a window in which the user could redirect root's chown (audit
+/// item C1: see [`crate::fsutil::create_user_tree`]). Returns (pipe, log).
+pub fn create_daemon_dirs(runtime_dir: &Path, key: &str, uid: u32, gid: u32) -> std::io::Result<(PathBuf, PathBuf)> {
+    let parent = daemons_parent(runtime_dir);
+    let (root_uid, root_gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    // Users must reach their own pipe directory through it: 0755, root's.
+    crate::fsutil::ensure_private_dir(&parent, root_uid, root_gid, 0o755)?;
+    crate::fsutil::create_user_tree(&parent, key, &["pipe", "log"], uid, gid, 0o700)?;
+    let dir = daemon_dir(runtime_dir, key);
+    Ok((dir.join("pipe"), dir.join("log")))
 }
 
 fn record_path(runtime_dir: &Path, key: &str) -> PathBuf {
@@ -60,7 +83,8 @@ impl DaemonRecord {
     pub fn save(&self, runtime_dir: &Path) -> Result<(), StateError> {
         let dir = registry_dir(runtime_dir);
         let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
-        crate::fsutil::ensure_private_dir(&dir, uid, gid, 0o755)
+        // Root-only: the records name users' daemons and directories.
+        crate::fsutil::ensure_private_dir(&dir, uid, gid, 0o700)
             .map_err(|source| StateError::Io { path: dir.clone(), source })?;
         write_json(&record_path(runtime_dir, &self.key), self)
     }
@@ -73,9 +97,22 @@ impl DaemonRecord {
     pub fn load(runtime_dir: &Path, key: &str) -> Result<Option<DaemonRecord>, StateError> {
         let path = record_path(runtime_dir, key);
         match std::fs::read(&path) {
-            Ok(text) => parse_versioned(&text, &path, REGISTRY_VERSION).map(Some),
+            Ok(text) => Self::parse(&text, &path).map(Some),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(source) => Err(StateError::Io { path, source }),
+        }
+    }
+
+    /// Parses a record of this version or of version 1 (whose daemon was
+    /// always known).
+    fn parse(text: &[u8], path: &Path) -> Result<DaemonRecord, StateError> {
+        match parse_versioned::<DaemonRecord>(text, path, REGISTRY_VERSION) {
+            Err(StateError::Version { found: 1, .. }) => {
+                let mut v1: serde_json::Value = parse_versioned(text, path, 1)?;
+                v1["version"] = REGISTRY_VERSION.into();
+                serde_json::from_value(v1).map_err(|e| StateError::Corrupt { path: path.to_path_buf(), detail: e.to_string() })
+            }
+            other => other,
         }
     }
 
@@ -121,7 +158,7 @@ pub(crate) fn test_record(uid: u32, gpus: &[u32], jobs: &[u32]) -> DaemonRecord 
         gid: uid,
         gpus: gpus.to_vec(),
         gpu_uuids: gpus.iter().map(|g| format!("GPU-{g}")).collect(),
-        daemon: ProcId { pid: 99, start_time: 5 },
+        daemon: Some(ProcId { pid: 99, start_time: 5 }),
         pipe_dir: "/p".into(),
         log_dir: "/l".into(),
         jobs: jobs.to_vec(),
@@ -160,6 +197,22 @@ mod tests {
         DaemonRecord::remove(dir.path(), "7-0").unwrap();
         DaemonRecord::remove(dir.path(), "7-0").unwrap();
         assert_eq!(DaemonRecord::all(dir.path()).unwrap(), vec![b]);
+    }
+
+    #[test]
+    fn a_version_1_record_still_loads() {
+        let dir = tempfile::tempdir().unwrap();
+        let rec = record("7-0", 7, &[0], &[1]);
+        rec.save(dir.path()).unwrap();
+        let path = registry_dir(dir.path()).join("7-0.json");
+        let mut v1: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        v1["version"] = 1.into();
+        std::fs::write(&path, serde_json::to_vec(&v1).unwrap()).unwrap();
+        assert_eq!(DaemonRecord::load(dir.path(), "7-0").unwrap(), Some(rec));
+        v1["version"] = 3.into();
+        std::fs::write(&path, serde_json::to_vec(&v1).unwrap()).unwrap();
+        let err = DaemonRecord::load(dir.path(), "7-0").unwrap_err().to_string();
+        assert!(err.contains("format version 3"), "{err}");
     }
 
     #[test]

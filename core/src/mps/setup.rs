@@ -2,7 +2,7 @@
 
 use super::control::{parameter_commands, Control, LOG_VAR, PIPE_VAR};
 use super::daemon::{self, DaemonSpec};
-use super::registry::{daemon_dir, daemon_key, DaemonRecord, REGISTRY_VERSION};
+use super::registry::{create_daemon_dirs, daemon_dir, daemon_key, daemons_parent, DaemonRecord, REGISTRY_VERSION};
 use super::teardown::dismantle;
 use crate::config::Config;
 use crate::gpu::{apply_compute_mode, Applied, GpuOps};
@@ -66,7 +66,9 @@ pub fn setup(cfg: &Config, env: &JobEnv, params: &MpsParams, ops: &dyn GpuOps) -
     let _locks = GpuLocks::acquire(&cfg.runtime_dir, &env.gpus, ms(cfg.mps.lock_timeout_ms))
         .map_err(|e| node("locking GPUs", &e))?;
     let records = DaemonRecord::all(&cfg.runtime_dir).map_err(|e| node("reading the daemon registry", &e))?;
-    let (live, stale): (Vec<_>, Vec<_>) = records.into_iter().partition(|r| procfs::find(r.daemon).is_some());
+    // Under the locks, an intent record (no daemon) is a prolog that died
+    // mid-start: stale like a record whose daemon is gone.
+    let (live, stale): (Vec<_>, Vec<_>) = records.into_iter().partition(|r| r.daemon.and_then(procfs::find).is_some());
     for rec in stale.iter().filter(|r| r.gpus.iter().any(|g| env.gpus.contains(g))) {
         // A daemon that died (or a node that rebooted with /run kept): clear
         // what it left before its GPUs are used again.
@@ -113,8 +115,9 @@ fn ms(v: u64) -> Duration {
 #[derive(Default)]
 struct Undo {
     saved_modes: Vec<(u32, crate::gpu::ComputeMode)>,
-    dir: Option<std::path::PathBuf>,
-    daemon: Option<crate::procfs::ProcId>,
+    /// The registry record, once saved (intent or final).
+    record: Option<DaemonRecord>,
+    dir: bool,
 }
 
 fn start_new(cfg: &Config, env: &JobEnv, params: &MpsParams, ops: &dyn GpuOps) -> Result<DaemonRecord, Failure> {
@@ -144,69 +147,88 @@ fn start_steps(
         .map(|&g| ops.inventory(g).map(|i| i.uuid))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| e.to_string())?;
-    for &gpu in gpus {
-        if let Applied::Changed { from, .. } =
-            apply_compute_mode(ops, gpu, cfg.gpu.mps_compute_mode).map_err(|e| e.to_string())?
-        {
-            undo.saved_modes.push((gpu, from));
-        }
-    }
     let dir = daemon_dir(&cfg.runtime_dir, key);
-    let (pipe_dir, log_dir) = (dir.join("pipe"), dir.join("log"));
-    let (root_uid, root_gid) = unsafe { (libc::geteuid(), libc::getegid()) };
-    crate::fsutil::ensure_private_dir(&cfg.runtime_dir.join("mps"), root_uid, root_gid, 0o755)
-        .map_err(|e| format!("creating {}: {e}", cfg.runtime_dir.join("mps").display()))?;
-    undo.dir = Some(dir.clone());
-    for d in [&dir, &pipe_dir, &log_dir] {
-        crate::fsutil::ensure_private_dir(d, env.uid, env.gid, 0o700).map_err(|e| format!("creating {}: {e}", d.display()))?;
-    }
-    let who = Identity::of_user(env.uid, env.gid).map_err(|e| e.to_string())?;
-    let spec = DaemonSpec { program: &cfg.mps.control, who: &who, devices: &uuids, pipe_dir: &pipe_dir, log_dir: &log_dir };
-    let id = daemon::start(&spec, ms(cfg.mps.start_timeout_ms)).map_err(|e| e.to_string())?;
-    undo.daemon = Some(id);
-    let commands = parameter_commands(params.threads, params.mem, gpus.len());
-    if !commands.is_empty() {
-        let control = Control { program: &cfg.mps.control, pipe_dir: &pipe_dir, log_dir: &log_dir };
-        control.send(&commands, ms(cfg.mps.start_timeout_ms)).map_err(|e| e.to_string())?;
-    }
-    let record = DaemonRecord {
+    // The intent record comes first: whatever this prolog does next, a later
+    // prolog or epilog finds it and knows what to undo (audit item H1).
+    let mut record = DaemonRecord {
         version: REGISTRY_VERSION,
         key: key.to_string(),
         uid: env.uid,
         gid: env.gid,
         gpus: gpus.to_vec(),
         gpu_uuids: uuids,
-        daemon: id,
-        pipe_dir,
-        log_dir,
+        daemon: None,
+        pipe_dir: dir.join("pipe"),
+        log_dir: dir.join("log"),
         jobs: vec![env.job_id],
-        saved_compute_modes: undo.saved_modes.clone(),
+        saved_compute_modes: Vec::new(),
     };
-    record.save(&cfg.runtime_dir).map_err(|e| e.to_string())?;
+    save_record(cfg, &record, undo)?;
+    for &gpu in gpus {
+        if let Applied::Changed { from, .. } =
+            apply_compute_mode(ops, gpu, cfg.gpu.mps_compute_mode).map_err(|e| e.to_string())?
+        {
+            undo.saved_modes.push((gpu, from));
+            record.saved_compute_modes = undo.saved_modes.clone();
+            save_record(cfg, &record, undo)?;
+        }
+    }
+    undo.dir = true;
+    create_daemon_dirs(&cfg.runtime_dir, key, env.uid, env.gid)
+        .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let who = Identity::of_user(env.uid, env.gid).map_err(|e| e.to_string())?;
+    let spec = DaemonSpec {
+        program: &cfg.mps.control,
+        who: &who,
+        devices: &record.gpu_uuids,
+        parent: &daemons_parent(&cfg.runtime_dir),
+        key,
+        pipe_dir: &record.pipe_dir,
+        log_dir: &record.log_dir,
+    };
+    record.daemon = Some(daemon::start(&spec, ms(cfg.mps.start_timeout_ms)).map_err(|e| e.to_string())?);
+    save_record(cfg, &record, undo)?;
+    let commands = parameter_commands(params.threads, params.mem, gpus.len());
+    if !commands.is_empty() {
+        let control = Control { program: &cfg.mps.control, pipe_dir: &record.pipe_dir, log_dir: &record.log_dir, who: &who };
+        control.send(&commands, ms(cfg.mps.start_timeout_ms)).map_err(|e| e.to_string())?;
+    }
     Ok(record)
+}
+
+fn save_record(cfg: &Config, record: &DaemonRecord, undo: &mut Undo) -> Result<(), String> {
+    record.save(&cfg.runtime_dir).map_err(|e| e.to_string())?;
+    undo.record = Some(record.clone());
+    Ok(())
 }
 
 /// Undoes the steps of a failed start; returns "; undo: ..." when some undo
 /// step failed too (the node then needs a look).
 fn roll_back(cfg: &Config, ops: &dyn GpuOps, dir: &std::path::Path, undo: &mut Undo) -> String {
     let mut errors = Vec::new();
-    if let Some(id) = undo.daemon.take() {
-        let control = Control { program: &cfg.mps.control, pipe_dir: &dir.join("pipe"), log_dir: &dir.join("log") };
-        let out = daemon::stop(&control, id, ms(cfg.mps.quit_timeout_ms), ms(cfg.mps.kill_timeout_ms));
+    if let Some(rec) = &undo.record {
+        // Stops the daemon if it started, or any process serving its pipe
+        // directory if the start was cut short.
+        let who = Identity::of_user_or_bare(rec.uid, rec.gid);
+        let control = Control { program: &cfg.mps.control, pipe_dir: &rec.pipe_dir, log_dir: &rec.log_dir, who: &who };
+        let out = daemon::stop(&control, rec.daemon, ms(cfg.mps.quit_timeout_ms), ms(cfg.mps.kill_timeout_ms));
         if let Some(p) = out.survivors.first() {
             errors.push(format!("MPS process {} survived SIGKILL", p.pid));
         }
     }
-    if let Some(d) = undo.dir.take() {
-        if let Err(e) = std::fs::remove_dir_all(&d) {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                errors.push(format!("removing {}: {e}", d.display()));
-            }
+    if std::mem::take(&mut undo.dir) {
+        if let Err(e) = crate::fsutil::remove_tree_if_present(dir) {
+            errors.push(format!("removing {}: {e}", dir.display()));
         }
     }
     for (gpu, mode) in undo.saved_modes.drain(..).rev() {
         if let Err(e) = ops.set_compute_mode(gpu, mode) {
             errors.push(format!("restoring compute mode of GPU {gpu}: {e}"));
+        }
+    }
+    if let Some(rec) = undo.record.take() {
+        if let Err(e) = DaemonRecord::remove(&cfg.runtime_dir, &rec.key) {
+            errors.push(e.to_string());
         }
     }
     if errors.is_empty() {

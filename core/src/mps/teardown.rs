@@ -8,6 +8,7 @@ use crate::config::Config;
 use crate::gpu::{GpuOps, NvmlGpus};
 use crate::gpu_lock::GpuLocks;
 use crate::lifecycle::Failure;
+use crate::privdrop::Identity;
 use crate::state::JobState;
 use std::time::Duration;
 
@@ -18,7 +19,9 @@ pub enum TeardownOutcome {
     /// Other jobs still use the daemon; it keeps running.
     Released { key: String, remaining: Vec<u32> },
     /// The job was the last: the daemon is stopped and everything undone.
-    Stopped { key: String, quit_worked: bool, signalled: Vec<i32> },
+    /// `unreaped`: (zombie, parent) pairs its processes left, ended and
+    /// holding nothing, waiting for a parent that is not ours to reap them.
+    Stopped { key: String, quit_worked: bool, signalled: Vec<i32>, unreaped: Vec<(i32, i32)> },
 }
 
 /// Drops `job_id` from its daemon and stops the daemon if it was the last
@@ -36,8 +39,8 @@ pub fn teardown(cfg: &Config, job_id: u32, key: Option<&str>) -> Result<Teardown
     else {
         return Ok(TeardownOutcome::NoDaemon);
     };
-    rec.jobs.retain(|&j| j != job_id && job_is_live(cfg, j));
-    let daemon_alive = crate::procfs::find(rec.daemon).is_some();
+    rec.jobs.retain(|&j| j != job_id && JobState::is_live(&cfg.runtime_dir, j));
+    let daemon_alive = rec.daemon.and_then(crate::procfs::find).is_some();
     if !rec.jobs.is_empty() && daemon_alive {
         rec.save(&cfg.runtime_dir).map_err(|e| node("saving the daemon registry", &e))?;
         return Ok(TeardownOutcome::Released { key: rec.key, remaining: rec.jobs });
@@ -50,7 +53,7 @@ pub fn teardown(cfg: &Config, job_id: u32, key: Option<&str>) -> Result<Teardown
         Some(&gpus)
     };
     let out = dismantle(cfg, &rec, job_id, ops)?;
-    Ok(TeardownOutcome::Stopped { key: rec.key, quit_worked: out.quit_worked, signalled: out.signalled })
+    Ok(TeardownOutcome::Stopped { key: rec.key, quit_worked: out.quit_worked, signalled: out.signalled, unreaped: out.unreaped })
 }
 
 fn find_record(cfg: &Config, job_id: u32, key: Option<&str>) -> Result<Option<DaemonRecord>, crate::state::StateError> {
@@ -60,17 +63,14 @@ fn find_record(cfg: &Config, job_id: u32, key: Option<&str>) -> Result<Option<Da
     }
 }
 
-/// A job is still on this node while its state file exists (the epilog
-/// removes it last).
-fn job_is_live(cfg: &Config, job_id: u32) -> bool {
-    JobState::load(&cfg.runtime_dir, job_id).is_ok()
-}
-
 /// Stops the daemon and its servers, restores the compute modes, removes the
-/// directories and the record. Survivors become the drain reason
-/// `MPS zombie pid <p> (job <j>, GPU <uuid>)`. The caller holds the GPU locks.
+/// directories and the record. A process that survives SIGKILL (stuck in
+/// the kernel) becomes the drain reason `MPS zombie pid <p> (job <j>, GPU
+/// <uuid>)`; an ended process its parent has not reaped is no survivor. The
+/// caller holds the GPU locks.
 pub fn dismantle(cfg: &Config, rec: &DaemonRecord, job_id: u32, ops: Option<&dyn GpuOps>) -> Result<StopOutcome, Failure> {
-    let control = Control { program: &cfg.mps.control, pipe_dir: &rec.pipe_dir, log_dir: &rec.log_dir };
+    let who = Identity::of_user_or_bare(rec.uid, rec.gid);
+    let control = Control { program: &cfg.mps.control, pipe_dir: &rec.pipe_dir, log_dir: &rec.log_dir, who: &who };
     let out = daemon::stop(
         &control,
         rec.daemon,
@@ -88,10 +88,8 @@ pub fn dismantle(cfg: &Config, rec: &DaemonRecord, job_id: u32, ops: Option<&dyn
         }
     }
     let dir = daemon_dir(&cfg.runtime_dir, &rec.key);
-    if let Err(e) = std::fs::remove_dir_all(&dir) {
-        if e.kind() != std::io::ErrorKind::NotFound {
-            errors.push(format!("cannot remove {}: {e}", dir.display()));
-        }
+    if let Err(e) = crate::fsutil::remove_tree_if_present(&dir) {
+        errors.push(format!("cannot remove {}: {e}", dir.display()));
     }
     if let Err(e) = DaemonRecord::remove(&cfg.runtime_dir, &rec.key) {
         errors.push(e.to_string());

@@ -1,5 +1,5 @@
 //! A simulated node for tests: a state file from an nvml-sim fixture, and
-//! GPU_MODE_NVML_LIBRARY pointing at the simulated libnvidia-ml, so the GPU
+//! a config whose `[nvml] library` is the simulated libnvidia-ml, so the GPU
 //! layer runs its production path (nvml-wrapper loading a library).
 //!
 //! libnvml_sim.so is built by cargo because nvml-sim is a dev-dependency of
@@ -29,6 +29,13 @@ pub fn sim_library() -> PathBuf {
     })
 }
 
+/// A site config whose `[nvml] library` is the simulated one.
+pub fn config() -> gpu_mode_core::Config {
+    let mut cfg = gpu_mode_core::Config::default();
+    cfg.nvml.library = Some(sim_library());
+    cfg
+}
+
 pub struct SimNode {
     _dir: tempfile::TempDir,
     pub state: PathBuf,
@@ -44,13 +51,12 @@ impl SimNode {
         nvml_sim::store::create(&state, &nvml_sim::fixtures_dir().join(fixture)).unwrap();
         std::env::set_var(nvml_sim::store::STATE_ENV, &state);
         std::env::remove_var(nvml_sim::store::FIXTURE_ENV);
-        std::env::set_var("GPU_MODE_NVML_LIBRARY", sim_library());
         SimNode { _dir: dir, state, _lock: lock }
     }
 
     /// The GPU layer, opened the way the helpers open it: from the config.
     pub fn gpus(&self) -> NvmlGpus {
-        NvmlGpus::from_config(&gpu_mode_core::Config::default()).expect("open the simulated NVML")
+        NvmlGpus::from_config(&config()).expect("open the simulated NVML")
     }
 
     /// Changes the node as nvml-sim-ctl would.

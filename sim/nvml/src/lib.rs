@@ -1,8 +1,8 @@
 //! A simulated libnvidia-ml. Built as a cdylib, it exports the NVML C functions
 //! that slurm-gpu-mode's GPU layer calls, with NVML's signatures and return
 //! codes, so the production code path (nvml-wrapper loading a libnvidia-ml)
-//! runs unchanged on machines without GPUs: point `GPU_MODE_NVML_LIBRARY` at
-//! `libnvml_sim.so`.
+//! runs unchanged on machines without GPUs: point the site config's
+//! `[nvml] library` at `libnvml_sim.so`.
 //!
 //! The node lives in a JSON state file (`GPU_MODE_SIM_STATE`) shared by all
 //! processes under an flock; it is created from a TOML node fixture
