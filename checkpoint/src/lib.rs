@@ -1,6 +1,6 @@
 //! Human-readable reports shared by gpu-mode-checkpoint and the benchmark.
 
-use gpu_mode_core::checkpoint::{CheckpointReport, Phase, RestoreReport, StateReport, Step};
+use gpu_mode_core::checkpoint::{CheckpointReport, Phase, RecordStatus, RestoreReport, StateReport, Step};
 
 const GIB: f64 = (1u64 << 30) as f64;
 
@@ -48,8 +48,14 @@ pub fn describe_checkpoint(r: &CheckpointReport) -> String {
 
 pub fn describe_restore(r: &RestoreReport) -> String {
     let mut out = summary("restored", &r.target, r.restored.len(), r.bytes(), r.total_ms, &r.phases);
+    if r.record_status != RecordStatus::Complete {
+        out.push_str(&format!("\n  from a checkpoint that did not complete (record {})", r.record_status.name()));
+    }
     if !r.unlocked_only.is_empty() {
         out.push_str(&format!("\n  unlocked only (restored earlier): {:?}", r.unlocked_only));
+    }
+    if !r.gone.is_empty() {
+        out.push_str(&format!("\n  exited since, nothing to restore: {:?}", r.gone));
     }
     out
 }
@@ -59,6 +65,9 @@ pub fn describe_state(r: &StateReport) -> String {
     if let Some(rec) = &r.record {
         out.push_str(&format!(" checkpoint record {rec}"));
     }
+    if let Some(status) = r.record_status {
+        out.push_str(&format!(" ({})", status.name()));
+    }
     if r.processes.is_empty() {
         out.push_str("\n  no CUDA process");
     }
@@ -67,6 +76,12 @@ pub fn describe_state(r: &StateReport) -> String {
         out.push_str(&format!("\n  pid {}: {state}, {} GPU file(s)", p.pid, p.gpu_files));
         if let Some(tid) = p.restore_thread {
             out.push_str(&format!(", restore thread {tid}"));
+        }
+        if let Some(phase) = p.phase {
+            out.push_str(&format!(", recorded {}", phase.name()));
+        }
+        if let Some(call) = &p.unanswered {
+            out.push_str(&format!(" [{call}]"));
         }
         if let Some(e) = &p.error {
             out.push_str(&format!(" ({e})"));

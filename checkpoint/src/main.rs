@@ -8,6 +8,7 @@ use gpu_mode_core::checkpoint::{Checkpointer, CudaDriver, DeviceMap, Nvml, ProcF
 use gpu_mode_core::log::{ActionLine, Outcome};
 use gpu_mode_core::Config;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 #[derive(Parser)]
 #[command(name = "gpu-mode-checkpoint", about = "CUDA checkpoint/restore of a process or a Slurm job's processes")]
@@ -97,7 +98,7 @@ fn run(cli: &Cli, cfg: &Config, target: &Target) -> anyhow::Result<String> {
     let driver = CudaDriver::load(cfg.checkpoint.cuda_library.as_deref())?;
     let nvml = Nvml::load(cfg.nvml_library().as_deref()).map_err(anyhow::Error::msg)?;
     let host = ProcFs::default();
-    let ckpt = Checkpointer { driver: &driver, host: &host, gpus: &nvml, settings: Settings::from_config(cfg) };
+    let ckpt = Checkpointer::new(Arc::new(driver), &host, &nvml, Settings::from_config(cfg));
     let json = |v: serde_json::Result<String>| v.map_err(anyhow::Error::from);
     Ok(match &cli.verb {
         Verb::Checkpoint(_) => {

@@ -18,6 +18,9 @@ pub const DEFAULT_CONFIG_PATH: &str = "/etc/slurm-gpu-mode/config.toml";
 pub struct Config {
     /// Root-owned directory for per-job state and per-job MPS directories.
     pub runtime_dir: PathBuf,
+    /// Bound on a whole prolog/epilog run; past it the helper drains the node
+    /// naming the step that hung and exits (slurmd waits forever by default).
+    pub hook_deadline_ms: u64,
     pub slurm: SlurmConfig,
     pub log: LogConfig,
     pub nvml: NvmlConfig,
@@ -238,11 +241,14 @@ pub struct CheckpointConfig {
     pub memory_margin_mib: u64,
     /// libcuda to load; unset means the system's (`libcuda.so.1`).
     pub cuda_library: Option<PathBuf>,
+    /// Bound on every other driver call (checkpoint, restore, unlock, state),
+    /// and added to `lock_timeout_ms` for Lock.
+    pub call_timeout_ms: u64,
 }
 
 impl Default for CheckpointConfig {
     fn default() -> Self {
-        CheckpointConfig { lock_timeout_ms: 10_000, memory_margin_mib: 512, cuda_library: None }
+        CheckpointConfig { lock_timeout_ms: 10_000, memory_margin_mib: 512, cuda_library: None, call_timeout_ms: 300_000 }
     }
 }
 
@@ -250,6 +256,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             runtime_dir: PathBuf::from("/run/slurm-gpu-mode"),
+            hook_deadline_ms: 300_000,
             slurm: SlurmConfig::default(),
             log: LogConfig::default(),
             nvml: NvmlConfig::default(),
@@ -330,6 +337,7 @@ impl Config {
         }
         let mut cfg = Config::default();
         take(&table, "runtime_dir", &mut cfg.runtime_dir);
+        take(&table, "hook_deadline_ms", &mut cfg.hook_deadline_ms);
         take(&table, "slurm", &mut cfg.slurm);
         take(&table, "log", &mut cfg.log);
         take(&table, "nvml", &mut cfg.nvml);
@@ -371,6 +379,11 @@ impl Config {
         ] {
             if ms == 0 || ms > 600_000 {
                 return Err(format!("{key} = {ms} must be between 1 and 600000 (10 minutes)"));
+            }
+        }
+        for (key, ms) in [("hook_deadline_ms", self.hook_deadline_ms), ("checkpoint.call_timeout_ms", self.checkpoint.call_timeout_ms)] {
+            if ms == 0 || ms > 3_600_000 {
+                return Err(format!("{key} = {ms} must be between 1 and 3600000 (an hour)"));
             }
         }
         if let Some(lib) = &self.nvml.library {
@@ -520,6 +533,7 @@ mod tests {
         let cfg = parse(
             r#"
             runtime_dir = "/var/run/gm"
+            hook_deadline_ms = 90000
             [slurm]
             scontrol = "/opt/slurm/bin/scontrol"
             drain_on_node_fault = false
@@ -533,6 +547,7 @@ mod tests {
             lock_timeout_ms = 2500
             memory_margin_mib = 64
             cuda_library = "/opt/drv/libcuda.so.1"
+            call_timeout_ms = 60000
             "#,
         )
         .unwrap();
@@ -546,6 +561,7 @@ mod tests {
         assert_eq!(cfg.checkpoint.lock_timeout_ms, 2500);
         assert_eq!(cfg.checkpoint.memory_margin_mib, 64);
         assert_eq!(cfg.checkpoint.cuda_library, Some(PathBuf::from("/opt/drv/libcuda.so.1")));
+        assert_eq!((cfg.hook_deadline_ms, cfg.checkpoint.call_timeout_ms), (90_000, 60_000));
         assert_eq!(cfg.gpu, GpuConfig::default());
     }
 
@@ -580,6 +596,8 @@ mod tests {
             ("[checkpoint]\ncuda_library = \"libcuda.so.1\"", "checkpoint.cuda_library"),
             ("[checkpoint]\nlock_timeout_ms = 0", "checkpoint.lock_timeout_ms must be at least 1"),
             ("[mps]\ncontrol = \"nvidia-cuda-mps-control\"", "mps.control"),
+            ("hook_deadline_ms = 0", "hook_deadline_ms = 0 must be between 1 and 3600000"),
+            ("[checkpoint]\ncall_timeout_ms = 3600001", "checkpoint.call_timeout_ms = 3600001 must be between 1 and 3600000"),
             ("[mps]\nquit_timeout_ms = 0", "mps.quit_timeout_ms = 0 must be between 1 and 600000"),
             ("[mps]\nthreads = 5", "unknown field `threads`"),
             ("[checkpoint]\nmemory_margin_mib = 18446744073709551615", "checkpoint.memory_margin_mib"),

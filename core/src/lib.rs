@@ -18,6 +18,7 @@ pub mod mps;
 pub mod privdrop;
 pub mod procfs;
 pub mod state;
+pub mod watchdog;
 
 pub use config::Config;
 pub use mode::GpuMode;

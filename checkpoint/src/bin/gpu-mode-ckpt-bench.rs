@@ -14,6 +14,7 @@ use gpu_mode_core::checkpoint::{
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 struct Opts {
@@ -214,15 +215,16 @@ fn run_case(o: &Opts, c: &Checkpointer, nvml: &Nvml, gib: f64, n: usize, with_py
 
 fn main() -> anyhow::Result<()> {
     let o = parse_args()?;
-    let driver = CudaDriver::load(None)?;
+    let driver = Arc::new(CudaDriver::load(None)?);
     let nvml = Nvml::load(None).map_err(anyhow::Error::msg)?;
     let host = ProcFs::default();
     let settings = Settings {
         lock_timeout_ms: 10_000,
         memory_margin_bytes: 512 << 20,
         record_dir: o.workdir.join("records"),
+        call_timeout: Duration::from_secs(300),
     };
-    let c = Checkpointer { driver: &driver, host: &host, gpus: &nvml, settings };
+    let c = Checkpointer::new(driver.clone(), &host, &nvml, settings);
     println!("driver CUDA version {}, {} GPU(s)", driver.version(), o.gpus);
     if o.warmup_gib > 0.0 {
         // The VM grows its memory on first touch: pay that once, untimed.

@@ -1,10 +1,11 @@
 //! The checkpoint verb: find, vet, record, lock all, checkpoint all, verify
-//! that no GPU file remains, roll everything back on any failure.
+//! that no GPU file remains, roll everything back on any failure. The record
+//! is written before each step (see record.rs).
 
-use super::driver::ProcessState;
+use super::driver::{CheckpointDriver, ProcessState};
 use super::parallel::{run_all, Phase, Step};
 use super::procs::{FoundBy, NvidiaFile};
-use super::record::{CheckpointRecord, Footprint, ProcessRecord};
+use super::record::{CheckpointRecord, Footprint, ProcessPhase, ProcessRecord, RecordStatus, RECORD_VERSION};
 use super::{CheckpointError, Checkpointer, Target};
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -34,13 +35,15 @@ impl Checkpointer<'_> {
         }
         self.refuse_unready(&holders)?;
         let pids: Vec<i32> = holders.iter().map(|(p, _)| *p).collect();
-        let record = self.make_record(target, &pids)?;
+        let mut record = self.make_record(target, &pids)?;
+        // Before the first lock: from here on, whatever stops this run, the
+        // record on disk names every process that may be locked.
+        record.mark(&pids, ProcessPhase::Locking);
+        let path = record
+            .save(&self.settings.record_dir)
+            .map_err(|e| self.record_error(&record, format!("cannot write it: {e}; nothing was locked")))?;
         let start = std::time::Instant::now();
-        let phases = self.lock_and_checkpoint(target, &pids)?;
-        let path = record.save(&self.settings.record_dir).map_err(|detail| {
-            let rollback = self.roll_back(&pids, &pids);
-            CheckpointError::Record { path: self.settings.record_dir.clone(), detail: format!("{detail}; rollback: {rollback}") }
-        })?;
+        let phases = self.lock_and_checkpoint(target, &pids, &mut record)?;
         Ok(CheckpointReport {
             target: target.to_string(),
             found_by,
@@ -49,6 +52,29 @@ impl Checkpointer<'_> {
             total_ms: super::ms(start.elapsed()),
             record: path,
         })
+    }
+
+    fn record_error(&self, record: &CheckpointRecord, detail: String) -> CheckpointError {
+        CheckpointError::Record { path: CheckpointRecord::path(&self.settings.record_dir, &record.target), detail }
+    }
+
+    /// Writes the record as `change` leaves it, before the step it announces;
+    /// if it cannot be written, rolls back from what is known so far
+    /// (`record`, unchanged): a step must never run unannounced.
+    fn advance(
+        &self,
+        record: &mut CheckpointRecord,
+        change: impl FnOnce(&mut CheckpointRecord),
+        undone: &str,
+    ) -> Result<(), CheckpointError> {
+        let mut next = record.clone();
+        change(&mut next);
+        if let Err(e) = next.save(&self.settings.record_dir) {
+            let rollback = self.roll_back(record);
+            return Err(self.record_error(record, format!("cannot write it: {e}; {undone}; rollback: {rollback}")));
+        }
+        *record = next;
+        Ok(())
     }
 
     /// The processes the checkpoint must cover: the job's, or each pid with
@@ -95,6 +121,7 @@ impl Checkpointer<'_> {
             match self.driver.state(*pid) {
                 Ok(ProcessState::Running) => {}
                 Ok(state) => return Err(CheckpointError::NotRunning { pid: *pid, state: state.name() }),
+                Err(e) if e.unanswered() => return Err(CheckpointError::Unanswered(e.to_string())),
                 Err(e) => {
                     return Err(CheckpointError::NotCheckpointable { pid: *pid, file: files[0].clone(), detail: e.to_string() })
                 }
@@ -115,34 +142,50 @@ impl Checkpointer<'_> {
                     .filter(|g| g.pid == pid)
                     .map(|g| Footprint { gpu: g.gpu, bytes: g.used_bytes })
                     .collect(),
+                phase: ProcessPhase::Found,
+                unanswered: None,
             })
             .collect();
         let created_unix = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
-        Ok(CheckpointRecord { target: target.key(), created_unix, processes })
+        Ok(CheckpointRecord {
+            version: RECORD_VERSION,
+            target: target.key(),
+            created_unix,
+            status: RecordStatus::InProgress,
+            processes,
+        })
     }
 
     /// Lock all, then checkpoint all, then prove the GPU files are gone from
-    /// every process of the (re-read) scope. Rolls back on any failure.
-    fn lock_and_checkpoint(&self, target: &Target, pids: &[i32]) -> Result<Vec<Phase>, CheckpointError> {
+    /// every process of the (re-read) scope, keeping the record one step
+    /// ahead. Rolls back on any failure.
+    fn lock_and_checkpoint(
+        &self,
+        target: &Target,
+        pids: &[i32],
+        record: &mut CheckpointRecord,
+    ) -> Result<Vec<Phase>, CheckpointError> {
         let lock = self.lock_all(pids);
-        let locked = lock.succeeded();
-        if locked.len() != pids.len() {
-            let rollback = self.roll_back(&[], &locked);
+        record.settle(&lock, ProcessPhase::Locked, ProcessPhase::Found);
+        if !lock.failures().is_empty() {
+            let rollback = self.roll_back(record);
             return Err(CheckpointError::Lock { failures: lock.failures(), rollback });
         }
+        self.advance(record, |r| r.mark(pids, ProcessPhase::Checkpointing), "nothing was checkpointed")?;
         let ckpt = run_all(Step::Checkpoint, pids, |pid| self.driver.checkpoint(pid));
-        let done = ckpt.succeeded();
-        if done.len() != pids.len() {
-            let rollback = self.roll_back(&done, pids);
+        record.settle(&ckpt, ProcessPhase::Checkpointed, ProcessPhase::Locked);
+        if !ckpt.failures().is_empty() {
+            let rollback = self.roll_back(record);
             return Err(CheckpointError::Checkpoint { failures: ckpt.failures(), rollback });
         }
         let blocked = self.leftover_files(target, pids);
         if !blocked.is_empty() {
-            let rollback = self.roll_back(pids, pids);
+            let rollback = self.roll_back(record);
             return Err(CheckpointError::HandlesRemain { blocked, rollback });
         }
+        self.advance(record, |r| r.status = RecordStatus::Complete, "the checkpoint was undone")?;
         Ok(vec![lock, ckpt])
     }
 

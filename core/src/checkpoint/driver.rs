@@ -6,6 +6,7 @@
 //! orchestration talks to the [`CheckpointDriver`] trait so it can be tested
 //! against a double.
 
+use crate::watchdog::DeadlineError;
 use std::ffi::{c_char, c_int, c_uint, CStr};
 use std::path::{Path, PathBuf};
 
@@ -113,6 +114,9 @@ pub enum DriverError {
     Call { call: &'static str, pid: i32, code: u32, name: String, text: String },
     #[error("cuInit failed: {name} ({code}): {text}")]
     Init { code: u32, name: String, text: String },
+    /// The call was not answered in time (or died): see [`DriverError::unanswered`].
+    #[error("{0}")]
+    NoAnswer(DeadlineError),
 }
 
 impl DriverError {
@@ -123,14 +127,31 @@ impl DriverError {
             _ => None,
         }
     }
+
+    /// The call may still be running, or may have done its work: the
+    /// process's state is unknown until the driver is asked again.
+    pub fn unanswered(&self) -> bool {
+        matches!(self, DriverError::NoAnswer(DeadlineError::Timeout { .. } | DeadlineError::Panicked { .. }))
+    }
+}
+
+/// The driver's names of the six calls, as errors and records name them.
+pub mod calls {
+    pub const GET_STATE: &str = "cuCheckpointProcessGetState";
+    pub const GET_RESTORE_THREAD_ID: &str = "cuCheckpointProcessGetRestoreThreadId";
+    pub const LOCK: &str = "cuCheckpointProcessLock";
+    pub const CHECKPOINT: &str = "cuCheckpointProcessCheckpoint";
+    pub const RESTORE: &str = "cuCheckpointProcessRestore";
+    pub const UNLOCK: &str = "cuCheckpointProcessUnlock";
 }
 
 /// `CUDA_ERROR_TIMEOUT`: what Lock answers when its timeout passes.
 pub const CUDA_ERROR_TIMEOUT: u32 = 909;
 
-/// The six calls, as the orchestration sees them. `Sync` because a job's
-/// processes are handled from one thread each.
-pub trait CheckpointDriver: Sync {
+/// The six calls, as the orchestration sees them. `Send + Sync` because a
+/// job's processes are handled from one thread each, and each call runs on a
+/// thread of its own under a deadline ([`super::bounded::BoundedDriver`]).
+pub trait CheckpointDriver: Send + Sync {
     fn state(&self, pid: i32) -> Result<ProcessState, DriverError>;
     fn restore_thread_id(&self, pid: i32) -> Result<i32, DriverError>;
     fn lock(&self, pid: i32, timeout_ms: u32) -> Result<(), DriverError>;
@@ -213,12 +234,12 @@ impl CudaDriver {
         let init: FnInit = symbol(&lib, &name, "cuInit")?;
         let version_fn: FnVersion = symbol(&lib, &name, "cuDriverGetVersion")?;
         let driver = CudaDriver {
-            get_state: symbol(&lib, &name, "cuCheckpointProcessGetState")?,
-            get_restore_tid: symbol(&lib, &name, "cuCheckpointProcessGetRestoreThreadId")?,
-            lock: symbol(&lib, &name, "cuCheckpointProcessLock")?,
-            checkpoint: symbol(&lib, &name, "cuCheckpointProcessCheckpoint")?,
-            restore: symbol(&lib, &name, "cuCheckpointProcessRestore")?,
-            unlock: symbol(&lib, &name, "cuCheckpointProcessUnlock")?,
+            get_state: symbol(&lib, &name, calls::GET_STATE)?,
+            get_restore_tid: symbol(&lib, &name, calls::GET_RESTORE_THREAD_ID)?,
+            lock: symbol(&lib, &name, calls::LOCK)?,
+            checkpoint: symbol(&lib, &name, calls::CHECKPOINT)?,
+            restore: symbol(&lib, &name, calls::RESTORE)?,
+            unlock: symbol(&lib, &name, calls::UNLOCK)?,
             error_name: symbol(&lib, &name, "cuGetErrorName")?,
             error_string: symbol(&lib, &name, "cuGetErrorString")?,
             version: 0,
@@ -280,27 +301,27 @@ impl CheckpointDriver for CudaDriver {
         let mut raw: c_int = -1;
         // SAFETY: CUprocessState is a C enum, int-sized; read as an integer.
         let code = unsafe { (self.get_state)(pid, &mut raw) };
-        self.check("cuCheckpointProcessGetState", pid, code)?;
+        self.check(calls::GET_STATE, pid, code)?;
         Ok(ProcessState::from_raw(raw))
     }
 
     fn restore_thread_id(&self, pid: i32) -> Result<i32, DriverError> {
         let mut tid: c_int = 0;
         let code = unsafe { (self.get_restore_tid)(pid, &mut tid) };
-        self.check("cuCheckpointProcessGetRestoreThreadId", pid, code)?;
+        self.check(calls::GET_RESTORE_THREAD_ID, pid, code)?;
         Ok(tid)
     }
 
     fn lock(&self, pid: i32, timeout_ms: u32) -> Result<(), DriverError> {
         let mut args = LockArgs { timeout_ms, reserved0: 0, reserved1: [0; 7] };
         let code = unsafe { (self.lock)(pid, &mut args) };
-        self.check("cuCheckpointProcessLock", pid, code)
+        self.check(calls::LOCK, pid, code)
     }
 
     fn checkpoint(&self, pid: i32) -> Result<(), DriverError> {
         let mut args = ReservedArgs { reserved: [0; 8] };
         let code = unsafe { (self.checkpoint)(pid, &mut args) };
-        self.check("cuCheckpointProcessCheckpoint", pid, code)
+        self.check(calls::CHECKPOINT, pid, code)
     }
 
     fn restore(&self, pid: i32, pairs: &[GpuPair]) -> Result<(), DriverError> {
@@ -317,13 +338,13 @@ impl CheckpointDriver for CudaDriver {
         };
         // SAFETY: `raw` outlives the call; the driver only reads the pairs.
         let code = unsafe { (self.restore)(pid, &mut args) };
-        self.check("cuCheckpointProcessRestore", pid, code)
+        self.check(calls::RESTORE, pid, code)
     }
 
     fn unlock(&self, pid: i32) -> Result<(), DriverError> {
         let mut args = ReservedArgs { reserved: [0; 8] };
         let code = unsafe { (self.unlock)(pid, &mut args) };
-        self.check("cuCheckpointProcessUnlock", pid, code)
+        self.check(calls::UNLOCK, pid, code)
     }
 }
 

@@ -1,7 +1,9 @@
 //! Locking and unlocking a set of processes, and the rollback that undoes a
 //! partial checkpoint.
 
+use super::driver::CheckpointDriver;
 use super::parallel::{run_all, Phase, Step};
+use super::record::{CheckpointRecord, ProcessPhase, RecordStatus};
 use super::Checkpointer;
 
 impl Checkpointer<'_> {
@@ -15,28 +17,45 @@ impl Checkpointer<'_> {
         run_all(Step::Unlock, pids, |pid| self.driver.unlock(pid))
     }
 
-    /// Undoes a partial checkpoint: restores `checkpointed`, then unlocks every
-    /// process of `locked` that is not still checkpointed. Returns what
-    /// happened, process by process, for the error report.
-    pub(super) fn roll_back(&self, checkpointed: &[i32], locked: &[i32]) -> String {
-        let restored = run_all(Step::Restore, checkpointed, |pid| self.driver.restore(pid, &[]));
-        let stuck: Vec<i32> = restored.failures().iter().map(|f| f.pid).collect();
-        let to_unlock: Vec<i32> = locked.iter().copied().filter(|p| !stuck.contains(p)).collect();
-        let unlocked = self.unlock_all(&to_unlock);
-        let mut notes = Vec::new();
-        for f in restored.failures() {
-            notes.push(format!("pid {} restore FAILED ({}), left checkpointed", f.pid, f.error));
-        }
-        for f in unlocked.failures() {
-            notes.push(format!("pid {} unlock FAILED ({})", f.pid, f.error));
-        }
-        let ok = unlocked.succeeded();
-        if !ok.is_empty() {
-            notes.push(format!("pid {} running again", ok.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(",")));
-        }
-        if notes.is_empty() {
-            notes.push("nothing to undo".into());
+    /// Undoes a partial checkpoint from what the record says of each process:
+    /// restores the checkpointed ones, then unlocks every locked one (a
+    /// process whose restore failed stays checkpointed, a process whose call
+    /// did not return is left alone). Updates the record as it goes and
+    /// returns what happened, process by process, for the error report.
+    pub(super) fn roll_back(&self, record: &mut CheckpointRecord) -> String {
+        let restored = run_all(Step::Restore, &record.pids_in(ProcessPhase::Checkpointed), |pid| self.driver.restore(pid, &[]));
+        record.settle(&restored, ProcessPhase::Locked, ProcessPhase::Checkpointed);
+        let unlocked = self.unlock_all(&record.pids_in(ProcessPhase::Locked));
+        record.settle(&unlocked, ProcessPhase::Running, ProcessPhase::Locked);
+        record.status = if record.any_touched() { RecordStatus::RollbackIncomplete } else { RecordStatus::RolledBack };
+        let mut notes = rollback_notes(record, &restored, &unlocked);
+        if let Err(e) = record.save(&self.settings.record_dir) {
+            notes.push(format!("the record could not be updated ({e}); it still names every process that may be locked"));
         }
         notes.join("; ")
     }
+}
+
+fn rollback_notes(record: &CheckpointRecord, restored: &Phase, unlocked: &Phase) -> Vec<String> {
+    let mut notes = Vec::new();
+    // Calls that did not return are named once, below.
+    let unknown = record.pids_in(ProcessPhase::Unknown);
+    for f in restored.failures().iter().filter(|f| !unknown.contains(&f.pid)) {
+        notes.push(format!("pid {} restore FAILED ({}), left checkpointed", f.pid, f.error));
+    }
+    for f in unlocked.failures().iter().filter(|f| !unknown.contains(&f.pid)) {
+        notes.push(format!("pid {} unlock FAILED ({})", f.pid, f.error));
+    }
+    for p in record.processes.iter().filter(|p| unknown.contains(&p.pid)) {
+        let call = p.unanswered.as_deref().unwrap_or("a driver call did not return");
+        notes.push(format!("pid {} left alone, its state unknown ({call})", p.pid));
+    }
+    let ok = unlocked.succeeded();
+    if !ok.is_empty() {
+        notes.push(format!("pid {} running again", ok.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(",")));
+    }
+    if notes.is_empty() {
+        notes.push("nothing to undo".into());
+    }
+    notes
 }

@@ -6,12 +6,16 @@
 //! cannot take (before touching any), record each one's GPU footprint, lock
 //! all in parallel, checkpoint all in parallel, then prove no /dev/nvidia*
 //! descriptor or mapping remains. Any failure rolls every process back
-//! (restore, then unlock). A restore first checks each target GPU has room,
-//! then restores all in parallel and unlocks all in parallel.
+//! (restore, then unlock). The record is written before the first lock and
+//! before each step, so an interrupted checkpoint can always be restored.
+//! A restore first checks each target GPU has room, then restores all in
+//! parallel and unlocks all in parallel. Every driver call runs under a
+//! deadline (bounded.rs).
 
 // One file per verb: the checkpoint verb lives in checkpoint.rs like the others.
 #[allow(clippy::module_inception)]
 mod checkpoint;
+pub mod bounded;
 pub mod device_map;
 pub mod driver;
 mod lock;
@@ -29,12 +33,15 @@ pub use driver::{CheckpointDriver, CudaDriver, DriverError, GpuPair, GpuUuid, Pr
 pub use nvml::{GpuInfo, GpuProcess, Nvml};
 pub use parallel::{Phase, Step, StepRun};
 pub use procs::{FoundBy, NvidiaFile, ProcFs, ProcessHost};
-pub use record::{CheckpointRecord, Footprint, ProcessRecord};
+pub use bounded::BoundedDriver;
+pub use record::{CheckpointRecord, Footprint, ProcessPhase, ProcessRecord, RecordStatus, RECORD_VERSION};
 pub use checkpoint::CheckpointReport;
 pub use restore::RestoreReport;
 pub use state::{ProcessStateReport, StateReport};
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
 
 /// What to checkpoint: explicit processes (each with its descendants) or
 /// every process of a Slurm job on this node.
@@ -73,6 +80,9 @@ pub struct Settings {
     pub memory_margin_bytes: u64,
     /// Where checkpoint records (footprints, start times) are kept.
     pub record_dir: PathBuf,
+    /// How long any other driver call may take before it is reported as not
+    /// returning (Lock gets `lock_timeout_ms` on top).
+    pub call_timeout: Duration,
 }
 
 /// One process's outcome in a failed step, for the error's report.
@@ -136,15 +146,27 @@ pub enum CheckpointError {
     Unlock { failures: Vec<PidFailure> },
     #[error("pid {pid} is in state {state}: cannot restore it")]
     CannotRestore { pid: i32, state: String },
+    #[error("{0}: refused, nothing was changed")]
+    Unanswered(String),
 }
 
 /// The checkpoint machinery over a driver, a host and a GPU inventory, each a
 /// trait so the orchestration runs against doubles in tests.
 pub struct Checkpointer<'a> {
-    pub driver: &'a dyn CheckpointDriver,
+    /// Every call bounded by `settings.call_timeout`.
+    driver: BoundedDriver,
     pub host: &'a dyn ProcessHost,
     pub gpus: &'a dyn GpuInfo,
     pub settings: Settings,
+}
+
+impl<'a> Checkpointer<'a> {
+    /// The driver is shared (`Arc`) because each call runs on a thread that
+    /// may outlive the call's deadline.
+    pub fn new(driver: Arc<dyn CheckpointDriver>, host: &'a dyn ProcessHost, gpus: &'a dyn GpuInfo, settings: Settings) -> Self {
+        let driver = BoundedDriver::new(driver, settings.call_timeout);
+        Checkpointer { driver, host, gpus, settings }
+    }
 }
 
 /// Milliseconds of a duration, for reports.
@@ -159,6 +181,7 @@ impl Settings {
             lock_timeout_ms: cfg.checkpoint.lock_timeout_ms,
             memory_margin_bytes: cfg.checkpoint.memory_margin_mib << 20,
             record_dir: cfg.runtime_dir.join("checkpoint"),
+            call_timeout: Duration::from_millis(cfg.checkpoint.call_timeout_ms),
         }
     }
 }

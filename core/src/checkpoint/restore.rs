@@ -1,20 +1,28 @@
 //! The restore verb: check every process is still the one checkpointed and
 //! every target GPU has room, restore all in parallel, then unlock all.
-//! Re-running it after a partial failure picks up where it stopped.
+//! Re-running it after a partial failure picks up where it stopped. A record
+//! of a checkpoint that did not complete is restorable too: exactly the
+//! processes it names as (maybe) locked or checkpointed are brought back.
 
 use super::device_map::DeviceMap;
-use super::driver::{GpuUuid, ProcessState};
+use super::driver::{CheckpointDriver, GpuUuid, ProcessState};
 use super::parallel::{run_all, Phase, Step};
-use super::record::{CheckpointRecord, ProcessRecord};
+use super::record::{CheckpointRecord, ProcessRecord, RecordStatus};
 use super::{CheckpointError, Checkpointer, Target};
 use std::collections::BTreeMap;
 
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct RestoreReport {
     pub target: String,
+    /// The status of the record restored from (`complete` unless the
+    /// checkpoint was interrupted or failed).
+    pub record_status: RecordStatus,
     pub restored: Vec<ProcessRecord>,
     /// Processes only unlocked (restored by an earlier, interrupted run).
     pub unlocked_only: Vec<i32>,
+    /// Processes of an incomplete checkpoint that have exited since: nothing
+    /// to bring back.
+    pub gone: Vec<i32>,
     pub phases: Vec<Phase>,
     pub total_ms: f64,
 }
@@ -26,14 +34,16 @@ impl RestoreReport {
 }
 
 /// What each recorded process still needs.
+#[derive(Default)]
 struct Plan {
     restore: Vec<ProcessRecord>,
     unlock_only: Vec<i32>,
+    gone: Vec<i32>,
 }
 
 impl Checkpointer<'_> {
     pub fn restore(&self, target: &Target, map: &DeviceMap) -> Result<RestoreReport, CheckpointError> {
-        let record = self.load_record(target)?;
+        let mut record = self.load_record(target)?;
         let plan = self.plan_restore(&record)?;
         self.check_device_map(&plan.restore, map)?;
         self.check_free_memory(&plan.restore, map)?;
@@ -42,12 +52,14 @@ impl Checkpointer<'_> {
         let restore = run_all(Step::Restore, &pids, |pid| self.driver.restore(pid, map.pairs()));
         let failures = restore.failures();
         if !failures.is_empty() {
+            self.note_unanswered(&mut record, &restore);
             return Err(CheckpointError::Restore { failures });
         }
         let all: Vec<i32> = pids.iter().chain(&plan.unlock_only).copied().collect();
         let unlock = self.unlock_all(&all);
         let failures = unlock.failures();
         if !failures.is_empty() {
+            self.note_unanswered(&mut record, &unlock);
             return Err(CheckpointError::Unlock { failures });
         }
         // The record has served; a failure to delete it is harmless (a later
@@ -55,8 +67,10 @@ impl Checkpointer<'_> {
         let _ = CheckpointRecord::remove(&self.settings.record_dir, &record.target);
         Ok(RestoreReport {
             target: target.to_string(),
+            record_status: record.status,
             restored: plan.restore,
             unlocked_only: plan.unlock_only,
+            gone: plan.gone,
             phases: vec![restore, unlock],
             total_ms: super::ms(start.elapsed()),
         })
@@ -73,13 +87,29 @@ impl Checkpointer<'_> {
         }
     }
 
+    /// Records calls that did not return (phase `unknown`), so the next
+    /// look at the record shows which process is stuck. Best effort: the
+    /// driver's state decides the next restore anyway.
+    fn note_unanswered(&self, record: &mut CheckpointRecord, step: &super::Phase) {
+        if record.note_unanswered(step) {
+            let _ = record.save(&self.settings.record_dir);
+        }
+    }
+
     /// Sorts the recorded processes by state; refuses a pid that now names
-    /// another process, or a state restore cannot leave.
+    /// another process, or a state restore cannot leave. For a checkpoint
+    /// that did not complete, only the processes it may have touched count,
+    /// and one that has exited is skipped: its peers must not stay locked.
     fn plan_restore(&self, record: &CheckpointRecord) -> Result<Plan, CheckpointError> {
-        let mut plan = Plan { restore: Vec::new(), unlock_only: Vec::new() };
-        for proc in &record.processes {
+        let mut plan = Plan::default();
+        let complete = record.status == RecordStatus::Complete;
+        for proc in record.processes.iter().filter(|p| complete || p.phase.touched()) {
             if self.host.start_time(proc.pid) != Some(proc.start_time) {
-                return Err(CheckpointError::ProcessGone { pid: proc.pid });
+                if complete {
+                    return Err(CheckpointError::ProcessGone { pid: proc.pid });
+                }
+                plan.gone.push(proc.pid);
+                continue;
             }
             match self.driver.state(proc.pid) {
                 Ok(ProcessState::Checkpointed) => plan.restore.push(proc.clone()),

@@ -1,7 +1,7 @@
 //! The state verb: each process's checkpoint state as the driver reports it.
 
-use super::driver::ProcessState;
-use super::record::CheckpointRecord;
+use super::driver::{CheckpointDriver, ProcessState};
+use super::record::{CheckpointRecord, ProcessPhase, ProcessRecord, RecordStatus};
 use super::{CheckpointError, Checkpointer, Target};
 use std::collections::BTreeSet;
 
@@ -15,6 +15,10 @@ pub struct ProcessStateReport {
     /// How many /dev/nvidia* descriptors and mappings it holds now.
     pub gpu_files: usize,
     pub error: Option<String>,
+    /// How far the checkpoint got with it, when the record names it.
+    pub phase: Option<ProcessPhase>,
+    /// The driver call that did not return, when `phase` is `unknown`.
+    pub unanswered: Option<String>,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -22,6 +26,8 @@ pub struct StateReport {
     pub target: String,
     /// The checkpoint record's path, when one exists.
     pub record: Option<String>,
+    /// The record's status (`in_progress` for a checkpoint that did not finish).
+    pub record_status: Option<RecordStatus>,
     pub processes: Vec<ProcessStateReport>,
 }
 
@@ -36,21 +42,28 @@ impl Checkpointer<'_> {
             Err(e) if pids.is_empty() => return Err(e),
             Err(_) => {}
         }
-        let processes = pids.into_iter().filter_map(|pid| self.process_state(pid)).collect();
-        let record = record.map(|r| CheckpointRecord::path(&self.settings.record_dir, &r.target).display().to_string());
-        Ok(StateReport { target: target.to_string(), record, processes })
+        let recorded = |pid: i32| record.as_ref().and_then(|r| r.processes.iter().find(|p| p.pid == pid));
+        let processes = pids.into_iter().filter_map(|pid| self.process_state(pid, recorded(pid))).collect();
+        Ok(StateReport {
+            target: target.to_string(),
+            record: record.as_ref().map(|r| CheckpointRecord::path(&self.settings.record_dir, &r.target).display().to_string()),
+            record_status: record.map(|r| r.status),
+            processes,
+        })
     }
 
     /// `None` for a process that is neither CUDA nor a GPU holder (a shell,
-    /// slurmstepd): it has no checkpoint state to report.
-    fn process_state(&self, pid: i32) -> Option<ProcessStateReport> {
+    /// slurmstepd) nor in the record: it has no checkpoint state to report.
+    fn process_state(&self, pid: i32, recorded: Option<&ProcessRecord>) -> Option<ProcessStateReport> {
         let gpu_files = self.host.nvidia_files(pid).map_or(0, |f| f.len());
         let (state, error) = match self.driver.state(pid) {
             Ok(s) => (Some(s), None),
-            Err(_) if gpu_files == 0 => return None,
+            Err(_) if gpu_files == 0 && recorded.is_none() => return None,
             Err(e) => (None, Some(e.to_string())),
         };
         let restore_thread = state.and_then(|_| self.driver.restore_thread_id(pid).ok());
-        Some(ProcessStateReport { pid, state, restore_thread, gpu_files, error })
+        let phase = recorded.map(|p| p.phase);
+        let unanswered = recorded.and_then(|p| p.unanswered.clone());
+        Some(ProcessStateReport { pid, state, restore_thread, gpu_files, error, phase, unanswered })
     }
 }

@@ -4,8 +4,9 @@
 
 use super::*;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
-use std::time::Duration;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 const GPU0: &str = "GPU-00000000-0000-0000-0000-000000000000";
 const GPU1: &str = "GPU-11111111-1111-1111-1111-111111111111";
@@ -31,10 +32,14 @@ struct Node {
     /// Calls made, in order: ("lock", 12).
     calls: Mutex<Vec<(&'static str, i32)>>,
     /// Scripted failures: (call, pid) → CUDA error code.
-    fail: BTreeMap<(&'static str, i32), u32>,
+    fail: Mutex<BTreeMap<(&'static str, i32), u32>>,
+    /// Scripted hangs: (call, pid) → how long the call takes.
+    hang: BTreeMap<(&'static str, i32), Duration>,
     /// Processes whose GPU files survive a checkpoint (a forked child's).
     sticky: Vec<i32>,
     delay: Duration,
+    /// Runs at the start of every call: (call, pid).
+    on_call: Option<Box<dyn Fn(&'static str, i32) + Send + Sync>>,
 }
 
 impl Node {
@@ -57,8 +62,12 @@ impl Node {
     }
 
     fn failing(mut self, call: &'static str, pid: i32, code: u32) -> Node {
-        self.fail.insert((call, pid), code);
+        self.fail.get_mut().unwrap().insert((call, pid), code);
         self
+    }
+
+    fn heal(&self) {
+        self.fail.lock().unwrap().clear();
     }
 
     fn state_of(&self, pid: i32) -> Option<ProcessState> {
@@ -71,10 +80,13 @@ impl Node {
 
     /// One transition of the driver's state machine, or the error it gives.
     fn step(&self, call: &'static str, pid: i32, from: ProcessState, to: ProcessState) -> Result<(), DriverError> {
-        std::thread::sleep(self.delay);
+        if let Some(hook) = &self.on_call {
+            hook(call, pid);
+        }
+        std::thread::sleep(self.delay + self.hang.get(&(call, pid)).copied().unwrap_or_default());
         self.calls.lock().unwrap().push((call, pid));
         let err = |code: u32| DriverError::Call { call, pid, code, name: format!("E{code}"), text: "scripted".into() };
-        if let Some(code) = self.fail.get(&(call, pid)) {
+        if let Some(code) = self.fail.lock().unwrap().get(&(call, pid)) {
             return Err(err(*code));
         }
         let mut states = self.states.lock().unwrap();
@@ -149,35 +161,60 @@ impl GpuInfo for Node {
     }
 }
 
-fn with<T>(node: &Node, f: impl FnOnce(&Checkpointer) -> T) -> T {
+fn settings(dir: &Path) -> Settings {
+    Settings {
+        lock_timeout_ms: 500,
+        memory_margin_bytes: 256 << 20,
+        record_dir: dir.join("ckpt"),
+        call_timeout: Duration::from_secs(5),
+    }
+}
+
+fn checkpointer(node: &Arc<Node>, settings: Settings) -> Checkpointer<'_> {
+    Checkpointer::new(node.clone(), &**node, &**node, settings)
+}
+
+/// Runs `f` with a checkpointer over `node` and a fresh record directory.
+fn with<T>(node: &Arc<Node>, f: impl FnOnce(&Checkpointer) -> T) -> T {
     let dir = tempfile::tempdir().unwrap();
-    let settings = Settings { lock_timeout_ms: 500, memory_margin_bytes: 256 << 20, record_dir: dir.path().join("ckpt") };
-    let ckpt = Checkpointer { driver: node, host: node, gpus: node, settings };
-    f(&ckpt)
+    f(&checkpointer(node, settings(dir.path())))
+}
+
+fn record_of(c: &Checkpointer, target: &Target) -> CheckpointRecord {
+    CheckpointRecord::load(&c.settings.record_dir, &target.key()).unwrap().expect("a record on disk")
+}
+
+fn phases(record: &CheckpointRecord) -> Vec<(i32, ProcessPhase)> {
+    record.processes.iter().map(|p| (p.pid, p.phase)).collect()
 }
 
 fn all_states(node: &Node, pids: &[i32]) -> Vec<Option<ProcessState>> {
     pids.iter().map(|p| node.state_of(*p)).collect()
 }
 
+const RUNNING: Option<ProcessState> = Some(ProcessState::Running);
+
 #[test]
 fn a_job_is_locked_in_full_before_any_checkpoint_and_restored_before_unlock() {
-    let node = Node::with_cuda(&[10, 11, 12]).job(7, &[9, 10, 11, 12]);
+    let node = Arc::new(Node::with_cuda(&[10, 11, 12]).job(7, &[9, 10, 11, 12]));
     with(&node, |c| {
         let report = c.checkpoint(&Target::Job(7)).unwrap();
         assert_eq!(report.processes.iter().map(|p| p.pid).collect::<Vec<_>>(), [10, 11, 12], "pid 9 holds no GPU");
         assert_eq!(report.bytes(), 3 * GIB);
         assert_eq!(all_states(&node, &[10, 11, 12]), [Some(ProcessState::Checkpointed); 3]);
+        let record = record_of(c, &Target::Job(7));
+        assert_eq!((record.version, record.status), (RECORD_VERSION, RecordStatus::Complete));
+        assert_eq!(phases(&record), [10, 11, 12].map(|p| (p, ProcessPhase::Checkpointed)));
         c.restore(&Target::Job(7), &DeviceMap::default()).unwrap();
         assert!(!report.record.exists(), "the record is removed after a full restore");
     });
     let calls: Vec<&str> = node.calls().iter().map(|(c, _)| *c).collect();
     assert_eq!(calls, ["lock", "lock", "lock", "checkpoint", "checkpoint", "checkpoint", "restore", "restore", "restore", "unlock", "unlock", "unlock"]);
-    assert_eq!(all_states(&node, &[10, 11, 12]), [Some(ProcessState::Running); 3]);
+    assert_eq!(all_states(&node, &[10, 11, 12]), [RUNNING; 3]);
 }
 
 #[test]
-fn failures_roll_everything_back_to_running() {
+fn failures_roll_everything_back_to_running_and_the_record_says_so() {
     // (node, what the error must say)
     let cases = [
         (Node::with_cuda(&[1, 2, 3]).failing("lock", 2, driver::CUDA_ERROR_TIMEOUT), "locking failed: pid 2"),
@@ -185,16 +222,20 @@ fn failures_roll_everything_back_to_running() {
         (Node { sticky: vec![2], ..Node::with_cuda(&[1, 2, 3]) }, "pid 2 still holds /dev/nvidia0 (fd 5)"),
     ];
     for (node, needle) in cases {
-        let err = with(&node, |c| c.checkpoint(&Target::Pids(vec![1, 2, 3])).unwrap_err()).to_string();
+        let node = Arc::new(node);
+        let target = Target::Pids(vec![1, 2, 3]);
+        let (err, record) = with(&node, |c| (c.checkpoint(&target).unwrap_err().to_string(), record_of(c, &target)));
         assert!(err.contains(needle), "{err}");
         assert!(err.contains("running again"), "{err}");
-        assert_eq!(all_states(&node, &[1, 2, 3]), [Some(ProcessState::Running); 3], "{err}");
+        assert_eq!(all_states(&node, &[1, 2, 3]), [RUNNING; 3], "{err}");
+        assert_eq!(record.status, RecordStatus::RolledBack, "{err}");
+        assert!(!record.any_touched(), "{err}: {:?}", phases(&record));
     }
 }
 
 #[test]
 fn a_lock_timeout_is_reported_with_the_driver_code_and_only_locked_ones_are_unlocked() {
-    let node = Node::with_cuda(&[1, 2]).failing("lock", 1, driver::CUDA_ERROR_TIMEOUT);
+    let node = Arc::new(Node::with_cuda(&[1, 2]).failing("lock", 1, driver::CUDA_ERROR_TIMEOUT));
     let err = with(&node, |c| c.checkpoint(&Target::Pids(vec![1, 2])).unwrap_err()).to_string();
     assert!(err.contains("(909)"), "{err}");
     let unlocks: Vec<i32> = node.calls().iter().filter(|(c, _)| *c == "unlock").map(|(_, p)| *p).collect();
@@ -215,6 +256,7 @@ fn processes_the_driver_cannot_take_are_refused_before_anything_is_touched() {
         (locked, vec![1, 2], "pid 2 is locked, not running"),
     ];
     for (node, pids, needle) in cases {
+        let node = Arc::new(node);
         let err = with(&node, |c| c.checkpoint(&Target::Pids(pids)).unwrap_err()).to_string();
         assert!(err.contains(needle) && err.contains("nothing was changed"), "{err}");
         assert!(node.calls().is_empty(), "{:?}", node.calls());
@@ -223,7 +265,7 @@ fn processes_the_driver_cannot_take_are_refused_before_anything_is_touched() {
 
 #[test]
 fn empty_scopes_are_named() {
-    let node = Node::with_cuda(&[]).job(5, &[40]).job(6, &[]);
+    let node = Arc::new(Node::with_cuda(&[]).job(5, &[40]).job(6, &[]));
     let cases = [
         (Target::Job(5), "job 5: no process holds a GPU"),
         (Target::Job(6), "job 6: no process found"),
@@ -239,6 +281,7 @@ fn empty_scopes_are_named() {
 fn restore_is_refused_when_the_target_gpu_lacks_room() {
     let mut node = Node::with_cuda(&[1, 2]);
     node.free.insert(gpu(GPU0), GIB);
+    let node = Arc::new(node);
     with(&node, |c| {
         c.checkpoint(&Target::Pids(vec![1, 2])).unwrap();
         let err = c.restore(&Target::Pids(vec![1, 2]), &DeviceMap::default()).unwrap_err().to_string();
@@ -248,12 +291,12 @@ fn restore_is_refused_when_the_target_gpu_lacks_room() {
         let map = DeviceMap::parse(&format!("{GPU0}={GPU1}")).unwrap();
         c.restore(&Target::Pids(vec![1, 2]), &map).unwrap();
     });
-    assert_eq!(all_states(&node, &[1, 2]), [Some(ProcessState::Running); 2]);
+    assert_eq!(all_states(&node, &[1, 2]), [RUNNING; 2]);
 }
 
 #[test]
 fn a_device_map_must_cover_every_checkpointed_gpu() {
-    let node = Node::with_cuda(&[1]);
+    let node = Arc::new(Node::with_cuda(&[1]));
     with(&node, |c| {
         c.checkpoint(&Target::Pids(vec![1])).unwrap();
         let map = DeviceMap::parse(&format!("{GPU1}={GPU0}")).unwrap();
@@ -265,40 +308,29 @@ fn a_device_map_must_cover_every_checkpointed_gpu() {
 
 #[test]
 fn a_failed_restore_leaves_all_locked_and_a_rerun_finishes_the_job() {
-    let node = Node::with_cuda(&[1, 2]).failing("restore", 2, 2);
-    let mut node_ok = None;
+    let node = Arc::new(Node::with_cuda(&[1, 2]).failing("restore", 2, 2));
+    let target = Target::Pids(vec![1, 2]);
     with(&node, |c| {
-        c.checkpoint(&Target::Pids(vec![1, 2])).unwrap();
-        let err = c.restore(&Target::Pids(vec![1, 2]), &DeviceMap::default()).unwrap_err().to_string();
+        c.checkpoint(&target).unwrap();
+        let err = c.restore(&target, &DeviceMap::default()).unwrap_err().to_string();
         assert!(err.contains("restore failed: pid 2") && err.contains("stays locked"), "{err}");
         assert_eq!(all_states(&node, &[1, 2]), [Some(ProcessState::Locked), Some(ProcessState::Checkpointed)]);
-        node_ok = Some(c.settings.clone());
+        assert!(!node.calls().iter().any(|(c, _)| *c == "unlock"), "nothing is unlocked after a failed restore");
+        // The fault cleared: the rerun restores 2 and unlocks both.
+        node.heal();
+        let report = c.restore(&target, &DeviceMap::default()).unwrap();
+        assert_eq!(report.restored.iter().map(|p| p.pid).collect::<Vec<_>>(), [2]);
+        assert_eq!(report.unlocked_only, [1]);
     });
-    assert!(!node.calls().iter().any(|(c, _)| *c == "unlock"), "nothing is unlocked after a failed restore");
-    // Same node, the fault cleared: the rerun restores 2 and unlocks both.
-    let healed = Node { fail: BTreeMap::new(), ..node };
-    let settings = node_ok.unwrap();
-    let c = Checkpointer { driver: &healed, host: &healed, gpus: &healed, settings };
-    // The record went with the tempdir; write it again as the first run left it.
-    let record = CheckpointRecord {
-        target: "pids-1-2".into(),
-        created_unix: 0,
-        processes: [1, 2].map(|pid| ProcessRecord { pid, start_time: 1000 + pid as u64, footprint: vec![] }).to_vec(),
-    };
-    record.save(&c.settings.record_dir).unwrap();
-    let report = c.restore(&Target::Pids(vec![1, 2]), &DeviceMap::default()).unwrap();
-    assert_eq!(report.restored.iter().map(|p| p.pid).collect::<Vec<_>>(), [2]);
-    assert_eq!(report.unlocked_only, [1]);
-    assert_eq!(all_states(&healed, &[1, 2]), [Some(ProcessState::Running); 2]);
-    let _ = std::fs::remove_dir_all(&c.settings.record_dir);
+    assert_eq!(all_states(&node, &[1, 2]), [RUNNING; 2]);
 }
 
 #[test]
 fn a_reused_pid_is_not_restored() {
-    let node = Node::with_cuda(&[1]);
+    let node = Arc::new(Node::with_cuda(&[1]));
     with(&node, |c| {
         c.checkpoint(&Target::Pids(vec![1])).unwrap();
-        let mut record = CheckpointRecord::load(&c.settings.record_dir, "pid-1").unwrap().unwrap();
+        let mut record = record_of(c, &Target::Pids(vec![1]));
         record.processes[0].start_time += 1;
         record.save(&c.settings.record_dir).unwrap();
         let err = c.restore(&Target::Pids(vec![1]), &DeviceMap::default()).unwrap_err().to_string();
@@ -310,7 +342,7 @@ fn a_reused_pid_is_not_restored() {
 #[test]
 fn processes_are_handled_in_parallel() {
     let pids = [1, 2, 3, 4, 5, 6];
-    let node = Node { delay: Duration::from_millis(150), ..Node::with_cuda(&pids) };
+    let node = Arc::new(Node { delay: Duration::from_millis(150), ..Node::with_cuda(&pids) });
     with(&node, |c| {
         let report = c.checkpoint(&Target::Pids(pids.to_vec())).unwrap();
         for phase in &report.phases {
@@ -324,12 +356,158 @@ fn processes_are_handled_in_parallel() {
 #[test]
 fn state_reports_cuda_processes_and_gpu_holders_only() {
     let mut node = Node::with_cuda(&[10]).job(3, &[9, 10, 11]);
-    node.files.get_mut().unwrap().insert(11, vec![file("/dev/nvidiactl")]);
+    node.files.get_mut().unwrap().insert(11, vec![file("/dev/nvidia0")]);
+    let node = Arc::new(node);
     with(&node, |c| {
         let report = c.state(&Target::Job(3)).unwrap();
         let got: Vec<(i32, Option<ProcessState>, bool)> =
             report.processes.iter().map(|p| (p.pid, p.state, p.error.is_some())).collect();
-        assert_eq!(got, [(10, Some(ProcessState::Running), false), (11, None, true)]);
+        assert_eq!(got, [(10, RUNNING, false), (11, None, true)]);
         assert_eq!(report.processes[0].restore_thread, Some(11));
+        assert_eq!(report.record_status, None);
     });
+}
+
+// --- The record as a journal: written before each step, restorable from any
+// --- point a checkpoint can stop at.
+
+#[test]
+fn an_unwritable_record_dir_locks_nothing() {
+    let node = Arc::new(Node::with_cuda(&[1, 2]));
+    let dir = tempfile::tempdir().unwrap();
+    let settings = settings(dir.path());
+    std::fs::write(&settings.record_dir, b"a file where the record directory should be").unwrap();
+    let err = checkpointer(&node, settings).checkpoint(&Target::Pids(vec![1, 2])).unwrap_err().to_string();
+    assert!(err.contains("pids-1-2.json: cannot write it") && err.contains("nothing was locked"), "{err}");
+    assert!(node.calls().is_empty(), "{:?}", node.calls());
+    assert_eq!(all_states(&node, &[1, 2]), [RUNNING; 2]);
+}
+
+#[test]
+fn a_record_dir_lost_after_the_first_write_stops_before_any_checkpoint_and_restore_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = settings(dir.path());
+    let (records, moved) = (settings.record_dir.clone(), dir.path().join("moved"));
+    // At the first lock the record directory gives way to a file.
+    let swap = {
+        let (records, moved, once) = (records.clone(), moved.clone(), std::sync::Once::new());
+        move |call: &str, _pid: i32| {
+            if call == "lock" {
+                once.call_once(|| {
+                    std::fs::rename(&records, &moved).unwrap();
+                    std::fs::write(&records, b"").unwrap();
+                });
+            }
+        }
+    };
+    let node = Arc::new(Node { on_call: Some(Box::new(swap)), ..Node::with_cuda(&[1, 2, 3]) });
+    let target = Target::Pids(vec![1, 2, 3]);
+    let err = checkpointer(&node, settings.clone()).checkpoint(&target).unwrap_err().to_string();
+    assert!(err.contains("cannot write it") && err.contains("nothing was checkpointed"), "{err}");
+    assert!(err.contains("pid 1,2,3 running again") && err.contains("the record could not be updated"), "{err}");
+    assert!(!node.calls().iter().any(|(c, _)| *c == "checkpoint"), "{:?}", node.calls());
+    // Put the directory back: it holds the record as first written.
+    std::fs::remove_file(&records).unwrap();
+    std::fs::rename(&moved, &records).unwrap();
+    let c = checkpointer(&node, settings);
+    let record = record_of(&c, &target);
+    assert_eq!(record.status, RecordStatus::InProgress);
+    assert_eq!(phases(&record), [1, 2, 3].map(|p| (p, ProcessPhase::Locking)));
+    let report = c.restore(&target, &DeviceMap::default()).unwrap();
+    assert_eq!(report.record_status, RecordStatus::InProgress);
+    assert_eq!(all_states(&node, &[1, 2, 3]), [RUNNING; 3]);
+}
+
+/// What the node and the record looked like at one moment.
+type Snapshot = (Vec<u8>, HashMap<i32, ProcessState>);
+
+#[test]
+fn a_checkpoint_killed_half_way_leaves_a_record_that_restore_recovers_from() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = settings(dir.path());
+    let path = CheckpointRecord::path(&settings.record_dir, "pids-1-2-3");
+    // The moment of the "kill": when pid 2's checkpoint starts.
+    let seen: Arc<Mutex<Option<Snapshot>>> = Arc::default();
+    let node = Arc::new_cyclic(|me: &std::sync::Weak<Node>| {
+        let (me, seen, path) = (me.clone(), seen.clone(), path.clone());
+        let hook = move |call: &str, pid: i32| {
+            if (call, pid) == ("checkpoint", 2) {
+                let states = me.upgrade().unwrap().states.lock().unwrap().clone();
+                *seen.lock().unwrap() = Some((std::fs::read(&path).unwrap_or_default(), states));
+            }
+        };
+        Node { on_call: Some(Box::new(hook)), ..Node::with_cuda(&[1, 2, 3]) }
+    });
+    let target = Target::Pids(vec![1, 2, 3]);
+    let c = checkpointer(&node, settings);
+    c.checkpoint(&target).unwrap();
+    // Back to that moment, as if the run had been killed there.
+    let (bytes, states) = seen.lock().unwrap().take().unwrap();
+    std::fs::write(&path, &bytes).unwrap();
+    for (pid, state) in &states {
+        let files = if *state == ProcessState::Checkpointed { vec![] } else { vec![file("/dev/nvidia0")] };
+        node.files.lock().unwrap().insert(*pid, files);
+    }
+    *node.states.lock().unwrap() = states;
+    let record = record_of(&c, &target);
+    assert_eq!(record.status, RecordStatus::InProgress);
+    assert_eq!(phases(&record), [1, 2, 3].map(|p| (p, ProcessPhase::Checkpointing)), "every locked process is named");
+    assert_eq!(node.state_of(2), Some(ProcessState::Locked));
+    let report = c.restore(&target, &DeviceMap::default()).unwrap();
+    assert!(report.unlocked_only.contains(&2), "{:?}", report.unlocked_only);
+    assert_eq!(all_states(&node, &[1, 2, 3]), [RUNNING; 3]);
+}
+
+#[test]
+fn a_rollback_that_cannot_finish_leaves_a_record_naming_exactly_what_is_checkpointed() {
+    // pid 2's checkpoint fails; undoing it, pid 3's restore fails too.
+    let node = Node::with_cuda(&[1, 2, 3]).failing("checkpoint", 2, 2).failing("restore", 3, 2);
+    let node = Arc::new(node);
+    let target = Target::Pids(vec![1, 2, 3]);
+    with(&node, |c| {
+        let err = c.checkpoint(&target).unwrap_err().to_string();
+        assert!(err.contains("checkpoint failed: pid 2") && err.contains("pid 3 restore FAILED"), "{err}");
+        let record = record_of(c, &target);
+        assert_eq!(record.status, RecordStatus::RollbackIncomplete);
+        use ProcessPhase::{Checkpointed, Running};
+        assert_eq!(phases(&record), [(1, Running), (2, Running), (3, Checkpointed)]);
+        assert_eq!(all_states(&node, &[1, 2, 3]), [RUNNING, RUNNING, Some(ProcessState::Checkpointed)]);
+        let state = c.state(&target).unwrap();
+        assert_eq!(state.record_status, Some(RecordStatus::RollbackIncomplete));
+        // The fault cleared, restore brings pid 3 back and nothing else.
+        node.heal();
+        let report = c.restore(&target, &DeviceMap::default()).unwrap();
+        assert_eq!(report.restored.iter().map(|p| p.pid).collect::<Vec<_>>(), [3]);
+        assert_eq!(report.record_status, RecordStatus::RollbackIncomplete);
+    });
+    assert_eq!(all_states(&node, &[1, 2, 3]), [RUNNING; 3]);
+}
+
+#[test]
+fn a_checkpoint_call_that_hangs_is_reported_in_bounded_time_and_recorded_unknown() {
+    let hang = Duration::from_millis(1500);
+    let node = Arc::new(Node { hang: [(("checkpoint", 2), hang)].into(), ..Node::with_cuda(&[1, 2, 3]) });
+    let dir = tempfile::tempdir().unwrap();
+    let c = checkpointer(&node, Settings { call_timeout: Duration::from_millis(200), ..settings(dir.path()) });
+    let target = Target::Pids(vec![1, 2, 3]);
+    let start = Instant::now();
+    let err = c.checkpoint(&target).unwrap_err().to_string();
+    assert!(start.elapsed() < Duration::from_millis(1200), "waited {:?} for a 200 ms bound", start.elapsed());
+    let call = "cuCheckpointProcessCheckpoint(pid 2) did not return within 0.2 s";
+    assert!(err.contains(&format!("checkpoint failed: pid 2: {call}")), "{err}");
+    assert!(err.contains(&format!("pid 2 left alone, its state unknown ({call})")), "{err}");
+    assert!(err.contains("pid 1,3 running again"), "{err}");
+    let record = record_of(&c, &target);
+    assert_eq!(record.status, RecordStatus::RollbackIncomplete);
+    use ProcessPhase::{Running, Unknown};
+    assert_eq!(phases(&record), [(1, Running), (2, Unknown), (3, Running)]);
+    assert_eq!(record.processes[1].unanswered.as_deref(), Some(call));
+    let state = c.state(&target).unwrap();
+    let pid2 = state.processes.iter().find(|p| p.pid == 2).unwrap();
+    assert_eq!((pid2.phase, pid2.unanswered.as_deref()), (Some(Unknown), Some(call)));
+    // Once the stuck call has returned, restore finds the process
+    // checkpointed and brings it back.
+    std::thread::sleep(hang);
+    c.restore(&target, &DeviceMap::default()).unwrap();
+    assert_eq!(all_states(&node, &[1, 2, 3]), [RUNNING; 3]);
 }

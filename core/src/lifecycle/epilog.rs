@@ -15,6 +15,7 @@ pub fn run(cfg: &Config, env: &JobEnv) -> Result<Report, Failure> {
         // After every job, with or without a mode. The checker drains (and
         // logs) by itself: a failed check is the node's condition, already
         // reported, not a failure of this epilog.
+        let _step = crate::watchdog::step("health check after epilog");
         let _ = crate::health::check_after_epilog(cfg, &env.node);
     }
     result
@@ -22,7 +23,11 @@ pub fn run(cfg: &Config, env: &JobEnv) -> Result<Report, Failure> {
 
 /// Undoes what the prolog did for the job, without the health checks.
 pub fn undo_job(cfg: &Config, env: &JobEnv) -> Result<Report, Failure> {
-    let state = match JobState::load_if_present(&cfg.runtime_dir, env.job_id) {
+    let loaded = {
+        let _step = crate::watchdog::step("job state: load");
+        JobState::load_if_present(&cfg.runtime_dir, env.job_id)
+    };
+    let state = match loaded {
         Ok(s) => s,
         // A corrupt state file cannot tell us what to undo: remove it so the
         // next run is clean, but report it as a node fault to be looked at.
@@ -34,7 +39,10 @@ pub fn undo_job(cfg: &Config, env: &JobEnv) -> Result<Report, Failure> {
     let mode = state.as_ref().map(|s| s.mode.clone()).or_else(|| env.mode_value.clone());
     // Without a state (lost, or a second run) the registry is searched: a
     // daemon must never outlive its last job.
-    let mps = mps::teardown(cfg, env.job_id, state.as_ref().and_then(|s| s.mps_daemon.as_deref()));
+    let mps = {
+        let _step = crate::watchdog::step("mps: teardown");
+        mps::teardown(cfg, env.job_id, state.as_ref().and_then(|s| s.mps_daemon.as_deref()))
+    };
     if state.is_none() && matches!(mps, Ok(TeardownOutcome::NoDaemon)) {
         return Ok(Report { outcome: Outcome::Skipped, mode, detail: None });
     }

@@ -25,6 +25,7 @@ use crate::config::Config;
 use crate::drain::{DrainAction, Scontrol};
 use crate::job_env::{format_gpu_list, JobEnv};
 use crate::log::{ActionLine, Outcome};
+use crate::watchdog::{self, HookWatchdog};
 
 /// Why a lifecycle verb could not do its job; see the module docs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -120,7 +121,7 @@ mod tests {
         }
     }
 
-    fn cfg_with_fake_scontrol(dir: &std::path::Path) -> (Config, PathBuf) {
+    pub(super) fn cfg_with_fake_scontrol(dir: &std::path::Path) -> (Config, PathBuf) {
         let log = dir.join("argv");
         let script = dir.join("scontrol");
         // Answers `show node` with an idle node; records every call.
@@ -199,6 +200,7 @@ pub fn hook_main(verb: Verb, args: &[String]) -> i32 {
         }
     };
     let (cfg, config_error) = Config::load_or_salvage(config_path.as_deref());
+    let dog = arm_watchdog(verb, &cfg, &env);
     let result = match &config_error {
         None => match verb {
             Verb::Prolog => prolog::run(&cfg, &env),
@@ -206,7 +208,37 @@ pub fn hook_main(verb: Verb, args: &[String]) -> i32 {
         },
         Some(e) => with_broken_config(verb, &cfg, &env, &e.to_string()),
     };
-    finish(verb.name(), &cfg, &env, result)
+    let code = {
+        let _step = watchdog::step("log and drain");
+        finish(verb.name(), &cfg, &env, result)
+    };
+    if let Some(dog) = dog {
+        dog.disarm();
+    }
+    code
+}
+
+/// Bounds the whole run by `hook_deadline_ms`: slurmd waits for a Prolog or
+/// Epilog forever by default, so a hung NVML or driver call would hold the
+/// node with no reason given. On fire: the verb's failure line and a drain
+/// naming the step that hung, then exit [`EXIT_NODE_FAULT`].
+fn arm_watchdog(verb: Verb, cfg: &Config, env: &JobEnv) -> Option<HookWatchdog> {
+    let deadline = std::time::Duration::from_millis(cfg.hook_deadline_ms);
+    let (fire_cfg, fire_env) = (cfg.clone(), env.clone());
+    let on_fire = move |step: &str| {
+        let msg = format!("{step} did not finish within {} s", watchdog::seconds(deadline));
+        finish(verb.name(), &fire_cfg, &fire_env, Err(Failure::Node(msg)));
+    };
+    match HookWatchdog::arm(deadline, EXIT_NODE_FAULT, on_fire) {
+        Ok(w) => Some(w),
+        // Without a thread to spare the run still goes on: refusing the job
+        // for it would help no one.
+        Err(e) => {
+            let line = ActionLine::new("watchdog").field("job", env.job_id).field("detail", format!("running unbounded: {e}"));
+            line.outcome(Outcome::Failed).emit(&cfg.log);
+            None
+        }
+    }
 }
 
 /// What a hook does when the site config does not load (audit item H2). A
@@ -255,5 +287,61 @@ mod arg_tests {
         assert_eq!(parse_hook_args(&s(&["--config", "/c.toml"])), Ok(Some("/c.toml".into())));
         assert!(parse_hook_args(&s(&["--config"])).unwrap_err().contains("needs a path"));
         assert!(parse_hook_args(&s(&["-x"])).unwrap_err().contains("unexpected argument"));
+    }
+}
+
+#[cfg(test)]
+mod watchdog_tests {
+    use super::*;
+    use std::ffi::OsStr;
+    use std::time::{Duration, Instant};
+
+    /// Set (to the test directory) in the child that runs the prolog.
+    const CHILD_VAR: &str = "GPU_MODE_HOOK_WATCHDOG_TEST_DIR";
+
+    /// The simulated NVML, its state file locked by this test: nvmlInit
+    /// waits for the lock for good, like a driver that never answers.
+    #[test]
+    fn a_prolog_stuck_opening_nvml_drains_the_node_naming_the_step_and_exits() {
+        if let Some(dir) = std::env::var_os(CHILD_VAR) {
+            let config = std::path::Path::new(&dir).join("config.toml");
+            std::process::exit(hook_main(Verb::Prolog, &["--config".into(), config.display().to_string()]));
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let sim_state = std::fs::File::create(dir.path().join("sim-state.json")).unwrap();
+        let _held = nix::fcntl::Flock::lock(sim_state, nix::fcntl::FlockArg::LockExclusive).unwrap();
+        let deps = std::env::current_exe().unwrap().parent().unwrap().to_path_buf();
+        let sim = [deps.join("libnvml_sim.so"), deps.join("../libnvml_sim.so")].into_iter().find(|p| p.exists()).unwrap();
+        let (cfg, argv) = tests::cfg_with_fake_scontrol(dir.path());
+        let config = format!(
+            "runtime_dir = \"{}\"\nhook_deadline_ms = 300\n[slurm]\nscontrol = \"{}\"\n[log]\nsyslog = false\n[nvml]\nlibrary = \"{}\"\n",
+            dir.path().join("run").display(),
+            cfg.slurm.scontrol.display(),
+            sim.display(),
+        );
+        std::fs::write(dir.path().join("config.toml"), config).unwrap();
+        let job = [
+            ("SLURM_JOB_ID", "5"),
+            ("SLURM_JOB_UID", "1000"),
+            ("SLURM_JOB_GID", "1000"),
+            ("SLURMD_NODENAME", "n9"),
+            ("SLURM_JOB_GPUS", "0"),
+            (crate::job_env::PROLOG_MODE_VAR, "mps"),
+        ];
+        let mut env: Vec<(&str, &OsStr)> = job.iter().map(|(k, v)| (*k, OsStr::new(*v))).collect();
+        let state = dir.path().join("sim-state.json");
+        env.extend([
+            ("GPU_MODE_SIM_STATE", state.as_os_str()),
+            (CHILD_VAR, dir.path().as_os_str()),
+        ]);
+        let start = Instant::now();
+        let test = "lifecycle::watchdog_tests::a_prolog_stuck_opening_nvml_drains_the_node_naming_the_step_and_exits";
+        let out = crate::watchdog::run_test_in_child(test, &env, Duration::from_secs(30));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(EXIT_NODE_FAULT), "{stderr}");
+        assert!(start.elapsed() < Duration::from_secs(20), "took {:?}", start.elapsed());
+        let drain = "update NodeName=n9 State=DRAIN Reason=gpu-mode: prolog: nvml: open did not finish within 0.3 s";
+        assert!(std::fs::read_to_string(&argv).unwrap().lines().any(|l| l == drain), "{stderr}");
+        assert!(stderr.contains("action=prolog job=5 node=n9") && stderr.contains("outcome=failed"), "{stderr}");
     }
 }

@@ -9,6 +9,7 @@ use crate::gpu::NvmlGpus;
 use crate::mode::{GpuMode, MigRequest};
 use crate::mps;
 use crate::state::{JobState, JobStatus, STATE_VERSION};
+use crate::watchdog;
 use std::collections::BTreeMap;
 
 /// Task variable with the job's mode in canonical form, set by the plugin from
@@ -71,7 +72,11 @@ fn prepare(cfg: &Config, env: &JobEnv, mode: &GpuMode) -> Result<Report, Failure
     .into();
     let mut state = new_state(env, &canonical, BTreeMap::new(), None, JobStatus::Ready);
     if let GpuMode::Mps(params) = mode {
-        let gpus = NvmlGpus::from_config(cfg).map_err(|e| Failure::Node(format!("NVML: {e}")))?;
+        let gpus = {
+            let _step = watchdog::step("nvml: open");
+            NvmlGpus::from_config(cfg).map_err(|e| Failure::Node(format!("NVML: {e}")))?
+        };
+        let _step = watchdog::step("mps: setup");
         let job = mps::setup(cfg, env, params, &gpus)?;
         task_env.extend(job.task_env);
         state.mps_daemon = Some(job.key);
@@ -128,6 +133,7 @@ fn new_state(env: &JobEnv, mode: &str, task_env: BTreeMap<String, String>, refus
 }
 
 fn save(cfg: &Config, state: JobState) -> Result<(), Failure> {
+    let _step = watchdog::step("job state: save");
     state
         .save(&cfg.runtime_dir)
         .map(|_| ())

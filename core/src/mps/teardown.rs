@@ -10,6 +10,7 @@ use crate::gpu_lock::GpuLocks;
 use crate::lifecycle::Failure;
 use crate::privdrop::Identity;
 use crate::state::JobState;
+use crate::watchdog;
 use std::time::Duration;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,6 +50,7 @@ pub fn teardown(cfg: &Config, job_id: u32, key: Option<&str>) -> Result<Teardown
     let ops: Option<&dyn GpuOps> = if rec.saved_compute_modes.is_empty() {
         None
     } else {
+        let _step = watchdog::step("nvml: open");
         gpus = NvmlGpus::from_config(cfg).map_err(|e| node("opening NVML to restore compute modes", &e))?;
         Some(&gpus)
     };

@@ -1,0 +1,59 @@
+//! The driver with every call under a deadline. A process whose GPU is hung
+//! can keep a cuCheckpointProcess* call in the kernel for good; a root helper
+//! must then report which call on which process hung, not hang with it.
+
+use super::driver::{calls, CheckpointDriver, DriverError, GpuPair, ProcessState};
+use crate::watchdog::call_with_deadline;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Runs each call of `inner` on a thread of its own and waits at most
+/// `call_timeout` for it (Lock: its own timeout plus `call_timeout`, since
+/// the driver itself gives up at its timeout). A call that does not return
+/// is [`DriverError::NoAnswer`], naming the call and the pid.
+#[derive(Clone)]
+pub struct BoundedDriver {
+    inner: Arc<dyn CheckpointDriver>,
+    call_timeout: Duration,
+}
+
+impl BoundedDriver {
+    pub fn new(inner: Arc<dyn CheckpointDriver>, call_timeout: Duration) -> Self {
+        BoundedDriver { inner, call_timeout }
+    }
+
+    fn call<T: Send + 'static>(
+        &self,
+        name: &'static str,
+        pid: i32,
+        deadline: Duration,
+        f: impl FnOnce(&dyn CheckpointDriver) -> Result<T, DriverError> + Send + 'static,
+    ) -> Result<T, DriverError> {
+        let inner = Arc::clone(&self.inner);
+        call_with_deadline(&format!("{name}(pid {pid})"), deadline, move || f(&*inner))
+            .unwrap_or_else(|e| Err(DriverError::NoAnswer(e)))
+    }
+}
+
+impl CheckpointDriver for BoundedDriver {
+    fn state(&self, pid: i32) -> Result<ProcessState, DriverError> {
+        self.call(calls::GET_STATE, pid, self.call_timeout, move |d| d.state(pid))
+    }
+    fn restore_thread_id(&self, pid: i32) -> Result<i32, DriverError> {
+        self.call(calls::GET_RESTORE_THREAD_ID, pid, self.call_timeout, move |d| d.restore_thread_id(pid))
+    }
+    fn lock(&self, pid: i32, timeout_ms: u32) -> Result<(), DriverError> {
+        let deadline = Duration::from_millis(timeout_ms.into()) + self.call_timeout;
+        self.call(calls::LOCK, pid, deadline, move |d| d.lock(pid, timeout_ms))
+    }
+    fn checkpoint(&self, pid: i32) -> Result<(), DriverError> {
+        self.call(calls::CHECKPOINT, pid, self.call_timeout, move |d| d.checkpoint(pid))
+    }
+    fn restore(&self, pid: i32, pairs: &[GpuPair]) -> Result<(), DriverError> {
+        let pairs = pairs.to_vec();
+        self.call(calls::RESTORE, pid, self.call_timeout, move |d| d.restore(pid, &pairs))
+    }
+    fn unlock(&self, pid: i32) -> Result<(), DriverError> {
+        self.call(calls::UNLOCK, pid, self.call_timeout, move |d| d.unlock(pid))
+    }
+}

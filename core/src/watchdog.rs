@@ -1,0 +1,274 @@
+//! Bounds on calls that can block forever: a driver call (NVML, the CUDA
+//! checkpoint API) or a read of /proc of a process stuck in the kernel.
+//!
+//! * [`call_with_deadline`] runs one call on its own thread and gives up
+//!   waiting at a deadline.
+//! * [`HookWatchdog`] bounds a whole prolog/epilog run: past its deadline it
+//!   reports the step in progress (see [`step`]) and ends the process.
+//!
+//! Neither can stop the stuck call itself. A thread blocked inside the kernel
+//! (an ioctl on /dev/nvidia*, a read of /proc/<pid>/maps of a process whose
+//! memory map is locked) cannot be cancelled from user space: signals wait
+//! until it leaves the kernel, and pthread_cancel would skip Rust destructors
+//! and leave locks held. What a process can do is stop *waiting* for it,
+//! report which call hung, and leave the thread detached; the caller then
+//! decides (fail the step, drain the node, exit). Even `_exit` completes only
+//! once such a thread can be killed (at once for an interruptible wait;
+//! never while it sleeps uninterruptibly), which is why the report (log
+//! line, drain reason) always comes first.
+
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+/// Seconds as the messages print them: `60`, `0.2`.
+pub fn seconds(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+/// Why [`call_with_deadline`] has no value for the caller.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeadlineError {
+    /// The call is still running; its thread was left detached.
+    #[error("{what} did not return within {} s", seconds(*after))]
+    Timeout { what: String, after: Duration },
+    /// No thread could be started (the process is out of threads or memory).
+    #[error("cannot start a thread to run {what}: {detail}")]
+    Spawn { what: String, detail: String },
+    /// The call panicked on its thread.
+    #[error("{what} panicked: {detail}")]
+    Panicked { what: String, detail: String },
+}
+
+/// Runs `f` on a new thread and waits at most `deadline` for its value.
+/// Past the deadline the thread is left running, detached (see the module
+/// docs for why nothing better exists), and `Timeout` names `what`.
+pub fn call_with_deadline<T, F>(what: &str, deadline: Duration, f: F) -> Result<T, DeadlineError>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    // Capacity 1: a call that finishes after the deadline must not block on
+    // a receiver that is gone; its send just fails.
+    let (tx, rx) = mpsc::sync_channel(1);
+    let handle = std::thread::Builder::new()
+        .name("deadline call".into())
+        .spawn(move || {
+            let _ = tx.send(f());
+        })
+        .map_err(|e| DeadlineError::Spawn { what: what.to_string(), detail: e.to_string() })?;
+    match rx.recv_timeout(deadline) {
+        Ok(value) => Ok(value),
+        Err(RecvTimeoutError::Timeout) => Err(DeadlineError::Timeout { what: what.to_string(), after: deadline }),
+        // The sender went away without a value: `f` panicked.
+        Err(RecvTimeoutError::Disconnected) => {
+            let detail = handle.join().err().map_or_else(|| "no value".to_string(), |p| panic_text(&*p));
+            Err(DeadlineError::Panicked { what: what.to_string(), detail })
+        }
+    }
+}
+
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
+/// The step the process is in, for the hook watchdog's report. Process-wide:
+/// the hooks are single-threaded, and the watchdog thread must read it.
+static STEP: Mutex<&'static str> = Mutex::new("starting");
+
+fn set_step(name: &'static str) -> &'static str {
+    // A poisoned lock still holds a valid name.
+    std::mem::replace(&mut *STEP.lock().unwrap_or_else(|e| e.into_inner()), name)
+}
+
+/// The step recorded last (`"starting"` before any).
+pub fn current_step() -> &'static str {
+    *STEP.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Puts the previous step back when dropped, so nested steps report the
+/// innermost one while it runs and the outer one after.
+#[must_use = "the step ends when the guard is dropped"]
+pub struct StepGuard {
+    previous: &'static str,
+}
+
+impl Drop for StepGuard {
+    fn drop(&mut self) {
+        set_step(self.previous);
+    }
+}
+
+/// Records `name` as the step in progress until the guard is dropped:
+/// `let _step = watchdog::step("nvml: open");`. One mutex store: cheap.
+pub fn step(name: &'static str) -> StepGuard {
+    StepGuard { previous: set_step(name) }
+}
+
+/// How long `on_fire` may take (logging, two scontrol calls of 20 s at most)
+/// before the process exits anyway.
+pub const FIRE_GRACE: Duration = Duration::from_secs(60);
+
+/// Bounds a whole run of a root helper. Past the deadline, unless disarmed
+/// (or dropped) first, it calls `on_fire` with the step in progress and ends
+/// the process with `libc::_exit(exit_code)`; should `on_fire` itself hang,
+/// the process ends [`FIRE_GRACE`] later all the same.
+pub struct HookWatchdog {
+    disarmed: Arc<(Mutex<bool>, Condvar)>,
+}
+
+impl HookWatchdog {
+    /// Both its threads start here, not when it fires: a call stuck inside
+    /// the dynamic loader (dlopen of a library on a hung file system) holds
+    /// the lock that creating a thread needs, so no thread could start then.
+    pub fn arm(
+        deadline: Duration,
+        exit_code: i32,
+        on_fire: impl FnOnce(&str) + Send + 'static,
+    ) -> Result<HookWatchdog, DeadlineError> {
+        // Built first: if a spawn below fails, dropping it disarms the other.
+        let dog = HookWatchdog { disarmed: Arc::new((Mutex::new(false), Condvar::new())) };
+        dog.spawn_waiter("hook backstop", deadline + FIRE_GRACE, move || exit_now(exit_code))?;
+        dog.spawn_waiter("hook watchdog", deadline, move || {
+            on_fire(current_step());
+            exit_now(exit_code)
+        })?;
+        Ok(dog)
+    }
+
+    /// Stops the watchdog; it will not fire. (Dropping it does the same.)
+    pub fn disarm(self) {}
+
+    /// A thread that runs `then` after `after`, unless disarmed first.
+    fn spawn_waiter(&self, name: &str, after: Duration, then: impl FnOnce() + Send + 'static) -> Result<(), DeadlineError> {
+        let disarmed = Arc::clone(&self.disarmed);
+        let wait = move || {
+            let (flag, cvar) = &*disarmed;
+            let guard = flag.lock().unwrap_or_else(|e| e.into_inner());
+            let (guard, _) = cvar.wait_timeout_while(guard, after, |d| !*d).unwrap_or_else(|e| e.into_inner());
+            if !*guard {
+                drop(guard);
+                then();
+            }
+        };
+        std::thread::Builder::new()
+            .name(name.into())
+            .spawn(wait)
+            .map(drop)
+            .map_err(|e| DeadlineError::Spawn { what: "the hook watchdog".into(), detail: e.to_string() })
+    }
+}
+
+impl Drop for HookWatchdog {
+    fn drop(&mut self) {
+        let (flag, cvar) = &*self.disarmed;
+        *flag.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        cvar.notify_all();
+    }
+}
+
+/// Exits without unwinding: `_exit` runs no atexit handler or destructor,
+/// which could wait on the very lock the stuck thread holds (NVML's
+/// shutdown, stdout's lock).
+fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit only ends the process; it touches no Rust state.
+    unsafe { libc::_exit(code) }
+}
+
+#[cfg(test)]
+pub(crate) fn run_test_in_child(test: &str, env: &[(&str, &std::ffi::OsStr)], timeout: Duration) -> std::process::Output {
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", test, "--test-threads=1", "--nocapture"]);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    crate::command::run_with_timeout(cmd, None, timeout).unwrap()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    #[test]
+    fn a_fast_call_returns_its_value() {
+        assert_eq!(call_with_deadline("add", Duration::from_secs(5), || 2 + 2), Ok(4));
+    }
+
+    #[test]
+    fn a_call_past_its_deadline_is_a_timeout_returned_at_the_deadline() {
+        let start = Instant::now();
+        let err = call_with_deadline("cuCheckpointProcessCheckpoint(pid 7)", Duration::from_millis(100), || {
+            std::thread::sleep(Duration::from_secs(10));
+        })
+        .unwrap_err();
+        assert!(start.elapsed() < Duration::from_secs(2), "waited {:?}", start.elapsed());
+        assert_eq!(err.to_string(), "cuCheckpointProcessCheckpoint(pid 7) did not return within 0.1 s");
+        assert!(matches!(err, DeadlineError::Timeout { after, .. } if after == Duration::from_millis(100)));
+    }
+
+    #[test]
+    fn a_panicking_call_is_an_error_not_a_panic() {
+        let err = call_with_deadline("boom", Duration::from_secs(5), || -> u8 { panic!("scripted") }).unwrap_err();
+        assert_eq!(err.to_string(), "boom panicked: scripted");
+    }
+
+    /// Set in the child process that runs one watchdog scenario.
+    const CHILD_VAR: &str = "GPU_MODE_WATCHDOG_TEST_CHILD";
+
+    fn run_child(test: &str, report: &std::path::Path) -> std::process::Output {
+        run_test_in_child(test, &[(CHILD_VAR, report.as_os_str())], Duration::from_secs(60))
+    }
+
+    fn in_child() -> Option<std::path::PathBuf> {
+        std::env::var_os(CHILD_VAR).map(Into::into)
+    }
+
+    #[test]
+    fn the_hook_watchdog_fires_with_the_step_in_progress_and_exits() {
+        if let Some(report) = in_child() {
+            {
+                let _done = step("job state: load");
+            }
+            let _outer = step("mps: setup");
+            let _inner = step("nvml: open");
+            let _dog = HookWatchdog::arm(Duration::from_millis(200), 42, move |step| {
+                std::fs::write(&report, step).unwrap();
+            })
+            .unwrap();
+            std::thread::sleep(Duration::from_secs(20));
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let report = dir.path().join("fired");
+        let start = Instant::now();
+        let out = run_child("watchdog::tests::the_hook_watchdog_fires_with_the_step_in_progress_and_exits", &report);
+        assert_eq!(out.status.code(), Some(42), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(start.elapsed() < Duration::from_secs(10), "took {:?}", start.elapsed());
+        assert_eq!(std::fs::read_to_string(&report).unwrap(), "nvml: open");
+    }
+
+    #[test]
+    fn a_disarmed_hook_watchdog_never_fires() {
+        if let Some(report) = in_child() {
+            let fired = report.clone();
+            let dog = HookWatchdog::arm(Duration::from_millis(100), 42, move |_| {
+                std::fs::write(&fired, "fired").unwrap();
+            })
+            .unwrap();
+            dog.disarm();
+            std::thread::sleep(Duration::from_millis(400));
+            std::fs::write(&report, "quiet").unwrap();
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let report = dir.path().join("fired");
+        let out = run_child("watchdog::tests::a_disarmed_hook_watchdog_never_fires", &report);
+        assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stdout));
+        assert_eq!(std::fs::read_to_string(&report).unwrap(), "quiet", "the child ran and the watchdog stayed silent");
+    }
+}
