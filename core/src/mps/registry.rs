@@ -148,6 +148,27 @@ impl DaemonRecord {
     }
 }
 
+/// A record for tests of other modules and crates: the daemon `daemon`,
+/// directories under `runtime_dir`, nothing to restore.
+#[doc(hidden)]
+pub fn test_record_for(uid: u32, gpus: &[u32], jobs: &[u32], daemon: ProcId, runtime_dir: &Path) -> DaemonRecord {
+    let key = daemon_key(uid, gpus);
+    let dir = daemon_dir(runtime_dir, &key);
+    DaemonRecord {
+        version: REGISTRY_VERSION,
+        key,
+        uid,
+        gid: uid,
+        gpus: gpus.to_vec(),
+        gpu_uuids: gpus.iter().map(|g| format!("GPU-{g}")).collect(),
+        daemon: Some(daemon),
+        pipe_dir: dir.join("pipe"),
+        log_dir: dir.join("log"),
+        jobs: jobs.to_vec(),
+        saved_compute_modes: Vec::new(),
+    }
+}
+
 /// A record for tests: GPU `g` has UUID `GPU-g`, pipe directory `/p`.
 #[cfg(test)]
 pub(crate) fn test_record(uid: u32, gpus: &[u32], jobs: &[u32]) -> DaemonRecord {
