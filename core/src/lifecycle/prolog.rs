@@ -76,9 +76,14 @@ fn prepare(cfg: &Config, env: &JobEnv, mode: &GpuMode, nvml: &LazyGpus) -> Resul
         }
         return Err(e);
     }
-    let detail = [Some(gpus.how), state.mps_daemon.map(|k| format!("mps daemon {k}"))];
-    let detail: Vec<String> = detail.into_iter().flatten().filter(|d| !d.is_empty()).collect();
-    Ok(Report { outcome: Outcome::Ok, mode: Some(canonical), detail: (!detail.is_empty()).then(|| detail.join("; ")) })
+    Ok(Report { outcome: Outcome::Ok, mode: Some(canonical), detail: report_detail(&gpus, state.mps_daemon.as_deref()) })
+}
+
+/// The log line's detail: how Slurm's GPUs mapped to NVML's, and the daemon.
+fn report_detail(gpus: &JobGpus, mps_daemon: Option<&str>) -> Option<String> {
+    let how = (!gpus.how.is_empty()).then(|| gpus.how.clone());
+    let parts: Vec<String> = [how, mps_daemon.map(|k| format!("mps daemon {k}"))].into_iter().flatten().collect();
+    (!parts.is_empty()).then(|| parts.join("; "))
 }
 
 /// The job's GPUs as NVML numbers them. Mode code must use these, never
