@@ -177,6 +177,9 @@ impl Default for MpsConfig {
 pub struct SlurmConfig {
     /// Absolute path of scontrol: helpers run with no PATH.
     pub scontrol: PathBuf,
+    /// The node's gres.conf, read by the prolog of jobs with a mode and GPUs
+    /// to map Slurm's GPU indices to NVML's (`gpu::slurm_index`).
+    pub gres_conf: PathBuf,
     /// Drain the node with a `gpu-mode:` reason when a node-level fault is
     /// found. Off only for sites that drain through their own tooling.
     pub drain_on_node_fault: bool,
@@ -271,7 +274,11 @@ impl Default for Config {
 
 impl Default for SlurmConfig {
     fn default() -> Self {
-        SlurmConfig { scontrol: PathBuf::from("/usr/bin/scontrol"), drain_on_node_fault: true }
+        SlurmConfig {
+            scontrol: PathBuf::from("/usr/bin/scontrol"),
+            gres_conf: PathBuf::from("/etc/slurm/gres.conf"),
+            drain_on_node_fault: true,
+        }
     }
 }
 
@@ -370,6 +377,7 @@ impl Config {
     fn validate(&self) -> Result<(), String> {
         require_absolute("runtime_dir", &self.runtime_dir)?;
         require_absolute("slurm.scontrol", &self.slurm.scontrol)?;
+        require_absolute("slurm.gres_conf", &self.slurm.gres_conf)?;
         require_absolute("mps.control", &self.mps.control)?;
         for (key, ms) in [
             ("mps.start_timeout_ms", self.mps.start_timeout_ms),
@@ -536,6 +544,7 @@ mod tests {
             hook_deadline_ms = 90000
             [slurm]
             scontrol = "/opt/slurm/bin/scontrol"
+            gres_conf = "/opt/slurm/etc/gres.conf"
             drain_on_node_fault = false
             [log]
             syslog = false
@@ -553,6 +562,7 @@ mod tests {
         .unwrap();
         assert_eq!(cfg.runtime_dir, PathBuf::from("/var/run/gm"));
         assert_eq!(cfg.slurm.scontrol, PathBuf::from("/opt/slurm/bin/scontrol"));
+        assert_eq!(cfg.slurm.gres_conf, PathBuf::from("/opt/slurm/etc/gres.conf"));
         assert!(!cfg.slurm.drain_on_node_fault);
         assert!(!cfg.log.syslog);
         assert!(cfg.log.stderr);
@@ -587,6 +597,7 @@ mod tests {
             ("runtime_dir = \"run/x\"", "runtime_dir = \"run/x\" must be an absolute path"),
             ("runtime_dir = \"/run/../etc\"", "must not contain '..'"),
             ("[slurm]\nscontrol = \"scontrol\"", "slurm.scontrol"),
+            ("[slurm]\ngres_conf = \"gres.conf\"", "slurm.gres_conf = \"gres.conf\" must be an absolute path"),
             ("runtimedir = \"/x\"", "unknown field `runtimedir`"),
             ("[slurm]\ndrain_on_node_fault = \"yes\"", "invalid type"),
             ("[mig.layouts]\nhalf = \"3g.40gbx9\"", "mig.layouts.half: count 9"),

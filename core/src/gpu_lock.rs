@@ -2,7 +2,8 @@
 //! whatever reads and changes a GPU's shared state (compute mode, the MPS
 //! daemon registry, MIG instances) holds the lock of every GPU it touches.
 //!
-//! flock(2) on `<runtime_dir>/locks/gpu<N>.lock`: released by the kernel when
+//! flock(2) on `<runtime_dir>/locks/gpu<N>.lock`, N the NVML index (so every
+//! job names a GPU alike, whatever Slurm calls it): released by the kernel when
 //! the holder dies, so a killed prolog never leaves a GPU locked. Locks are
 //! taken in ascending GPU order, so two jobs can never deadlock.
 

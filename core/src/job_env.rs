@@ -2,7 +2,7 @@
 //!
 //! slurmd runs them with a minimal environment and no PATH (field notes §1):
 //! SLURM_JOB_ID, SLURM_JOB_UID, SLURM_JOB_GID, SLURM_JOB_USER, SLURMD_NODENAME,
-//! SLURM_JOB_GPUS / CUDA_VISIBLE_DEVICES (physical indices), SLURM_SCRIPT_CONTEXT,
+//! SLURM_JOB_GPUS / CUDA_VISIBLE_DEVICES (Slurm's GPU indices), SLURM_SCRIPT_CONTEXT,
 //! and `SPANK_GPU_MODE` from the plugin's `spank_job_control_setenv`.
 
 use crate::mode::{GpuMode, ModeError};
@@ -22,8 +22,10 @@ pub struct JobEnv {
     pub gid: u32,
     pub user: String,
     pub node: String,
-    /// Physical GPU indices allocated to the job on this node.
-    pub gpus: Vec<u32>,
+    /// Slurm's indices of the job's GPUs on this node: positions in
+    /// gres.conf's device list, not NVML indices. Only
+    /// `gpu::slurm_index::resolve` turns them into GPUs.
+    pub slurm_gpus: Vec<u32>,
     /// The raw `SPANK_GPU_MODE` value, if the job asked for a mode.
     pub mode_value: Option<String>,
 }
@@ -55,7 +57,7 @@ impl JobEnv {
         if job_id == 0 {
             return Err(JobEnvError::Invalid { var: "SLURM_JOB_ID", value: "0".into(), what: "job id" });
         }
-        let gpus = match vars.get("SLURM_JOB_GPUS").or_else(|| vars.get("CUDA_VISIBLE_DEVICES")) {
+        let slurm_gpus = match vars.get("SLURM_JOB_GPUS").or_else(|| vars.get("CUDA_VISIBLE_DEVICES")) {
             Some(list) => parse_gpu_list(list).map_err(|_| JobEnvError::Invalid {
                 var: "SLURM_JOB_GPUS",
                 value: list.clone(),
@@ -69,7 +71,7 @@ impl JobEnv {
             gid: num("SLURM_JOB_GID", "gid")?,
             user: vars.get("SLURM_JOB_USER").cloned().unwrap_or_default(),
             node: get("SLURMD_NODENAME")?.clone(),
-            gpus,
+            slurm_gpus,
             mode_value: vars.get(PROLOG_MODE_VAR).filter(|v| !v.is_empty()).cloned(),
         })
     }
@@ -136,16 +138,16 @@ mod tests {
         assert_eq!((env.uid, env.gid), (1001, 1002));
         assert_eq!(env.user, "bob");
         assert_eq!(env.node, "gpu07");
-        assert_eq!(env.gpus, vec![1, 3]);
+        assert_eq!(env.slurm_gpus, vec![1, 3]);
         assert_eq!(env.mode().unwrap().unwrap().kind(), "mps");
     }
 
     #[test]
     fn falls_back_to_cuda_visible_devices_and_allows_no_gpus() {
         let env = JobEnv::from_vars(&vars(&[("CUDA_VISIBLE_DEVICES", "2")])).unwrap();
-        assert_eq!(env.gpus, vec![2]);
+        assert_eq!(env.slurm_gpus, vec![2]);
         let env = JobEnv::from_vars(&vars(&[])).unwrap();
-        assert!(env.gpus.is_empty());
+        assert!(env.slurm_gpus.is_empty());
         assert_eq!(env.mode().unwrap(), None);
     }
 

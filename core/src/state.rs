@@ -40,7 +40,8 @@ pub struct JobState {
     pub node: String,
     /// The job's mode in canonical form (`GpuMode`'s Display).
     pub mode: String,
-    /// Physical GPU indices the job holds on this node.
+    /// NVML indices of the job's GPUs on this node (the prolog maps Slurm's:
+    /// `gpu::slurm_index`); empty for a refused job.
     pub gpus: Vec<u32>,
     /// Environment the plugin sets in every task of the job.
     pub task_env: BTreeMap<String, String>,

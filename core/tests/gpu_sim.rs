@@ -97,6 +97,29 @@ fn mig_lifecycle_create_list_destroy() {
 }
 
 #[test]
+fn minors_that_differ_from_indices_map_slurm_indices_and_keep_handles_right() {
+    let node = SimNode::new("node-2x-h200.toml");
+    node.edit(|s| {
+        s.gpus[0].minor = 1;
+        s.gpus[1].minor = 0;
+    });
+    let gpus = node.gpus();
+    let (a, b) = (gpus.inventory(0).unwrap(), gpus.inventory(1).unwrap());
+    assert_eq!((a.index, a.minor_number, b.index, b.minor_number), (0, 1, 1, 0));
+    assert_eq!((gpus.minor_number(0).unwrap(), gpus.minor_number(1).unwrap()), (1, 0));
+    // gres.conf in minor order: Slurm's GPU 0 is /dev/nvidia0, NVML's GPU 1.
+    let order = gpu_mode_core::gres::parse_gpu_order("Name=gpu File=/dev/nvidia[0-1]", "/g".as_ref(), "n").unwrap();
+    let mapped = slurm_index::map_to_nvml(&order, &[0], || Ok(&gpus as &dyn GpuOps)).unwrap();
+    assert_eq!(mapped.nvml, vec![1]);
+    // MIG handles name the GPU by index, not minor: instances land on GPU 1.
+    assert_eq!(gpus.set_mig_mode(1, true).unwrap(), MigModeChange::Applied);
+    let gi = gpus.create_mig_instance(1, 9, None).unwrap();
+    assert_eq!(gpus.mig_instances(1).unwrap(), vec![gi.clone()]);
+    gpus.destroy_mig_instance(1, gi.gpu_instance).unwrap();
+    assert!(gpus.mig_instances(1).unwrap().is_empty());
+}
+
+#[test]
 fn mig_mode_stays_pending_while_a_process_holds_the_gpu() {
     let node = SimNode::new("node-1x-h200.toml");
     node.add_process(0, 4242);

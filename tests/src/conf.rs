@@ -23,6 +23,13 @@ pub struct ClusterSpec {
     pub extra_gpu_mode_config: String,
     /// GPU device files for gres.conf; `None` makes placeholders.
     pub gpu_device_files: Option<Vec<PathBuf>>,
+    /// Placeholders only: gres.conf lists `nvidia<order[i]>` as Slurm's GPU
+    /// i; `None` lists them in ascending order.
+    pub gres_device_order: Option<Vec<u32>>,
+    /// Device minor numbers of the simulated GPUs, by NVML index; `None`:
+    /// the index. With `gres_device_order` it makes Slurm's, the device
+    /// files' and NVML's numbering all differ, as on some real nodes.
+    pub sim_minors: Option<Vec<u32>>,
     /// Real GPUs (NVML, MPS of the host, settings left as they are) instead
     /// of the simulated ones. Set by `GPU_MODE_GPU_DEVICES`.
     pub real_gpus: bool,
@@ -48,6 +55,8 @@ impl ClusterSpec {
             extra_gpu_mode_config: String::new(),
             real_gpus: real_gpu_devices().is_some(),
             gpu_device_files: real_gpu_devices(),
+            gres_device_order: None,
+            sim_minors: None,
             health_check_interval: None,
         }
     }
@@ -190,7 +199,7 @@ pub fn write_all(spec: &ClusterSpec, install: &SlurmInstall) -> Result<()> {
     write_munge_key(&d.join("munge/munge.key"))?;
     let gpu_files = match &spec.gpu_device_files {
         Some(files) => files.clone(),
-        None => make_placeholder_devices(&d.join("dev"), spec.gpus)?,
+        None => make_placeholder_devices(&d.join("dev"), spec.gpus, spec.gres_device_order.as_deref())?,
     };
     write(d, "slurm.conf", &slurm_conf(spec, install, gpu_files.len()), 0o644)?;
     write(d, "gres.conf", &gres_conf(&gpu_files), 0o644)?;
@@ -231,11 +240,18 @@ fn write_munge_key(path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Character devices named like the real ones (Slurm takes the GPU index from
-/// the trailing number). They are copies of /dev/null: nothing opens them.
-fn make_placeholder_devices(dir: &Path, gpus: u32) -> Result<Vec<PathBuf>> {
-    (0..gpus)
-        .map(|i| {
+/// Character devices named like the real ones (the number is the minor the
+/// gpu-mode prolog looks for in NVML), in gres.conf order: `order`, or
+/// ascending. They are copies of /dev/null: nothing opens them.
+fn make_placeholder_devices(dir: &Path, gpus: u32, order: Option<&[u32]>) -> Result<Vec<PathBuf>> {
+    let ascending: Vec<u32> = (0..gpus).collect();
+    let order = order.unwrap_or(&ascending);
+    if order.len() != gpus as usize {
+        bail!("gres_device_order {order:?} must list {gpus} devices");
+    }
+    order
+        .iter()
+        .map(|&i| {
             let p = dir.join(format!("nvidia{i}"));
             let dev = nix::sys::stat::makedev(1, 3);
             nix::sys::stat::mknod(&p, nix::sys::stat::SFlag::S_IFCHR, nix::sys::stat::Mode::from_bits_truncate(0o666), dev)
@@ -332,7 +348,8 @@ fn write_sim(spec: &ClusterSpec, gpus: usize) -> Result<SimPaths> {
     fs::set_permissions(&dir, fs::Permissions::from_mode(0o755))?;
     let fixture = dir.join("node.toml");
     let model = sim.fixtures.join("h200-141gb.toml");
-    write(&dir, "node.toml", &format!("driver_version = \"580.159.04\"\nnvml_version = \"13.580.159.04\"\ncuda_driver_version = 13000\n\n[[gpus]]\nmodel = \"{}\"\ncount = {gpus}\n", model.display()), 0o644)?;
+    let minors = spec.sim_minors.as_ref().map(|m| format!("minors = {m:?}\n")).unwrap_or_default();
+    write(&dir, "node.toml", &format!("driver_version = \"580.159.04\"\nnvml_version = \"13.580.159.04\"\ncuda_driver_version = 13000\n\n[[gpus]]\nmodel = \"{}\"\ncount = {gpus}\n{minors}", model.display()), 0o644)?;
     let state = dir.join("nvml-state.json");
     let out = std::process::Command::new(&sim.nvml_ctl)
         .args(["init", fixture.to_str().unwrap()])
@@ -365,6 +382,7 @@ runtime_dir = \"{run}\"
 
 [slurm]
 scontrol = \"{scontrol}\"
+gres_conf = \"{gres_conf}\"
 
 [log]
 syslog = false
@@ -377,6 +395,7 @@ half = \"3g.40gbx2\"
 {extra}",
         run = spec.dir.join("run").display(),
         scontrol = install.bin("scontrol").display(),
+        gres_conf = spec.dir.join("gres.conf").display(),
         extra = spec.extra_gpu_mode_config,
     )
 }

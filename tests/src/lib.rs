@@ -185,6 +185,18 @@ impl Cluster {
         text.lines().filter(|l| l.contains(&needle)).map(String::from).collect()
     }
 
+    /// Polls `f` every 100 ms for 10 s; a test failure with the logs if it
+    /// never holds.
+    pub fn wait_until(&self, what: &str, mut f: impl FnMut() -> bool) {
+        for _ in 0..100 {
+            if f() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("timed out waiting for {what}\n{}", self.logs_tail());
+    }
+
     /// The gpu-mode runtime directory the helpers use.
     pub fn runtime_dir(&self) -> PathBuf {
         self.dir.join("run")
@@ -206,8 +218,13 @@ impl Cluster {
     /// A simulated GPU's compute mode as NVML numbers it (0 default,
     /// 3 exclusive process).
     pub fn sim_compute_mode(&self, gpu: usize) -> Result<u64> {
-        let state: serde_json::Value = serde_json::from_str(&self.sim_ctl(&["show"])?)?;
-        state["gpus"][gpu]["compute_mode"].as_u64().ok_or_else(|| anyhow!("no compute_mode for GPU {gpu}"))
+        self.sim_gpu(gpu)?["compute_mode"].as_u64().ok_or_else(|| anyhow!("no compute_mode for GPU {gpu}"))
+    }
+
+    /// The simulated GPU at NVML index `gpu`, as `nvml-sim-ctl show` prints it.
+    pub fn sim_gpu(&self, gpu: usize) -> Result<serde_json::Value> {
+        let mut state: serde_json::Value = serde_json::from_str(&self.sim_ctl(&["show"])?)?;
+        Ok(state["gpus"][gpu].take())
     }
 
     /// Runs a built helper (prolog, epilog) by hand with a Slurm-like

@@ -10,11 +10,17 @@ static CLUSTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
 /// simulated GPUs, and returns it. A failed start fails every test of the
 /// binary with the same message.
 pub fn cluster(name: &str, gpus: u32) -> &'static Cluster {
+    cluster_with(name, gpus, |_| {})
+}
+
+/// [`cluster`] with `customize` applied to the spec before the start.
+pub fn cluster_with(name: &str, gpus: u32, customize: impl FnOnce(&mut ClusterSpec)) -> &'static Cluster {
     let started = CLUSTER.get_or_init(|| {
         let result = (|| -> anyhow::Result<Cluster> {
             crate::users::ensure_test_users()?;
-            let artifacts = Artifacts::locate()?;
-            Cluster::start(ClusterSpec::new(name, gpus, artifacts))
+            let mut spec = ClusterSpec::new(name, gpus, Artifacts::locate()?);
+            customize(&mut spec);
+            Cluster::start(spec)
         })();
         // Statics are never dropped: stop the daemons when the process exits.
         // libtest returns from main or calls exit(), so atexit runs either way.

@@ -5,7 +5,6 @@
 use gpu_mode_tests::shared::cluster;
 use gpu_mode_tests::Cluster;
 use std::os::unix::process::CommandExt;
-use std::time::Duration;
 
 fn c() -> &'static Cluster {
     cluster("mps_mode", 4)
@@ -27,16 +26,6 @@ fn mps_processes() -> Vec<String> {
         .collect()
 }
 
-fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    for _ in 0..100 {
-        if f() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("timed out waiting for {what}\n{}", c().logs_tail());
-}
-
 #[test]
 fn two_users_get_separate_private_daemons_and_the_compute_mode_is_restored() {
     // Each job reports its pipe directory and daemon, then waits for the
@@ -48,7 +37,7 @@ fn two_users_get_separate_private_daemons_and_the_compute_mode_is_restored() {
         let a = s.spawn(|| c().sbatch_wait(Some("gmtest1"), &["--gpu-mode=mps:threads=30", "--gres=gpu:1"], &script));
         let b = s.spawn(|| c().sbatch_wait(Some("gmtest2"), &["--gpu-mode=mps", "--gres=gpu:1"], &script));
         // While both run: check from outside.
-        wait_until("both jobs to report", || {
+        c().wait_until("both jobs to report", || {
             std::fs::read_dir(&out_dir).unwrap().filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with("mps.")).count() >= 2
         });
         let reports: Vec<String> = std::fs::read_dir(&out_dir)
@@ -90,7 +79,7 @@ fn two_users_get_separate_private_daemons_and_the_compute_mode_is_restored() {
     assert_eq!(b.exit_code, 0, "{}", b.output);
     assert_eq!(a.output.trim(), "threads=30");
     assert_eq!(b.output.trim(), "threads=");
-    wait_until("the epilogs to stop both daemons", || mps_processes().is_empty());
+    c().wait_until("the epilogs to stop both daemons", || mps_processes().is_empty());
     for g in 0..4 {
         assert_eq!(c().sim_compute_mode(g).unwrap(), 0, "GPU {g}: compute mode not restored");
     }

@@ -17,6 +17,9 @@ pub mod mig;
 pub mod modes;
 mod raw;
 pub mod report;
+pub mod slurm_index;
+#[cfg(test)]
+pub(crate) mod fake;
 
 pub use error::{ErrorKind, GpuError, GpuLabel};
 pub use health::{HealthReadings, Pcie, RemappedRows, XidEvent};
@@ -41,6 +44,8 @@ pub trait GpuOps {
     fn driver(&self) -> Result<DriverVersions, GpuError>;
     fn count(&self) -> Result<u32, GpuError>;
     fn inventory(&self, gpu: u32) -> Result<GpuInventory, GpuError>;
+    /// N of /dev/nvidiaN, how gres.conf names the GPU (see [`slurm_index`]).
+    fn minor_number(&self, gpu: u32) -> Result<u32, GpuError>;
     fn modes(&self, gpu: u32) -> Result<GpuModes, GpuError>;
     /// GPU-instance profiles; empty on GPUs without MIG.
     fn mig_profiles(&self, gpu: u32) -> Result<Vec<MigProfile>, GpuError>;
@@ -58,6 +63,33 @@ pub trait GpuOps {
     fn create_mig_instance(&self, gpu: u32, profile_id: u32, placement: Option<u32>) -> Result<MigInstance, GpuError>;
     /// Destroys a GPU instance, its compute instances first.
     fn destroy_mig_instance(&self, gpu: u32, gpu_instance: u32) -> Result<(), GpuError>;
+}
+
+/// NVML opened on first use: a prolog needs it for some jobs only, and opens
+/// it once for all the steps that do.
+pub struct LazyGpus<'a> {
+    open: Box<dyn Fn() -> Result<Box<dyn GpuOps>, GpuError> + 'a>,
+    ops: std::cell::OnceCell<Box<dyn GpuOps>>,
+}
+
+impl<'a> LazyGpus<'a> {
+    pub fn new(open: impl Fn() -> Result<Box<dyn GpuOps>, GpuError> + 'a) -> LazyGpus<'a> {
+        LazyGpus { open: Box::new(open), ops: std::cell::OnceCell::new() }
+    }
+
+    /// The library `config` names, opened on first use.
+    pub fn from_config(config: &'a crate::Config) -> LazyGpus<'a> {
+        LazyGpus::new(move || Ok(Box::new(NvmlGpus::from_config(config)?)))
+    }
+
+    /// Opens on the first call; a failed open is tried again on the next.
+    pub fn get(&self) -> Result<&dyn GpuOps, GpuError> {
+        if let Some(ops) = self.ops.get() {
+            return Ok(ops.as_ref());
+        }
+        let ops = (self.open)()?;
+        Ok(self.ops.get_or_init(|| ops).as_ref())
+    }
 }
 
 /// The node's GPUs through a loaded libnvidia-ml.
@@ -100,6 +132,9 @@ impl GpuOps for NvmlGpus {
     }
     fn inventory(&self, gpu: u32) -> Result<GpuInventory, GpuError> {
         self.read_inventory(gpu)
+    }
+    fn minor_number(&self, gpu: u32) -> Result<u32, GpuError> {
+        wrap("nvmlDeviceGetMinorNumber", gpu, self.device(gpu)?.minor_number())
     }
     fn modes(&self, gpu: u32) -> Result<GpuModes, GpuError> {
         self.read_modes(gpu)

@@ -85,7 +85,7 @@ mod tests {
             gid: 1000,
             user: "u".into(),
             node: "n".into(),
-            gpus: vec![0],
+            slurm_gpus: vec![0],
             mode_value: Some("checkpoint".into()),
         };
         (dir, cfg, env)

@@ -58,7 +58,7 @@ pub fn finish(verb: &str, cfg: &Config, env: &JobEnv, result: Result<Report, Fai
         .field("node", &env.node)
         .field("user", &env.user)
         .field("uid", env.uid)
-        .field("gpu", format_gpu_list(&env.gpus));
+        .field("gpu", format_gpu_list(&env.slurm_gpus));
     match result {
         Ok(report) => {
             let mut line = line.field("mode", report.mode.as_deref().unwrap_or("none"));
@@ -116,7 +116,7 @@ mod tests {
             gid: 1000,
             user: "u".into(),
             node: "n9".into(),
-            gpus: vec![0],
+            slurm_gpus: vec![0],
             mode_value: Some("mps".into()),
         }
     }

@@ -5,7 +5,8 @@ use super::{Failure, Report};
 use crate::config::Config;
 use crate::job_env::{format_gpu_list, JobEnv};
 use crate::log::Outcome;
-use crate::gpu::NvmlGpus;
+use crate::gpu::slurm_index::{self, JobGpus};
+use crate::gpu::LazyGpus;
 use crate::mode::{GpuMode, MigRequest};
 use crate::mps;
 use crate::state::{JobState, JobStatus, STATE_VERSION};
@@ -15,7 +16,7 @@ use std::collections::BTreeMap;
 /// Task variable with the job's mode in canonical form, set by the plugin from
 /// the job state (proof that the prolog's decision reached the task).
 pub const TASK_MODE_VAR: &str = "SLURM_GPU_MODE";
-/// Task variable with the physical GPU indices the prolog prepared.
+/// Task variable with the NVML indices of the GPUs the prolog prepared.
 pub const TASK_GPUS_VAR: &str = "SLURM_GPU_MODE_GPUS";
 
 /// The most of a user's raw mode value or of a message kept in a state file
@@ -23,6 +24,11 @@ pub const TASK_GPUS_VAR: &str = "SLURM_GPU_MODE_GPUS";
 pub const MAX_RECORDED_LEN: usize = 512;
 
 pub fn run(cfg: &Config, env: &JobEnv) -> Result<Report, Failure> {
+    run_with(cfg, env, &LazyGpus::from_config(cfg))
+}
+
+/// [`run`] with the NVML to use when a step needs one (tests give a fake).
+pub(crate) fn run_with(cfg: &Config, env: &JobEnv, nvml: &LazyGpus) -> Result<Report, Failure> {
     let Some(raw) = env.mode_value.as_deref() else {
         // Jobs without --gpu-mode are never touched.
         return Ok(Report { outcome: Outcome::Skipped, mode: None, detail: None });
@@ -38,7 +44,7 @@ pub fn run(cfg: &Config, env: &JobEnv) -> Result<Report, Failure> {
     let canonical = mode.to_string();
     // From here on the job is live on this node (audit item M1).
     save(cfg, new_state(env, &canonical, BTreeMap::new(), None, JobStatus::Preparing))?;
-    let result = check_on_this_node(cfg, env, &mode).map_err(Failure::Job).and_then(|()| prepare(cfg, env, &mode));
+    let result = check_on_this_node(cfg, env, &mode).map_err(Failure::Job).and_then(|()| prepare(cfg, env, &mode, nvml));
     match result {
         Err(Failure::Job(msg)) => refuse(cfg, env, &canonical, msg),
         Err(fault) => {
@@ -63,21 +69,26 @@ fn check_on_this_node(cfg: &Config, env: &JobEnv, mode: &GpuMode) -> Result<(), 
     Ok(())
 }
 
-fn prepare(cfg: &Config, env: &JobEnv, mode: &GpuMode) -> Result<Report, Failure> {
+fn prepare(cfg: &Config, env: &JobEnv, mode: &GpuMode, nvml: &LazyGpus) -> Result<Report, Failure> {
     let canonical = mode.to_string();
+    let gpus = {
+        let _step = watchdog::step("GPU indices");
+        job_gpus(cfg, env, nvml)?
+    };
     let mut task_env: BTreeMap<String, String> = [
         (TASK_MODE_VAR.to_string(), canonical.clone()),
-        (TASK_GPUS_VAR.to_string(), format_gpu_list(&env.gpus)),
+        (TASK_GPUS_VAR.to_string(), format_gpu_list(&gpus.nvml)),
     ]
     .into();
     let mut state = new_state(env, &canonical, BTreeMap::new(), None, JobStatus::Ready);
+    state.gpus = gpus.nvml.clone();
     if let GpuMode::Mps(params) = mode {
-        let gpus = {
+        let ops = {
             let _step = watchdog::step("nvml: open");
-            NvmlGpus::from_config(cfg).map_err(|e| Failure::Node(format!("NVML: {e}")))?
+            nvml.get().map_err(|e| Failure::Node(format!("NVML: {e}")))?
         };
         let _step = watchdog::step("mps: setup");
-        let job = mps::setup(cfg, env, params, &gpus)?;
+        let job = mps::setup(cfg, env, &gpus.nvml, params, ops)?;
         task_env.extend(job.task_env);
         state.mps_daemon = Some(job.key);
     }
@@ -89,10 +100,25 @@ fn prepare(cfg: &Config, env: &JobEnv, mode: &GpuMode) -> Result<Report, Failure
         }
         return Err(e);
     }
-    Ok(Report { outcome: Outcome::Ok, mode: Some(canonical), detail: state.mps_daemon.map(|k| format!("mps daemon {k}")) })
+    Ok(Report { outcome: Outcome::Ok, mode: Some(canonical), detail: report_detail(&gpus, state.mps_daemon.as_deref()) })
+}
+
+/// The log line's detail: how Slurm's GPUs mapped to NVML's, and the daemon.
+fn report_detail(gpus: &JobGpus, mps_daemon: Option<&str>) -> Option<String> {
+    let how = (!gpus.how.is_empty()).then(|| gpus.how.clone());
+    let parts: Vec<String> = [how, mps_daemon.map(|k| format!("mps daemon {k}"))].into_iter().flatten().collect();
+    (!parts.is_empty()).then(|| parts.join("; "))
+}
+
+/// The job's GPUs as NVML numbers them. Mode code must use these, never
+/// Slurm's indices: on nodes whose gres.conf lists the devices in another
+/// order than NVML, Slurm's GPU 0 is not NVML's GPU 0.
+fn job_gpus(cfg: &Config, env: &JobEnv, nvml: &LazyGpus) -> Result<JobGpus, Failure> {
+    slurm_index::resolve(cfg, env, || nvml.get()).map_err(|e| Failure::Node(format!("GPU indices: {e}")))
 }
 
 /// Records a refusal so the plugin fails the job's tasks with `message`.
+/// The state lists no GPUs: the refused job never uses them.
 pub fn refuse(cfg: &Config, env: &JobEnv, mode: &str, message: String) -> Result<Report, Failure> {
     let message = bounded(&message);
     save(cfg, new_state(env, &bounded(mode), BTreeMap::new(), Some(message.clone()), JobStatus::Ready))?;
@@ -121,7 +147,7 @@ fn new_state(env: &JobEnv, mode: &str, task_env: BTreeMap<String, String>, refus
         user: env.user.clone(),
         node: env.node.clone(),
         mode: mode.to_string(),
-        gpus: env.gpus.clone(),
+        gpus: Vec::new(),
         task_env,
         refusal,
         mps_daemon: None,
@@ -144,19 +170,73 @@ fn save(cfg: &Config, state: JobState) -> Result<(), Failure> {
 mod tests {
     use super::*;
 
+    use crate::gpu::fake::FakeGpus;
+    use crate::gpu::{GpuError, GpuOps};
+    use std::cell::Cell;
+
+    /// A job on Slurm's GPUs 1 and 2 of a node without gres.conf.
     fn setup(mode: Option<&str>) -> (tempfile::TempDir, Config, JobEnv) {
         let dir = tempfile::tempdir().unwrap();
-        let cfg = Config { runtime_dir: dir.path().join("run"), ..Config::default() };
+        let mut cfg = Config { runtime_dir: dir.path().join("run"), ..Config::default() };
+        cfg.slurm.gres_conf = dir.path().join("gres.conf");
         let env = JobEnv {
             job_id: 77,
             uid: 1000,
             gid: 1000,
             user: "u".into(),
             node: "n".into(),
-            gpus: vec![1, 2],
+            slurm_gpus: vec![1, 2],
             mode_value: mode.map(String::from),
         };
         (dir, cfg, env)
+    }
+
+    /// NVML that must not be opened; `opened` tells whether it was tried.
+    fn no_nvml(opened: &Cell<bool>) -> LazyGpus<'_> {
+        LazyGpus::new(move || {
+            opened.set(true);
+            Err(GpuError::DriverNotLoaded { call: "nvmlInit_v2" })
+        })
+    }
+
+    #[test]
+    fn jobs_without_a_mode_or_without_gpus_read_neither_gres_conf_nor_nvml() {
+        let opened = Cell::new(false);
+        let (_d, cfg, mut env) = setup(None);
+        // A gres.conf that cannot be read: reading it would be an error.
+        std::fs::create_dir(&cfg.slurm.gres_conf).unwrap();
+        assert_eq!(run_with(&cfg, &env, &no_nvml(&opened)).unwrap().outcome, Outcome::Skipped);
+        env.mode_value = Some("checkpoint".into());
+        env.slurm_gpus.clear();
+        assert_eq!(run_with(&cfg, &env, &no_nvml(&opened)).unwrap().outcome, Outcome::Ok);
+        assert!(!opened.get(), "NVML was opened");
+    }
+
+    #[test]
+    fn mode_work_gets_nvml_indices_when_gres_conf_order_differs() {
+        let (_d, cfg, env) = setup(Some("checkpoint"));
+        // Slurm's index i is the i-th File=: 0 → nvidia3, 1 → nvidia0, 2 → nvidia2.
+        std::fs::write(&cfg.slurm.gres_conf, "AutoDetect=off\nName=gpu File=/dev/nvidia3,/dev/nvidia0\nName=gpu File=/dev/nvidia[2,1]\n").unwrap();
+        // NVML GPU 0 is nvidia2, 1 is nvidia3, 2 is nvidia0, 3 is nvidia1.
+        let nvml = LazyGpus::new(|| Ok(Box::new(FakeGpus::with_minors(&[2, 3, 0, 1])) as Box<dyn GpuOps>));
+        let report = run_with(&cfg, &env, &nvml).unwrap();
+        let state = JobState::load(&cfg.runtime_dir, 77).unwrap();
+        // Slurm's 1, 2 are nvidia0, nvidia2: NVML's 2, 0.
+        assert_eq!(state.gpus, vec![2, 0]);
+        assert_eq!(state.task_env[TASK_GPUS_VAR], "2,0");
+        assert!(report.detail.unwrap().contains("Slurm GPUs 1,2 are NVML GPUs 2,0"));
+    }
+
+    #[test]
+    fn a_gpu_gres_conf_does_not_list_is_a_node_fault() {
+        let (_d, cfg, env) = setup(Some("checkpoint"));
+        std::fs::write(&cfg.slurm.gres_conf, "Name=gpu File=/dev/nvidia[0-1]\n").unwrap();
+        let nvml = LazyGpus::new(|| Ok(Box::new(FakeGpus::with_minors(&[0, 1])) as Box<dyn GpuOps>));
+        match run_with(&cfg, &env, &nvml) {
+            Err(Failure::Node(msg)) => assert!(msg.starts_with("GPU indices: Slurm GPU index 2 is not in"), "{msg}"),
+            other => panic!("expected a node fault, got {other:?}"),
+        }
+        assert_eq!(JobState::load_if_present(&cfg.runtime_dir, 77).unwrap(), None);
     }
 
     #[test]

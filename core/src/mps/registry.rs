@@ -23,7 +23,7 @@ pub struct DaemonRecord {
     pub key: String,
     pub uid: u32,
     pub gid: u32,
-    /// Physical GPU indices, ascending.
+    /// NVML indices (not Slurm's: `gpu::slurm_index`), ascending.
     pub gpus: Vec<u32>,
     /// Their UUIDs, same order (what the daemon's CUDA_VISIBLE_DEVICES holds).
     pub gpu_uuids: Vec<String>,

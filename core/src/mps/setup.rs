@@ -57,33 +57,34 @@ pub fn place(live: &[DaemonRecord], uid: u32, gpus: &[u32]) -> Placement {
     Placement::New
 }
 
-/// Prepares MPS for a job; see the module docs of [`crate::mps`].
-pub fn setup(cfg: &Config, env: &JobEnv, params: &MpsParams, ops: &dyn GpuOps) -> Result<MpsJob, Failure> {
-    if env.gpus.is_empty() {
+/// Prepares MPS for a job on `gpus`, NVML indices (the prolog maps Slurm's:
+/// `gpu::slurm_index`); see the module docs of [`crate::mps`].
+pub fn setup(cfg: &Config, env: &JobEnv, gpus: &[u32], params: &MpsParams, ops: &dyn GpuOps) -> Result<MpsJob, Failure> {
+    if gpus.is_empty() {
         return Err(Failure::Job("--gpu-mode=mps needs GPUs: request them with --gres=gpu:N or --gpus=N".into()));
     }
     let node = |what: &str, e: &dyn std::fmt::Display| Failure::Node(format!("mps: {what}: {e}"));
-    let _locks = GpuLocks::acquire(&cfg.runtime_dir, &env.gpus, ms(cfg.mps.lock_timeout_ms))
+    let _locks = GpuLocks::acquire(&cfg.runtime_dir, gpus, ms(cfg.mps.lock_timeout_ms))
         .map_err(|e| node("locking GPUs", &e))?;
     let records = DaemonRecord::all(&cfg.runtime_dir).map_err(|e| node("reading the daemon registry", &e))?;
     // Under the locks, an intent record (no daemon) is a prolog that died
     // mid-start: stale like a record whose daemon is gone.
     let (live, stale): (Vec<_>, Vec<_>) = records.into_iter().partition(|r| r.daemon.and_then(procfs::find).is_some());
-    for rec in stale.iter().filter(|r| r.gpus.iter().any(|g| env.gpus.contains(g))) {
+    for rec in stale.iter().filter(|r| r.gpus.iter().any(|g| gpus.contains(g))) {
         // A daemon that died (or a node that rebooted with /run kept): clear
         // what it left before its GPUs are used again.
         dismantle(cfg, rec, env.job_id, Some(ops)).map_err(|f| match f {
             Failure::Drain(r) | Failure::Node(r) | Failure::Job(r) => Failure::Node(format!("mps: stale daemon {}: {r}", rec.key)),
         })?;
     }
-    let record = match place(&live, env.uid, &env.gpus) {
+    let record = match place(&live, env.uid, gpus) {
         Placement::Conflict(msg) => return Err(Failure::Job(msg)),
         Placement::Reuse(mut rec) => {
             rec.jobs.push(env.job_id);
             rec.save(&cfg.runtime_dir).map_err(|e| node("saving the daemon registry", &e))?;
             rec
         }
-        Placement::New => start_new(cfg, env, params, ops)?,
+        Placement::New => start_new(cfg, env, gpus, params, ops)?,
     };
     Ok(MpsJob { key: record.key.clone(), task_env: task_env(&record, params) })
 }
@@ -120,8 +121,8 @@ struct Undo {
     dir: bool,
 }
 
-fn start_new(cfg: &Config, env: &JobEnv, params: &MpsParams, ops: &dyn GpuOps) -> Result<DaemonRecord, Failure> {
-    let mut gpus = env.gpus.clone();
+fn start_new(cfg: &Config, env: &JobEnv, gpus: &[u32], params: &MpsParams, ops: &dyn GpuOps) -> Result<DaemonRecord, Failure> {
+    let mut gpus = gpus.to_vec();
     gpus.sort_unstable();
     let key = daemon_key(env.uid, &gpus);
     let dir = daemon_dir(&cfg.runtime_dir, &key);

@@ -126,8 +126,14 @@ fn with_gpu<R>(device: nvmlDevice_t, f: impl FnOnce(&mut GpuState, Handle) -> Re
 
 /// [`with_gpu`] for calls that only accept a full GPU, not a MIG device.
 fn with_full_gpu<R>(device: nvmlDevice_t, f: impl FnOnce(&mut GpuState) -> Result<R, NvmlCode>) -> Result<R, NvmlCode> {
+    with_indexed_gpu(device, |g, _| f(g))
+}
+
+/// [`with_full_gpu`] that also passes the GPU's NVML index, which handles
+/// carry (the minor number is another number: /dev/nvidia<minor>).
+fn with_indexed_gpu<R>(device: nvmlDevice_t, f: impl FnOnce(&mut GpuState, u32) -> Result<R, NvmlCode>) -> Result<R, NvmlCode> {
     with_gpu(device, |g, h| match h {
-        Handle::Device(_) => f(g),
+        Handle::Device(index) => f(g, index),
         _ => Err(code::NOT_SUPPORTED),
     })
 }
@@ -280,7 +286,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(index: c_uint, device: *m
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetIndex(device: nvmlDevice_t, index: *mut c_uint) -> nvmlReturn_t {
-    guard(|| out(index, with_full_gpu(device, |g| Ok(g.minor))?))
+    guard(|| out(index, with_indexed_gpu(device, |_, index| Ok(index))?))
 }
 
 #[no_mangle]
@@ -495,14 +501,14 @@ unsafe fn create_gi(device: nvmlDevice_t, profile_id: c_uint, start: Option<u32>
     if gi.is_null() {
         return Err(code::INVALID_ARGUMENT);
     }
-    let (gpu, id) = with_full_gpu(device, |g| {
+    let (gpu, id) = with_indexed_gpu(device, |g, index| {
         if let (Some(size), Some(p)) = (size, g.model.profile_by_id(profile_id)) {
             if size != p.placement_size || start.unwrap_or(0) >= MEMORY_SLICES {
                 return Err(code::INVALID_ARGUMENT);
             }
         }
         let id = g.create_gpu_instance(profile_id, start)?;
-        Ok((g.minor, id))
+        Ok((index, id))
     })?;
     out(gi, Handle::GpuInstance(gpu, id).encode() as nvmlGpuInstance_t)
 }
@@ -536,12 +542,12 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstances(
         if gis.is_null() || count.is_null() {
             return Err(code::INVALID_ARGUMENT);
         }
-        let list: Vec<nvmlGpuInstance_t> = with_full_gpu(device, |g| {
+        let list: Vec<nvmlGpuInstance_t> = with_indexed_gpu(device, |g, index| {
             if !g.mig_current {
                 return Err(code::NOT_SUPPORTED);
             }
             let ids = g.instances.iter().filter(|gi| gi.profile_id == profile_id);
-            Ok(ids.map(|gi| Handle::GpuInstance(g.minor, gi.id).encode() as nvmlGpuInstance_t).collect())
+            Ok(ids.map(|gi| Handle::GpuInstance(index, gi.id).encode() as nvmlGpuInstance_t).collect())
         })?;
         // The caller sizes the array for the profile's instance count.
         std::ptr::copy_nonoverlapping(list.as_ptr(), gis, list.len());
@@ -553,12 +559,12 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuInstances(
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceById(device: nvmlDevice_t, id: c_uint, gi: *mut nvmlGpuInstance_t) -> nvmlReturn_t {
     guard(|| {
-        let gpu = with_full_gpu(device, |g| {
+        let gpu = with_indexed_gpu(device, |g, index| {
             if !g.mig_current {
                 return Err(code::NOT_SUPPORTED);
             }
             g.gpu_instance(id).map_err(|_| code::NOT_FOUND)?;
-            Ok(g.minor)
+            Ok(index)
         })?;
         out(gi, Handle::GpuInstance(gpu, id).encode() as nvmlGpuInstance_t)
     })
@@ -692,11 +698,11 @@ pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(device: nvmlDevice_t, co
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(device: nvmlDevice_t, index: c_uint, mig: *mut nvmlDevice_t) -> nvmlReturn_t {
     guard(|| {
-        let (gpu, (gi, ci)) = with_full_gpu(device, |g| {
+        let (gpu, (gi, ci)) = with_indexed_gpu(device, |g, gpu| {
             if !g.mig_current {
                 return Err(code::NOT_SUPPORTED);
             }
-            Ok((g.minor, *g.mig_devices().get(index as usize).ok_or(code::NOT_FOUND)?))
+            Ok((gpu, *g.mig_devices().get(index as usize).ok_or(code::NOT_FOUND)?))
         })?;
         out(mig, device_handle(Handle::MigDevice(gpu, gi, ci)))
     })
@@ -969,7 +975,7 @@ pub unsafe extern "C" fn nvmlDeviceRegisterEvents(device: nvmlDevice_t, types: c
         if types & !SUPPORTED_EVENTS != 0 {
             return Err(code::NOT_SUPPORTED);
         }
-        let gpu = with_full_gpu(device, |g| Ok(g.minor))?;
+        let gpu = with_indexed_gpu(device, |_, index| Ok(index))?;
         let mut sets = lock(&EVENT_SETS);
         let s = sets.get_or_insert_with(HashMap::new).get_mut(&(set as usize)).ok_or(code::INVALID_ARGUMENT)?;
         *s.registered.entry(gpu).or_insert(0) |= types;

@@ -104,6 +104,11 @@ pub struct GpuGroup {
     pub model: String,
     #[serde(default = "one")]
     pub count: u32,
+    /// The group's device minor numbers (/dev/nvidia<minor>), in NVML
+    /// order; unset: each GPU's NVML index. Real nodes can differ, e.g.
+    /// when the driver numbers devices in another order than PCI.
+    #[serde(default)]
+    pub minors: Option<Vec<u32>>,
 }
 
 fn one() -> u32 {
@@ -279,10 +284,18 @@ impl NodeState {
         let mut gpus = Vec::new();
         for group in &fixture.gpus {
             let model = GpuModel::load(&dir.join(&group.model))?;
-            for _ in 0..group.count {
-                let index = gpus.len() as u32;
-                gpus.push(GpuState::new(model.clone(), index));
+            let minors = group.minors.clone().unwrap_or_else(|| (0..group.count).map(|i| gpus.len() as u32 + i).collect());
+            if minors.len() != group.count as usize {
+                return Err(invalid(path, format!("{} minors for {} GPUs of {}", minors.len(), group.count, group.model)));
             }
+            for minor in minors {
+                let index = gpus.len() as u32;
+                gpus.push(GpuState { minor, ..GpuState::new(model.clone(), index) });
+            }
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        if let Some(g) = gpus.iter().find(|g| !seen.insert(g.minor)) {
+            return Err(invalid(path, format!("minor {} is given to two GPUs", g.minor)));
         }
         let mut state = NodeState {
             driver_version: fixture.driver_version,
@@ -737,6 +750,25 @@ mod tests {
             let uuids: std::collections::BTreeSet<_> = s.gpus.iter().map(|g| &g.uuid).collect();
             assert_eq!(uuids.len(), count, "{file}: UUIDs must be distinct");
         }
+    }
+
+    #[test]
+    fn fixture_minors_differ_from_indices_and_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = fixtures().join("h200-141gb.toml");
+        let fixture = |minors: &str| {
+            let path = dir.path().join("node.toml");
+            let text = format!(
+                "driver_version = \"1\"\nnvml_version = \"1\"\ncuda_driver_version = 13000\n[[gpus]]\nmodel = {model:?}\ncount = 3\n{minors}"
+            );
+            std::fs::write(&path, text).unwrap();
+            NodeState::from_fixture(&path).map_err(|e| e.to_string())
+        };
+        let minors = |s: NodeState| s.gpus.iter().map(|g| g.minor).collect::<Vec<_>>();
+        assert_eq!(minors(fixture("").unwrap()), vec![0, 1, 2]);
+        assert_eq!(minors(fixture("minors = [1, 2, 0]").unwrap()), vec![1, 2, 0]);
+        assert!(fixture("minors = [1, 2]").unwrap_err().contains("2 minors for 3 GPUs"));
+        assert!(fixture("minors = [1, 2, 1]").unwrap_err().contains("minor 1 is given to two GPUs"));
     }
 
     #[test]

@@ -92,11 +92,14 @@ fn prepare(mode: &str, gpus: u32) -> Result<Setup> {
         (String::new(), PathBuf::from("/usr/bin/nvidia-cuda-mps-control"), None, "[gpu]\nmps_compute_mode = \"leave\"\n")
     };
     let config = dir.join("gpu-mode.toml");
+    // No gres.conf in `dir`: Slurm's indices are taken as NVML's, whatever
+    // gres.conf the host has.
     std::fs::write(
         &config,
         format!(
-            "runtime_dir = \"{}\"\n[log]\nsyslog = false\nstderr = false\n{nvml}{gpu_settings}[mps]\ncontrol = \"{}\"\n",
+            "runtime_dir = \"{}\"\n[slurm]\ngres_conf = \"{}\"\n[log]\nsyslog = false\nstderr = false\n{nvml}{gpu_settings}[mps]\ncontrol = \"{}\"\n",
             runtime.display(),
+            dir.join("gres.conf").display(),
             mps_control.display()
         ),
     )?;
