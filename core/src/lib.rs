@@ -2,6 +2,7 @@
 //! the node checker are thin shells over this crate, so unit tests reach
 //! everything that decides anything.
 
+pub mod cgroup;
 pub mod checkpoint;
 pub mod command;
 pub mod config;

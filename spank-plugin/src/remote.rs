@@ -31,10 +31,30 @@ pub fn task_init_privileged(spank: &mut SpankHandle, args: &PluginArgs) -> Resul
         return Ok(Pending::NotAsked);
     }
     let job_id = spank.job_id()?;
-    Ok(match JobState::load(&runtime_dir(args), job_id) {
-        Ok(state) => Pending::Apply(state),
+    let runtime = runtime_dir(args);
+    Ok(match JobState::load(&runtime, job_id) {
+        Ok(state) => {
+            if let Some(key) = &state.mps_daemon {
+                adopt_daemon(&runtime, job_id, key);
+            }
+            Pending::Apply(state)
+        }
         Err(e) => Pending::Fail(e.to_string()),
     })
+}
+
+/// Moves the job's MPS daemon into the job's cgroup (audit item M9): only
+/// here, in a process of the job, is the job's cgroup known and does it
+/// exist. Best effort: the outcome is logged, the task runs either way.
+fn adopt_daemon(runtime: &std::path::Path, job_id: u32, key: &str) {
+    use gpu_mode_core::mps::{adopt_into_job, Adoption};
+    let text = match adopt_into_job(runtime, job_id, key) {
+        Ok(Adoption::Moved { pids, .. }) => format!("gpu-mode: job {job_id}: MPS daemon {key} (pids {pids:?}) moved into the job's extern step cgroup"),
+        Ok(Adoption::NotContained) => format!("gpu-mode: job {job_id}: MPS daemon {key} stays outside the job's cgroup: no extern step (set PrologFlags=Contain)"),
+        Ok(Adoption::Shared | Adoption::NoDaemon) => return,
+        Err(e) => format!("gpu-mode: job {job_id}: MPS daemon {key} could not be moved into the job's cgroup: {e}"),
+    };
+    slurm_spank::spank_log(slurm_spank::LogLevel::Verbose, &text);
 }
 
 /// Where the job states are: the plugstack argument, else the site config

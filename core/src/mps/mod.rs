@@ -39,3 +39,43 @@ pub enum MpsError {
     #[error("MPS control ({pipe_dir}) refused \"{commands}\": {detail}")]
     Control { pipe_dir: PathBuf, commands: String, detail: String },
 }
+
+/// What [`adopt_into_job`] did with a job's daemon.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Adoption {
+    /// Moved (daemon and servers) into the job's extern step.
+    Moved { pids: Vec<i32>, into: Vec<std::path::PathBuf> },
+    /// The daemon serves other jobs too: it must outlive this one.
+    Shared,
+    /// No extern step cgroup (no PrologFlags=Contain, or no cgroups).
+    NotContained,
+    /// No record or no process: nothing to move.
+    NoDaemon,
+}
+
+/// Puts the MPS daemon `key` of `job_id` into the job's extern step cgroup
+/// (audit item M9; see [`crate::cgroup`]). Runs as root in a process of the
+/// job (the plugin's task_init_privileged), which tells where the job's
+/// cgroup is. Errors are for the log: the job runs either way.
+pub fn adopt_into_job(runtime_dir: &std::path::Path, job_id: u32, key: &str) -> Result<Adoption, String> {
+    let Some(rec) = DaemonRecord::load(runtime_dir, key).map_err(|e| e.to_string())? else { return Ok(Adoption::NoDaemon) };
+    if rec.jobs != [job_id] {
+        return Ok(Adoption::Shared);
+    }
+    let of = daemon::DaemonId { daemon: rec.daemon, uid: rec.uid, pipe_dir: &rec.pipe_dir };
+    let pids: Vec<i32> = daemon::processes(of, &crate::procfs::all()).iter().map(|p| p.pid).collect();
+    if pids.is_empty() {
+        return Ok(Adoption::NoDaemon);
+    }
+    let own = std::fs::read_to_string("/proc/self/cgroup").map_err(|e| format!("/proc/self/cgroup: {e}"))?;
+    let into = crate::cgroup::extern_step_procs(&own, std::path::Path::new("/sys/fs/cgroup"), job_id);
+    if into.is_empty() {
+        return Ok(Adoption::NotContained);
+    }
+    let errors = crate::cgroup::move_pids(&into, &pids);
+    if errors.is_empty() {
+        Ok(Adoption::Moved { pids, into })
+    } else {
+        Err(errors.join("; "))
+    }
+}
