@@ -31,6 +31,18 @@ pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> io::Result<()> {
     result
 }
 
+/// Paths in the config are used by root helpers with no PATH and no fixed
+/// working directory, so relative paths are refused outright.
+pub fn require_absolute(key: &str, path: &Path) -> Result<(), String> {
+    if !path.is_absolute() {
+        return Err(format!("{key} = {:?} must be an absolute path", path));
+    }
+    if path.components().any(|c| c == std::path::Component::ParentDir) {
+        return Err(format!("{key} = {:?} must not contain '..'", path));
+    }
+    Ok(())
+}
+
 /// Removes a file; a file that is already gone is success (idempotent teardown).
 pub fn remove_if_present(path: &Path) -> io::Result<bool> {
     match fs::remove_file(path) {

@@ -7,6 +7,7 @@ pub mod checkpoint;
 pub mod command;
 pub mod config;
 pub mod drain;
+pub mod failure;
 pub mod fsutil;
 pub mod gpu;
 pub mod gpu_lock;
@@ -17,11 +18,16 @@ pub mod job_env;
 pub mod lifecycle;
 pub mod log;
 pub mod mode;
-pub mod mps;
+pub mod modes;
+pub mod node_check;
+pub mod persist;
 pub mod privdrop;
 pub mod procfs;
+pub mod runtime;
 pub mod state;
 pub mod watchdog;
 
 pub use config::Config;
+/// MPS lives with the other modes; this keeps its old path.
+pub use modes::mps;
 pub use mode::GpuMode;

@@ -7,12 +7,15 @@
 //! with a clear error rather than guessing.
 
 use crate::fsutil;
+use crate::modes::GrantRecord;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// Bump when a field changes meaning or a required field is added.
-/// Version 2 added `status`; version 1 files still load (as `ready`).
+/// Version 2 added `status`, `grant` (what the job's mode made, replacing
+/// `mps_daemon`) and `per_task_env`; version 1 files still load (as `ready`,
+/// their `mps_daemon` as an MPS grant).
 pub const STATE_VERSION: u32 = 2;
 
 /// Where the prolog is with a job. The prolog saves `preparing` before it
@@ -45,68 +48,26 @@ pub struct JobState {
     pub gpus: Vec<u32>,
     /// Environment the plugin sets in every task of the job.
     pub task_env: BTreeMap<String, String>,
+    /// Environment that differs per task: the task with node-local id `i`
+    /// gets `values[i % len]` (e.g. one MIG device each).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub per_task_env: BTreeMap<String, Vec<String>>,
     /// Set when the prolog could not give the job its mode on this node for a
     /// reason that is the job's, not the node's (e.g. a MIG profile this GPU
     /// lacks): the plugin fails the job's tasks with this message.
     pub refusal: Option<String>,
     /// Seconds since the epoch when the prolog wrote the state.
     pub created_unix: u64,
-    /// Key of the MPS daemon the job uses (`--gpu-mode=mps`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mps_daemon: Option<String>,
+    /// What the job's mode made on this node, for the epilog to undo.
+    #[serde(default)]
+    pub grant: GrantRecord,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum StateError {
-    #[error("job {job_id}: no state file {path}: the gpu-mode prolog did not prepare this job on this node (is Prolog= set to gpu-mode-prolog with PrologFlags=Alloc?)")]
-    Missing { job_id: u32, path: PathBuf },
-    #[error("state file {path} is corrupt: {detail}")]
-    Corrupt { path: PathBuf, detail: String },
-    #[error("state file {path} has format version {found}, this build reads version {expected}: were the plugin and the helpers upgraded separately?")]
-    Version { path: PathBuf, found: u64, expected: u32 },
-    #[error("job {job_id} cannot run on this node: {reason}")]
-    Refused { job_id: u32, reason: String },
-    #[error("job {job_id}: the gpu-mode prolog did not finish preparing this job on this node (see the node's log)")]
-    Unfinished { job_id: u32 },
-    #[error("state file {path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
-}
 
-/// Parses a JSON state file that carries a `version` field. The version is
-/// read first, so a future format gives a version error, not a confusing
-/// field error.
-pub fn parse_versioned<T: serde::de::DeserializeOwned>(text: &[u8], path: &Path, expected: u32) -> Result<T, StateError> {
-    let corrupt = |detail: String| StateError::Corrupt { path: path.to_path_buf(), detail };
-    let value: serde_json::Value = serde_json::from_slice(text).map_err(|e| corrupt(e.to_string()))?;
-    let found = value
-        .get("version")
-        .and_then(|v| v.as_u64())
-        .ok_or_else(|| corrupt("no integer \"version\" field".into()))?;
-    if found != expected as u64 {
-        return Err(StateError::Version { path: path.to_path_buf(), found, expected });
-    }
-    serde_json::from_value(value).map_err(|e| corrupt(e.to_string()))
-}
 
-/// Writes a state value as pretty JSON, atomically, mode 0600: state files
-/// are root's (the plugin reads them in slurmstepd before it drops
-/// privileges), so no user learns another job's directories or daemons.
-pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), StateError> {
-    let mut text = serde_json::to_vec_pretty(value).map_err(|e| StateError::Corrupt { path: path.to_path_buf(), detail: e.to_string() })?;
-    text.push(b'\n');
-    fsutil::write_atomic(path, &text, 0o600).map_err(|source| StateError::Io { path: path.to_path_buf(), source })
-}
 
-/// The directory of job state files under a runtime directory.
-pub fn jobs_dir(runtime_dir: &Path) -> PathBuf {
-    runtime_dir.join("jobs")
-}
-
-/// The state file of one job. Job ids are integers, so the path cannot escape
-/// the directory.
-pub fn state_path(runtime_dir: &Path, job_id: u32) -> PathBuf {
-    jobs_dir(runtime_dir).join(format!("{job_id}.json"))
-}
+pub use crate::persist::{parse_versioned, write_json, StateError};
+pub use crate::runtime::{jobs_dir, state_path};
 
 impl JobState {
     /// Writes the state atomically (mode 0600: the plugin reads it as root in
@@ -153,6 +114,13 @@ impl JobState {
                 let mut v1: serde_json::Value = parse_versioned(text, path, 1)?;
                 v1["version"] = STATE_VERSION.into();
                 v1["status"] = "ready".into();
+                if let Some(obj) = v1.as_object_mut() {
+                    let grant = match obj.remove("mps_daemon") {
+                        Some(serde_json::Value::String(key)) => serde_json::json!({ "kind": "mps", "daemon": key }),
+                        _ => serde_json::json!({ "kind": "none" }),
+                    };
+                    obj.insert("grant".into(), grant);
+                }
                 serde_json::from_value(v1).map_err(|e| StateError::Corrupt { path: path.to_path_buf(), detail: e.to_string() })?
             }
             other => other?,
@@ -166,13 +134,9 @@ impl JobState {
         Ok(state)
     }
 
-    /// A job is live on this node from the moment its prolog starts until its
-    /// epilog ends: exactly while its state file exists, whatever it holds
-    /// (the epilog removes it last, also when it is corrupt). The one answer
-    /// to "is job J still here?" for MPS teardown, orphan checks and the
-    /// node checker.
+    /// See [`crate::runtime::job_is_live`].
     pub fn is_live(runtime_dir: &Path, job_id: u32) -> bool {
-        std::fs::symlink_metadata(state_path(runtime_dir, job_id)).is_ok()
+        crate::runtime::job_is_live(runtime_dir, job_id)
     }
 
     /// Removes a job's state; absent state is success (idempotent epilog).
@@ -200,7 +164,8 @@ mod tests {
             task_env: [("SLURM_GPU_MODE".to_string(), "mps:threads=25".to_string())].into(),
             refusal: None,
             created_unix: 1_700_000_000,
-            mps_daemon: Some("1000-0_3".into()),
+            per_task_env: BTreeMap::new(),
+            grant: GrantRecord::Mps { daemon: "1000-0_3".into() },
         }
     }
 
@@ -257,6 +222,8 @@ mod tests {
         let mut v1 = serde_json::to_value(sample(9)).unwrap();
         v1["version"] = 1.into();
         v1.as_object_mut().unwrap().remove("status");
+        v1.as_object_mut().unwrap().remove("grant");
+        v1["mps_daemon"] = "1000-0_3".into();
         std::fs::write(&path, serde_json::to_vec(&v1).unwrap()).unwrap();
         assert_eq!(JobState::load(dir.path(), 9).unwrap(), sample(9));
     }

@@ -72,6 +72,7 @@ fn state(job_id: u32) -> JobState {
         task_env: Default::default(),
         refusal: None,
         created_unix: 0,
-        mps_daemon: None,
+        per_task_env: Default::default(),
+        grant: gpu_mode_core::modes::GrantRecord::None,
     }
 }

@@ -6,7 +6,8 @@
 //! 2 usage or config error, 3 the drain/resume could not be applied.
 
 use clap::{Args, Parser, Subcommand};
-use gpu_mode_core::health::{self, CheckOptions, Status};
+use gpu_mode_core::health::{self, Status};
+use gpu_mode_core::node_check::{self, CheckOptions};
 use gpu_mode_core::log::{stderr_line, stdout_line};
 use gpu_mode_core::Config;
 use std::path::PathBuf;
@@ -82,7 +83,7 @@ fn check(a: CheckArgs) -> Result<ExitCode, ExitCode> {
         return Err(ExitCode::from(EXIT_USAGE));
     }
     let opts = CheckOptions { deep: a.deep, drain: !a.no_drain, node: a.node, only: a.only };
-    let report = health::check_node(&config, &opts).report;
+    let report = node_check::check_node(&config, &opts).report;
     stdout_text(&if a.json { report.to_json() } else { report.to_table() });
     Ok(match (&report.action_error, report.status) {
         (Some(_), _) => ExitCode::from(EXIT_ACTION),
@@ -106,7 +107,7 @@ fn run(cli: Cli) -> Result<ExitCode, ExitCode> {
         }
         Some(Command::Ack { config }) => {
             let config = load(config.as_deref())?;
-            let msg = health::run::acknowledge(&config).map_err(|e| {
+            let msg = node_check::acknowledge(&config).map_err(|e| {
                 stderr_line(&format!("gpu-mode-node-checker ack: {e}"));
                 ExitCode::from(EXIT_FAIL)
             })?;

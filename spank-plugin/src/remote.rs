@@ -20,7 +20,7 @@ use std::error::Error;
 pub enum Pending {
     #[default]
     NotAsked,
-    Apply(JobState),
+    Apply(Box<JobState>),
     Fail(String),
 }
 
@@ -34,27 +34,17 @@ pub fn task_init_privileged(spank: &mut SpankHandle, args: &PluginArgs) -> Resul
     let runtime = runtime_dir(args);
     Ok(match JobState::load(&runtime, job_id) {
         Ok(state) => {
-            if let Some(key) = &state.mps_daemon {
-                adopt_daemon(&runtime, job_id, key);
+            // The mode's root-side step for each task (MPS: move the daemon
+            // into the job's cgroup); logged, never fatal.
+            if let Some(line) = gpu_mode_core::modes::driver_of(&state.grant)
+                .and_then(|d| d.task_privileged(&runtime, job_id, &state.grant))
+            {
+                slurm_spank::spank_log(slurm_spank::LogLevel::Verbose, &line);
             }
-            Pending::Apply(state)
+            Pending::Apply(Box::new(state))
         }
         Err(e) => Pending::Fail(e.to_string()),
     })
-}
-
-/// Moves the job's MPS daemon into the job's cgroup (audit item M9): only
-/// here, in a process of the job, is the job's cgroup known and does it
-/// exist. Best effort: the outcome is logged, the task runs either way.
-fn adopt_daemon(runtime: &std::path::Path, job_id: u32, key: &str) {
-    use gpu_mode_core::mps::{adopt_into_job, Adoption};
-    let text = match adopt_into_job(runtime, job_id, key) {
-        Ok(Adoption::Moved { pids, .. }) => format!("gpu-mode: job {job_id}: MPS daemon {key} (pids {pids:?}) moved into the job's extern step cgroup"),
-        Ok(Adoption::NotContained) => format!("gpu-mode: job {job_id}: MPS daemon {key} stays outside the job's cgroup: no extern step (set PrologFlags=Contain)"),
-        Ok(Adoption::Shared | Adoption::NoDaemon) => return,
-        Err(e) => format!("gpu-mode: job {job_id}: MPS daemon {key} could not be moved into the job's cgroup: {e}"),
-    };
-    slurm_spank::spank_log(slurm_spank::LogLevel::Verbose, &text);
 }
 
 /// Where the job states are: the plugstack argument, else the site config
@@ -73,7 +63,9 @@ pub fn task_init(spank: &mut SpankHandle, pending: &Pending) -> Result<(), Box<d
         Pending::Fail(msg) => return Err(msg.clone().into()),
         Pending::Apply(state) => state,
     };
-    for (name, value) in task_env(state)? {
+    // Slurm sets the task's node-local id before this callback.
+    let local_id = spank.getenv("SLURM_LOCALID")?.and_then(|v| v.parse().ok()).unwrap_or(0);
+    for (name, value) in task_env(state, local_id)? {
         // gres/mps gives the job its GPU share in this variable: keep it.
         if gpu_mode_core::mps::KEEP_IF_SET.contains(&name) && spank.getenv(name)?.is_some() {
             continue;
@@ -83,15 +75,21 @@ pub fn task_init(spank: &mut SpankHandle, pending: &Pending) -> Result<(), Box<d
     Ok(())
 }
 
-/// The variables to set in every task, or the prolog's refusal as an error.
-pub fn task_env(state: &JobState) -> Result<Vec<(&str, &str)>, StateError> {
+/// The variables to set in the task with node-local id `local_id`, or the
+/// prolog's refusal as an error.
+pub fn task_env(state: &JobState, local_id: u32) -> Result<Vec<(&str, &str)>, StateError> {
     if let Some(reason) = &state.refusal {
         return Err(StateError::Refused { job_id: state.job_id, reason: reason.clone() });
     }
     if state.status != JobStatus::Ready {
         return Err(StateError::Unfinished { job_id: state.job_id });
     }
-    Ok(state.task_env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect())
+    let common = state.task_env.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+    let per_task = state
+        .per_task_env
+        .iter()
+        .filter_map(|(k, values)| Some((k.as_str(), gpu_mode_core::modes::per_task_value(values, local_id)?)));
+    Ok(common.chain(per_task).collect())
 }
 
 #[cfg(test)]
@@ -112,17 +110,19 @@ mod tests {
             task_env: [("A".to_string(), "1".to_string())].into(),
             refusal: refusal.map(String::from),
             created_unix: 0,
-            mps_daemon: None,
+            per_task_env: [("CUDA_VISIBLE_DEVICES".to_string(), vec!["MIG-a".to_string(), "MIG-b".to_string()])].into(),
+            grant: gpu_mode_core::modes::GrantRecord::None,
         }
     }
 
     #[test]
     fn task_env_comes_from_the_state_or_fails_with_the_refusal() {
-        assert_eq!(task_env(&state(None)).unwrap(), vec![("A", "1")]);
-        let err = task_env(&state(Some("GPU 0 has no 7g.80gb profile"))).unwrap_err().to_string();
+        assert_eq!(task_env(&state(None), 0).unwrap(), vec![("A", "1"), ("CUDA_VISIBLE_DEVICES", "MIG-a")]);
+        assert_eq!(task_env(&state(None), 3).unwrap(), vec![("A", "1"), ("CUDA_VISIBLE_DEVICES", "MIG-b")]);
+        let err = task_env(&state(Some("GPU 0 has no 7g.80gb profile")), 0).unwrap_err().to_string();
         assert_eq!(err, "job 4 cannot run on this node: GPU 0 has no 7g.80gb profile");
         let unfinished = JobState { status: JobStatus::Preparing, ..state(None) };
-        let err = task_env(&unfinished).unwrap_err().to_string();
+        let err = task_env(&unfinished, 0).unwrap_err().to_string();
         assert!(err.contains("did not finish preparing"), "{err}");
     }
 }

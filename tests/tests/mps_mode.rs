@@ -99,7 +99,7 @@ fn jobs_of_one_user_share_a_daemon_and_other_users_are_refused_without_a_drain()
     ok(&c().run_hook("prolog", 9001, "gmtest1", "3", "mps").unwrap());
     ok(&c().run_hook("prolog", 9002, "gmtest1", "3", "mps:threads=50").unwrap());
     let state = |job: u32| gpu_mode_core::state::JobState::load(&c().runtime_dir(), job).unwrap();
-    assert_eq!(state(9001).mps_daemon, state(9002).mps_daemon, "one user's jobs on one GPU share a daemon");
+    assert_eq!(state(9001).grant, state(9002).grant, "one user's jobs on one GPU share a daemon");
     assert_eq!(state(9002).task_env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "50");
     // Another user on the same GPU: refused, named, node left alone.
     ok(&c().run_hook("prolog", 9003, "gmtest2", "3", "mps").unwrap());

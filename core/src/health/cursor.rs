@@ -5,7 +5,7 @@
 //! and per GPU the volatile uncorrectable ECC count accepted as baseline.
 
 use super::kmsg::{self, Record};
-use crate::config::HealthConfig;
+use super::config::HealthConfig;
 use crate::state::{parse_versioned, write_json};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

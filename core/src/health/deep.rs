@@ -5,7 +5,7 @@
 //! device-to-device copy bandwidth against the model's floor.
 
 use super::{CheckResult, Ctx, GpuSnap, Status};
-use crate::config::DeepConfig;
+use super::config::DeepConfig;
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 use std::sync::Arc;

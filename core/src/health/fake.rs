@@ -3,7 +3,7 @@
 
 use super::cursor::Cursor;
 use super::snapshot::{Ctx, GpuSnap, NvmlSnap};
-use crate::config::HealthConfig;
+use super::config::HealthConfig;
 use crate::gpu::{ComputeMode, DriverVersions, GpuInventory, GpuModes, HealthReadings, Pcie};
 use crate::procfs::ProcInfo;
 use crate::state::JobState;
@@ -59,7 +59,8 @@ pub fn job(id: u32, gpus: &[u32], mode: &str) -> JobState {
         task_env: Default::default(),
         refusal: None,
         created_unix: 0,
-        mps_daemon: None,
+        per_task_env: Default::default(),
+        grant: crate::modes::GrantRecord::None,
     }
 }
 

@@ -7,6 +7,7 @@
 //! scontrol, the cursor file and the outputs together.
 
 pub mod clocks;
+pub mod config;
 pub mod count;
 pub mod cursor;
 pub mod deep;
@@ -21,7 +22,6 @@ pub mod output;
 pub mod pcie;
 pub mod persistence;
 pub mod policy;
-pub mod run;
 pub mod snapshot;
 pub mod xid;
 
@@ -30,7 +30,6 @@ mod fake;
 
 pub use policy::{decide, Action};
 pub use output::Report;
-pub use run::{check_after_epilog, check_node, CheckOptions, NodeOutcome};
 pub use snapshot::{Ctx, GpuSnap};
 
 use crate::gpu::HealthReadings;

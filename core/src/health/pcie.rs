@@ -4,7 +4,7 @@
 //! GPU is busy.
 
 use super::{combine, per_gpu, Check, CheckResult, Ctx, Status};
-use crate::config::Severity;
+use super::config::Severity;
 
 pub struct PcieLink;
 

@@ -4,7 +4,7 @@
 
 use super::cursor::Cursor;
 use super::kmsg;
-use crate::config::HealthConfig;
+use super::config::HealthConfig;
 use crate::gpu::{DriverVersions, GpuError, GpuInventory, GpuModes, GpuOps, HealthReadings, MigInstance, MigProfile};
 use crate::procfs::ProcInfo;
 use crate::state::JobState;
@@ -112,11 +112,20 @@ pub fn live_jobs(runtime_dir: &Path) -> Vec<JobState> {
         .collect()
 }
 
+/// Where a snapshot reads from, besides NVML: the checker's section of the
+/// config and the two node paths it needs.
+pub struct Sources<'a> {
+    pub health: &'a HealthConfig,
+    pub runtime_dir: &'a Path,
+    /// nvidia-cuda-mps-control (the MPS binaries are it and its sibling).
+    pub mps_control: &'a Path,
+}
+
 /// Takes the snapshot: `nvml` is what opening NVML gave.
-pub fn take<'a>(config: &'a crate::Config, nvml: Result<&dyn GpuOps, String>) -> Ctx<'a> {
-    let h = &config.health;
+pub fn take<'a>(src: &Sources<'a>, nvml: Result<&dyn GpuOps, String>) -> Ctx<'a> {
+    let h = src.health;
     let nvml = nvml.and_then(read_nvml);
-    let state_dir = h.state_dir(&config.runtime_dir);
+    let state_dir = h.state_dir(src.runtime_dir);
     let (mut cursor, cursor_error) = match Cursor::load(&state_dir) {
         Ok(c) => (c, None),
         Err(e) => (Cursor::default(), Some(e)),
@@ -142,11 +151,11 @@ pub fn take<'a>(config: &'a crate::Config, nvml: Result<&dyn GpuOps, String>) ->
     }
     Ctx {
         config: h,
-        runtime_dir: config.runtime_dir.clone(),
+        runtime_dir: src.runtime_dir.to_path_buf(),
         nvml,
         processes: crate::procfs::all(),
-        live_jobs: live_jobs(&config.runtime_dir),
-        mps_binaries: crate::mps::orphans::mps_binaries(&config.mps.control),
+        live_jobs: live_jobs(src.runtime_dir),
+        mps_binaries: crate::mps::orphans::mps_binaries(src.mps_control),
         cursor,
         kmsg_error,
         cursor_error,

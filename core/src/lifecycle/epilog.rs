@@ -6,8 +6,8 @@ use super::{Failure, Report};
 use crate::config::Config;
 use crate::job_env::JobEnv;
 use crate::log::Outcome;
-use crate::mps::{self, TeardownOutcome};
-use crate::state::JobState;
+use crate::modes::{self, Released};
+use crate::state::{JobState, JobStatus};
 
 pub fn run(cfg: &Config, env: &JobEnv) -> Result<Report, Failure> {
     let result = undo_job(cfg, env);
@@ -16,7 +16,7 @@ pub fn run(cfg: &Config, env: &JobEnv) -> Result<Report, Failure> {
         // logs) by itself: a failed check is the node's condition, already
         // reported, not a failure of this epilog.
         let _step = crate::watchdog::step("health check after epilog");
-        let _ = crate::health::check_after_epilog(cfg, &env.node);
+        let _ = crate::node_check::check_after_epilog(cfg, &env.node);
     }
     result
 }
@@ -37,38 +37,43 @@ pub fn undo_job(cfg: &Config, env: &JobEnv) -> Result<Report, Failure> {
         }
     };
     let mode = state.as_ref().map(|s| s.mode.clone()).or_else(|| env.mode_value.clone());
-    // Without a state (lost, or a second run) the registry is searched: a
-    // daemon must never outlive its last job.
-    let mps = {
-        let _step = crate::watchdog::step("mps: teardown");
-        mps::teardown(cfg, env.job_id, state.as_ref().and_then(|s| s.mps_daemon.as_deref()))
-    };
-    if state.is_none() && matches!(mps, Ok(TeardownOutcome::NoDaemon)) {
+    let released = release(cfg, env.job_id, state.as_ref());
+    if state.is_none() && matches!(released, Ok(Released { found: false, .. })) {
         return Ok(Report { outcome: Outcome::Skipped, mode, detail: None });
     }
     // The state goes last, and also when teardown failed: the node is then
     // drained, and the job must not look live to later jobs.
     let removed = JobState::remove(&cfg.runtime_dir, env.job_id);
-    let detail = match mps? {
-        TeardownOutcome::NoDaemon => None,
-        TeardownOutcome::Released { key, remaining } => Some(format!("mps daemon {key} kept for job(s) {remaining:?}")),
-        TeardownOutcome::Stopped { key, quit_worked, signalled, unreaped } => {
-            let mut text = if quit_worked {
-                format!("mps daemon {key} stopped")
-            } else {
-                format!("mps daemon {key} ignored quit; signalled pids {signalled:?}")
-            };
-            if !unreaped.is_empty() {
-                // Ended processes the user's own process has not reaped: they
-                // hold nothing, so this is the user's leftover, not a fault.
-                let list: Vec<String> = unreaped.iter().map(|(z, p)| format!("{z} (parent {p})")).collect();
-                text.push_str(&format!("; unreaped zombies {} left to their parents", list.join(", ")));
-            }
-            Some(text)
-        }
-    };
+    let detail = released?.detail;
     removed.map_err(|e| Failure::Node(format!("cannot remove job state: {e}")))?;
     Ok(Report { outcome: Outcome::Ok, mode, detail })
+}
+
+/// Undoes what the job's mode made. A finished prolog's grant says what;
+/// without one (no state, a state lost or left `preparing` by a prolog that
+/// died) every mode searches its own records: nothing may outlive its job.
+fn release(cfg: &Config, job_id: u32, state: Option<&JobState>) -> Result<Released, Failure> {
+    if let Some(s) = state.filter(|s| s.status == JobStatus::Ready) {
+        return match modes::driver_of(&s.grant) {
+            Some(driver) => driver.release(cfg, job_id, &s.grant),
+            None => Ok(Released::nothing()),
+        };
+    }
+    let mut found = Released::nothing();
+    let mut first_error = None;
+    for driver in modes::all_drivers() {
+        match driver.release_lost(cfg, job_id) {
+            Ok(r) if r.found => {
+                found.found = true;
+                found.detail = [found.detail.take(), r.detail].into_iter().flatten().reduce(|a, b| format!("{a}; {b}"));
+            }
+            Ok(_) => {}
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    first_error.map_or(Ok(found), Err)
 }
 
 #[cfg(test)]

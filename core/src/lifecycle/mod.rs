@@ -27,16 +27,7 @@ use crate::job_env::{format_gpu_list, JobEnv};
 use crate::log::{ActionLine, Outcome};
 use crate::watchdog::{self, HookWatchdog};
 
-/// Why a lifecycle verb could not do its job; see the module docs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Failure {
-    Job(String),
-    /// A node fault; drained as `gpu-mode: <verb>: <detail>`.
-    Node(String),
-    /// A node fault whose whole drain reason (after `gpu-mode: `) is given,
-    /// e.g. `MPS zombie pid 12 (job 7, GPU GPU-...)`.
-    Drain(String),
-}
+pub use crate::failure::Failure;
 
 /// What a verb did, for its log line.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,8 +7,8 @@ use crate::job_env::{format_gpu_list, JobEnv};
 use crate::log::Outcome;
 use crate::gpu::slurm_index::{self, JobGpus};
 use crate::gpu::LazyGpus;
-use crate::mode::{GpuMode, MigRequest};
-use crate::mps;
+use crate::mode::GpuMode;
+use crate::modes::{self, GrantRecord, PrepareCtx};
 use crate::state::{JobState, JobStatus, STATE_VERSION};
 use crate::watchdog;
 use std::collections::BTreeMap;
@@ -44,8 +44,7 @@ pub(crate) fn run_with(cfg: &Config, env: &JobEnv, nvml: &LazyGpus) -> Result<Re
     let canonical = mode.to_string();
     // From here on the job is live on this node (audit item M1).
     save(cfg, new_state(env, &canonical, BTreeMap::new(), None, JobStatus::Preparing))?;
-    let result = check_on_this_node(cfg, env, &mode).map_err(Failure::Job).and_then(|()| prepare(cfg, env, &mode, nvml));
-    match result {
+    match prepare(cfg, env, &mode, nvml) {
         Err(Failure::Job(msg)) => refuse(cfg, env, &canonical, msg),
         Err(fault) => {
             // Everything was undone: the job no longer holds anything here.
@@ -56,57 +55,39 @@ pub(crate) fn run_with(cfg: &Config, env: &JobEnv, nvml: &LazyGpus) -> Result<Re
     }
 }
 
-/// Checks what only this node can tell: values valid at submit that this
-/// node's configuration or GPUs cannot serve.
-fn check_on_this_node(cfg: &Config, env: &JobEnv, mode: &GpuMode) -> Result<(), String> {
-    if let GpuMode::Mig(MigRequest::Layout(name)) = mode {
-        if !cfg.mig.layouts.contains_key(name) {
-            let known: Vec<&str> = cfg.mig.layouts.keys().map(String::as_str).collect();
-            let known = if known.is_empty() { "none".to_string() } else { known.join(", ") };
-            return Err(format!("MIG layout \"{name}\" is not defined on node {} (defined: {known})", env.node));
-        }
-    }
-    Ok(())
-}
-
+/// The mode's driver checks, then prepares; the state records its grant.
 fn prepare(cfg: &Config, env: &JobEnv, mode: &GpuMode, nvml: &LazyGpus) -> Result<Report, Failure> {
     let canonical = mode.to_string();
     let gpus = {
         let _step = watchdog::step("GPU indices");
         job_gpus(cfg, env, nvml)?
     };
-    let mut task_env: BTreeMap<String, String> = [
+    let driver = modes::driver_for(mode);
+    let ctx = PrepareCtx { cfg, env, gpus: &gpus.nvml, nvml };
+    driver.check(&ctx)?;
+    let grant = driver.prepare(&ctx)?;
+    let mut state = new_state(env, &canonical, BTreeMap::new(), None, JobStatus::Ready);
+    state.gpus = gpus.nvml.clone();
+    state.task_env = [
         (TASK_MODE_VAR.to_string(), canonical.clone()),
         (TASK_GPUS_VAR.to_string(), format_gpu_list(&gpus.nvml)),
     ]
     .into();
-    let mut state = new_state(env, &canonical, BTreeMap::new(), None, JobStatus::Ready);
-    state.gpus = gpus.nvml.clone();
-    if let GpuMode::Mps(params) = mode {
-        let ops = {
-            let _step = watchdog::step("nvml: open");
-            nvml.get().map_err(|e| Failure::Node(format!("NVML: {e}")))?
-        };
-        let _step = watchdog::step("mps: setup");
-        let job = mps::setup(cfg, env, &gpus.nvml, params, ops)?;
-        task_env.extend(job.task_env);
-        state.mps_daemon = Some(job.key);
-    }
-    state.task_env = task_env;
+    state.task_env.extend(grant.task_env);
+    state.per_task_env = grant.per_task_env;
+    state.grant = grant.record;
     if let Err(e) = save(cfg, state.clone()) {
         // Undo what was set up: the epilog would find no state to work from.
-        if let Some(key) = &state.mps_daemon {
-            let _ = mps::teardown(cfg, env.job_id, Some(key));
-        }
+        let _ = driver.release(cfg, env.job_id, &state.grant);
         return Err(e);
     }
-    Ok(Report { outcome: Outcome::Ok, mode: Some(canonical), detail: report_detail(&gpus, state.mps_daemon.as_deref()) })
+    Ok(Report { outcome: Outcome::Ok, mode: Some(canonical), detail: report_detail(&gpus, grant.detail) })
 }
 
-/// The log line's detail: how Slurm's GPUs mapped to NVML's, and the daemon.
-fn report_detail(gpus: &JobGpus, mps_daemon: Option<&str>) -> Option<String> {
+/// The log line's detail: how Slurm's GPUs mapped to NVML's, and the mode's.
+fn report_detail(gpus: &JobGpus, mode_detail: Option<String>) -> Option<String> {
     let how = (!gpus.how.is_empty()).then(|| gpus.how.clone());
-    let parts: Vec<String> = [how, mps_daemon.map(|k| format!("mps daemon {k}"))].into_iter().flatten().collect();
+    let parts: Vec<String> = [how, mode_detail].into_iter().flatten().collect();
     (!parts.is_empty()).then(|| parts.join("; "))
 }
 
@@ -150,7 +131,8 @@ fn new_state(env: &JobEnv, mode: &str, task_env: BTreeMap<String, String>, refus
         gpus: Vec::new(),
         task_env,
         refusal,
-        mps_daemon: None,
+        per_task_env: BTreeMap::new(),
+        grant: GrantRecord::None,
         created_unix: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())

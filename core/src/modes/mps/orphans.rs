@@ -15,7 +15,7 @@ use super::control::PIPE_VAR;
 use super::daemon::{self, DaemonId, MPS_COMM};
 use super::registry::{daemons_parent, DaemonRecord};
 use crate::procfs::{self, ProcInfo};
-use crate::state::{JobState, StateError};
+use crate::persist::StateError;
 use std::path::{Path, PathBuf};
 
 /// The pipe directory MPS uses when none is set.
@@ -65,7 +65,7 @@ pub fn find_orphans(runtime_dir: &Path, binaries: &[PathBuf]) -> Result<Vec<Orph
     let all = procfs::all();
     let owned: Vec<i32> = records
         .iter()
-        .filter(|r| r.jobs.iter().any(|j| JobState::is_live(runtime_dir, *j)))
+        .filter(|r| r.jobs.iter().any(|j| crate::runtime::job_is_live(runtime_dir, *j)))
         .flat_map(|r| daemon::processes(DaemonId { daemon: r.daemon, uid: r.uid, pipe_dir: &r.pipe_dir }, &all))
         .map(|p| p.pid)
         .collect();

@@ -8,7 +8,7 @@
 
 use crate::gpu::ComputeMode;
 use crate::procfs::ProcId;
-use crate::state::{parse_versioned, write_json, StateError};
+use crate::persist::{parse_versioned, write_json, StateError};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 

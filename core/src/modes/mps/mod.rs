@@ -12,11 +12,13 @@
 
 pub mod control;
 pub mod daemon;
+mod driver;
 pub mod orphans;
 pub mod registry;
 pub mod setup;
 pub mod teardown;
 
+pub use driver::MpsDriver;
 pub use orphans::{find_orphans, OrphanMps};
 pub use registry::{daemon_key, DaemonRecord};
 pub use setup::{setup, MpsJob};

@@ -7,9 +7,8 @@ use super::registry::{daemon_dir, DaemonRecord};
 use crate::config::Config;
 use crate::gpu::{GpuOps, NvmlGpus};
 use crate::gpu_lock::GpuLocks;
-use crate::lifecycle::Failure;
+use crate::failure::Failure;
 use crate::privdrop::Identity;
-use crate::state::JobState;
 use crate::watchdog;
 use std::time::Duration;
 
@@ -40,7 +39,7 @@ pub fn teardown(cfg: &Config, job_id: u32, key: Option<&str>) -> Result<Teardown
     else {
         return Ok(TeardownOutcome::NoDaemon);
     };
-    rec.jobs.retain(|&j| j != job_id && JobState::is_live(&cfg.runtime_dir, j));
+    rec.jobs.retain(|&j| j != job_id && crate::runtime::job_is_live(&cfg.runtime_dir, j));
     let daemon_alive = rec.daemon.and_then(crate::procfs::find).is_some();
     if !rec.jobs.is_empty() && daemon_alive {
         rec.save(&cfg.runtime_dir).map_err(|e| node("saving the daemon registry", &e))?;
@@ -58,7 +57,7 @@ pub fn teardown(cfg: &Config, job_id: u32, key: Option<&str>) -> Result<Teardown
     Ok(TeardownOutcome::Stopped { key: rec.key, quit_worked: out.quit_worked, signalled: out.signalled, unreaped: out.unreaped })
 }
 
-fn find_record(cfg: &Config, job_id: u32, key: Option<&str>) -> Result<Option<DaemonRecord>, crate::state::StateError> {
+fn find_record(cfg: &Config, job_id: u32, key: Option<&str>) -> Result<Option<DaemonRecord>, crate::persist::StateError> {
     match key {
         Some(k) => DaemonRecord::load(&cfg.runtime_dir, k),
         None => Ok(DaemonRecord::all(&cfg.runtime_dir)?.into_iter().find(|r| r.jobs.contains(&job_id))),

@@ -8,7 +8,7 @@ use crate::config::Config;
 use crate::gpu::{apply_compute_mode, Applied, GpuOps};
 use crate::gpu_lock::GpuLocks;
 use crate::job_env::{format_gpu_list, JobEnv};
-use crate::lifecycle::Failure;
+use crate::failure::Failure;
 use crate::mode::MpsParams;
 use crate::privdrop::Identity;
 use crate::procfs;

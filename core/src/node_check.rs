@@ -1,17 +1,24 @@
-//! One run of the checker: snapshot, checks, cursor saved, optional deep
-//! check, then the node decision through scontrol, all inside a deadline
-//! (slurmd kills a HealthCheckProgram at 60 s; a hung NVML call must still
-//! end in a report and, if so configured, a drain).
+//! One run of the node checker: snapshot, checks, cursor saved, optional
+//! deep check, then the node decision through scontrol, all inside a
+//! deadline (slurmd kills a HealthCheckProgram at 60 s; a hung NVML call
+//! must still end in a report and, if so configured, a drain). The
+//! orchestrator over [`crate::health`], as the lifecycle is over the modes:
+//! health's checks never see the whole site config.
 
-use super::output::{Report, REPORT_VERSION};
-use super::policy::{decide, fail_detail, Action};
-use super::{quick_checks, run_guarded, snapshot, CheckResult, Status};
+use crate::health::output::{Report, REPORT_VERSION};
+use crate::health::policy::{decide, fail_detail, Action};
+use crate::health::snapshot::Sources;
+use crate::health::{quick_checks, run_guarded, snapshot, CheckResult, Status};
 use crate::drain::{NodeStatus, Scontrol};
 use crate::gpu::{GpuOps, NvmlGpus};
 use crate::log::{ActionLine, Outcome};
 use crate::Config;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+
+fn sources(config: &Config) -> Sources<'_> {
+    Sources { health: &config.health, runtime_dir: &config.runtime_dir, mps_control: &config.mps.control }
+}
 
 #[derive(Debug, Clone, Default)]
 pub struct CheckOptions {
@@ -36,7 +43,7 @@ pub fn run_checks(config: &Config, opts: &CheckOptions) -> Vec<CheckResult> {
         Ok(g) => Ok(g),
         Err(e) => Err(e.to_string()),
     };
-    let ctx = snapshot::take(config, ops);
+    let ctx = snapshot::take(&sources(config), ops);
     let wanted = |name: &str| opts.only.as_deref().map_or(true, |o| o == name) && !config.health.disabled.iter().any(|d| d == name);
     let mut results: Vec<CheckResult> = Vec::new();
     for check in quick_checks().iter().filter(|c| wanted(c.name())) {
@@ -51,7 +58,7 @@ pub fn run_checks(config: &Config, opts: &CheckOptions) -> Vec<CheckResult> {
         results.push(CheckResult::new("xid", None, Status::Warn, format!("cannot save the cursor: {e}")));
     }
     if opts.deep && wanted("deep") {
-        results.extend(super::deep::run(&ctx, &config.health.deep));
+        results.extend(crate::health::deep::run(&ctx, &config.health.deep));
     }
     results
 }
@@ -159,7 +166,7 @@ pub fn check_after_epilog(config: &Config, node: &str) -> NodeOutcome {
 pub fn acknowledge(config: &Config) -> Result<String, String> {
     let gpus = NvmlGpus::from_config(config);
     let ops: Result<&dyn GpuOps, String> = gpus.as_ref().map(|g| g as &dyn GpuOps).map_err(|e| e.to_string());
-    let mut ctx = snapshot::take(config, ops);
+    let mut ctx = snapshot::take(&sources(config), ops);
     let counts = ctx
         .gpus()
         .iter()

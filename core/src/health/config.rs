@@ -1,0 +1,152 @@
+//! `[health]`: the node checker's section of the site config. It lives
+//! with the checks (the config file embeds it), so the config needs no
+//! check names and the checks need nothing of the rest of the config.
+
+use crate::fsutil::require_absolute;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// `[health]`: gpu-mode-node-checker's thresholds and files. Defaults follow
+/// DCGM/gpud practice (field notes section 7).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HealthConfig {
+    /// GPUs this node must have; 0 means "do not compare with a number"
+    /// (NVML and sysfs are still compared with each other).
+    pub expected_gpus: u32,
+    /// Root of sysfs, where NVIDIA PCI devices (vendor 0x10de) are counted.
+    pub sysfs_root: PathBuf,
+    /// The kernel log the XID check reads (`NVRM: Xid` lines).
+    pub kmsg_path: PathBuf,
+    /// Cursor and baselines kept between runs (XID position, ECC baselines).
+    /// Empty means `<runtime_dir>/health`.
+    pub state_dir: Option<PathBuf>,
+    /// Retired pages (DBE + SBE) at or above this fail the GPU.
+    pub retired_pages_fail: u32,
+    /// XIDs that fail the node; XIDs that only warn. Others are ignored
+    /// (application XIDs such as 13, 31, 43, 45, 68, 109 are the job's fault).
+    pub xid_fail: Vec<u64>,
+    pub xid_warn: Vec<u64>,
+    /// A temperature within this many degrees of the slowdown threshold warns.
+    pub temperature_margin_c: u32,
+    /// Clock event reason bits that fail / warn (NVML bits; 0x1 "idle" never counts).
+    pub clocks_fail_mask: u64,
+    pub clocks_warn_mask: u64,
+    /// PCIe link narrower than its maximum: "fail" or "warn". (A lower
+    /// generation on an idle GPU is power saving and never counts.)
+    pub pcie_width_below_max: Severity,
+    /// Require a running nvidia-persistenced (comm `nvidia-persiste`).
+    pub require_persistenced: bool,
+    /// MIG instance profile names the node keeps between jobs (e.g. "1g.18gb").
+    pub mig_baseline: Vec<String>,
+    /// Whole check run bound (the HealthCheckProgram is killed at 60 s).
+    pub deadline_ms: u64,
+    /// Prometheus textfile written atomically after each run; unset: none.
+    pub prometheus_textfile: Option<PathBuf>,
+    /// Checks not run at all (by name, e.g. "fabric").
+    pub disabled: Vec<String>,
+    /// Run the quick checks in the epilog after teardown (drain/resume as
+    /// the HealthCheckProgram would). Off by default: it adds an NVML
+    /// round trip to every job's end.
+    pub after_epilog: bool,
+    pub deep: DeepConfig,
+}
+
+/// `[health.deep]`: the opt-in `--deep` CUDA checks.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DeepConfig {
+    /// Time to the first CUDA context above this fails (a de-initialized GPU
+    /// costs 1-3 s: persistence is off).
+    pub context_ms_max: u64,
+    /// Memory written and read back with a pattern, per GPU.
+    pub memory_mib: u64,
+    /// Device-to-device copy bandwidth floor in GB/s, per model name
+    /// substring (e.g. "H100" = 1500); models not listed are not judged.
+    pub bandwidth_floor_gbps: BTreeMap<String, f64>,
+}
+
+impl Default for DeepConfig {
+    fn default() -> Self {
+        let floors = [("H100", 1500.0), ("H200", 1800.0), ("A100", 800.0)];
+        DeepConfig {
+            context_ms_max: 1000,
+            memory_mib: 1024,
+            bandwidth_floor_gbps: floors.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+        }
+    }
+}
+
+/// How bad a condition is where a site may choose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Severity {
+    Fail,
+    Warn,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        HealthConfig {
+            expected_gpus: 0,
+            sysfs_root: PathBuf::from("/sys"),
+            kmsg_path: PathBuf::from("/dev/kmsg"),
+            state_dir: None,
+            retired_pages_fail: 63,
+            xid_fail: vec![48, 74, 79, 95, 119, 120, 140],
+            xid_warn: vec![63, 94],
+            temperature_margin_c: 5,
+            // HW slowdown, HW thermal slowdown, HW power brake.
+            clocks_fail_mask: 0x8 | 0x40 | 0x80,
+            // SW thermal slowdown.
+            clocks_warn_mask: 0x20,
+            pcie_width_below_max: Severity::Fail,
+            require_persistenced: true,
+            mig_baseline: Vec::new(),
+            deadline_ms: 30_000,
+            prometheus_textfile: None,
+            disabled: Vec::new(),
+            after_epilog: false,
+            deep: DeepConfig::default(),
+        }
+    }
+}
+
+impl HealthConfig {
+    /// Where the checker keeps its cursor between runs.
+    pub fn state_dir(&self, runtime_dir: &Path) -> PathBuf {
+        self.state_dir.clone().unwrap_or_else(|| runtime_dir.join("health"))
+    }
+
+    /// Checks the section; the error names the key.
+    pub fn validate(&self) -> Result<(), String> {
+        let h = self;
+        require_absolute("health.sysfs_root", &h.sysfs_root)?;
+        require_absolute("health.kmsg_path", &h.kmsg_path)?;
+        for (key, p) in [("health.state_dir", &h.state_dir), ("health.prometheus_textfile", &h.prometheus_textfile)] {
+            if let Some(p) = p {
+                require_absolute(key, p)?;
+            }
+        }
+        // Leaves room for two scontrol calls before slurmd's 60 s kill.
+        if h.deadline_ms == 0 || h.deadline_ms > 40_000 {
+            return Err(format!("health.deadline_ms = {} must be between 1 and 40000", h.deadline_ms));
+        }
+        if h.deep.memory_mib == 0 || h.deep.context_ms_max == 0 {
+            return Err("health.deep.memory_mib and health.deep.context_ms_max must be at least 1".into());
+        }
+        for (model, floor) in &h.deep.bandwidth_floor_gbps {
+            // NaN compares false with everything: it would pass every GPU.
+            if !floor.is_finite() || *floor <= 0.0 {
+                return Err(format!("health.deep.bandwidth_floor_gbps.{model} = {floor} must be a positive number of GB/s"));
+            }
+        }
+        for name in &h.disabled {
+            if !super::CHECK_NAMES.contains(&name.as_str()) {
+                return Err(format!("health.disabled: no check named {name:?}; checks: {}", super::CHECK_NAMES.join(", ")));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,93 @@
+//! `--gpu-mode=mps` behind the [`ModeDriver`] interface.
+
+use super::setup::setup;
+use super::teardown::{teardown, TeardownOutcome};
+use super::{adopt_into_job, Adoption};
+use crate::config::Config;
+use crate::failure::Failure;
+use crate::mode::MpsParams;
+use crate::modes::{Grant, GrantRecord, ModeDriver, PrepareCtx, Released};
+use crate::watchdog;
+use std::path::Path;
+
+/// The MPS mode; `params` only in the prolog (the epilog undoes by record).
+pub struct MpsDriver<'a> {
+    pub params: Option<&'a MpsParams>,
+}
+
+impl ModeDriver for MpsDriver<'_> {
+    fn name(&self) -> &'static str {
+        "mps"
+    }
+
+    fn prepare(&self, ctx: &PrepareCtx) -> Result<Grant, Failure> {
+        let default = MpsParams::default();
+        let params = self.params.unwrap_or(&default);
+        let ops = {
+            let _step = watchdog::step("nvml: open");
+            ctx.nvml.get().map_err(|e| Failure::Node(format!("NVML: {e}")))?
+        };
+        let _step = watchdog::step("mps: setup");
+        let job = setup(ctx.cfg, ctx.env, ctx.gpus, params, ops)?;
+        Ok(Grant {
+            detail: Some(format!("mps daemon {}", job.key)),
+            record: GrantRecord::Mps { daemon: job.key },
+            task_env: job.task_env,
+            per_task_env: Default::default(),
+        })
+    }
+
+    fn release(&self, cfg: &Config, job_id: u32, grant: &GrantRecord) -> Result<Released, Failure> {
+        let key = match grant {
+            GrantRecord::Mps { daemon } => Some(daemon.as_str()),
+            _ => None,
+        };
+        let _step = watchdog::step("mps: teardown");
+        teardown(cfg, job_id, key).map(describe)
+    }
+
+    fn release_lost(&self, cfg: &Config, job_id: u32) -> Result<Released, Failure> {
+        // The registry is searched: a daemon must never outlive its last job.
+        let _step = watchdog::step("mps: teardown");
+        teardown(cfg, job_id, None).map(describe)
+    }
+
+    /// Moves the job's daemon into the job's cgroup (audit item M9): only
+    /// here, in a process of the job, is the job's cgroup known and does it
+    /// exist. Best effort: the outcome is logged, the task runs either way.
+    fn task_privileged(&self, runtime_dir: &Path, job_id: u32, grant: &GrantRecord) -> Option<String> {
+        let GrantRecord::Mps { daemon: key } = grant else { return None };
+        Some(match adopt_into_job(runtime_dir, job_id, key) {
+            Ok(Adoption::Moved { pids, .. }) => {
+                format!("gpu-mode: job {job_id}: MPS daemon {key} (pids {pids:?}) moved into the job's extern step cgroup")
+            }
+            Ok(Adoption::NotContained) => format!(
+                "gpu-mode: job {job_id}: MPS daemon {key} stays outside the job's cgroup: no extern step (set PrologFlags=Contain)"
+            ),
+            Ok(Adoption::Shared | Adoption::NoDaemon) => return None,
+            Err(e) => format!("gpu-mode: job {job_id}: MPS daemon {key} could not be moved into the job's cgroup: {e}"),
+        })
+    }
+}
+
+/// The epilog's log detail for a teardown.
+fn describe(out: TeardownOutcome) -> Released {
+    match out {
+        TeardownOutcome::NoDaemon => Released::nothing(),
+        TeardownOutcome::Released { key, remaining } => Released::did(format!("mps daemon {key} kept for job(s) {remaining:?}")),
+        TeardownOutcome::Stopped { key, quit_worked, signalled, unreaped } => {
+            let mut text = if quit_worked {
+                format!("mps daemon {key} stopped")
+            } else {
+                format!("mps daemon {key} ignored quit; signalled pids {signalled:?}")
+            };
+            if !unreaped.is_empty() {
+                // Ended processes the user's own process has not reaped: they
+                // hold nothing, so this is the user's leftover, not a fault.
+                let list: Vec<String> = unreaped.iter().map(|(z, p)| format!("{z} (parent {p})")).collect();
+                text.push_str(&format!("; unreaped zombies {} left to their parents", list.join(", ")));
+            }
+            Released::did(text)
+        }
+    }
+}
