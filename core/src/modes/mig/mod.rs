@@ -1,5 +1,7 @@
 //! `--gpu-mode=mig:<layout>`: the job's MIG instances on each of its GPUs.
 
+pub mod placement;
+
 use crate::config::Config;
 use crate::failure::Failure;
 use crate::mode::MigRequest;
