@@ -227,7 +227,8 @@ pub(crate) mod tests {
     #[test]
     fn layouts_that_do_not_fit_are_refused_with_a_suggestion() {
         let t = h100();
-        let cases: Vec<(Vec<(&str, u32)>, Vec<(&str, u32)>)> = vec![
+        type Layout<'a> = Vec<(&'a str, u32)>;
+        let cases: Vec<(Layout, Layout)> = vec![
             (vec![("3g.40gb", 3)], vec![("3g.40gb", 2)]),
             (vec![("4g.40gb", 1), ("3g.40gb", 1), ("1g.10gb", 1)], vec![("3g.40gb", 1), ("1g.10gb", 1)]),
             (vec![("7g.80gb", 1), ("1g.10gb", 1)], vec![("1g.10gb", 1)]),
