@@ -19,3 +19,12 @@ pub enum Failure {
     /// e.g. `MPS zombie pid 12 (job 7, GPU GPU-...)`.
     Drain(String),
 }
+
+impl std::fmt::Display for Failure {
+    /// The message alone (the class decides what happens, not what is said).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Job(m) | Failure::Node(m) | Failure::Drain(m) => f.write_str(m),
+        }
+    }
+}

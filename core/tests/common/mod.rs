@@ -69,7 +69,7 @@ impl SimNode {
     }
 
     pub fn add_process(&self, gpu: u32, pid: u32) {
-        let p = SimProcess { pid, used_mib: 1024, gpu_instance: None, compute_instance: None };
+        let p = SimProcess { pid, used_mib: 1024, gpu_instance: None, compute_instance: None, live: false };
         self.edit(|s| s.gpus[gpu as usize].processes.push(p));
     }
 }

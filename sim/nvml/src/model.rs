@@ -150,6 +150,9 @@ pub enum Fault {
     /// Another client (DCGM, nvidia_drm ...) holds the GPU: MIG changes and
     /// resets are refused.
     MigInUse,
+    /// The next GPU-instance creation after `after` more succeed fails with
+    /// NVML_ERROR_UNKNOWN (a driver failing half-way through a layout).
+    MigCreateFails { after: u32 },
 }
 
 /// A process on a GPU, as running-compute-processes reports it.
@@ -160,6 +163,10 @@ pub struct SimProcess {
     /// MIG instance the process runs in, when MIG is on.
     pub gpu_instance: Option<u32>,
     pub compute_instance: Option<u32>,
+    /// A real process's pid: the driver forgets it once the process is gone
+    /// (made-up pids of fixtures stay until cleared).
+    #[serde(default)]
+    pub live: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -196,6 +203,9 @@ pub struct Health {
     pub pcie_width: Option<u32>,
     pub pcie_replays: u32,
     pub held_by_client: bool,
+    /// GPU-instance creations that still succeed before one fails.
+    #[serde(default)]
+    pub mig_creates_left: Option<u32>,
 }
 
 /// One GPU's mutable state.
@@ -388,6 +398,7 @@ impl GpuState {
             }
             Fault::Thermal => h.thermal = true,
             Fault::MigInUse => h.held_by_client = true,
+            Fault::MigCreateFails { after } => h.mig_creates_left = Some(after),
         }
     }
 
@@ -500,6 +511,14 @@ impl GpuState {
     /// an allowed but taken one, or a full GPU, is INSUFFICIENT_RESOURCES.
     pub fn create_gpu_instance(&mut self, id: u32, placement: Option<u32>) -> Result<u32, NvmlCode> {
         self.require_mig()?;
+        match self.health.mig_creates_left {
+            Some(0) => {
+                self.health.mig_creates_left = None;
+                return Err(code::UNKNOWN);
+            }
+            Some(n) => self.health.mig_creates_left = Some(n - 1),
+            None => {}
+        }
         let p = self.profile(id)?.clone();
         if let Some(start) = placement {
             if !p.placement_starts.contains(&start) {
@@ -696,7 +715,7 @@ mod tests {
     #[test]
     fn mode_change_stays_pending_while_held_until_reset() {
         let mut g = GpuState::new(GpuModel::load(&fixtures().join("h200-141gb.toml")).unwrap(), 0);
-        g.processes.push(SimProcess { pid: 7, used_mib: 1, gpu_instance: None, compute_instance: None });
+        g.processes.push(SimProcess { pid: 7, used_mib: 1, gpu_instance: None, compute_instance: None, live: false });
         assert_eq!(g.set_mig_mode(true), Ok(code::IN_USE));
         assert!(!g.mig_current && g.mig_pending);
         assert_eq!(g.reset(), Err(code::IN_USE));

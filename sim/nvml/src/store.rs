@@ -105,11 +105,25 @@ pub fn update<R>(path: &Path, f: impl FnOnce(&mut NodeState) -> R) -> Result<R, 
         (None, None) => return Err(StoreError::NoState { path: path.to_path_buf() }),
     };
     let before = state.clone();
+    forget_ended_processes(&mut state);
     let result = f(&mut state);
     if state != before {
         locked.write(&state)?;
     }
     Ok(result)
+}
+
+/// As the driver does: a real process that ended (gone, or a zombie, which
+/// has released everything) no longer holds its GPU.
+fn forget_ended_processes(state: &mut NodeState) {
+    let running = |pid: u32| {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().next());
+        matches!(state, Some(s) if s != "Z")
+    };
+    for g in &mut state.gpus {
+        g.processes.retain(|p| !p.live || running(p.pid));
+    }
 }
 
 #[cfg(test)]

@@ -1,11 +1,25 @@
 //! `--gpu-mode=mig:<layout>`: the job's MIG instances on each of its GPUs.
+//!
+//! Slurm 22.05 has no dynamic MIG, so a job holds whole GPUs
+//! (`--gres=gpu:N`) and partitions each of them into its layout:
+//! [`setup`] in the prolog (plan every GPU, then create with explicit
+//! placements, journalling each step in [`journal`]), [`teardown`] in the
+//! epilog (destroy exactly what the job made). [`layout`] resolves a request
+//! against a GPU model's profile table, [`placement`] finds where it goes.
 
+pub mod journal;
+pub mod layout;
 pub mod placement;
+pub mod setup;
+pub mod teardown;
 
 use crate::config::Config;
 use crate::failure::Failure;
+use crate::gpu::NvmlGpus;
 use crate::mode::MigRequest;
 use crate::modes::{Grant, GrantRecord, ModeDriver, PrepareCtx, Released};
+use crate::watchdog;
+use journal::MigJournal;
 use serde::{Deserialize, Serialize};
 
 /// What the prolog made (or, with `mig_instances = "leave"`, found) on each
@@ -13,6 +27,8 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MigGrant {
+    /// The job's user: only their processes are killed off an instance.
+    pub uid: u32,
     pub gpus: Vec<MigGpuGrant>,
 }
 
@@ -23,6 +39,8 @@ pub struct MigGpuGrant {
     pub gpu: u32,
     pub gpu_uuid: String,
     pub instances: Vec<GrantedInstance>,
+    /// The prolog switched MIG on for the job: the epilog switches it off.
+    pub enabled_mig: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -39,6 +57,10 @@ pub struct GrantedInstance {
     /// Made for this job (destroyed by its epilog), or found there.
     pub made: bool,
 }
+
+/// Every task's list of the job's MIG devices (for programs that pick their
+/// own); each task's CUDA_VISIBLE_DEVICES holds one of them.
+pub const TASK_MIG_UUIDS_VAR: &str = "SLURM_GPU_MODE_MIG_UUIDS";
 
 pub struct MigDriver<'a> {
     pub request: Option<&'a MigRequest>,
@@ -60,15 +82,69 @@ impl ModeDriver for MigDriver<'_> {
         Ok(())
     }
 
-    fn prepare(&self, _ctx: &PrepareCtx) -> Result<Grant, Failure> {
-        Ok(Grant { record: GrantRecord::Mig(MigGrant::default()), ..Grant::default() })
+    fn prepare(&self, ctx: &PrepareCtx) -> Result<Grant, Failure> {
+        let request = self.request.ok_or_else(|| Failure::Node("mig: prepare without a request".into()))?;
+        let ops = {
+            let _step = watchdog::step("nvml: open");
+            ctx.nvml.get().map_err(|e| Failure::Node(format!("NVML: {e}")))?
+        };
+        let _step = watchdog::step("mig: setup");
+        let journal = setup::setup(ctx.cfg, ctx.env, ctx.gpus, request, ops)?;
+        Ok(grant_of(journal.grant))
     }
 
-    fn release(&self, _cfg: &Config, _job_id: u32, _grant: &GrantRecord) -> Result<Released, Failure> {
-        Ok(Released::nothing())
+    fn release(&self, cfg: &Config, job_id: u32, grant: &GrantRecord) -> Result<Released, Failure> {
+        let GrantRecord::Mig(grant) = grant else { return Ok(Released::nothing()) };
+        let journal = MigJournal { version: journal::JOURNAL_VERSION, job_id, grant: grant.clone(), pending: None };
+        with_nvml(cfg, |ops| teardown::release_locked(cfg, &journal, ops)).map(describe)
     }
 
-    fn release_lost(&self, _cfg: &Config, _job_id: u32) -> Result<Released, Failure> {
-        Ok(Released::nothing())
+    fn release_lost(&self, cfg: &Config, job_id: u32) -> Result<Released, Failure> {
+        let journal = MigJournal::load(&cfg.runtime_dir, job_id).map_err(|e| Failure::Node(format!("mig: {e}")))?;
+        match journal {
+            None => Ok(Released::nothing()),
+            Some(j) => with_nvml(cfg, |ops| teardown::release_locked(cfg, &j, ops)).map(describe),
+        }
     }
+}
+
+/// The job state's grant and the tasks' variables: each task one MIG
+/// device (by node-local id, round-robin), every task the whole list.
+fn grant_of(grant: MigGrant) -> Grant {
+    let uuids: Vec<String> = grant.gpus.iter().flat_map(|g| g.instances.iter().map(|i| i.uuid.clone())).collect();
+    let detail = grant
+        .gpus
+        .iter()
+        .map(|g| {
+            let list: Vec<String> = g.instances.iter().map(|i| format!("{}@{}", i.profile, i.placement_start)).collect();
+            format!("GPU {}: {}", g.gpu_uuid, list.join(","))
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    Grant {
+        task_env: [(TASK_MIG_UUIDS_VAR.to_string(), uuids.join(","))].into(),
+        per_task_env: [("CUDA_VISIBLE_DEVICES".to_string(), uuids)].into(),
+        record: GrantRecord::Mig(grant),
+        detail: Some(format!("mig {detail}")),
+    }
+}
+
+fn with_nvml<T>(cfg: &Config, f: impl FnOnce(&dyn crate::gpu::GpuOps) -> Result<T, Failure>) -> Result<T, Failure> {
+    let ops = {
+        let _step = watchdog::step("nvml: open");
+        NvmlGpus::from_config(cfg).map_err(|e| Failure::Node(format!("mig: NVML: {e}")))?
+    };
+    let _step = watchdog::step("mig: teardown");
+    f(&ops)
+}
+
+fn describe(t: teardown::Teardown) -> Released {
+    let mut text = format!("mig: {} instance(s) destroyed", t.destroyed);
+    if !t.killed.is_empty() {
+        text.push_str(&format!("; killed the job's leftover pids {:?}", t.killed));
+    }
+    if !t.switched_off.is_empty() {
+        text.push_str(&format!("; MIG switched off on {}", t.switched_off.join(",")));
+    }
+    Released::did(text)
 }

@@ -6,7 +6,7 @@
 //! nvml-sim-ctl inject <fault> [args] [--gpu N]     (GPU 0 by default)
 //!     xid <48|79|94|...> | ecc [count] | retired-pages <count> [pending]
 //!     remap pending|failed | lost | needs-reset | persistence off | pcie x<width>
-//!     thermal | mig-in-use
+//!     thermal | mig-in-use | mig-create-fails [after]
 //! nvml-sim-ctl clear [--gpu N]                     (all GPUs without --gpu)
 //! nvml-sim-ctl process add <pid> [--gpu N] [--mem-mib M] [--gi G --ci C]
 //! nvml-sim-ctl process clear [--gpu N]
@@ -134,10 +134,12 @@ fn parse_fault(args: &Args) -> Result<Fault, Failure> {
         }
         (Some("thermal"), None) => Fault::Thermal,
         (Some("mig-in-use"), None) => Fault::MigInUse,
+        (Some("mig-create-fails"), None) => Fault::MigCreateFails { after: 0 },
+        (Some("mig-create-fails"), Some(_)) => Fault::MigCreateFails { after: args.number(2, "after")? },
         _ => {
             return Err(usage(
                 "inject: xid <n> | ecc [count] | retired-pages <n> [pending] | remap pending|failed | lost | \
-                 needs-reset | persistence off | pcie x<width> | thermal | mig-in-use",
+                 needs-reset | persistence off | pcie x<width> | thermal | mig-in-use | mig-create-fails [after]",
             ))
         }
     };
@@ -146,12 +148,13 @@ fn parse_fault(args: &Args) -> Result<Fault, Failure> {
 
 fn process(args: &Args, path: &Path, gpu: u32) -> Result<(), Failure> {
     match args.word(1) {
-        Some("add") => {
+        Some(word @ ("add" | "add-live")) => {
             let p = SimProcess {
                 pid: args.number(2, "pid")?,
                 used_mib: args.opt("mem-mib")?.unwrap_or(512),
                 gpu_instance: args.opt("gi")?,
                 compute_instance: args.opt("ci")?,
+                live: word == "add-live",
             };
             edit(path, |s| {
                 s.gpu_mut(gpu)?.processes.push(p);
@@ -162,6 +165,6 @@ fn process(args: &Args, path: &Path, gpu: u32) -> Result<(), Failure> {
             s.gpu_mut(gpu)?.processes.clear();
             Ok(())
         }),
-        _ => Err(usage("process add <pid> [--mem-mib M] [--gi G --ci C] | process clear")),
+        _ => Err(usage("process add|add-live <pid> [--mem-mib M] [--gi G --ci C] | process clear")),
     }
 }
