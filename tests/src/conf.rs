@@ -398,7 +398,7 @@ syslog = false
 stderr = true
 
 [mig.layouts]
-half = \"3g.40gbx2\"
+half = \"3g.71gbx2\"
 
 {gpu_side}
 {extra}",
