@@ -38,11 +38,16 @@ demo() {
         && cat "$out" || { echo "job failed:"; cat "$out"; }
 }
 demo mps:threads=50
-demo mig:1g.10gbx2
 demo checkpoint
 echo
+echo "== sbatch -n2 --gpu-mode=mig:3g.71gbx2 (as user gmtest1): each task gets one MIG device"
+out=/tmp/gpu-mode-cluster/demo/out/demo-mig-$$.out
+runuser -u gmtest1 -- /usr/bin/sbatch --wait --quiet -n2 --gres=gpu:1 --output="$out" --gpu-mode=mig:3g.71gbx2 \
+    --wrap 'srun -n2 sh -c "echo task \$SLURM_LOCALID: CUDA_VISIBLE_DEVICES=\$CUDA_VISIBLE_DEVICES, the job has \$SLURM_GPU_MODE_MIG_UUIDS"' \
+    && cat "$out" || { echo "job failed (on real GPUs, left as they are, MIG is off and the job is refused):"; cat "$out"; }
+echo
 echo "== a bad value is refused at submit time"
-runuser -u gmtest1 -- /usr/bin/sbatch --gpu-mode=mig:1g.10gbx9 --wrap true || true
+runuser -u gmtest1 -- /usr/bin/sbatch --gpu-mode=mig:1g.18gbx9 --wrap true || true
 echo
 echo "== prolog/epilog log lines"
 cat /tmp/gpu-mode-cluster/demo/log/hooks.log

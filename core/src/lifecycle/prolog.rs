@@ -28,7 +28,7 @@ pub fn run(cfg: &Config, env: &JobEnv) -> Result<Report, Failure> {
 }
 
 /// [`run`] with the NVML to use when a step needs one (tests give a fake).
-pub(crate) fn run_with(cfg: &Config, env: &JobEnv, nvml: &LazyGpus) -> Result<Report, Failure> {
+pub fn run_with(cfg: &Config, env: &JobEnv, nvml: &LazyGpus) -> Result<Report, Failure> {
     let Some(raw) = env.mode_value.as_deref() else {
         // Jobs without --gpu-mode are never touched.
         return Ok(Report { outcome: Outcome::Skipped, mode: None, detail: None });

@@ -101,33 +101,38 @@ pub fn suggest(want: &[(&MigProfile, u32)], compute_total: u32) -> Option<Vec<(S
     }
 }
 
+/// The H100 80GB profile table as a real H100 reports it (sim fixture
+/// h100-80gb, docs/validation.md): for tests and the benchmark.
+pub fn h100_table() -> Vec<MigProfile> {
+    let p = |id, name: &str, slices, count, starts: &[u32], size| MigProfile {
+        profile: 0,
+        id,
+        name: name.into(),
+        slices,
+        instance_count: count,
+        memory_mb: 0,
+        sms: 0,
+        copy_engines: 0,
+        placement_starts: starts.to_vec(),
+        placement_size: size,
+    };
+    vec![
+        p(19, "1g.10gb", 1, 7, &[0, 1, 2, 3, 4, 5, 6], 1),
+        p(20, "1g.10gb+me", 1, 1, &[0, 1, 2, 3, 4, 5, 6], 1),
+        p(15, "1g.20gb", 1, 4, &[0, 2, 4, 6], 2),
+        p(14, "2g.20gb", 2, 3, &[0, 2, 4], 2),
+        p(9, "3g.40gb", 3, 2, &[0, 4], 4),
+        p(5, "4g.40gb", 4, 1, &[0], 4),
+        p(0, "7g.80gb", 7, 1, &[0], 8),
+    ]
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
 
-    /// The H100 80GB table, as read from a real H100 (fixture h100-80gb).
     pub fn h100() -> Vec<MigProfile> {
-        let p = |id, name: &str, slices, count, starts: &[u32], size| MigProfile {
-            profile: 0,
-            id,
-            name: name.into(),
-            slices,
-            instance_count: count,
-            memory_mb: 0,
-            sms: 0,
-            copy_engines: 0,
-            placement_starts: starts.to_vec(),
-            placement_size: size,
-        };
-        vec![
-            p(19, "1g.10gb", 1, 7, &[0, 1, 2, 3, 4, 5, 6], 1),
-            p(20, "1g.10gb+me", 1, 1, &[0, 1, 2, 3, 4, 5, 6], 1),
-            p(15, "1g.20gb", 1, 4, &[0, 2, 4, 6], 2),
-            p(14, "2g.20gb", 2, 3, &[0, 2, 4], 2),
-            p(9, "3g.40gb", 3, 2, &[0, 4], 4),
-            p(5, "4g.40gb", 4, 1, &[0], 4),
-            p(0, "7g.80gb", 7, 1, &[0], 8),
-        ]
+        h100_table()
     }
 
     fn want<'a>(table: &'a [MigProfile], list: &[(&str, u32)]) -> Vec<(&'a MigProfile, u32)> {

@@ -170,14 +170,15 @@ fn granted(i: &MigInstance, profile: &str, made: bool) -> Option<GrantedInstance
     })
 }
 
-/// Carries out the plans, journalling before and after every change.
+/// Carries out the plans, journalling before every change: the journal
+/// always lists what exists plus the one change in flight (`pending`).
 fn apply(cfg: &Config, plans: &[GpuPlan], ops: &dyn GpuOps, journal: &mut MigJournal) -> Result<(), Failure> {
     let save = |j: &MigJournal| j.save(&cfg.runtime_dir).map_err(|e| Failure::Node(format!("saving the MIG journal: {e}")));
     for plan in plans {
         let gpu_err = |e: crate::gpu::GpuError| Failure::Node(format!("GPU {}: {e}", plan.uuid));
         journal.grant.gpus.push(MigGpuGrant { gpu: plan.gpu, gpu_uuid: plan.uuid.clone(), instances: plan.reuse.clone(), enabled_mig: plan.switch_on });
-        save(journal)?;
         if plan.switch_on {
+            save(journal)?;
             if let MigModeChange::Pending { reason } = ops.set_mig_mode(plan.gpu, true).map_err(gpu_err)? {
                 return Err(Failure::Job(format!(
                     "GPU {} ({}) is not in MIG mode and cannot be switched now: {reason}; an admin enables it with `nvidia-smi -i {} -mig 1`",
@@ -204,11 +205,10 @@ fn apply(cfg: &Config, plans: &[GpuPlan], ops: &dyn GpuOps, journal: &mut MigJou
                 }));
             }
             journal.pending = None;
-            save(journal)?;
             if entry.is_none() {
                 return Err(Failure::Node(format!("GPU {}: MIG instance {} has no compute instance UUID", plan.uuid, made.gpu_instance)));
             }
         }
     }
-    Ok(())
+    save(journal)
 }

@@ -177,7 +177,9 @@ pub fn stop(control: &Control, daemon: Option<ProcId>, quit_timeout: Duration, k
     }
     signalled.sort_unstable();
     signalled.dedup();
-    let unreaped = zombies.iter().filter_map(|z| procfs::find(z.id()).map(|p| (p.pid, p.ppid))).collect();
+    // Zombies init will reap are nobody's leftovers; the others wait for a
+    // parent of the user's that does not reap.
+    let unreaped = zombies.iter().filter_map(|z| procfs::find(z.id()).map(|p| (p.pid, p.ppid))).filter(|&(_, ppid)| ppid != 1).collect();
     StopOutcome { survivors: tracked, quit_worked, signalled, unreaped }
 }
 
