@@ -107,6 +107,6 @@ fn the_epilog_kills_a_leftover_process_on_the_jobs_instance_and_twice_is_safe() 
     // The epilog again (slurmd restarted, say): nothing to do, no error.
     let again = cl.run_hook("epilog", job, "gmtest1", &gpu.to_string(), "mig:7g.141gb").unwrap();
     assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
-    let last = cl.hook_log_lines(job).into_iter().filter(|l| l.contains("action=epilog")).last().unwrap();
+    let last = cl.hook_log_lines(job).into_iter().rfind(|l| l.contains("action=epilog")).unwrap();
     assert!(last.contains("outcome=skipped"), "{last}");
 }
