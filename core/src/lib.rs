@@ -5,6 +5,7 @@
 pub mod checkpoint;
 pub mod command;
 pub mod config;
+pub mod criu;
 pub mod drain;
 pub mod fsutil;
 pub mod gpu;
