@@ -18,6 +18,7 @@ pub mod lifecycle;
 pub mod log;
 pub mod mode;
 pub mod mps;
+pub mod preempt;
 pub mod privdrop;
 pub mod procfs;
 pub mod state;
