@@ -78,3 +78,35 @@ pub fn give_back(uuid: &str, pid: i32, bytes: u64) -> Result<(), String> {
 pub fn exists(uuid: &str) -> Result<bool, String> {
     with_node(|n| n.gpus.iter().any(|g| g.uuid == uuid))
 }
+
+/// Frees what dead simulated processes held, as the real driver does when a
+/// process exits: their NVML entries and device-memory files. Only pids the
+/// simulation knows (a folder under `procs/`) are touched, so processes a
+/// test added to NVML by hand stay.
+pub fn prune_dead(sim: &crate::files::SimDir) {
+    let Ok(dir) = std::fs::read_dir(sim.root.join("procs")) else { return };
+    let dead: Vec<u32> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
+        .collect();
+    if dead.is_empty() {
+        return;
+    }
+    let uuids = with_node(|n| {
+        for g in &mut n.gpus {
+            g.processes.retain(|p| !dead.contains(&p.pid));
+        }
+        n.gpus.iter().map(|g| g.uuid.clone()).collect::<Vec<_>>()
+    })
+    .unwrap_or_default();
+    for uuid in uuids {
+        for f in std::fs::read_dir(sim.gpu_dir(&uuid)).into_iter().flatten().flatten() {
+            let name = f.file_name().to_string_lossy().into_owned();
+            let owner = name.split('-').next().and_then(|p| p.parse::<u32>().ok());
+            if owner.is_some_and(|p| dead.contains(&p)) {
+                let _ = std::fs::remove_file(f.path());
+            }
+        }
+    }
+}

@@ -74,6 +74,7 @@ impl Context {
     /// cuInit in the program: finds the visible GPUs and starts the driver thread.
     pub fn init() -> Result<Context, String> {
         let sim = SimDir::from_env()?;
+        gpus::prune_dead(&sim);
         let devices = gpus::visible()?;
         if devices.is_empty() {
             return Err(codes::name(codes::NO_DEVICE));
