@@ -4,7 +4,10 @@
 //! restored tree was checkpointed again), on the same connection.
 
 use serde::{Deserialize, Serialize};
-use std::io::{BufRead, Write};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Duration;
 
 pub const PROTOCOL_VERSION: u32 = 1;
 /// No message is near this; a peer sending more is cut off.
@@ -123,6 +126,25 @@ pub fn receive<T: for<'de> Deserialize<'de>>(r: &mut impl BufRead) -> std::io::R
     }
     let env: Envelope<T> = serde_json::from_slice(&line).map_err(|e| std::io::Error::other(format!("bad message: {e}")))?;
     Ok(Some(env.body))
+}
+
+/// One request on a new connection; returns the answer and the reader for
+/// any later message. `timeout` bounds the answer (none: the agent bounds
+/// its own work).
+pub fn request(socket: &Path, req: &Request, timeout: Option<Duration>) -> Result<(Response, BufReader<UnixStream>), String> {
+    let stream = UnixStream::connect(socket).map_err(|e| format!("cannot reach the checkpoint agent at {}: {e}", socket.display()))?;
+    stream.set_read_timeout(timeout).map_err(|e| e.to_string())?;
+    let mut out = stream.try_clone().map_err(|e| e.to_string())?;
+    send(&mut out, req).map_err(|e| format!("{}: {e}", socket.display()))?;
+    let mut reader = BufReader::new(stream);
+    match receive::<Response>(&mut reader) {
+        Ok(Some(r)) => {
+            let _ = reader.get_ref().set_read_timeout(None);
+            Ok((r, reader))
+        }
+        Ok(None) => Err("the checkpoint agent closed the connection without an answer".into()),
+        Err(e) => Err(format!("the checkpoint agent: {e}")),
+    }
 }
 
 #[cfg(test)]

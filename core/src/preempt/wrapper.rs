@@ -17,15 +17,13 @@
 //!   to start over, with the reason on the job's stderr.
 //! * Other signals (INT, HUP, QUIT, USR2) are passed on to the application.
 
-use super::protocol::{self, ExitInfo, Request, Response};
+use super::protocol::{self, request, ExitInfo, Request, Response};
 use super::signal_name;
 use crate::command::run_with_timeout;
 use nix::sys::signal::{pthread_sigmask, SigSet, SigmaskHow, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use std::ffi::OsString;
-use std::io::BufReader;
-use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
@@ -333,25 +331,6 @@ impl Wrapper<'_> {
         if !self.o.linger.is_zero() {
             say(&format!("still running {} s after the requeue; exiting", self.o.linger.as_secs()));
         }
-    }
-}
-
-/// One request on a new connection; returns the answer and the reader for
-/// any later message. `timeout` bounds the answer (none: the agent bounds
-/// its own work).
-fn request(socket: &PathBuf, req: &Request, timeout: Option<Duration>) -> Result<(Response, BufReader<UnixStream>), String> {
-    let stream = UnixStream::connect(socket).map_err(|e| format!("cannot reach the checkpoint agent at {}: {e}", socket.display()))?;
-    stream.set_read_timeout(timeout).map_err(|e| e.to_string())?;
-    let mut out = stream.try_clone().map_err(|e| e.to_string())?;
-    protocol::send(&mut out, req).map_err(|e| format!("{}: {e}", socket.display()))?;
-    let mut reader = BufReader::new(stream);
-    match protocol::receive::<Response>(&mut reader) {
-        Ok(Some(r)) => {
-            let _ = reader.get_ref().set_read_timeout(None);
-            Ok((r, reader))
-        }
-        Ok(None) => Err("the checkpoint agent closed the connection without an answer".into()),
-        Err(e) => Err(format!("the checkpoint agent: {e}")),
     }
 }
 

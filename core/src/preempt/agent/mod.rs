@@ -15,12 +15,14 @@
 //! appeared within `start_grace`.
 
 mod dump;
+mod real;
 mod restore;
 mod server;
 mod spawn;
 #[cfg(test)]
 mod tests;
 
+pub use real::{gpu_facts, real_backends};
 pub use server::{listen, ExitReason};
 pub use spawn::{spawn_agent, stop_agent, AgentLaunch};
 

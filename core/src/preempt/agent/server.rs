@@ -170,7 +170,7 @@ impl Agent {
         let image = self.settings.images.latest(self.params.job).map(|(restart, dir)| match super::super::Manifest::load(&dir) {
             Ok(m) => ImageInfo { restart_count: m.restart_count, node: m.node, image_bytes: m.image_bytes, created_unix: m.created_unix },
             // Unreadable: the restore will say why, precisely.
-            Err(_) => ImageInfo { restart_count: restart, node: "?".into(), image_bytes: 0, created_unix: 0 },
+            Err(_) => ImageInfo { restart_count: restart, node: "(manifest unreadable)".into(), image_bytes: 0, created_unix: 0 },
         });
         Response::Hello {
             job: self.params.job,
