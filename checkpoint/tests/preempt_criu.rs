@@ -63,20 +63,6 @@ fn ids(user: &str) -> (u32, u32) {
     (u.uid.as_raw(), u.gid.as_raw())
 }
 
-/// Empties the bounding set before exec: uid 0 then gets no capabilities.
-fn drop_all_capabilities(cmd: &mut Command) {
-    use std::os::unix::process::CommandExt;
-    // SAFETY: prctl is async-signal-safe.
-    unsafe {
-        cmd.pre_exec(|| {
-            for cap in 0..=63 {
-                libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
-            }
-            Ok(())
-        });
-    }
-}
-
 fn skip_reason(bin: &Path) -> Option<String> {
     if unsafe { libc::geteuid() } != 0 {
         return Some("needs root".into());
@@ -216,7 +202,7 @@ fn wrapper(n: &Node, r: &Run, app: &[&str]) -> Child {
     }
     match who {
         Who::User(_) => gpu_mode_core::privdrop::run_as(&mut cmd, &gpu_mode_core::privdrop::Identity::of_user(uid, gid).unwrap()),
-        Who::CaplessRoot => drop_all_capabilities(&mut cmd),
+        Who::CaplessRoot => gpu_mode_core::privdrop::without_capabilities(&mut cmd),
     }
     cmd.spawn().unwrap()
 }

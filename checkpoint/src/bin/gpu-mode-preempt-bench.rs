@@ -32,7 +32,7 @@ use gpu_mode_core::checkpoint::{CheckpointDriver, CudaDriver};
 use gpu_mode_core::preempt::agent::{gpu_facts, listen, real_backends, AgentSettings};
 use gpu_mode_core::preempt::protocol::{request, CheckpointSummary, Request, Response, RestoreSummary};
 use gpu_mode_core::preempt::{now_ms, socket_path, Agent, AgentParams, NodeFacts};
-use gpu_mode_core::privdrop::{run_as, Identity};
+use gpu_mode_core::privdrop::{run_as, without_capabilities, Identity};
 use gpu_mode_core::Config;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -146,7 +146,8 @@ impl Fleet {
             });
         }
         if o.uid == 0 {
-            drop_capabilities(&mut cmd);
+            // Root without capabilities: see privdrop::without_capabilities.
+            without_capabilities(&mut cmd);
         } else {
             run_as(&mut cmd, &Identity::of_user_or_bare(o.uid, o.uid));
         }
@@ -171,22 +172,6 @@ impl Fleet {
 
     fn go(&self) {
         let _ = std::fs::write(self.dir.join("go"), b"go");
-    }
-}
-
-/// `--uid 0`: root with an empty bounding set, so the programs run without
-/// capabilities (the agent refuses to dump capabilities). For sandboxes
-/// where root lacks CAP_SYS_RESOURCE, which `criu dump` needs to read
-/// another user's resource limits.
-fn drop_capabilities(cmd: &mut Command) {
-    // SAFETY: prctl is async-signal-safe.
-    unsafe {
-        cmd.pre_exec(|| {
-            for cap in 0..=63 {
-                libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
-            }
-            Ok(())
-        });
     }
 }
 
