@@ -87,6 +87,14 @@ fn node() -> Option<&'static Node> {
             return None;
         }
         let base = std::env::var("GPU_MODE_CLUSTER_BASE").unwrap_or_else(|_| "/tmp/gpu-mode-cluster".into());
+        // Earlier runs' directories (their test process is gone) go first.
+        for old in std::fs::read_dir(&base).into_iter().flatten().flatten() {
+            let name = old.file_name().to_string_lossy().into_owned();
+            let pid = name.strip_prefix("preempt-criu-").and_then(|p| p.parse::<i32>().ok());
+            if pid.is_some_and(|p| gpu_mode_core::procfs::read(p).is_none()) {
+                let _ = std::fs::remove_dir_all(old.path());
+            }
+        }
         let dir = PathBuf::from(base).join(format!("preempt-criu-{}", std::process::id()));
         std::fs::create_dir_all(dir.join("user")).unwrap();
         chmod(&dir, 0o755);
@@ -258,7 +266,7 @@ fn signal(child: &Child, sig: i32) {
 }
 
 #[test]
-fn a_preempted_job_is_dumped_requeued_and_restored_on_another_gpu_with_its_count_and_exit_code() {
+fn a_preempted_job_is_dumped_requeued_restored_on_another_gpu_preempted_again_and_finishes_with_its_count_and_exit_code() {
     let Some(n) = node() else { return };
     let job = 9101;
     let images = n.dir.join("images-a");
@@ -292,26 +300,39 @@ fn a_preempted_job_is_dumped_requeued_and_restored_on_another_gpu_with_its_count
     assert_eq!(stop_agent(&cfg, job, Duration::from_secs(10)), Ok(true));
     assert_eq!(cleanup_after_job(&store, job, 0).unwrap(), Cleanup::Kept { restart: 0 });
 
-    // Run 1 on GPU 1: restored, finishes the count, ends with the app's code.
+    // Run 1 on GPU 1: restored into the new job's cgroup, preempted again.
     n.agent((&cfg_path, &cfg), job, 1, 1);
     let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 1, cgroup: cg1.as_deref(), out: &out }, &app);
-    wait_for("steps after the restore", Duration::from_secs(30), || last_step(&out) > dumped_at + 2 || w.try_wait().unwrap().is_some());
+    wait_for("steps after the restore", Duration::from_secs(30), || last_step(&out) > dumped_at + 3);
     if let Some(cg) = &cg1 {
         let text = read(Path::new(&format!("/proc/{app_pid}/cgroup")));
         let want = format!(":pids:/gmc-ckpt2/{}", cg.file_name().unwrap().to_string_lossy());
         assert!(text.lines().any(|l| l.ends_with(&want)), "restored into the new job's cgroup: {text}");
     }
+    let err = read(&out.with_extension("err"));
+    assert!(err.contains("restoring the checkpoint taken in run 0") && err.contains(&format!("GPUs [(\"{}\", \"{}\")]", n.gpus[0], n.gpus[1])), "{err}");
+    signal(&w, libc::SIGUSR1);
+    assert_eq!(exit_code(&mut w, Duration::from_secs(60)), 0, "{}", read(&out.with_extension("err")));
+    let dumped_again = last_step(&out);
+    assert!(store.run_dir(job, 1).join(MANIFEST_FILE).exists());
+    assert!(!store.run_dir(job, 0).exists(), "the consumed image of run 0 is gone");
+    assert_eq!(stop_agent(&cfg, job, Duration::from_secs(10)), Ok(true));
+    assert_eq!(cleanup_after_job(&store, job, 1).unwrap(), Cleanup::Kept { restart: 1 });
+
+    // Run 2 back on GPU 0: finishes the count, ends with the app's code.
+    let cg2 = job_cgroup("a-run2");
+    n.agent((&cfg_path, &cfg), job, 2, 0);
+    let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 2, cgroup: cg2.as_deref(), out: &out }, &app);
     assert_eq!(exit_code(&mut w, Duration::from_secs(60)), 7, "{}", read(&out.with_extension("err")));
     let all = steps(&out);
     assert_eq!(all.iter().map(|s| s.0).collect::<Vec<_>>(), (1..=60).collect::<Vec<_>>(), "every step once, in order");
-    assert!(all.iter().all(|(k, gpu)| *gpu == if *k <= dumped_at { n.gpus[0].clone() } else { n.gpus[1].clone() }));
+    let gpu_of = |k: u64| if k <= dumped_at || k > dumped_again { &n.gpus[0] } else { &n.gpus[1] };
+    assert!(all.iter().all(|(k, gpu)| gpu == gpu_of(*k)), "{all:?}");
     assert!(read(&out).contains("DONE count=60") && !read(&out).contains("MISMATCH"));
-    let err = read(&out.with_extension("err"));
-    assert!(err.contains("restoring the checkpoint taken in run 0") && err.contains(&format!("GPUs [(\"{}\", \"{}\")]", n.gpus[0], n.gpus[1])), "{err}");
-    assert!(store.run_dir(job, 0).join(CONSUMED_FILE).exists() && !store.run_dir(job, 0).join(MANIFEST_FILE).exists());
+    assert!(store.run_dir(job, 1).join(CONSUMED_FILE).exists() && !store.run_dir(job, 1).join(MANIFEST_FILE).exists());
     assert_eq!(stop_agent(&cfg, job, Duration::from_secs(10)), Ok(true));
-    assert_eq!(cleanup_after_job(&store, job, 1).unwrap(), Cleanup::Removed);
-    for cg in [cg0, cg1].into_iter().flatten() {
+    assert_eq!(cleanup_after_job(&store, job, 2).unwrap(), Cleanup::Removed);
+    for cg in [cg0, cg1, cg2].into_iter().flatten() {
         let _ = std::fs::remove_dir(cg);
     }
 }

@@ -149,6 +149,13 @@ pub fn cleanup_after_job(store: &ImageStore, job: u32, restart: u32) -> io::Resu
     Ok(Cleanup::Removed)
 }
 
+/// For an epilog that knows the job ended for good (completed, cancelled,
+/// failed) even though its run completed an image (a cancel arrives as
+/// SIGTERM, which gpu-mode-run also checkpoints on): removes all of it.
+pub fn discard_job_images(store: &ImageStore, job: u32) -> io::Result<()> {
+    fsutil::remove_tree_if_present(&store.job_dir(job))
+}
+
 /// The image directory's limits (`images_max_gib`, `images_max_age_hours`;
 /// zero: no limit).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -281,6 +288,9 @@ mod tests {
         write(&store.run_dir(9, 1).join(MANIFEST_FILE), 1);
         assert_eq!(cleanup_after_job(&store, 9, 1).unwrap(), Cleanup::Kept { restart: 1 });
         assert!(store.run_dir(9, 1).exists() && !store.run_dir(9, 0).exists());
+        discard_job_images(&store, 9).unwrap();
+        discard_job_images(&store, 9).unwrap();
+        assert!(!store.job_dir(9).exists());
     }
 
     #[test]

@@ -33,7 +33,7 @@ pub mod tree;
 pub mod wrapper;
 
 pub use agent::{spawn_agent, stop_agent, Agent, AgentLaunch, AgentParams, NodeFacts};
-pub use images::{cleanup_after_job, sweep_images, ImageStore, Limits};
+pub use images::{cleanup_after_job, discard_job_images, sweep_images, Cleanup, ImageStore, Limits};
 pub use manifest::{Manifest, MANIFEST_VERSION};
 pub use submit::{checkpoint_submit_check, SubmitSite};
 
