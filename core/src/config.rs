@@ -137,11 +137,75 @@ pub struct CheckpointConfig {
     /// Bound on every other driver call (checkpoint, restore, unlock, state),
     /// and added to `lock_timeout_ms` for Lock.
     pub call_timeout_ms: u64,
+    // --gpu-mode=checkpoint on preemption (core::preempt); see etc/config.toml.
+    /// Path prefixes whose descriptors/mappings make a process a GPU holder.
+    pub device_paths: Vec<String>,
+    /// Where CRIU images go: `<image_dir>/<job>/<restart count>/`.
+    pub image_dir: PathBuf,
+    /// The agents' sockets; unset: `<runtime_dir>/agent`.
+    pub agent_socket_dir: Option<PathBuf>,
+    /// The per-job agent the prolog starts.
+    pub agent: PathBuf,
+    pub criu: PathBuf,
+    /// Bound on one `criu dump` or `criu restore`.
+    pub criu_timeout_ms: u64,
+    /// Signal (besides SIGTERM) that makes gpu-mode-run checkpoint: "USR1".
+    pub signal: String,
+    /// Least `@<secs>` of `--signal` the submission check accepts.
+    pub min_signal_lead_s: u32,
+    /// slurm.conf has JobRequeue=1: jobs are requeueable unless --no-requeue.
+    pub site_job_requeue: bool,
+    /// The site adds `--signal` to checkpoint jobs itself (job_submit plugin).
+    pub site_signal: bool,
+    /// Image directory limits for the epilog's sweep; 0: no limit.
+    pub images_max_gib: u64,
+    pub images_max_age_hours: u64,
 }
 
 impl Default for CheckpointConfig {
     fn default() -> Self {
-        CheckpointConfig { lock_timeout_ms: 10_000, memory_margin_mib: 512, cuda_library: None, call_timeout_ms: 300_000 }
+        CheckpointConfig {
+            lock_timeout_ms: 10_000,
+            memory_margin_mib: 512,
+            cuda_library: None,
+            call_timeout_ms: 300_000,
+            device_paths: vec!["/dev/nvidia".into()],
+            image_dir: PathBuf::from("/var/lib/slurm-gpu-mode/images"),
+            agent_socket_dir: None,
+            agent: PathBuf::from("/usr/libexec/slurm-gpu-mode/gpu-mode-ckpt-agent"),
+            criu: PathBuf::from("/opt/slurm-gpu-mode/criu/bin/criu"),
+            criu_timeout_ms: 600_000,
+            signal: "USR1".into(),
+            min_signal_lead_s: 60,
+            site_job_requeue: false,
+            site_signal: false,
+            images_max_gib: 0,
+            images_max_age_hours: 168,
+        }
+    }
+}
+
+impl CheckpointConfig {
+    /// Where the per-job agents listen.
+    pub fn agent_socket_dir(&self, runtime_dir: &Path) -> PathBuf {
+        self.agent_socket_dir.clone().unwrap_or_else(|| runtime_dir.join("agent"))
+    }
+
+    fn validate_preemption(&self) -> Result<(), String> {
+        for (key, p) in [("checkpoint.image_dir", &self.image_dir), ("checkpoint.agent", &self.agent), ("checkpoint.criu", &self.criu)] {
+            require_absolute(key, p)?;
+        }
+        if let Some(dir) = &self.agent_socket_dir {
+            require_absolute("checkpoint.agent_socket_dir", dir)?;
+        }
+        for p in &self.device_paths {
+            require_absolute("checkpoint.device_paths", Path::new(p))?;
+        }
+        if self.criu_timeout_ms == 0 || self.criu_timeout_ms > 3_600_000 {
+            return Err(format!("checkpoint.criu_timeout_ms = {} must be between 1 and 3600000 (an hour)", self.criu_timeout_ms));
+        }
+        crate::preempt::signal_number(&self.signal).map_err(|e| format!("checkpoint.signal: {e}"))?;
+        Ok(())
     }
 }
 
@@ -290,6 +354,7 @@ impl Config {
         if let Some(lib) = &self.checkpoint.cuda_library {
             require_absolute("checkpoint.cuda_library", lib)?;
         }
+        self.checkpoint.validate_preemption()?;
         self.health.validate()?;
         if self.checkpoint.lock_timeout_ms == 0 {
             return Err("checkpoint.lock_timeout_ms must be at least 1".into());
@@ -425,6 +490,20 @@ mod tests {
     }
 
     #[test]
+    fn checkpoint_preemption_keys_are_read() {
+        let cfg = parse(
+            "runtime_dir = \"/run/gm\"\n[checkpoint]\nimage_dir = \"/shared/ckpt\"\nsignal = \"SIGUSR2\"\nsite_job_requeue = true\n\
+             images_max_gib = 500\ndevice_paths = [\"/dev/nvidia\", \"/tmp/sim/gpus\"]",
+        )
+        .unwrap();
+        let c = &cfg.checkpoint;
+        assert_eq!((c.image_dir.as_path(), c.signal.as_str(), c.site_job_requeue, c.images_max_gib), (Path::new("/shared/ckpt"), "SIGUSR2", true, 500));
+        assert_eq!(c.device_paths, ["/dev/nvidia", "/tmp/sim/gpus"]);
+        assert_eq!(c.agent_socket_dir(&cfg.runtime_dir), PathBuf::from("/run/gm/agent"));
+        assert_eq!(c.criu, PathBuf::from("/opt/slurm-gpu-mode/criu/bin/criu"));
+    }
+
+    #[test]
     fn every_gpu_setter_can_be_left_alone() {
         let cfg = parse(
             "[gpu]\nmps_compute_mode = \"leave\"\nrestore_compute_mode = \"leave\"\n\
@@ -464,6 +543,12 @@ mod tests {
             ("[health.deep.bandwidth_floor_gbps]\nH100 = -1.0", "bandwidth_floor_gbps.H100 = -1 must be a positive"),
             ("[health.deep.bandwidth_floor_gbps]\nH100 = nan", "bandwidth_floor_gbps.H100 = NaN"),
             ("[health.deep.bandwidth_floor_gbps]\nH100 = inf", "bandwidth_floor_gbps.H100 = inf"),
+            ("[checkpoint]\ncriu = \"criu\"", "checkpoint.criu = \"criu\" must be an absolute path"),
+            ("[checkpoint]\nimage_dir = \"images\"", "checkpoint.image_dir"),
+            ("[checkpoint]\nagent_socket_dir = \"/run/../x\"", "checkpoint.agent_socket_dir"),
+            ("[checkpoint]\ndevice_paths = [\"dev/nvidia\"]", "checkpoint.device_paths"),
+            ("[checkpoint]\nsignal = \"KILL\"", "checkpoint.signal: \"KILL\" is not one of USR1"),
+            ("[checkpoint]\ncriu_timeout_ms = 0", "checkpoint.criu_timeout_ms = 0 must be between 1 and 3600000"),
         ];
         for (text, needle) in cases {
             let err = parse(text).expect_err(text);

@@ -71,6 +71,23 @@ pub fn run_as(cmd: &mut Command, who: &Identity) {
     }
 }
 
+/// Makes `cmd` run with an empty capability bounding set: a root program
+/// then execs with no capabilities at all. For tests and benchmarks where
+/// root lacks CAP_SYS_RESOURCE (which `criu dump` needs to read another
+/// user's resource limits): a capability-less root process stands in for a
+/// user's.
+pub fn without_capabilities(cmd: &mut Command) {
+    // SAFETY: prctl is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            for cap in 0..=63 {
+                libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Starts `program args` as `who` with exactly `env` as its environment,
 /// stdin from /dev/null, and output discarded (daemons log to their own files).
 pub fn spawn_as(program: &Path, args: &[&str], env: &BTreeMap<String, String>, who: &Identity) -> Result<Child, SpawnError> {

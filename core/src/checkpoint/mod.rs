@@ -15,6 +15,7 @@
 // One file per verb: the checkpoint verb lives in checkpoint.rs like the others.
 #[allow(clippy::module_inception)]
 mod checkpoint;
+mod after_criu;
 pub mod bounded;
 pub mod device_map;
 pub mod driver;

@@ -46,14 +46,21 @@ pub trait ProcessHost: Sync {
     fn start_time(&self, pid: i32) -> Option<u64>;
 }
 
+/// The device files of NVIDIA's driver.
+pub const NVIDIA_DEVICE_PREFIX: &str = "/dev/nvidia";
+
 /// The real host, reading `root` (normally /proc).
 pub struct ProcFs {
     pub root: PathBuf,
+    /// Path prefixes whose descriptors and mappings make a process a GPU
+    /// holder: /dev/nvidia, plus the simulated driver's device-memory folder
+    /// in tests (`checkpoint.device_paths`).
+    pub device_prefixes: Vec<String>,
 }
 
 impl Default for ProcFs {
     fn default() -> Self {
-        ProcFs { root: PathBuf::from("/proc") }
+        ProcFs { root: PathBuf::from("/proc"), device_prefixes: vec![NVIDIA_DEVICE_PREFIX.to_string()] }
     }
 }
 
@@ -122,12 +129,12 @@ impl ProcessHost for ProcFs {
         for entry in fds.flatten() {
             let Ok(target) = std::fs::read_link(entry.path()) else { continue };
             let target = target.to_string_lossy().into_owned();
-            if is_nvidia_path(&target) {
+            if is_device_path(&target, &self.device_prefixes) {
                 found.push(NvidiaFile { how: format!("fd {}", entry.file_name().to_string_lossy()), path: target });
             }
         }
         let maps = std::fs::read(dir.join("maps")).map_err(|e| format!("cannot read {}: {e}", dir.join("maps").display()))?;
-        found.extend(nvidia_maps(&String::from_utf8_lossy(&maps)));
+        found.extend(device_maps(&String::from_utf8_lossy(&maps), &self.device_prefixes));
         Ok(found)
     }
 
@@ -136,8 +143,8 @@ impl ProcessHost for ProcFs {
     }
 }
 
-fn is_nvidia_path(path: &str) -> bool {
-    path.starts_with("/dev/nvidia")
+fn is_device_path(path: &str, prefixes: &[String]) -> bool {
+    prefixes.iter().any(|p| path.starts_with(p.as_str()))
 }
 
 /// True when a /proc/<pid>/cgroup text places the process under `job_<job>`.
@@ -154,12 +161,17 @@ pub fn environ_is_job(environ: &[u8], job: u32) -> bool {
 
 /// The /dev/nvidia* mappings of a /proc/<pid>/maps text, one per mapping.
 pub fn nvidia_maps(text: &str) -> Vec<NvidiaFile> {
+    device_maps(text, &[NVIDIA_DEVICE_PREFIX.to_string()])
+}
+
+/// The mappings of files under any of `prefixes`, one per mapping.
+pub fn device_maps(text: &str, prefixes: &[String]) -> Vec<NvidiaFile> {
     text.lines()
         .filter_map(|line| {
             let mut fields = line.split_whitespace();
             let range = fields.next()?;
             let path = fields.nth(4)?;
-            is_nvidia_path(path).then(|| NvidiaFile { how: format!("map {range}"), path: path.to_string() })
+            is_device_path(path, prefixes).then(|| NvidiaFile { how: format!("map {range}"), path: path.to_string() })
         })
         .collect()
 }
@@ -233,6 +245,10 @@ mod tests {
 ";
         let got: Vec<String> = nvidia_maps(text).iter().map(|f| f.to_string()).collect();
         assert_eq!(got, ["/dev/nvidia0 (map 7f00-7f10)", "/dev/nvidiactl (map 7f10-7f20)", "/dev/nvidia-uvm (map 7f40-7f50)"]);
+        // Another device prefix (the simulated driver's memory files) counts too.
+        let sim = "7f00-7f10 rw-s 00000000 00:05 12 /tmp/sim/gpus/GPU-1/7-0.mem\n";
+        assert_eq!(device_maps(sim, &["/tmp/sim/gpus/".to_string()]).len(), 1);
+        assert!(nvidia_maps(sim).is_empty());
     }
 
     #[test]

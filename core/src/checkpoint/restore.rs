@@ -122,7 +122,7 @@ impl Checkpointer<'_> {
         Ok(plan)
     }
 
-    fn check_device_map(&self, procs: &[ProcessRecord], map: &DeviceMap) -> Result<(), CheckpointError> {
+    pub(super) fn check_device_map(&self, procs: &[ProcessRecord], map: &DeviceMap) -> Result<(), CheckpointError> {
         for proc in procs {
             if let Some(f) = proc.footprint.iter().find(|f| !map.covers(f.gpu)) {
                 return Err(CheckpointError::DeviceMap(format!(
@@ -136,7 +136,7 @@ impl Checkpointer<'_> {
 
     /// Sums the footprints bound for each GPU and compares with its free
     /// memory less the margin. All GPUs are checked before any restore.
-    fn check_free_memory(&self, procs: &[ProcessRecord], map: &DeviceMap) -> Result<(), CheckpointError> {
+    pub(super) fn check_free_memory(&self, procs: &[ProcessRecord], map: &DeviceMap) -> Result<(), CheckpointError> {
         let mut need: BTreeMap<GpuUuid, (u64, Vec<i32>)> = BTreeMap::new();
         for proc in procs {
             for f in &proc.footprint {

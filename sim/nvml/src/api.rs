@@ -353,6 +353,24 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(device: nvmlDevice_t, memory
     })
 }
 
+/// The v1 query (total/free/used, no reserved field), which the checkpoint
+/// core's minimal NVML loads. Free memory is what the v2 query reports.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(device: nvmlDevice_t, memory: *mut nvmlMemory_t) -> nvmlReturn_t {
+    if memory.is_null() {
+        return code::INVALID_ARGUMENT;
+    }
+    let mut v2: nvmlMemory_v2_t = std::mem::zeroed();
+    let ret = nvmlDeviceGetMemoryInfo_v2(device, &mut v2);
+    if ret == code::SUCCESS {
+        let m = &mut *memory;
+        m.total = v2.total;
+        m.free = v2.free;
+        m.used = v2.used;
+    }
+    ret
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetCudaComputeCapability(device: nvmlDevice_t, major: *mut c_int, minor: *mut c_int) -> nvmlReturn_t {
     guard(|| {
@@ -1046,7 +1064,7 @@ mod tests {
             nvmlInit_v2, nvmlInitWithFlags, nvmlShutdown, nvmlErrorString, nvmlSystemGetDriverVersion,
             nvmlSystemGetNVMLVersion, nvmlSystemGetCudaDriverVersion_v2, nvmlSystemGetCudaDriverVersion,
             nvmlDeviceGetCount_v2, nvmlDeviceGetHandleByIndex_v2, nvmlDeviceGetIndex, nvmlDeviceGetMinorNumber,
-            nvmlDeviceGetUUID, nvmlDeviceGetName, nvmlDeviceGetPciInfo_v3, nvmlDeviceGetMemoryInfo_v2,
+            nvmlDeviceGetUUID, nvmlDeviceGetName, nvmlDeviceGetPciInfo_v3, nvmlDeviceGetMemoryInfo_v2, nvmlDeviceGetMemoryInfo,
             nvmlDeviceGetCudaComputeCapability, nvmlDeviceGetComputeMode, nvmlDeviceSetComputeMode,
             nvmlDeviceGetPersistenceMode, nvmlDeviceGetMigMode, nvmlDeviceSetMigMode,
             nvmlDeviceGetGpuInstanceProfileInfo, nvmlDeviceGetGpuInstanceProfileInfoV,

@@ -1,0 +1,90 @@
+//! `gpu-mode-ckpt-agent --job J --uid U --gid G --restart-count K --node N
+//!  [--gpus I,J] [--deadline-unix T] [--config PATH]`
+//!
+//! The per-job checkpoint agent (gpu_mode_core::preempt::agent), started by
+//! the prolog as root through `spawn_agent`. `--gpus` are the job's NVML
+//! indices in allocation order. It serves until the job is gone, its
+//! deadline, or `stop` from root; exit 0 then, 2 on bad arguments or config,
+//! 1 when it cannot start or listen.
+
+use gpu_mode_core::log::{ActionLine, Outcome};
+use gpu_mode_core::preempt::agent::{gpu_facts, listen, real_backends, AgentSettings};
+use gpu_mode_core::preempt::{socket_path, Agent, AgentParams, NodeFacts};
+use gpu_mode_core::Config;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+struct Args {
+    job: u32,
+    uid: u32,
+    gid: u32,
+    restart_count: u32,
+    node: String,
+    gpus: Vec<u32>,
+    deadline_unix: Option<u64>,
+    config: Option<PathBuf>,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut a = Args { job: 0, uid: 0, gid: 0, restart_count: 0, node: String::new(), gpus: vec![], deadline_unix: None, config: None };
+    let mut it = std::env::args().skip(1);
+    let mut seen = (false, false);
+    while let Some(k) = it.next() {
+        let v = it.next().ok_or_else(|| format!("{k} needs a value"))?;
+        let num = |v: &str| v.parse::<u64>().map_err(|_| format!("{k} {v}: not a number"));
+        match k.as_str() {
+            "--job" => (a.job, seen.0) = (num(&v)? as u32, true),
+            "--uid" => (a.uid, seen.1) = (num(&v)? as u32, true),
+            "--gid" => a.gid = num(&v)? as u32,
+            "--restart-count" => a.restart_count = num(&v)? as u32,
+            "--node" => a.node = v,
+            "--gpus" => a.gpus = v.split(',').map(|g| num(g).map(|n| n as u32)).collect::<Result<_, _>>()?,
+            "--deadline-unix" => a.deadline_unix = Some(num(&v)?),
+            "--config" => a.config = Some(v.into()),
+            _ => return Err(format!("unknown option {k}")),
+        }
+    }
+    if !(seen.0 && seen.1) {
+        return Err("--job and --uid are required".into());
+    }
+    Ok(a)
+}
+
+fn fail(code: i32, msg: String) -> ! {
+    eprintln!("gpu-mode-ckpt-agent: {msg}");
+    std::process::exit(code)
+}
+
+fn main() {
+    let a = parse().unwrap_or_else(|e| fail(2, e));
+    if unsafe { libc::geteuid() } != 0 {
+        fail(2, "runs as root (the prolog starts it)".into());
+    }
+    let cfg = Config::load(a.config.as_deref()).unwrap_or_else(|e| fail(2, e.to_string()));
+    let line = || ActionLine::new("checkpoint-agent").field("job", a.job).field("uid", a.uid).field("node", &a.node);
+    let (gpus, driver_version) = gpu_facts(&cfg, &a.gpus).unwrap_or_else(|e| {
+        line().field("detail", format!("no GPU facts: {e}")).outcome(Outcome::Failed).emit(&cfg.log);
+        (Vec::new(), "unknown".into())
+    });
+    let (backends, cuda_version) = real_backends(&cfg).unwrap_or_else(|e| fail(1, e));
+    let params = AgentParams {
+        job: a.job,
+        uid: a.uid,
+        gid: a.gid,
+        restart_count: a.restart_count,
+        node: a.node.clone(),
+        gpus,
+        deadline: a.deadline_unix.map(|t| SystemTime::UNIX_EPOCH + Duration::from_secs(t)),
+    };
+    let settings = AgentSettings::from_config(&cfg);
+    let socket_dir = settings.socket_dir.clone();
+    let agent = Arc::new(Agent::new(params, settings, NodeFacts { driver_version, cuda_version }, backends));
+    let listener =
+        listen(&socket_dir, a.job, a.uid, a.gid).unwrap_or_else(|e| fail(1, format!("cannot listen in {}: {e}", socket_dir.display())));
+    line().field("detail", "listening").outcome(Outcome::Ok).emit(&cfg.log);
+    let reason = agent.serve(listener);
+    let _ = gpu_mode_core::fsutil::remove_if_present(&socket_path(&socket_dir, a.job));
+    line().field("detail", format!("exiting: {reason:?}")).outcome(Outcome::Ok).emit(&cfg.log);
+    std::process::exit(if reason.is_ok() { 0 } else { 1 });
+}

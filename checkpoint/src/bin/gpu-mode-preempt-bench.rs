@@ -1,0 +1,363 @@
+//! Preemption benchmark (issue 10's figures), printed, never a timed test.
+//! For each case (GiB per process × processes), two side by side:
+//!
+//! * ours: the agent (in this process, on a socket, as in production) is
+//!   asked to checkpoint a launcher running N test programs as `--uid`: CUDA
+//!   lock+checkpoint in parallel, CRIU dump, fsync, manifest; then to restore
+//!   it; the programs then verify their memory and exit 0.
+//! * seed: the seed's documented sequence on a fresh fleet: per process
+//!   lock+checkpoint through the driver (what `cuda-checkpoint --toggle`
+//!   does, one process after the other as a shell loop runs it), `criu dump
+//!   -t P -D dir --file-locks --ext-unix-sk`, `criu restore -D dir -d`, then
+//!   per process restore+unlock. No fsync.
+//!
+//! Figures: signal → GPU memory free, CRIU dump time and image GiB/s, fsync,
+//! restore time until running again.
+//!
+//! ```text
+//! gpu-mode-preempt-bench --config C --app PATH --app-args "ARGS" [--cases 1x1,8x1,32x1,8x2,8x4]
+//!     [--gpus 1] [--uid 65534] [--workdir DIR] [--no-seed]
+//! ```
+//! `--uid 0` runs the programs as root without capabilities (for sandboxes
+//! where root lacks CAP_SYS_RESOURCE, which dumping another user needs).
+//! ARGS placeholders: {gib} {mib} {device} {i} {ready} {go}. On a GPU
+//! machine: `--app gpu-mode-ckpt-testprog --app-args "--gib {gib} --device
+//! {device} --seed {i} --ready {ready} --go {go}"`. With the simulation:
+//! `--app cuda-sim-counter --app-args "--steps 100 --interval-ms 20 --mib
+//! {mib} --device {device} --ready {ready}"` and a config naming the
+//! simulated libraries (see checkpoint/tests/preempt_criu.rs).
+//! `launch N GPUS DIR APP ARGS...` is internal: the launcher itself.
+
+use gpu_mode_core::checkpoint::{CheckpointDriver, CudaDriver};
+use gpu_mode_core::preempt::agent::{gpu_facts, listen, real_backends, AgentSettings};
+use gpu_mode_core::preempt::protocol::{request, CheckpointSummary, Request, Response, RestoreSummary};
+use gpu_mode_core::preempt::{now_ms, socket_path, Agent, AgentParams, NodeFacts};
+use gpu_mode_core::privdrop::{run_as, without_capabilities, Identity};
+use gpu_mode_core::Config;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+struct Opts {
+    config: Option<PathBuf>,
+    app: PathBuf,
+    app_args: String,
+    cases: Vec<(f64, usize)>,
+    gpus: usize,
+    uid: u32,
+    workdir: PathBuf,
+    seed: bool,
+}
+
+fn parse() -> anyhow::Result<Opts> {
+    let mut o = Opts {
+        config: None,
+        app: PathBuf::new(),
+        app_args: String::new(),
+        cases: vec![(1.0, 1), (8.0, 1), (32.0, 1), (8.0, 2), (8.0, 4)],
+        gpus: 1,
+        uid: 65534,
+        workdir: std::env::temp_dir().join("gpu-mode-preempt-bench"),
+        seed: true,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        if a == "--no-seed" {
+            o.seed = false;
+            continue;
+        }
+        let v = it.next().ok_or_else(|| anyhow::anyhow!("{a} needs a value"))?;
+        match a.as_str() {
+            "--config" => o.config = Some(v.into()),
+            "--app" => o.app = v.into(),
+            "--app-args" => o.app_args = v,
+            "--cases" => o.cases = v.split(',').map(parse_case).collect::<anyhow::Result<_>>()?,
+            "--gpus" => o.gpus = v.parse()?,
+            "--uid" => o.uid = v.parse()?,
+            "--workdir" => o.workdir = v.into(),
+            _ => anyhow::bail!("unknown argument {a:?}"),
+        }
+    }
+    anyhow::ensure!(o.app.is_absolute(), "--app must be an absolute path");
+    Ok(o)
+}
+
+/// `8x2`: two processes of 8 GiB each.
+fn parse_case(text: &str) -> anyhow::Result<(f64, usize)> {
+    let (gib, n) = text.split_once('x').ok_or_else(|| anyhow::anyhow!("case {text:?} is not GIBxPROCS"))?;
+    Ok((gib.parse()?, n.parse()?))
+}
+
+/// `launch N GPUS DIR APP ARGS...`: starts N programs, waits for all; exit 0
+/// only if every one exited 0. Runs as the benchmark user.
+fn launcher(args: &[String]) -> i32 {
+    let (Some(n), Some(gpus), Some(dir), Some(app)) = (args.first(), args.get(1), args.get(2), args.get(3)) else { return 2 };
+    let (n, gpus): (usize, usize) = (n.parse().unwrap_or(1), gpus.parse().unwrap_or(1).max(1));
+    let mut children = Vec::new();
+    for i in 0..n {
+        let fill = |a: &String| {
+            a.replace("{i}", &i.to_string()).replace("{device}", &(i % gpus).to_string()).replace("{ready}", &format!("{dir}/ready{i}"))
+        };
+        match Command::new(app).args(args[4..].iter().map(fill)).spawn() {
+            Ok(c) => children.push(c),
+            Err(_) => return 3,
+        }
+    }
+    // Wait for every one, then judge.
+    let ok: Vec<bool> = children.iter_mut().map(|c| c.wait().map(|s| s.success()).unwrap_or(false)).collect();
+    if ok.iter().all(|b| *b) {
+        0
+    } else {
+        1
+    }
+}
+
+/// The launcher and its programs of one case.
+struct Fleet {
+    launcher: Child,
+    dir: PathBuf,
+    n: usize,
+}
+
+impl Fleet {
+    fn start(o: &Opts, tag: &str, gib: f64, n: usize) -> anyhow::Result<Fleet> {
+        let dir = o.workdir.join("fleets").join(tag);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o1777))?;
+        let mib = ((gib * 1024.0) as u64).max(1).to_string();
+        let go = dir.join("go").display().to_string();
+        let args: Vec<String> = o.app_args.split_whitespace().map(|a| a.replace("{gib}", &gib.to_string()).replace("{mib}", &mib).replace("{go}", &go)).collect();
+        let me = std::env::current_exe()?;
+        let mut cmd = Command::new(me);
+        let log = std::fs::File::create(dir.join("out.log"))?;
+        cmd.arg("launch").arg(n.to_string()).arg(o.gpus.to_string()).arg(&dir).arg(&o.app).args(args).current_dir(&dir);
+        cmd.stdin(std::process::Stdio::null()).stdout(log.try_clone()?).stderr(log);
+        // SAFETY: setsid is async-signal-safe. The launcher leads its own
+        // session, as gpu-mode-run's application does.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::setsid();
+                Ok(())
+            });
+        }
+        if o.uid == 0 {
+            // Root without capabilities: see privdrop::without_capabilities.
+            without_capabilities(&mut cmd);
+        } else {
+            run_as(&mut cmd, &Identity::of_user_or_bare(o.uid, o.uid));
+        }
+        let launcher = cmd.spawn()?;
+        let fleet = Fleet { launcher, dir, n };
+        fleet.wait_ready()?;
+        Ok(fleet)
+    }
+
+    fn wait_ready(&self) -> anyhow::Result<()> {
+        let start = Instant::now();
+        while (0..self.n).any(|i| !self.dir.join(format!("ready{i}")).exists()) {
+            anyhow::ensure!(start.elapsed() < Duration::from_secs(300), "test programs not ready after 300 s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
+    fn pids(&self) -> Vec<i32> {
+        (0..self.n).filter_map(|i| std::fs::read_to_string(self.dir.join(format!("ready{i}"))).ok()?.trim().parse().ok()).collect()
+    }
+
+    fn go(&self) {
+        let _ = std::fs::write(self.dir.join("go"), b"go");
+    }
+}
+
+/// Reaps the zombies of a dumped fleet: its programs were reparented to us
+/// (a subreaper) and their pids must be free before a restore.
+fn reap_orphans() {
+    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+    while let Ok(s) = waitpid(nix::unistd::Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+        if s == WaitStatus::StillAlive {
+            break;
+        }
+    }
+}
+
+fn wait_pid(pid: i32) -> Option<i32> {
+    use nix::sys::wait::{waitpid, WaitStatus};
+    match waitpid(nix::unistd::Pid::from_raw(pid), None) {
+        Ok(WaitStatus::Exited(_, c)) => Some(c),
+        Ok(WaitStatus::Signaled(_, s, _)) => Some(128 + s as i32),
+        _ => None,
+    }
+}
+
+/// One agent for the whole run, serving on a socket in the workdir.
+fn start_agent(o: &Opts, cfg: &Config, job: u32) -> anyhow::Result<PathBuf> {
+    let gpus: Vec<u32> = (0..o.gpus as u32).collect();
+    let (facts, driver_version) = gpu_facts(cfg, &gpus).map_err(anyhow::Error::msg)?;
+    let (backends, cuda_version) = real_backends(cfg).map_err(anyhow::Error::msg)?;
+    let mut settings = AgentSettings::from_config(cfg);
+    settings.socket_dir = o.workdir.join("agent");
+    settings.images = gpu_mode_core::preempt::ImageStore::new(o.workdir.join("images"));
+    settings.checkpoint.record_dir = o.workdir.join("records");
+    let params = AgentParams { job, uid: o.uid, gid: o.uid, restart_count: 0, node: "bench".into(), gpus: facts, deadline: None };
+    let agent = Arc::new(Agent::new(params, settings.clone(), NodeFacts { driver_version, cuda_version }, backends));
+    let listener = listen(&settings.socket_dir, job, o.uid, o.uid)?;
+    std::thread::spawn(move || agent.serve(listener));
+    Ok(socket_path(&settings.socket_dir, job))
+}
+
+fn ours(o: &Opts, socket: &Path, case: &str, gib: f64, n: usize) -> anyhow::Result<(CheckpointSummary, RestoreSummary, i32)> {
+    let fleet = Fleet::start(o, &format!("ours-{case}"), gib, n)?;
+    let root = fleet.launcher.id() as i32;
+    let req = Request::Checkpoint { root_pid: root, signal_at_ms: Some(now_ms()) };
+    let ck = match request(socket, &req, None).map_err(anyhow::Error::msg)?.0 {
+        Response::Checkpointed(s) => s,
+        other => anyhow::bail!("checkpoint: {other:?}"),
+    };
+    wait_pid(root);
+    reap_orphans();
+    let (resp, mut reader) = request(socket, &Request::Restore, None).map_err(anyhow::Error::msg)?;
+    let rs = match resp {
+        Response::Restored { summary, .. } => summary,
+        other => anyhow::bail!("restore: {other:?}"),
+    };
+    fleet.go();
+    let status = match gpu_mode_core::preempt::protocol::receive::<Response>(&mut reader)? {
+        Some(Response::Exited(e)) => e.shell_status(),
+        other => anyhow::bail!("after restore: {other:?}"),
+    };
+    Ok((ck, rs, status))
+}
+
+#[derive(Default)]
+struct Seed {
+    free_ms: f64,
+    dump_ms: f64,
+    image_bytes: u64,
+    criu_restore_ms: f64,
+    cuda_restore_ms: f64,
+    status: i32,
+}
+
+fn criu(cfg: &Config, args: &[&str], dir: &Path) -> anyhow::Result<f64> {
+    let t = Instant::now();
+    let out = Command::new(&cfg.checkpoint.criu).args(args).arg("-D").arg(dir).output()?;
+    anyhow::ensure!(out.status.success(), "criu {}: {}", args[0], String::from_utf8_lossy(&out.stderr));
+    Ok(t.elapsed().as_secs_f64() * 1e3)
+}
+
+fn seed(o: &Opts, cfg: &Config, driver: &dyn CheckpointDriver, case: &str, gib: f64, n: usize) -> anyhow::Result<Seed> {
+    let fleet = Fleet::start(o, &format!("seed-{case}"), gib, n)?;
+    let (root, pids) = (fleet.launcher.id() as i32, fleet.pids());
+    let dir = o.workdir.join("seed-images").join(case);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let t = Instant::now();
+    for &p in &pids {
+        driver.lock(p, 10_000)?;
+        driver.checkpoint(p)?;
+    }
+    let mut s = Seed { free_ms: t.elapsed().as_secs_f64() * 1e3, ..Seed::default() };
+    s.dump_ms = criu(cfg, &["dump", "-t", &root.to_string(), "--file-locks", "--ext-unix-sk", "-o", "dump.log"], &dir)?;
+    s.image_bytes = std::fs::read_dir(&dir)?.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum();
+    wait_pid(root);
+    reap_orphans();
+    gpu_mode_core::preempt::tree::wait_pids_free(&pids, Duration::from_secs(10)).map_err(anyhow::Error::msg)?;
+    s.criu_restore_ms = criu(cfg, &["restore", "-d", "-o", "restore.log"], &dir)?;
+    let t = Instant::now();
+    for &p in &pids {
+        driver.restore(p, &[])?;
+        driver.unlock(p)?;
+    }
+    s.cuda_restore_ms = t.elapsed().as_secs_f64() * 1e3;
+    fleet.go();
+    // Restored detached: our child only through the subreaper.
+    s.status = wait_pid(root).unwrap_or(-1);
+    Ok(s)
+}
+
+fn gibs(bytes: u64, ms: f64) -> f64 {
+    if ms <= 0.0 {
+        0.0
+    } else {
+        bytes as f64 / GIB / (ms / 1e3)
+    }
+}
+
+fn print_ours(case: &str, c: &CheckpointSummary, r: &RestoreSummary, status: i32) {
+    let t = &c.timings;
+    println!(
+        "{case:<7} ours  signal→GPU free {:>7.3} s (lock {:.3} + checkpoint {:.3})  dump {:>7.3} s {:>5.2} GiB image {:>5.2} GiB/s  fsync+sums {:>6.3} s  total {:>7.3} s | restore: checks {:.3} criu {:.3} cuda {:.3} = {:.3} s  exit {status}",
+        t.signal_to_gpu_free_ms.unwrap_or(f64::NAN) / 1e3,
+        t.cuda_lock_ms / 1e3,
+        t.cuda_checkpoint_ms / 1e3,
+        t.criu_dump_ms / 1e3,
+        c.image_bytes as f64 / GIB,
+        gibs(c.image_bytes, t.criu_dump_ms),
+        t.seal_ms / 1e3,
+        t.total_ms / 1e3,
+        r.check_ms / 1e3,
+        r.criu_restore_ms / 1e3,
+        r.cuda_restore_ms / 1e3,
+        r.total_ms / 1e3
+    );
+}
+
+fn print_seed(case: &str, s: &Seed) {
+    println!(
+        "{case:<7} seed  signal→GPU free {:>7.3} s (sequential toggle)         dump {:>7.3} s {:>5.2} GiB image {:>5.2} GiB/s  no fsync           total {:>7.3} s | restore: criu {:.3} cuda {:.3} = {:.3} s  exit {}",
+        s.free_ms / 1e3,
+        s.dump_ms / 1e3,
+        s.image_bytes as f64 / GIB,
+        gibs(s.image_bytes, s.dump_ms),
+        (s.free_ms + s.dump_ms) / 1e3,
+        s.criu_restore_ms / 1e3,
+        s.cuda_restore_ms / 1e3,
+        (s.criu_restore_ms + s.cuda_restore_ms) / 1e3,
+        s.status
+    );
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("launch") {
+        std::process::exit(launcher(&args[1..]));
+    }
+    let o = parse()?;
+    anyhow::ensure!(unsafe { libc::geteuid() } == 0, "runs as root (CRIU, the agent)");
+    let cfg = Config::load(o.config.as_deref())?;
+    std::fs::create_dir_all(&o.workdir)?;
+    // The seed's `criu restore -d` reparents the tree to the nearest subreaper.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    let driver = CudaDriver::load(cfg.checkpoint.cuda_library.as_deref())?;
+    println!("driver CUDA {}, {} GPU(s), programs as uid {}, images under {}", driver.version(), o.gpus, o.uid, o.workdir.display());
+    let mut failed = 0;
+    for (k, &(gib, n)) in o.cases.iter().enumerate() {
+        let case = format!("{gib}x{n}");
+        // One job per case: its image directory starts empty.
+        let socket = start_agent(&o, &cfg, 100 + k as u32)?;
+        match ours(&o, &socket, &case, gib, n) {
+            Ok((c, r, status)) => {
+                print_ours(&case, &c, &r, status);
+                failed += usize::from(status != 0);
+            }
+            Err(e) => {
+                println!("{case:<7} ours  FAILED: {e:#}");
+                failed += 1;
+            }
+        }
+        if o.seed {
+            match seed(&o, &cfg, &driver, &case, gib, n) {
+                Ok(s) => print_seed(&case, &s),
+                Err(e) => println!("{case:<7} seed  FAILED: {e:#}"),
+            }
+        }
+    }
+    anyhow::ensure!(failed == 0, "{failed} case(s) failed");
+    Ok(())
+}

@@ -1,0 +1,450 @@
+//! The preemption flow without Slurm, with the real CRIU and the simulated
+//! CUDA driver: the agent binary (started by `spawn_agent`, as the prolog
+//! will), `gpu-mode-run` as the test user gmtest1 in a cgroup of its own
+//! (the job's), `cuda-sim-counter` counting steps in simulated GPU memory.
+//!
+//! Needs root, CRIU 4 (scripts/install-criu.sh) and `cargo build
+//! --workspace` (the simulated libraries and the counter); skips with a
+//! message otherwise. Directories go under $GPU_MODE_CLUSTER_BASE.
+
+use gpu_mode_core::preempt::images::{cleanup_after_job, Cleanup};
+use gpu_mode_core::preempt::manifest::{Manifest, CONSUMED_FILE, MANIFEST_FILE};
+use gpu_mode_core::preempt::{spawn_agent, stop_agent, AgentLaunch, ImageStore};
+use gpu_mode_core::Config;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+const CRIU: &str = "/opt/slurm-gpu-mode/criu/bin/criu";
+const USER: &str = "gmtest1";
+const OTHER: &str = "gmtest2";
+
+/// One simulated node shared by the tests of this file (the simulated
+/// libraries find it through the process environment).
+struct Node {
+    dir: PathBuf,
+    bin: PathBuf,
+    state: PathBuf,
+    gpus: Vec<String>,
+    who: Who,
+}
+
+/// Who runs the job. The test user when root may read other users' resource
+/// limits (CAP_SYS_RESOURCE, which `criu dump` needs for them); in sandboxes
+/// without it, root with every capability dropped, which CRIU may dump and
+/// the agent accepts (no capabilities), so the whole path still runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Who {
+    User(&'static str),
+    CaplessRoot,
+}
+
+fn job_user() -> Who {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let eff = status.lines().find_map(|l| l.strip_prefix("CapEff:")).and_then(|v| u64::from_str_radix(v.trim(), 16).ok()).unwrap_or(0);
+    // CAP_SYS_RESOURCE is capability 24.
+    if eff & (1 << 24) != 0 {
+        return Who::User(USER);
+    }
+    eprintln!("note: root lacks CAP_SYS_RESOURCE here: the job runs as root without capabilities instead of {USER}");
+    Who::CaplessRoot
+}
+
+fn ids_of(who: Who) -> (u32, u32) {
+    match who {
+        Who::User(user) => ids(user),
+        Who::CaplessRoot => (0, 0),
+    }
+}
+
+fn ids(user: &str) -> (u32, u32) {
+    let u = nix::unistd::User::from_name(user).ok().flatten().unwrap_or_else(|| panic!("test user {user} is missing"));
+    (u.uid.as_raw(), u.gid.as_raw())
+}
+
+fn skip_reason(bin: &Path) -> Option<String> {
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("needs root".into());
+    }
+    if !Command::new(CRIU).arg("check").output().is_ok_and(|o| o.status.success()) {
+        return Some(format!("{CRIU} missing or `criu check` fails: run scripts/install-criu.sh"));
+    }
+    for f in ["cuda-sim-counter", "libcuda_sim.so", "libnvml_sim.so"] {
+        if !bin.join(f).exists() {
+            return Some(format!("{} missing: run cargo build --workspace", bin.join(f).display()));
+        }
+    }
+    None
+}
+
+fn node() -> Option<&'static Node> {
+    static NODE: OnceLock<Option<Node>> = OnceLock::new();
+    NODE.get_or_init(|| {
+        let bin = Path::new(env!("CARGO_BIN_EXE_gpu-mode-run")).parent().unwrap().to_path_buf();
+        if let Some(why) = skip_reason(&bin) {
+            eprintln!("skipped: {why}");
+            return None;
+        }
+        let base = std::env::var("GPU_MODE_CLUSTER_BASE").unwrap_or_else(|_| "/tmp/gpu-mode-cluster".into());
+        // Earlier runs' directories (their test process is gone) go first.
+        for old in std::fs::read_dir(&base).into_iter().flatten().flatten() {
+            let name = old.file_name().to_string_lossy().into_owned();
+            let pid = name.strip_prefix("preempt-criu-").and_then(|p| p.parse::<i32>().ok());
+            if pid.is_some_and(|p| gpu_mode_core::procfs::read(p).is_none()) {
+                let _ = std::fs::remove_dir_all(old.path());
+            }
+        }
+        let dir = PathBuf::from(base).join(format!("preempt-criu-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("user")).unwrap();
+        chmod(&dir, 0o755);
+        // Where the test user's programs write (their ready files).
+        chmod(&dir.join("user"), 0o1777);
+        let state = dir.join("nvml-state.json");
+        nvml_sim::store::create(&state, &nvml_sim::fixtures_dir().join("node-2x-h200.toml")).unwrap();
+        chmod(&state, 0o666);
+        std::env::set_var("GPU_MODE_SIM_STATE", &state);
+        let gpus = cuda_sim::gpus::all().unwrap();
+        // The simulated driver's folder, made now so CRIU-free tests agree on it.
+        cuda_sim::files::SimDir::from_env().unwrap();
+        std::fs::write(dir.join("scontrol"), format!("#!/bin/sh\necho \"$@\" >> {}/scontrol.log\n", dir.display())).unwrap();
+        chmod(&dir.join("scontrol"), 0o755);
+        std::fs::write(dir.join("scontrol.log"), "").unwrap();
+        chmod(&dir.join("scontrol.log"), 0o666);
+        Some(Node { dir, bin, state, gpus, who: job_user() })
+    })
+    .as_ref()
+}
+
+fn chmod(p: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+impl Node {
+    /// A config for one test (its own image directory and runtime dir).
+    fn config(&self, name: &str, image_dir: &Path) -> (PathBuf, Config) {
+        let path = self.dir.join(format!("{name}.toml"));
+        let text = format!(
+            "runtime_dir = \"{run}\"\n[slurm]\nscontrol = \"{bin}/scontrol\"\n[log]\nsyslog = false\n[nvml]\nlibrary = \"{lib}/libnvml_sim.so\"\n\
+             [checkpoint]\ncuda_library = \"{lib}/libcuda_sim.so\"\nimage_dir = \"{img}\"\nagent = \"{lib}/gpu-mode-ckpt-agent\"\n\
+             criu = \"{CRIU}\"\ncriu_timeout_ms = 60000\nlock_timeout_ms = 2000\nmemory_margin_mib = 0\n\
+             device_paths = [\"/dev/nvidia\", \"{sim}.cuda/gpus/\"]\n",
+            run = self.dir.join(name).join("run").display(),
+            bin = self.dir.display(),
+            lib = self.bin.display(),
+            img = image_dir.display(),
+            sim = self.state.display(),
+        );
+        std::fs::write(&path, text).unwrap();
+        chmod(&path, 0o644);
+        (path.clone(), Config::load(Some(&path)).unwrap())
+    }
+
+    fn agent(&self, cfg: (&Path, &Config), job: u32, restart: u32, gpu: u32) {
+        let (uid, gid) = ids_of(self.who);
+        let launch = AgentLaunch {
+            job,
+            uid,
+            gid,
+            restart_count: restart,
+            node: format!("sim{gpu}"),
+            gpus: vec![gpu],
+            deadline_unix: None,
+            config: Some(cfg.0.to_path_buf()),
+        };
+        spawn_agent(cfg.1, &launch, Duration::from_secs(20)).unwrap();
+    }
+
+    fn counter(&self) -> String {
+        self.bin.join("cuda-sim-counter").display().to_string()
+    }
+}
+
+/// A cgroup standing for the job's (pids hierarchy), or none where there is none.
+fn job_cgroup(name: &str) -> Option<PathBuf> {
+    let root = Path::new("/sys/fs/cgroup/pids");
+    root.join("cgroup.procs").exists().then(|| {
+        let d = root.join("gmc-ckpt2").join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    })
+}
+
+/// One run of a job's batch shell.
+struct Run<'a> {
+    who: Who,
+    cfg: &'a Path,
+    job: u32,
+    restart: u32,
+    cgroup: Option<&'a Path>,
+    /// Its stdout; stderr goes beside it (`.err`).
+    out: &'a Path,
+}
+
+/// `gpu-mode-run` as the batch shell of `r`.
+fn wrapper(n: &Node, r: &Run, app: &[&str]) -> Child {
+    let Run { who, cfg, job, restart, cgroup, out } = *r;
+    let (uid, gid) = ids_of(who);
+    let open = |p: &Path| {
+        let f = std::fs::OpenOptions::new().create(true).append(true).open(p).unwrap();
+        std::os::unix::fs::chown(p, Some(uid), Some(gid)).unwrap();
+        f
+    };
+    let mut cmd = Command::new(n.bin.join("gpu-mode-run"));
+    cmd.args(["--config".as_ref(), cfg.as_os_str(), "--linger".as_ref(), "0".as_ref(), "--".as_ref()])
+        .args(app)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("SLURM_JOB_ID", job.to_string())
+        .env("SLURM_RESTART_COUNT", restart.to_string())
+        .env("GPU_MODE_SIM_STATE", &n.state)
+        .current_dir(&n.dir)
+        .stdin(Stdio::null())
+        .stdout(open(out))
+        .stderr(open(&out.with_extension("err")));
+    if let Some(cg) = cgroup {
+        // Joined while still root, before the privileges are dropped.
+        let target = gpu_mode_core::criu::TargetCgroup { lines: vec![], procs_files: vec![cg.join("cgroup.procs")] };
+        target.join_before_exec(&mut cmd).unwrap();
+    }
+    match who {
+        Who::User(_) => gpu_mode_core::privdrop::run_as(&mut cmd, &gpu_mode_core::privdrop::Identity::of_user(uid, gid).unwrap()),
+        Who::CaplessRoot => gpu_mode_core::privdrop::without_capabilities(&mut cmd),
+    }
+    cmd.spawn().unwrap()
+}
+
+fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !f() {
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn exit_code(child: &mut Child, limit: Duration) -> i32 {
+    let start = Instant::now();
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s.code().unwrap_or(-1);
+        }
+        assert!(start.elapsed() < limit, "gpu-mode-run did not finish");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn steps(out: &Path) -> Vec<(u64, String)> {
+    std::fs::read_to_string(out)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.strip_prefix("step ")?.split(' ');
+            Some((w.next()?.parse().ok()?, w.nth(1)?.to_string()))
+        })
+        .collect()
+}
+
+fn last_step(out: &Path) -> u64 {
+    steps(out).last().map_or(0, |s| s.0)
+}
+
+fn read(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_default()
+}
+
+fn ready_pid(dir: &Path, name: &str) -> i32 {
+    read(&dir.join("user").join(name)).trim().parse().unwrap()
+}
+
+fn nvml_pids(state: &Path) -> Vec<(String, u32)> {
+    nvml_sim::store::update(state, |n| n.gpus.iter().flat_map(|g| g.processes.iter().map(|p| (g.uuid.clone(), p.pid))).collect()).unwrap()
+}
+
+fn signal(child: &Child, sig: i32) {
+    assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0);
+}
+
+#[test]
+fn a_preempted_job_is_dumped_requeued_restored_on_another_gpu_preempted_again_and_finishes_with_its_count_and_exit_code() {
+    let Some(n) = node() else { return };
+    let job = 9101;
+    let images = n.dir.join("images-a");
+    let (cfg_path, cfg) = n.config("a", &images);
+    let out = n.dir.join("a.out");
+    let ready = format!("{}/user/a.ready", n.dir.display());
+    let counter = n.counter();
+    let app = [counter.as_str(), "--steps", "60", "--interval-ms", "50", "--mib", "8", "--exit-code", "7", "--ready", &ready];
+
+    // Run 0 on GPU 0: preempted after a few steps.
+    n.agent((&cfg_path, &cfg), job, 0, 0);
+    let (cg0, cg1) = (job_cgroup("a-run0"), job_cgroup("a-run1"));
+    let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 0, cgroup: cg0.as_deref(), out: &out }, &app);
+    wait_for("five steps", Duration::from_secs(20), || last_step(&out) >= 5);
+    let app_pid = ready_pid(&n.dir, "a.ready");
+    assert!(nvml_pids(&n.state).contains(&(n.gpus[0].clone(), app_pid as u32)));
+    signal(&w, libc::SIGUSR1);
+    assert_eq!(exit_code(&mut w, Duration::from_secs(60)), 0, "{}", read(&out.with_extension("err")));
+    let err = read(&out.with_extension("err"));
+    assert!(err.contains("SIGUSR1 received: checkpointing job 9101") && err.contains("GPU memory free"), "{err}");
+    assert!(read(&n.dir.join("scontrol.log")).lines().any(|l| l == "requeue 9101"));
+    let dumped_at = last_step(&out);
+    assert!(gpu_mode_core::procfs::read(app_pid).is_none(), "the dumped application is gone");
+    assert!(!nvml_pids(&n.state).iter().any(|(_, p)| *p == app_pid as u32), "its GPU memory is free");
+    let store = ImageStore::new(&images);
+    let m = Manifest::load(&store.run_dir(job, 0)).unwrap();
+    assert_eq!((m.job, m.uid, m.root_pid, m.cuda.len()), (job, ids_of(n.who).0, app_pid, 1));
+    assert_eq!(m.cuda[0].footprint[0].bytes, 8 << 20);
+    assert!(m.timings.signal_to_gpu_free_ms.is_some() && m.image_bytes > 8 << 20);
+    // The epilog of run 0: the agent stops, the fresh image stays.
+    assert_eq!(stop_agent(&cfg, job, Duration::from_secs(10)), Ok(true));
+    assert_eq!(cleanup_after_job(&store, job, 0).unwrap(), Cleanup::Kept { restart: 0 });
+
+    // Run 1 on GPU 1: restored into the new job's cgroup, preempted again.
+    n.agent((&cfg_path, &cfg), job, 1, 1);
+    let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 1, cgroup: cg1.as_deref(), out: &out }, &app);
+    wait_for("steps after the restore", Duration::from_secs(30), || last_step(&out) > dumped_at + 3);
+    if let Some(cg) = &cg1 {
+        let text = read(Path::new(&format!("/proc/{app_pid}/cgroup")));
+        let want = format!(":pids:/gmc-ckpt2/{}", cg.file_name().unwrap().to_string_lossy());
+        assert!(text.lines().any(|l| l.ends_with(&want)), "restored into the new job's cgroup: {text}");
+    }
+    let err = read(&out.with_extension("err"));
+    assert!(err.contains("restoring the checkpoint taken in run 0") && err.contains(&format!("GPUs [(\"{}\", \"{}\")]", n.gpus[0], n.gpus[1])), "{err}");
+    signal(&w, libc::SIGUSR1);
+    assert_eq!(exit_code(&mut w, Duration::from_secs(60)), 0, "{}", read(&out.with_extension("err")));
+    let dumped_again = last_step(&out);
+    assert!(store.run_dir(job, 1).join(MANIFEST_FILE).exists());
+    assert!(!store.run_dir(job, 0).exists(), "the consumed image of run 0 is gone");
+    assert_eq!(stop_agent(&cfg, job, Duration::from_secs(10)), Ok(true));
+    assert_eq!(cleanup_after_job(&store, job, 1).unwrap(), Cleanup::Kept { restart: 1 });
+
+    // Run 2 back on GPU 0: finishes the count, ends with the app's code.
+    let cg2 = job_cgroup("a-run2");
+    n.agent((&cfg_path, &cfg), job, 2, 0);
+    let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 2, cgroup: cg2.as_deref(), out: &out }, &app);
+    assert_eq!(exit_code(&mut w, Duration::from_secs(60)), 7, "{}", read(&out.with_extension("err")));
+    let all = steps(&out);
+    assert_eq!(all.iter().map(|s| s.0).collect::<Vec<_>>(), (1..=60).collect::<Vec<_>>(), "every step once, in order");
+    let gpu_of = |k: u64| if k <= dumped_at || k > dumped_again { &n.gpus[0] } else { &n.gpus[1] };
+    assert!(all.iter().all(|(k, gpu)| gpu == gpu_of(*k)), "{all:?}");
+    assert!(read(&out).contains("DONE count=60") && !read(&out).contains("MISMATCH"));
+    assert!(store.run_dir(job, 1).join(CONSUMED_FILE).exists() && !store.run_dir(job, 1).join(MANIFEST_FILE).exists());
+    assert_eq!(stop_agent(&cfg, job, Duration::from_secs(10)), Ok(true));
+    assert_eq!(cleanup_after_job(&store, job, 2).unwrap(), Cleanup::Removed);
+    for cg in [cg0, cg1, cg2].into_iter().flatten() {
+        let _ = std::fs::remove_dir(cg);
+    }
+}
+
+/// Run 0 is preempted and its checkpoint fails in `spoil`'s way: the job is
+/// requeued to start over, nothing claims success, and run 1 starts afresh.
+fn failed_checkpoint_starts_over(name: &str, job: u32, images: &Path, spoil: impl FnOnce(i32), needle: &str) {
+    let n = node().unwrap();
+    let (cfg_path, cfg) = n.config(name, images);
+    let out = n.dir.join(format!("{name}.out"));
+    let ready = format!("{}/user/{name}.ready", n.dir.display());
+    let counter = n.counter();
+    let app = [counter.as_str(), "--steps", "2000", "--interval-ms", "20", "--mib", "8", "--ready", &ready];
+    n.agent((&cfg_path, &cfg), job, 0, 0);
+    let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 0, cgroup: None, out: &out }, &app);
+    wait_for("three steps", Duration::from_secs(20), || last_step(&out) >= 3);
+    let app_pid = ready_pid(&n.dir, &format!("{name}.ready"));
+    spoil(app_pid);
+    signal(&w, libc::SIGUSR1);
+    assert_eq!(exit_code(&mut w, Duration::from_secs(60)), 1);
+    let err = read(&out.with_extension("err"));
+    assert!(err.contains(&format!("checkpoint of job {job} failed")) && err.contains(needle), "{err}");
+    assert!(err.contains("requeued and will start over from the beginning"), "{err}");
+    assert!(read(&n.dir.join("scontrol.log")).lines().any(|l| l == format!("requeue {job}")));
+    let store = ImageStore::new(images);
+    assert!(!store.run_dir(job, 0).exists(), "no partial image is left");
+    assert_eq!(store.latest(job), None, "nothing claims success");
+    wait_for("the application to be gone", Duration::from_secs(5), || gpu_mode_core::procfs::read(app_pid).is_none());
+    stop_agent(&cfg, job, Duration::from_secs(10)).unwrap();
+
+    n.agent((&cfg_path, &cfg), job, 1, 0);
+    let short = [counter.as_str(), "--steps", "5", "--interval-ms", "10", "--exit-code", "3"];
+    let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 1, cgroup: None, out: &out }, &short);
+    assert_eq!(exit_code(&mut w, Duration::from_secs(30)), 3);
+    assert!(read(&out.with_extension("err")).contains("no checkpoint image to restore: starting the application from the beginning"));
+    assert!(read(&out).contains("DONE count=5"));
+    stop_agent(&cfg, job, Duration::from_secs(10)).unwrap();
+}
+
+#[test]
+fn a_failed_cuda_checkpoint_requeues_to_start_over() {
+    let Some(n) = node() else { return };
+    let images = n.dir.join("images-b");
+    let spoil = |pid: i32| {
+        let sim = cuda_sim::files::SimDir::from_env().unwrap();
+        let mut f = sim.faults();
+        f.push(cuda_sim::files::Fault { call: "checkpoint".into(), pid: Some(pid), action: cuda_sim::files::Action::Fail { code: 999 } });
+        sim.set_faults(&f).unwrap();
+    };
+    failed_checkpoint_starts_over("b", 9102, &images, spoil, "CUDA checkpoint failed");
+}
+
+#[test]
+fn a_dump_onto_a_full_disk_requeues_to_start_over() {
+    let Some(n) = node() else { return };
+    let small = n.dir.join("images-full");
+    std::fs::create_dir_all(&small).unwrap();
+    let mounted = Command::new("/bin/mount").args(["-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs"]).arg(&small).status().unwrap();
+    assert!(mounted.success());
+    let result = std::panic::catch_unwind(|| failed_checkpoint_starts_over("c", 9103, &small, |_| {}, "No space left on device"));
+    let _ = Command::new("/bin/umount").arg(&small).status();
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}
+
+#[test]
+fn a_restore_refuses_another_users_or_a_corrupt_image_and_other_users_cannot_reach_the_agent() {
+    let Some(n) = node() else { return };
+    let job = 9104;
+    let images = n.dir.join("images-d");
+    let (cfg_path, cfg) = n.config("d", &images);
+    let out = n.dir.join("d.out");
+    let ready = format!("{}/user/d.ready", n.dir.display());
+    let counter = n.counter();
+    let app = [counter.as_str(), "--steps", "2000", "--interval-ms", "20", "--ready", &ready];
+    n.agent((&cfg_path, &cfg), job, 0, 0);
+    let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 0, cgroup: None, out: &out }, &app);
+    wait_for("three steps", Duration::from_secs(20), || last_step(&out) >= 3);
+    // Another user cannot talk to this job's agent (the socket is the job user's).
+    let intruder_out = n.dir.join("d-intruder.out");
+    let mut intruder = wrapper(n, &Run { who: Who::User(OTHER), cfg: &cfg_path, job, restart: 0, cgroup: None, out: &intruder_out }, &["/bin/true"]);
+    assert_eq!(exit_code(&mut intruder, Duration::from_secs(30)), 0);
+    assert!(read(&intruder_out.with_extension("err")).contains("Permission denied"), "{}", read(&intruder_out.with_extension("err")));
+    signal(&w, libc::SIGUSR1);
+    assert_eq!(exit_code(&mut w, Duration::from_secs(60)), 0, "{}", read(&out.with_extension("err")));
+    stop_agent(&cfg, job, Duration::from_secs(10)).unwrap();
+    let run = ImageStore::new(&images).run_dir(job, 0);
+
+    type Case<'a> = (&'a str, Box<dyn Fn() + 'a>, &'a str);
+    let cases: [Case; 2] = [
+        (
+            "another user's",
+            Box::new(|| {
+                let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(run.join(MANIFEST_FILE)).unwrap()).unwrap();
+                v["uid"] = ids(OTHER).0.into();
+                std::fs::write(run.join(MANIFEST_FILE), serde_json::to_vec(&v).unwrap()).unwrap();
+            }),
+            "not to job 9104's user",
+        ),
+        ("corrupt", Box::new(|| std::fs::write(run.join(MANIFEST_FILE), b"{\"version\": 1, \"job\"").unwrap()), "is corrupt"),
+    ];
+    for (what, spoil, needle) in cases {
+        spoil();
+        n.agent((&cfg_path, &cfg), job, 1, 0);
+        let rout = n.dir.join(format!("d-{}.out", what.replace(' ', "-")));
+        let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 1, cgroup: None, out: &rout }, &app);
+        assert_eq!(exit_code(&mut w, Duration::from_secs(30)), 1, "{what}");
+        let err = read(&rout.with_extension("err"));
+        assert!(err.contains("cannot restore job 9104") && err.contains(needle) && err.contains("the image is kept"), "{what}: {err}");
+        assert!(run.join(MANIFEST_FILE).exists(), "{what}: the image is kept");
+        assert!(steps(&rout).is_empty(), "{what}: nothing was started or restored");
+        stop_agent(&cfg, job, Duration::from_secs(10)).unwrap();
+    }
+}

@@ -1,0 +1,116 @@
+//! CRIU: dumping a process tree to image files and restoring it, behind the
+//! [`Criu`] trait so the checkpoint agent's orchestration is tested against a
+//! recording double ([`RecordingCriu`]) and runs the real binary ([`CriuCli`]).
+//!
+//! # CLI, not RPC
+//!
+//! youki drives CRIU through its RPC (the rust-criu crate: `criu swrk` on a
+//! socketpair, protobuf messages). We run the `criu` binary with an argument
+//! vector instead, because:
+//!
+//! * the restored tree must be *our* child so the agent can relay its exit
+//!   status to the job: `--restore-detached --restore-sibling` makes it a
+//!   sibling of criu, i.e. a child of the agent, and `--pidfile` names it;
+//! * the tree must land in the new job's cgroup, not the one it was dumped
+//!   from: we start criu inside that cgroup (written to `cgroup.procs`
+//!   between fork and exec) and pass `--manage-cgroups=ignore`, so CRIU
+//!   neither recreates the old job's cgroup path (what `soft`/`full` do, seen)
+//!   nor moves anything; the caller checks /proc/<pid>/cgroup afterwards;
+//! * every run is one line an operator can repeat by hand with the same
+//!   options, and leaves `dump.log`/`restore.log` beside the images;
+//! * no protobuf code generation or extra crates on 2-core build machines,
+//!   and no coupling to the .proto of one CRIU release.
+//!
+//! No shell is ever involved: the binary is an absolute path from the config
+//! and every argument is a separate argv element.
+//!
+//! # Options, and why
+//!
+//! * `--file-locks`: jobs hold flock/POSIX locks (checkpoint files, sqlite).
+//! * `--ext-unix-sk`: unix sockets connected outside the tree (syslog,
+//!   nscd) would otherwise fail the dump.
+//! * `--tcp-established` (with `--network-lock nftables`, which needs no
+//!   iptables binary) when asked: a tree with TCP connections between its own
+//!   processes (torch.distributed's store) fails to dump without it.
+//!   Connections to outside peers only restore where their addresses exist.
+//! * no `--shell-job`: the wrapper starts the application as the leader of a
+//!   session of its own, with no controlling terminal, so the tree shares no
+//!   session or terminal with the batch shell and CRIU needs no shell-job
+//!   handling (which would tie the restore to the restoring shell's session).
+//! * the dump kills the tree (no `--leave-running`): the job is being
+//!   preempted; its memory now lives in the images.
+
+mod cgroup;
+mod cli;
+mod recording;
+mod version;
+
+pub use cgroup::{CgroupLine, TargetCgroup};
+pub use cli::CriuCli;
+pub use recording::{CriuCall, RecordingCriu};
+pub use version::{CriuVersion, MIN_MAJOR};
+
+use std::path::PathBuf;
+
+/// Dump the tree rooted at `pid` into `images_dir` (which must exist, empty).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DumpRequest {
+    pub pid: i32,
+    pub images_dir: PathBuf,
+    pub tcp_established: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct DumpReport {
+    pub ms: f64,
+    /// CRIU's log of the run, inside the images directory.
+    pub log: PathBuf,
+}
+
+/// Restore the tree in `images_dir`, detached, as a child of the caller,
+/// inside `cgroup`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestoreRequest {
+    pub images_dir: PathBuf,
+    pub cgroup: TargetCgroup,
+    /// A path that does not exist yet: CRIU writes the root's pid there.
+    pub pidfile: PathBuf,
+    pub tcp_established: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct RestoreReport {
+    /// The restored tree's root (the dumped root's pid: CRIU keeps pids).
+    pub pid: i32,
+    pub ms: f64,
+    pub log: PathBuf,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CriuError {
+    #[error("CRIU is not installed at {path} ({detail}): run scripts/install-criu.sh, or set checkpoint.criu")]
+    Missing { path: PathBuf, detail: String },
+    #[error(
+        "CRIU at {path} is version {version}; checkpointing needs CRIU {MIN_MAJOR}.0 or later (Debian bookworm's 3.17 \
+         fails on current kernels): scripts/install-criu.sh builds 4.1.1"
+    )]
+    TooOld { path: PathBuf, version: String },
+    #[error("`{path} check` fails on this node: {detail}")]
+    CheckFailed { path: PathBuf, detail: String },
+    #[error("criu {verb} failed ({status}): {detail} (log: {})", log.display())]
+    Failed { verb: &'static str, status: String, detail: String, log: PathBuf },
+    #[error("criu {verb} did not finish within {} s and was killed (log: {})", ms / 1000, log.display())]
+    Timeout { verb: &'static str, ms: u64, log: PathBuf },
+    #[error("criu {verb}: {detail}")]
+    Other { verb: &'static str, detail: String },
+}
+
+/// What the agent needs from CRIU.
+pub trait Criu: Send + Sync {
+    /// The binary exists, is new enough, and `criu check` passes here.
+    fn check(&self) -> Result<CriuVersion, CriuError>;
+    /// Dumps and kills the tree. On failure CRIU resumes it.
+    fn dump(&self, req: &DumpRequest) -> Result<DumpReport, CriuError>;
+    /// Restores the tree detached, as the caller's child, in `req.cgroup`.
+    fn restore(&self, req: &RestoreRequest) -> Result<RestoreReport, CriuError>;
+}

@@ -1,0 +1,175 @@
+//! The per-job checkpoint agent: root, one per checkpoint job and node,
+//! started by the prolog ([`spawn_agent`]), serving only the job's user on a
+//! unix socket (server.rs), and ending with the job.
+//!
+//! Checkpoint (dump.rs): CUDA lock+checkpoint of the application tree (GPU
+//! memory free), CRIU dump, images sealed, manifest written last; on a CRIU
+//! failure the CUDA state is rolled back and the application runs on.
+//! Restore (restore.rs): every check first (manifest, files, node, free
+//! memory, pids), then CRIU restore into the caller's cgroup, CUDA restore
+//! onto the job's GPUs, unlock; any failure after CRIU kills what it
+//! restored, so nothing half-restored keeps running; the image is kept.
+//!
+//! Lifetime: it exits on `stop` from root (the epilog), at its deadline, when
+//! the job's processes have all been gone for `idle_exit`, or when none ever
+//! appeared within `start_grace`.
+
+mod dump;
+mod real;
+mod restore;
+mod server;
+mod spawn;
+#[cfg(test)]
+mod tests;
+
+pub use real::{gpu_facts, real_backends};
+pub use server::{listen, ExitReason};
+pub use spawn::{spawn_agent, stop_agent, AgentLaunch};
+
+use super::images::ImageStore;
+use super::manifest::GpuFacts;
+use crate::checkpoint::{CheckpointDriver, Checkpointer, GpuInfo, ProcessHost};
+use crate::config::LogConfig;
+use crate::criu::Criu;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+/// Who the agent serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentParams {
+    pub job: u32,
+    pub uid: u32,
+    pub gid: u32,
+    /// SLURM_RESTART_COUNT of this run: dumps go to `<job>/<restart_count>/`.
+    pub restart_count: u32,
+    pub node: String,
+    /// The job's GPUs on this node, in allocation order.
+    pub gpus: Vec<GpuFacts>,
+    pub deadline: Option<SystemTime>,
+}
+
+/// The node's driver, recorded in manifests and compared at restore.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeFacts {
+    pub driver_version: String,
+    pub cuda_version: i32,
+}
+
+#[derive(Debug, Clone)]
+pub struct AgentSettings {
+    pub socket_dir: PathBuf,
+    pub images: ImageStore,
+    pub checkpoint: crate::checkpoint::Settings,
+    pub tcp_established: bool,
+    /// How long a restore waits for the image's pids to be free.
+    pub pid_wait: Duration,
+    pub idle_exit: Duration,
+    pub start_grace: Duration,
+    /// How long a finished dump may take to be reported to a waiting restore.
+    pub dump_wait: Duration,
+    pub log: LogConfig,
+}
+
+impl AgentSettings {
+    pub fn from_config(cfg: &crate::Config) -> AgentSettings {
+        AgentSettings {
+            socket_dir: cfg.checkpoint.agent_socket_dir(&cfg.runtime_dir),
+            images: ImageStore::new(&cfg.checkpoint.image_dir),
+            checkpoint: crate::checkpoint::Settings::from_config(cfg),
+            tcp_established: true,
+            pid_wait: Duration::from_secs(10),
+            idle_exit: Duration::from_secs(30),
+            start_grace: Duration::from_secs(600),
+            dump_wait: Duration::from_millis(cfg.checkpoint.criu_timeout_ms) + Duration::from_secs(60),
+            log: cfg.log.clone(),
+        }
+    }
+}
+
+/// A tree the agent restored: its parent is the agent, which relays its end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RootState {
+    Running,
+    Dumping,
+    Dumped,
+}
+
+pub struct Agent {
+    pub params: AgentParams,
+    pub settings: AgentSettings,
+    pub facts: NodeFacts,
+    criu: Arc<dyn Criu>,
+    driver: Arc<dyn CheckpointDriver>,
+    host: Arc<dyn ProcessHost + Send>,
+    gpus: Arc<dyn GpuInfo + Send>,
+    /// `criu check` at start: a dump is refused up front when CRIU is unusable.
+    criu_status: Result<String, String>,
+    /// One checkpoint or restore at a time.
+    op: Mutex<()>,
+    restored: Mutex<BTreeMap<i32, RootState>>,
+    stop: AtomicBool,
+    started: Instant,
+}
+
+/// The backends an agent drives: real ones in the binary, doubles in tests.
+pub struct Backends {
+    pub criu: Arc<dyn Criu>,
+    pub driver: Arc<dyn CheckpointDriver>,
+    pub host: Arc<dyn ProcessHost + Send>,
+    pub gpus: Arc<dyn GpuInfo + Send>,
+}
+
+impl Agent {
+    pub fn new(params: AgentParams, settings: AgentSettings, facts: NodeFacts, b: Backends) -> Agent {
+        let criu_status = b.criu.check().map(|v| v.to_string()).map_err(|e| e.to_string());
+        Agent {
+            params,
+            settings,
+            facts,
+            criu: b.criu,
+            driver: b.driver,
+            host: b.host,
+            gpus: b.gpus,
+            criu_status,
+            op: Mutex::new(()),
+            restored: Mutex::new(BTreeMap::new()),
+            stop: AtomicBool::new(false),
+            started: Instant::now(),
+        }
+    }
+
+    fn checkpointer(&self) -> Checkpointer<'_> {
+        Checkpointer::new(Arc::clone(&self.driver), &*self.host, &*self.gpus, self.settings.checkpoint.clone())
+    }
+
+    fn set_root(&self, pid: i32, state: Option<RootState>) {
+        let mut map = self.restored.lock().unwrap_or_else(|p| p.into_inner());
+        match state {
+            Some(s) => map.insert(pid, s),
+            None => map.remove(&pid),
+        };
+    }
+
+    fn root_state(&self, pid: i32) -> Option<RootState> {
+        self.restored.lock().unwrap_or_else(|p| p.into_inner()).get(&pid).copied()
+    }
+
+    /// One checkpoint or restore at a time: a second request is refused
+    /// rather than queued (the grace time is short).
+    fn exclusive(&self) -> Result<std::sync::MutexGuard<'_, ()>, String> {
+        self.op.try_lock().map_err(|_| format!("a checkpoint or restore of job {} is already running", self.params.job))
+    }
+
+    fn log(&self, action: &str, outcome: crate::log::Outcome, detail: &str) {
+        crate::log::ActionLine::new(action)
+            .field("job", self.params.job)
+            .field("uid", self.params.uid)
+            .field("node", &self.params.node)
+            .field("detail", detail)
+            .outcome(outcome)
+            .emit(&self.settings.log);
+    }
+}

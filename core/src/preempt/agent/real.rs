@@ -1,0 +1,69 @@
+//! The real backends of an agent, from the site config: CRIU's CLI, the CUDA
+//! driver (or, where libcuda cannot be loaded, a driver that knows no CUDA
+//! process, so CPU-only jobs still checkpoint and GPU holders are refused
+//! with the loader's error), /proc, NVML; and the node's GPU facts.
+
+use super::Backends;
+use crate::checkpoint::{CheckpointDriver, CudaDriver, DriverError, GpuPair, GpuUuid, Nvml, ProcFs, ProcessState};
+use crate::criu::CriuCli;
+use crate::gpu::{GpuOps, NvmlGpus};
+use crate::preempt::manifest::GpuFacts;
+use crate::Config;
+use std::sync::Arc;
+use std::time::Duration;
+
+struct NoDriver(DriverError);
+
+impl CheckpointDriver for NoDriver {
+    fn state(&self, _: i32) -> Result<ProcessState, DriverError> {
+        Err(self.0.clone())
+    }
+    fn restore_thread_id(&self, _: i32) -> Result<i32, DriverError> {
+        Err(self.0.clone())
+    }
+    fn lock(&self, _: i32, _: u32) -> Result<(), DriverError> {
+        Err(self.0.clone())
+    }
+    fn checkpoint(&self, _: i32) -> Result<(), DriverError> {
+        Err(self.0.clone())
+    }
+    fn restore(&self, _: i32, _: &[GpuPair]) -> Result<(), DriverError> {
+        Err(self.0.clone())
+    }
+    fn unlock(&self, _: i32) -> Result<(), DriverError> {
+        Err(self.0.clone())
+    }
+}
+
+/// The backends and the driver's CUDA version (0 without a driver).
+pub fn real_backends(cfg: &Config) -> Result<(Backends, i32), String> {
+    let (driver, cuda_version): (Arc<dyn CheckpointDriver>, i32) = match CudaDriver::load(cfg.checkpoint.cuda_library.as_deref()) {
+        Ok(d) => {
+            let v = d.version();
+            (Arc::new(d), v)
+        }
+        Err(e) => (Arc::new(NoDriver(e)), 0),
+    };
+    let nvml = Nvml::load(cfg.nvml_library().as_deref())?;
+    let backends = Backends {
+        criu: Arc::new(CriuCli { binary: cfg.checkpoint.criu.clone(), timeout: Duration::from_millis(cfg.checkpoint.criu_timeout_ms) }),
+        driver,
+        host: Arc::new(ProcFs { device_prefixes: cfg.checkpoint.device_paths.clone(), ..ProcFs::default() }),
+        gpus: Arc::new(nvml),
+    };
+    Ok((backends, cuda_version))
+}
+
+/// The GPUs with these NVML indices (UUID, model), and the driver version.
+pub fn gpu_facts(cfg: &Config, indices: &[u32]) -> Result<(Vec<GpuFacts>, String), String> {
+    let nvml = NvmlGpus::from_config(cfg).map_err(|e| e.to_string())?;
+    let driver = nvml.driver().map_err(|e| e.to_string())?.driver;
+    let facts = indices
+        .iter()
+        .map(|&i| {
+            let inv = nvml.inventory(i).map_err(|e| e.to_string())?;
+            Ok(GpuFacts { uuid: GpuUuid::parse(&inv.uuid)?, name: inv.name })
+        })
+        .collect::<Result<_, String>>()?;
+    Ok((facts, driver))
+}

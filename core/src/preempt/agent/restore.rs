@@ -1,0 +1,146 @@
+//! Restore: every check that can refuse runs before CRIU (manifest, files,
+//! driver, GPU models, device map, free GPU memory, pids), so a node that
+//! cannot take the job refuses it with the image intact and nothing started.
+//! After CRIU, a failure kills what was restored. A restored image is marked
+//! consumed: it is never restored twice.
+
+use super::server::Peer;
+use super::{Agent, RootState};
+use crate::checkpoint::DeviceMap;
+use crate::criu::{RestoreRequest, TargetCgroup};
+use crate::preempt::images::ImageStore;
+use crate::preempt::manifest::Manifest;
+use crate::preempt::protocol::RestoreSummary;
+use crate::preempt::tree;
+use crate::procfs;
+use std::path::Path;
+use std::time::Instant;
+
+fn ms(since: Instant) -> f64 {
+    since.elapsed().as_secs_f64() * 1000.0
+}
+
+impl Agent {
+    pub(super) fn restore(&self, peer: Peer) -> Result<(i32, RestoreSummary), String> {
+        let _op = self.exclusive()?;
+        self.criu_status.clone().map_err(|e| format!("cannot restore: {e}"))?;
+        if peer.uid != 0 {
+            self.peer_in_job(peer)?;
+        }
+        let start = Instant::now();
+        let (restart, dir) = self
+            .settings
+            .images
+            .latest(self.params.job)
+            .ok_or_else(|| format!("no checkpoint image of job {} in {}", self.params.job, self.settings.images.root.display()))?;
+        let (manifest, map) = self.vet(&dir).map_err(|e| format!("{e}; the image is kept"))?;
+        let cgroup = TargetCgroup::of_pid(peer.pid)?;
+        let check_ms = ms(start);
+        let criu_start = Instant::now();
+        let pid = self.criu_restore(&dir, &manifest, cgroup)?;
+        let criu_ms = ms(criu_start);
+        let cuda_start = Instant::now();
+        if !manifest.cuda.is_empty() {
+            if let Err(e) = self.checkpointer().restore_processes(&manifest.cuda, &map) {
+                self.kill_restored(&manifest);
+                return Err(format!("CUDA restore failed: {e}; the restored processes were killed, the image is kept"));
+            }
+        }
+        let cuda_ms = ms(cuda_start);
+        if let Err(e) = ImageStore::consume(&dir) {
+            // It runs; only a second restore of this image is at risk.
+            self.log("restore-consume", crate::log::Outcome::Failed, &format!("{}: {e}", dir.display()));
+        }
+        self.set_root(pid, Some(RootState::Running));
+        let summary = RestoreSummary {
+            from_restart: restart,
+            from_node: manifest.node.clone(),
+            image_bytes: manifest.image_bytes,
+            check_ms,
+            criu_restore_ms: criu_ms,
+            cuda_restore_ms: cuda_ms,
+            total_ms: ms(start),
+            device_map: map.pairs().iter().map(|p| (p.old.to_string(), p.new.to_string())).collect(),
+        };
+        Ok((pid, summary))
+    }
+
+    /// Everything that can refuse the image, without changing anything.
+    fn vet(&self, dir: &Path) -> Result<(Manifest, DeviceMap), String> {
+        let m = Manifest::load(dir).map_err(|e| e.to_string())?;
+        m.check_owner(dir, self.params.job, self.params.uid).map_err(|e| e.to_string())?;
+        m.check_files(dir).map_err(|e| e.to_string())?;
+        let map = self.device_map(&m)?;
+        self.checkpointer().check_restore_room(&m.cuda, &map).map_err(|e| e.to_string())?;
+        tree::wait_pids_free(&m.pids, self.settings.pid_wait)?;
+        Ok((m, map))
+    }
+
+    /// The image's GPUs → this job's, by position; the same driver version
+    /// and GPU model for each GPU that holds checkpointed memory.
+    fn device_map(&self, m: &Manifest) -> Result<DeviceMap, String> {
+        if m.cuda.is_empty() {
+            return Ok(DeviceMap::default());
+        }
+        if m.driver_version != self.facts.driver_version {
+            return Err(format!(
+                "the image was taken with NVIDIA driver {} (node {}); this node has {}: a CUDA checkpoint restores only on the same driver",
+                m.driver_version, m.node, self.facts.driver_version
+            ));
+        }
+        let used: Vec<_> = m.cuda.iter().flat_map(|p| p.footprint.iter().map(|f| f.gpu)).collect();
+        let mut pairs = Vec::new();
+        for (i, old) in m.gpus.iter().enumerate().filter(|(_, g)| used.contains(&g.uuid)) {
+            let new = self.params.gpus.get(i).ok_or_else(|| {
+                format!("the image used {} GPUs; this run of the job has {}", m.gpus.len(), self.params.gpus.len())
+            })?;
+            if new.name != old.name {
+                return Err(format!("the image's GPU {i} is a {}; this run got a {} ({})", old.name, new.name, new.uuid));
+            }
+            pairs.push(format!("{}={}", old.uuid, new.uuid));
+        }
+        if let Some(g) = used.iter().find(|u| !m.gpus.iter().any(|g| g.uuid == **u)) {
+            return Err(format!("the image's footprint names {g}, which is not among its GPUs: corrupt"));
+        }
+        let same = m.gpus.iter().zip(&self.params.gpus).all(|(a, b)| a.uuid == b.uuid);
+        if same || pairs.is_empty() {
+            return Ok(DeviceMap::default());
+        }
+        if self.facts.cuda_version < 13000 {
+            return Err(format!("restoring onto other GPUs needs driver r580 / CUDA 13.0; this node's CUDA is {}", self.facts.cuda_version));
+        }
+        DeviceMap::parse(&pairs.join(","))
+    }
+
+    /// CRIU restore into `cgroup`, then the checks that need the processes:
+    /// the root is the image's, in the new job's cgroup, the user's.
+    fn criu_restore(&self, dir: &Path, m: &Manifest, cgroup: TargetCgroup) -> Result<i32, String> {
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        let record_dir = &self.settings.checkpoint.record_dir;
+        crate::fsutil::ensure_private_dir(record_dir, uid, gid, 0o700).map_err(|e| format!("{}: {e}", record_dir.display()))?;
+        let req = RestoreRequest {
+            images_dir: dir.to_path_buf(),
+            cgroup: cgroup.clone(),
+            pidfile: record_dir.join(format!("criu-restore-{}.pid", self.params.job)),
+            tcp_established: m.tcp_established,
+        };
+        let r = self.criu.restore(&req).map_err(|e| format!("{e}; the image is kept"))?;
+        let check = if r.pid != m.root_pid {
+            Err(format!("CRIU restored pid {}, but the image's root is pid {}", r.pid, m.root_pid))
+        } else {
+            cgroup.verify(r.pid).and_then(|_| tree::check_owned(&[r.pid], self.params.uid))
+        };
+        if let Err(e) = check {
+            self.kill_restored(m);
+            return Err(format!("{e}; the restored processes were killed, the image is kept"));
+        }
+        Ok(r.pid)
+    }
+
+    /// Kills the image's pids (the tree CRIU just made) and reaps the root.
+    fn kill_restored(&self, m: &Manifest) {
+        let ids: Vec<procfs::ProcId> = m.pids.iter().filter_map(|p| procfs::read(*p)).map(|p| p.id()).collect();
+        tree::kill_all(&ids);
+        let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(m.root_pid), None);
+    }
+}

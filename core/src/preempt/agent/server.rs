@@ -1,0 +1,239 @@
+//! The agent's socket: `<socket_dir>/job-<J>.sock` in a root-owned 0711
+//! directory (others may pass through, not list or create), the socket
+//! owned by the job's user with mode 0600, and the peer's uid checked with
+//! SO_PEERCRED on every connection (the file mode alone is not trusted).
+//! One thread per connection; requests are a line each (protocol.rs).
+
+use super::{Agent, RootState};
+use crate::fsutil;
+use crate::log::Outcome;
+use crate::preempt::protocol::{self, ExitInfo, ImageInfo, Request, Response};
+use crate::preempt::socket_path;
+use std::io::BufReader;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How often the agent looks at the job's processes.
+const LIFE_CHECK: Duration = Duration::from_secs(1);
+/// A connection must send its request within this.
+const REQUEST_WAIT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitReason {
+    Stopped,
+    Deadline,
+    JobGone,
+    NeverStarted,
+}
+
+/// Binds the job's socket (see module docs). The directory must be root's:
+/// the agent refuses one that someone else owns.
+pub fn listen(socket_dir: &Path, job: u32, uid: u32, gid: u32) -> std::io::Result<UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    let (me, my_gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    fsutil::ensure_private_dir(socket_dir, me, my_gid, 0o711)?;
+    let path = socket_path(socket_dir, job);
+    fsutil::remove_if_present(&path)?;
+    let listener = UnixListener::bind(&path)?;
+    // The directory is root's and not writable by others: these path
+    // operations cannot be redirected. SO_PEERCRED covers the moment
+    // between bind and chmod.
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    std::os::unix::fs::chown(&path, Some(uid), Some(gid))?;
+    Ok(listener)
+}
+
+/// The peer of a connection, from the kernel (SO_PEERCRED).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer {
+    pub pid: i32,
+    pub uid: u32,
+}
+
+pub fn peer_of(stream: &UnixStream) -> std::io::Result<Peer> {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred { pid: 0, uid: u32::MAX, gid: u32::MAX };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: SO_PEERCRED fills a ucred of the given size.
+    let rc = unsafe {
+        libc::getsockopt(stream.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERCRED, (&mut cred as *mut libc::ucred).cast(), &mut len)
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(Peer { pid: cred.pid, uid: cred.uid })
+}
+
+/// Only the job's user and root; only root may stop the agent.
+pub fn authorize(peer: Peer, job_uid: u32, job: u32, req: &Request) -> Result<(), String> {
+    if peer.uid != job_uid && peer.uid != 0 {
+        return Err(format!("refused: this agent serves job {job} of uid {job_uid}; the caller (pid {}) is uid {}", peer.pid, peer.uid));
+    }
+    if matches!(req, Request::Stop) && peer.uid != 0 {
+        return Err("refused: only root (the epilog) stops the agent".into());
+    }
+    Ok(())
+}
+
+/// When the agent should end, watched from the accept loop.
+struct Life {
+    seen: bool,
+    last_seen: Instant,
+    last_check: Option<Instant>,
+}
+
+impl Agent {
+    /// Accepts connections until a reason to exit; returns it. Connection
+    /// threads are detached: the caller exits the process afterwards.
+    pub fn serve(self: &Arc<Self>, listener: UnixListener) -> std::io::Result<ExitReason> {
+        listener.set_nonblocking(true)?;
+        let mut life = Life { seen: false, last_seen: Instant::now(), last_check: None };
+        loop {
+            if let Some(reason) = self.exit_reason(&mut life) {
+                return Ok(reason);
+            }
+            match listener.accept() {
+                Ok((stream, _)) => {
+                    let me = Arc::clone(self);
+                    std::thread::spawn(move || me.handle(stream));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(50)),
+                Err(e) => {
+                    self.log("agent-accept", Outcome::Failed, &e.to_string());
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            }
+        }
+    }
+
+    fn exit_reason(&self, life: &mut Life) -> Option<ExitReason> {
+        if self.stop.load(Ordering::SeqCst) {
+            return Some(ExitReason::Stopped);
+        }
+        if self.params.deadline.is_some_and(|d| std::time::SystemTime::now() >= d) {
+            return Some(ExitReason::Deadline);
+        }
+        if life.last_check.is_some_and(|t| t.elapsed() < LIFE_CHECK) {
+            return None;
+        }
+        life.last_check = Some(Instant::now());
+        // A scan that fails (processes of several users naming the job)
+        // counts as "still there": never exit on doubt.
+        let alive = self.host.job_processes(self.params.job).map_or(true, |(p, _)| !p.is_empty());
+        let busy = self.op.try_lock().is_err() || !self.restored.lock().unwrap_or_else(|p| p.into_inner()).is_empty();
+        if alive || busy {
+            life.seen |= alive;
+            life.last_seen = Instant::now();
+            return None;
+        }
+        if life.seen && life.last_seen.elapsed() > self.settings.idle_exit {
+            return Some(ExitReason::JobGone);
+        }
+        (!life.seen && self.started.elapsed() > self.settings.start_grace).then_some(ExitReason::NeverStarted)
+    }
+
+    fn handle(&self, stream: UnixStream) {
+        let _ = stream.set_read_timeout(Some(REQUEST_WAIT));
+        let Ok(mut out) = stream.try_clone() else { return };
+        let mut reader = BufReader::new(stream);
+        let reply = |out: &mut UnixStream, r: &Response| {
+            let _ = protocol::send(out, r);
+        };
+        let peer = match peer_of(&out) {
+            Ok(p) => p,
+            Err(e) => return reply(&mut out, &Response::Error { message: format!("cannot identify the caller: {e}") }),
+        };
+        let req = match protocol::receive::<Request>(&mut reader) {
+            Ok(Some(r)) => r,
+            Ok(None) => return,
+            Err(e) => return reply(&mut out, &Response::Error { message: e.to_string() }),
+        };
+        if let Err(message) = authorize(peer, self.params.uid, self.params.job, &req) {
+            self.log("agent-refused", Outcome::Refused, &message);
+            return reply(&mut out, &Response::Error { message });
+        }
+        match req {
+            Request::Hello => reply(&mut out, &self.hello()),
+            Request::Checkpoint { root_pid, signal_at_ms } => reply(&mut out, &self.checkpoint_request(peer, root_pid, signal_at_ms)),
+            Request::Restore => self.restore_request(peer, &mut out),
+            Request::Stop => {
+                self.stop.store(true, Ordering::SeqCst);
+                reply(&mut out, &Response::Stopping);
+            }
+        }
+    }
+
+    fn hello(&self) -> Response {
+        let image = self.settings.images.latest(self.params.job).map(|(restart, dir)| match super::super::Manifest::load(&dir) {
+            Ok(m) => ImageInfo { restart_count: m.restart_count, node: m.node, image_bytes: m.image_bytes, created_unix: m.created_unix },
+            // Unreadable: the restore will say why, precisely.
+            Err(_) => ImageInfo { restart_count: restart, node: "(manifest unreadable)".into(), image_bytes: 0, created_unix: 0 },
+        });
+        Response::Hello {
+            job: self.params.job,
+            restart_count: self.params.restart_count,
+            image,
+            criu: self.criu_status.clone(),
+        }
+    }
+
+    fn checkpoint_request(&self, peer: Peer, root: i32, signal_at_ms: Option<u64>) -> Response {
+        match self.checkpoint(peer, root, signal_at_ms) {
+            Ok(summary) => {
+                let detail = format!("{} bytes in {:.0} ms", summary.image_bytes, summary.timings.total_ms);
+                self.log("checkpoint", Outcome::Ok, &detail);
+                Response::Checkpointed(summary)
+            }
+            Err(message) => {
+                self.log("checkpoint", Outcome::Failed, &message);
+                Response::Error { message }
+            }
+        }
+    }
+
+    /// Restores, answers `restored`, then waits for the tree and answers
+    /// how it ended (or that it was dumped again).
+    fn restore_request(&self, peer: Peer, out: &mut UnixStream) {
+        let (pid, summary) = match self.restore(peer) {
+            Ok(r) => r,
+            Err(message) => {
+                self.log("restore", Outcome::Failed, &message);
+                let _ = protocol::send(out, &Response::Error { message });
+                return;
+            }
+        };
+        self.log("restore", Outcome::Ok, &format!("pid {pid} from restart {}", summary.from_restart));
+        let _ = protocol::send(out, &Response::Restored { pid, summary });
+        let end = self.wait_restored(pid);
+        let _ = protocol::send(out, &end);
+    }
+
+    /// Waits for a restored root (the agent's child) and says how it ended.
+    /// A SIGKILL during a dump of it is the dump, not the application's end.
+    fn wait_restored(&self, pid: i32) -> Response {
+        use nix::sys::wait::{waitpid, WaitStatus};
+        let info = loop {
+            match waitpid(nix::unistd::Pid::from_raw(pid), None) {
+                Ok(WaitStatus::Exited(_, code)) => break ExitInfo { code: Some(code), signal: None },
+                Ok(WaitStatus::Signaled(_, sig, _)) => break ExitInfo { code: None, signal: Some(sig as i32) },
+                Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
+                // Not our child any more: how it ended is unknown.
+                Err(_) => break ExitInfo { code: None, signal: None },
+            }
+        };
+        let start = Instant::now();
+        while self.root_state(pid) == Some(RootState::Dumping) && start.elapsed() < self.settings.dump_wait {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let dumped = self.root_state(pid) == Some(RootState::Dumped);
+        self.set_root(pid, None);
+        if dumped {
+            Response::Dumped
+        } else {
+            Response::Exited(info)
+        }
+    }
+}

@@ -1,0 +1,173 @@
+//! Starting and stopping a job's agent, for the prolog and the epilog.
+//!
+//! The prolog starts `checkpoint.agent` (an absolute path from the root-owned
+//! config) with an argument vector, an empty environment, in a session of
+//! its own (so the prolog's end does not take it along), and waits until its
+//! socket exists. The epilog sends it `stop` as root.
+
+use crate::preempt::protocol::{self, Request, Response};
+use crate::preempt::socket_path;
+use crate::Config;
+use std::io::BufReader;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const SIM_VARS: [&str; 2] = ["GPU_MODE_SIM_STATE", "GPU_MODE_CUDA_SIM_DIR"];
+
+/// What the prolog knows and the agent needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentLaunch {
+    pub job: u32,
+    pub uid: u32,
+    pub gid: u32,
+    /// SLURM_JOB_RESTART_COUNT (0 for a first run).
+    pub restart_count: u32,
+    pub node: String,
+    /// NVML indices of the job's GPUs, in allocation order (the job state's `gpus`).
+    pub gpus: Vec<u32>,
+    /// The agent exits by then at the latest (seconds since the epoch).
+    pub deadline_unix: Option<u64>,
+    /// The config file the prolog itself was given, if not the default.
+    pub config: Option<PathBuf>,
+}
+
+impl AgentLaunch {
+    /// The agent's argument vector (gpu-mode-ckpt-agent's options).
+    pub fn args(&self) -> Vec<String> {
+        let mut a = vec![
+            "--job".to_string(),
+            self.job.to_string(),
+            "--uid".into(),
+            self.uid.to_string(),
+            "--gid".into(),
+            self.gid.to_string(),
+            "--restart-count".into(),
+            self.restart_count.to_string(),
+            "--node".into(),
+            self.node.clone(),
+        ];
+        if !self.gpus.is_empty() {
+            a.push("--gpus".into());
+            a.push(self.gpus.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(","));
+        }
+        if let Some(d) = self.deadline_unix {
+            a.push("--deadline-unix".into());
+            a.push(d.to_string());
+        }
+        if let Some(c) = &self.config {
+            a.push("--config".into());
+            a.push(c.display().to_string());
+        }
+        a
+    }
+}
+
+/// Starts the job's agent and waits (at most `wait`) for its socket.
+/// Returns its pid.
+pub fn spawn_agent(cfg: &Config, launch: &AgentLaunch, wait: Duration) -> Result<u32, String> {
+    let program = &cfg.checkpoint.agent;
+    let socket = socket_path(&cfg.checkpoint.agent_socket_dir(&cfg.runtime_dir), launch.job);
+    let _ = crate::fsutil::remove_if_present(&socket);
+    let mut cmd = Command::new(program);
+    cmd.args(launch.args()).env_clear().current_dir("/").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+    // The simulated GPU libraries find their node through these (CI); the
+    // real driver ignores them, and only the root-owned config decides which
+    // library is loaded.
+    for var in SIM_VARS {
+        if let Some(v) = std::env::var_os(var) {
+            cmd.env(var, v);
+        }
+    }
+    // SAFETY: setsid is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().map_err(|e| format!("cannot start {}: {e}", program.display()))?;
+    let start = Instant::now();
+    loop {
+        if UnixStream::connect(&socket).is_ok() {
+            return Ok(child.id());
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!("{} exited at start ({status}): see its log lines (journalctl -t slurm-gpu-mode)", program.display()));
+        }
+        if start.elapsed() > wait {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("{} did not open {} within {} s", program.display(), socket.display(), wait.as_secs()));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Asks job `job`'s agent to exit (as root). `Ok(false)`: no agent was
+/// listening (it ended with the job already).
+pub fn stop_agent(cfg: &Config, job: u32, wait: Duration) -> Result<bool, String> {
+    let socket = socket_path(&cfg.checkpoint.agent_socket_dir(&cfg.runtime_dir), job);
+    let stream = match UnixStream::connect(&socket) {
+        Ok(s) => s,
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused) => {
+            let _ = crate::fsutil::remove_if_present(&socket);
+            return Ok(false);
+        }
+        Err(e) => return Err(format!("{}: {e}", socket.display())),
+    };
+    stream.set_read_timeout(Some(wait)).map_err(|e| e.to_string())?;
+    let mut out = stream.try_clone().map_err(|e| e.to_string())?;
+    protocol::send(&mut out, &Request::Stop).map_err(|e| format!("{}: {e}", socket.display()))?;
+    match protocol::receive::<Response>(&mut BufReader::new(stream)) {
+        Ok(Some(Response::Stopping)) => Ok(true),
+        Ok(other) => Err(format!("job {job}'s agent answered {other:?} to stop")),
+        Err(e) => Err(format!("job {job}'s agent: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_agent_gets_an_argument_vector() {
+        let l = AgentLaunch {
+            job: 7,
+            uid: 1001,
+            gid: 1001,
+            restart_count: 2,
+            node: "n1".into(),
+            gpus: vec![1, 0],
+            deadline_unix: Some(99),
+            config: Some("/etc/x.toml".into()),
+        };
+        assert_eq!(
+            l.args().join(" "),
+            "--job 7 --uid 1001 --gid 1001 --restart-count 2 --node n1 --gpus 1,0 --deadline-unix 99 --config /etc/x.toml"
+        );
+    }
+
+    #[test]
+    fn stopping_an_absent_agent_is_not_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = Config::default();
+        cfg.checkpoint.agent_socket_dir = Some(dir.path().to_path_buf());
+        assert_eq!(stop_agent(&cfg, 7, Duration::from_secs(1)), Ok(false));
+    }
+
+    #[test]
+    fn a_missing_agent_binary_is_named() {
+        let mut cfg = Config::default();
+        cfg.checkpoint.agent = "/nonexistent/gpu-mode-ckpt-agent".into();
+        let dir = tempfile::tempdir().unwrap();
+        cfg.checkpoint.agent_socket_dir = Some(dir.path().to_path_buf());
+        let l = AgentLaunch { job: 1, uid: 0, gid: 0, restart_count: 0, node: "n".into(), gpus: vec![], deadline_unix: None, config: None };
+        let err = spawn_agent(&cfg, &l, Duration::from_secs(1)).unwrap_err();
+        assert!(err.contains("cannot start /nonexistent/gpu-mode-ckpt-agent"), "{err}");
+    }
+}

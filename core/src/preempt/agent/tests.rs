@@ -1,0 +1,302 @@
+//! The agent's decisions against a recording CRIU and a driver without CUDA
+//! processes, on real processes (a `sleep` run as nobody): what a dump
+//! writes, that a failed dump leaves nothing that claims success, and that a
+//! restore refuses a manifest of another user, a corrupt one, a changed
+//! file or another driver, with the image kept and CRIU never called.
+//! The full path (real CRIU, simulated CUDA) is checkpoint/tests/preempt_criu.rs.
+
+use super::server::{authorize, Peer};
+use super::*;
+use crate::checkpoint::{DriverError, GpuPair, GpuProcess, GpuUuid, ProcFs, ProcessState};
+use crate::criu::{CriuCall, CriuError, RecordingCriu};
+use crate::preempt::images::ImageStore;
+use crate::preempt::manifest::{Manifest, MANIFEST_FILE};
+use crate::preempt::protocol::{self, Request, Response};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command};
+
+const NOBODY: u32 = 65534;
+const GPU_A: &str = "GPU-00000000-0000-0000-0000-00000000000a";
+
+struct NoCuda;
+
+impl CheckpointDriver for NoCuda {
+    fn state(&self, pid: i32) -> Result<ProcessState, DriverError> {
+        Err(DriverError::Call { call: "cuCheckpointProcessGetState", pid, code: 3, name: "CUDA_ERROR_NOT_INITIALIZED".into(), text: "x".into() })
+    }
+    fn restore_thread_id(&self, pid: i32) -> Result<i32, DriverError> {
+        self.state(pid).map(|_| 0)
+    }
+    fn lock(&self, pid: i32, _: u32) -> Result<(), DriverError> {
+        self.state(pid).map(|_| ())
+    }
+    fn checkpoint(&self, pid: i32) -> Result<(), DriverError> {
+        self.state(pid).map(|_| ())
+    }
+    fn restore(&self, pid: i32, _: &[GpuPair]) -> Result<(), DriverError> {
+        self.state(pid).map(|_| ())
+    }
+    fn unlock(&self, pid: i32) -> Result<(), DriverError> {
+        self.state(pid).map(|_| ())
+    }
+}
+
+struct RoomyGpus;
+
+impl GpuInfo for RoomyGpus {
+    fn compute_processes(&self) -> Result<Vec<GpuProcess>, String> {
+        Ok(Vec::new())
+    }
+    fn free_bytes(&self, _: GpuUuid) -> Result<u64, String> {
+        Ok(u64::MAX / 2)
+    }
+}
+
+struct Fx {
+    _dir: tempfile::TempDir,
+    agent: Arc<Agent>,
+    criu: Arc<RecordingCriu>,
+}
+
+fn root_or_skip() -> bool {
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root {
+        eprintln!("skipped: needs root (processes run as nobody)");
+    }
+    root
+}
+
+fn fixture() -> Fx {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path();
+    let settings = AgentSettings {
+        socket_dir: p.join("sock"),
+        images: ImageStore::new(p.join("images")),
+        checkpoint: crate::checkpoint::Settings {
+            lock_timeout_ms: 1000,
+            memory_margin_bytes: 0,
+            record_dir: p.join("records"),
+            call_timeout: Duration::from_secs(5),
+        },
+        tcp_established: false,
+        pid_wait: Duration::from_secs(2),
+        idle_exit: Duration::from_secs(3600),
+        start_grace: Duration::from_secs(3600),
+        dump_wait: Duration::from_secs(5),
+        log: LogConfig { syslog: false, stderr: false },
+    };
+    let params = AgentParams {
+        job: 7,
+        uid: NOBODY,
+        gid: NOBODY,
+        restart_count: 0,
+        node: "n1".into(),
+        gpus: vec![GpuFacts { uuid: GpuUuid::parse(GPU_A).unwrap(), name: "NVIDIA H200".into() }],
+        deadline: None,
+    };
+    let criu = Arc::new(RecordingCriu::default());
+    let backends = Backends { criu: criu.clone(), driver: Arc::new(NoCuda), host: Arc::new(ProcFs::default()), gpus: Arc::new(RoomyGpus) };
+    let facts = NodeFacts { driver_version: "580.159.04".into(), cuda_version: 13000 };
+    Fx { _dir: dir, agent: Arc::new(Agent::new(params, settings, facts, backends)), criu }
+}
+
+/// `sleep` as nobody, in a session of its own: the "application".
+fn app() -> Child {
+    let mut cmd = Command::new("/bin/sleep");
+    cmd.arg("30");
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            if libc::setgroups(0, std::ptr::null()) != 0 || libc::setgid(NOBODY) != 0 || libc::setuid(NOBODY) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn().unwrap()
+}
+
+fn me() -> Peer {
+    Peer { pid: std::process::id() as i32, uid: 0 }
+}
+
+/// A dump through the recording CRIU that kills the tree, as CRIU does.
+fn dumped(fx: &Fx) -> (Child, std::path::PathBuf) {
+    let mut child = app();
+    let pid = child.id() as i32;
+    *fx.criu.on_dump.lock().unwrap() = Some(Box::new(move |_| unsafe {
+        libc::kill(pid, libc::SIGKILL);
+    }));
+    let s = fx.agent.checkpoint(me(), pid, Some(crate::preempt::now_ms())).unwrap();
+    let _ = child.wait();
+    (child, s.image_dir.into())
+}
+
+#[test]
+fn a_dump_writes_its_manifest_last_with_the_job_and_user() {
+    if !root_or_skip() {
+        return;
+    }
+    let fx = fixture();
+    let (child, run) = dumped(&fx);
+    let m = Manifest::load(&run).unwrap();
+    assert_eq!((m.job, m.uid, m.node.as_str(), m.root_pid, m.restart_count), (7, NOBODY, "n1", child.id() as i32, 0));
+    assert_eq!(m.criu_version, "4.1.1");
+    let names: Vec<&str> = m.images.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(names, ["core-1.img", "dump.log", "pages-1.img", "pstree.img"]);
+    assert!(m.cuda.is_empty(), "sleep holds no GPU");
+    assert!(m.timings.signal_to_gpu_free_ms.is_some());
+    match &fx.criu.calls()[..] {
+        [CriuCall::Check, CriuCall::Dump(d)] => assert_eq!((d.pid, &d.images_dir), (child.id() as i32, &run)),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(fx.agent.settings.images.latest(7).map(|(r, _)| r), Some(0));
+}
+
+#[test]
+fn a_failed_dump_leaves_nothing_that_claims_success_and_the_app_runs_on() {
+    if !root_or_skip() {
+        return;
+    }
+    let fx = fixture();
+    let mut child = app();
+    let fail = CriuError::Failed { verb: "dump", status: "exit status: 1".into(), detail: "No space left on device".into(), log: "/x".into() };
+    *fx.criu.fail_dump.lock().unwrap() = Some(fail);
+    let err = fx.agent.checkpoint(me(), child.id() as i32, None).unwrap_err();
+    assert!(err.contains("criu dump failed") && err.contains("No space left") && err.contains("the application runs on"), "{err}");
+    assert!(!fx.agent.settings.images.run_dir(7, 0).exists(), "the partial dump is removed");
+    assert_eq!(fx.agent.settings.images.latest(7), None);
+    assert_eq!(child.try_wait().unwrap(), None, "the application still runs");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+#[test]
+fn only_the_callers_own_tree_of_the_users_processes_is_dumped() {
+    if !root_or_skip() {
+        return;
+    }
+    let fx = fixture();
+    // Not a descendant of the caller (the caller is a child of ours).
+    let mut other = app();
+    let err = fx.agent.checkpoint(Peer { pid: other.id() as i32, uid: 0 }, std::process::id() as i32, None).unwrap_err();
+    assert!(err.contains("is neither a descendant of the caller"), "{err}");
+    other.kill().unwrap();
+    other.wait().unwrap();
+    // A process with root's rights in the tree.
+    let mut rooted = Command::new("/bin/sleep").arg("30").spawn().unwrap();
+    let err = fx.agent.checkpoint(me(), rooted.id() as i32, None).unwrap_err();
+    assert!(err.contains("not only as the job's user") || err.contains("holds capabilities"), "{err}");
+    rooted.kill().unwrap();
+    rooted.wait().unwrap();
+    assert!(!fx.criu.calls().iter().any(|c| matches!(c, CriuCall::Dump(_))), "CRIU was never asked");
+}
+
+/// Rewrites the manifest of `run` through `edit` (as a forger would).
+fn forge(run: &std::path::Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(run.join(MANIFEST_FILE)).unwrap()).unwrap();
+    edit(&mut v);
+    std::fs::write(run.join(MANIFEST_FILE), serde_json::to_vec(&v).unwrap()).unwrap();
+}
+
+#[test]
+fn restores_refuse_foreign_corrupt_changed_or_incompatible_images_and_keep_them() {
+    if !root_or_skip() {
+        return;
+    }
+    type Case = (&'static str, Box<dyn Fn(&std::path::Path)>, &'static str);
+    let cases: Vec<Case> = vec![
+        ("other user", Box::new(|run| forge(run, |v| v["uid"] = 1234.into())), "belongs to uid 1234, not to job 7's user (uid 65534): refused"),
+        ("other job", Box::new(|run| forge(run, |v| v["job"] = 8.into())), "belongs to job 8, not job 7"),
+        ("corrupt", Box::new(|run| std::fs::write(run.join(MANIFEST_FILE), b"{\"version\":1,").unwrap()), "is corrupt"),
+        ("newer", Box::new(|run| forge(run, |v| v["version"] = 2.into())), "format version 2"),
+        (
+            "changed file",
+            Box::new(|run| std::fs::write(run.join("pages-1.img"), b"tampered").unwrap()),
+            "image file pages-1.img",
+        ),
+        (
+            "other driver",
+            Box::new(|run| {
+                forge(run, |v| {
+                    v["driver_version"] = "570.86.15".into();
+                    v["cuda"] = serde_json::json!([{"pid": 1, "start_time": 1, "phase": "checkpointed",
+                        "footprint": [{"gpu": GPU_A, "bytes": 1024}]}]);
+                })
+            }),
+            "taken with NVIDIA driver 570.86.15 (node n1); this node has 580.159.04",
+        ),
+        (
+            "other GPU model",
+            Box::new(|run| {
+                forge(run, |v| {
+                    v["gpus"][0]["name"] = "NVIDIA A100-SXM4-40GB".into();
+                    v["cuda"] = serde_json::json!([{"pid": 1, "start_time": 1, "phase": "checkpointed",
+                        "footprint": [{"gpu": GPU_A, "bytes": 1024}]}]);
+                })
+            }),
+            "the image's GPU 0 is a NVIDIA A100-SXM4-40GB; this run got a NVIDIA H200",
+        ),
+    ];
+    for (name, spoil, needle) in cases {
+        let fx = fixture();
+        let (_child, run) = dumped(&fx);
+        spoil(&run);
+        let err = fx.agent.restore(me()).unwrap_err();
+        assert!(err.contains(needle) && err.contains("the image is kept"), "{name}: {err}");
+        assert!(run.join(MANIFEST_FILE).exists(), "{name}: the image is kept");
+        assert!(!fx.criu.calls().iter().any(|c| matches!(c, CriuCall::Restore(_))), "{name}: nothing was restored");
+    }
+}
+
+#[test]
+fn no_image_is_a_clear_refusal() {
+    let fx = fixture();
+    let err = fx.agent.restore(me()).unwrap_err();
+    assert!(err.contains("no checkpoint image of job 7 in"), "{err}");
+}
+
+#[test]
+fn callers_other_than_the_user_and_root_are_refused() {
+    let cases = [
+        (Peer { pid: 5, uid: 1001 }, Request::Hello, Ok(())),
+        (Peer { pid: 5, uid: 0 }, Request::Stop, Ok(())),
+        (Peer { pid: 5, uid: 1002 }, Request::Hello, Err("refused: this agent serves job 7 of uid 1001; the caller (pid 5) is uid 1002")),
+        (Peer { pid: 5, uid: 1002 }, Request::Restore, Err("is uid 1002")),
+        (Peer { pid: 5, uid: 1001 }, Request::Stop, Err("only root (the epilog) stops the agent")),
+    ];
+    for (peer, req, want) in cases {
+        let got = authorize(peer, 1001, 7, &req);
+        match want {
+            Ok(()) => assert!(got.is_ok(), "{peer:?} {req:?}: {got:?}"),
+            Err(needle) => assert!(got.unwrap_err().contains(needle), "{peer:?} {req:?}"),
+        }
+    }
+}
+
+#[test]
+fn the_socket_is_the_users_and_answers_hello_and_stop() {
+    use std::os::unix::fs::MetadataExt;
+    if !root_or_skip() {
+        return;
+    }
+    let fx = fixture();
+    let dir = fx.agent.settings.socket_dir.clone();
+    let listener = listen(&dir, 7, NOBODY, NOBODY).unwrap();
+    let meta = std::fs::metadata(crate::preempt::socket_path(&dir, 7)).unwrap();
+    assert_eq!((meta.uid(), meta.mode() & 0o777), (NOBODY, 0o600));
+    assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o777, 0o711);
+    let agent = Arc::clone(&fx.agent);
+    let server = std::thread::spawn(move || agent.serve(listener).unwrap());
+    let ask = |req: &Request| -> Response {
+        let s = std::os::unix::net::UnixStream::connect(crate::preempt::socket_path(&dir, 7)).unwrap();
+        protocol::send(&mut s.try_clone().unwrap(), req).unwrap();
+        protocol::receive(&mut std::io::BufReader::new(s)).unwrap().unwrap()
+    };
+    match ask(&Request::Hello) {
+        Response::Hello { job: 7, restart_count: 0, image: None, criu: Ok(v) } => assert_eq!(v, "4.1.1"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(ask(&Request::Stop), Response::Stopping);
+    assert_eq!(server.join().unwrap(), ExitReason::Stopped);
+}

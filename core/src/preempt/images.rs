@@ -1,0 +1,328 @@
+//! The image directory: `<image_dir>/<job>/<restart count>/`, root-only
+//! (directories 0700, files 0600: images hold the whole memory of a user's
+//! processes). A run directory is made fresh for each dump; its manifest is
+//! written last, after every file is fsynced, so a directory without one is
+//! a failed or interrupted dump and is never restored.
+//!
+//! Retention: the epilog calls [`cleanup_after_job`] (keep only an image this
+//! run completed, which its requeued run will restore) and [`sweep_images`]
+//! (age and size limits over the whole directory, oldest first).
+
+use super::manifest::{describe_file, ImageFile, CONSUMED_FILE, MANIFEST_FILE};
+use crate::fsutil;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+#[derive(Debug, Clone)]
+pub struct ImageStore {
+    pub root: PathBuf,
+}
+
+fn me() -> (u32, u32) {
+    unsafe { (libc::geteuid(), libc::getegid()) }
+}
+
+fn fsync_dir(dir: &Path) -> io::Result<()> {
+    fs::File::open(dir)?.sync_all()
+}
+
+impl ImageStore {
+    pub fn new(root: impl Into<PathBuf>) -> ImageStore {
+        ImageStore { root: root.into() }
+    }
+
+    pub fn job_dir(&self, job: u32) -> PathBuf {
+        self.root.join(job.to_string())
+    }
+
+    pub fn run_dir(&self, job: u32, restart: u32) -> PathBuf {
+        self.job_dir(job).join(restart.to_string())
+    }
+
+    /// A fresh, empty, root-only directory for this run's dump. A leftover
+    /// of an earlier attempt of the same run (a failed dump) is removed.
+    pub fn prepare_run(&self, job: u32, restart: u32) -> io::Result<PathBuf> {
+        let (uid, gid) = me();
+        let ctx = |p: &Path, e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", p.display()));
+        fsutil::ensure_private_dir(&self.root, uid, gid, 0o700).map_err(|e| ctx(&self.root, e))?;
+        let job_dir = self.job_dir(job);
+        fsutil::ensure_private_dir(&job_dir, uid, gid, 0o700).map_err(|e| ctx(&job_dir, e))?;
+        let run = self.run_dir(job, restart);
+        fsutil::remove_tree_if_present(&run).map_err(|e| ctx(&run, e))?;
+        fsutil::ensure_private_dir(&run, uid, gid, 0o700).map_err(|e| ctx(&run, e))?;
+        Ok(run)
+    }
+
+    /// Makes every file of a finished dump durable and root-only and
+    /// describes it (size, checksum) for the manifest. Anything but a plain
+    /// file in the directory is an error: CRIU writes only files there.
+    pub fn seal(run: &Path) -> io::Result<Vec<ImageFile>> {
+        use std::os::unix::fs::PermissionsExt;
+        let dir_fd = fsutil::open_dir_nofollow(run)?;
+        let mut names: Vec<String> = Vec::new();
+        for entry in fs::read_dir(run)? {
+            let entry = entry?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !entry.file_type()?.is_file() {
+                return Err(io::Error::other(format!("{} is not a regular file", run.join(&name).display())));
+            }
+            names.push(name);
+        }
+        names.sort();
+        let mut out = Vec::new();
+        for name in names.iter().filter(|n| n.as_str() != MANIFEST_FILE) {
+            let f = fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(run.join(name))?;
+            f.set_permissions(fs::Permissions::from_mode(0o600))?;
+            f.sync_all()?;
+            out.push(describe_file(&dir_fd, name)?);
+        }
+        fsync_dir(run)?;
+        Ok(out)
+    }
+
+    /// After the manifest: the run directory's own entry (and the job's) are
+    /// made durable too, so a crash cannot lose a directory whose manifest
+    /// said "complete".
+    pub fn sync_parents(&self, job: u32) -> io::Result<()> {
+        fsync_dir(&self.job_dir(job))?;
+        fsync_dir(&self.root)
+    }
+
+    /// The newest complete image of `job`: the highest restart count whose
+    /// directory has a manifest (consumed or partial ones are skipped).
+    pub fn latest(&self, job: u32) -> Option<(u32, PathBuf)> {
+        runs(&self.job_dir(job)).into_iter().rev().find(|(_, dir)| dir.join(MANIFEST_FILE).is_file())
+    }
+
+    /// Marks a restored image as used: a later restore must not bring the
+    /// application back to a state older than its files.
+    pub fn consume(run: &Path) -> io::Result<()> {
+        fs::rename(run.join(MANIFEST_FILE), run.join(CONSUMED_FILE))?;
+        fsync_dir(run)
+    }
+
+    /// Removes every run directory of `job` except `keep`.
+    pub fn remove_other_runs(&self, job: u32, keep: Option<u32>) -> io::Result<()> {
+        for (restart, dir) in runs(&self.job_dir(job)) {
+            if Some(restart) != keep {
+                fsutil::remove_tree_if_present(&dir)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+use std::os::unix::fs::OpenOptionsExt;
+
+/// The run directories of a job directory, by restart count.
+fn runs(job_dir: &Path) -> Vec<(u32, PathBuf)> {
+    let Ok(dir) = fs::read_dir(job_dir) else { return Vec::new() };
+    let mut out: Vec<(u32, PathBuf)> =
+        dir.flatten().filter_map(|e| Some((e.file_name().to_str()?.parse().ok()?, e.path()))).collect();
+    out.sort();
+    out
+}
+
+/// What the epilog did with a job's images.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cleanup {
+    /// This run completed an image: kept for the requeued run to restore.
+    Kept { restart: u32 },
+    /// Nothing of the job is kept (it ended, or its checkpoint failed and it
+    /// starts over).
+    Removed,
+}
+
+/// For the epilog of `job`'s run `restart`: keep the image this run
+/// completed, if any (the job was checkpointed and is being requeued), and
+/// remove everything else of the job: consumed images, partial dumps, and
+/// the whole directory of a job that ended without a checkpoint.
+pub fn cleanup_after_job(store: &ImageStore, job: u32, restart: u32) -> io::Result<Cleanup> {
+    let this_run = store.run_dir(job, restart);
+    if this_run.join(MANIFEST_FILE).is_file() {
+        store.remove_other_runs(job, Some(restart))?;
+        return Ok(Cleanup::Kept { restart });
+    }
+    fsutil::remove_tree_if_present(&store.job_dir(job))?;
+    Ok(Cleanup::Removed)
+}
+
+/// For an epilog that knows the job ended for good (completed, cancelled,
+/// failed) even though its run completed an image (a cancel arrives as
+/// SIGTERM, which gpu-mode-run also checkpoints on): removes all of it.
+pub fn discard_job_images(store: &ImageStore, job: u32) -> io::Result<()> {
+    fsutil::remove_tree_if_present(&store.job_dir(job))
+}
+
+/// The image directory's limits (`images_max_gib`, `images_max_age_hours`;
+/// zero: no limit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub max_bytes: u64,
+    pub max_age: Duration,
+}
+
+impl Limits {
+    pub fn from_config(cfg: &crate::config::CheckpointConfig) -> Limits {
+        Limits {
+            max_bytes: cfg.images_max_gib.saturating_mul(1 << 30),
+            max_age: Duration::from_secs(cfg.images_max_age_hours.saturating_mul(3600)),
+        }
+    }
+}
+
+/// One job's images, for the sweep.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobImages {
+    pub job: u32,
+    pub bytes: u64,
+    /// Newest modification time in it, seconds since the epoch.
+    pub newest_unix: u64,
+}
+
+/// Which jobs' images to remove: those older than the age limit, then the
+/// oldest until the rest fits the size limit. `protect` (jobs running here
+/// now) are never chosen.
+pub fn plan_sweep(entries: &[JobImages], limits: Limits, now_unix: u64, protect: &[u32]) -> Vec<u32> {
+    let mut candidates: Vec<&JobImages> = entries.iter().filter(|e| !protect.contains(&e.job)).collect();
+    candidates.sort_by_key(|e| (e.newest_unix, e.job));
+    let mut total: u64 = entries.iter().map(|e| e.bytes).sum();
+    let mut out = Vec::new();
+    for e in candidates {
+        let too_old = !limits.max_age.is_zero() && now_unix.saturating_sub(e.newest_unix) > limits.max_age.as_secs();
+        let too_big = limits.max_bytes > 0 && total > limits.max_bytes;
+        if too_old || too_big {
+            out.push(e.job);
+            total -= e.bytes;
+        }
+    }
+    out
+}
+
+fn measure(path: &Path, into: &mut JobImages) {
+    let Ok(meta) = fs::symlink_metadata(path) else { return };
+    let mtime = meta.modified().ok().and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok()).map_or(0, |d| d.as_secs());
+    into.newest_unix = into.newest_unix.max(mtime);
+    if meta.is_file() {
+        into.bytes += meta.len();
+    } else if meta.is_dir() {
+        for e in fs::read_dir(path).into_iter().flatten().flatten() {
+            measure(&e.path(), into);
+        }
+    }
+}
+
+/// Applies [`plan_sweep`] to the image directory; returns the jobs removed.
+/// Safe to run from several nodes at once on shared storage (a directory
+/// already gone is not an error).
+pub fn sweep_images(store: &ImageStore, limits: Limits, protect: &[u32]) -> io::Result<Vec<u32>> {
+    let Ok(dir) = fs::read_dir(&store.root) else { return Ok(Vec::new()) };
+    let mut entries = Vec::new();
+    for e in dir.flatten() {
+        let Some(job) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let mut j = JobImages { job, bytes: 0, newest_unix: 0 };
+        measure(&e.path(), &mut j);
+        entries.push(j);
+    }
+    let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let chosen = plan_sweep(&entries, limits, now, protect);
+    for job in &chosen {
+        fsutil::remove_tree_if_present(&store.job_dir(*job))?;
+    }
+    Ok(chosen)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    fn write(p: &Path, bytes: usize) {
+        fs::write(p, vec![1u8; bytes]).unwrap();
+    }
+
+    #[test]
+    fn runs_are_fresh_private_and_sealed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = ImageStore::new(tmp.path().join("images"));
+        let run = store.prepare_run(7, 0).unwrap();
+        write(&run.join("core-1.img"), 10);
+        write(&run.join("pages-1.img"), 100);
+        let files = ImageStore::seal(&run).unwrap();
+        assert_eq!(files.iter().map(|f| (f.name.as_str(), f.bytes)).collect::<Vec<_>>(), [("core-1.img", 10), ("pages-1.img", 100)]);
+        for p in [store.root.clone(), store.job_dir(7), run.clone()] {
+            assert_eq!(fs::metadata(&p).unwrap().mode() & 0o7777, 0o700, "{}", p.display());
+        }
+        assert_eq!(fs::metadata(run.join("core-1.img")).unwrap().mode() & 0o777, 0o600);
+        // A second attempt of the same run starts empty.
+        let again = store.prepare_run(7, 0).unwrap();
+        assert_eq!(fs::read_dir(&again).unwrap().count(), 0);
+        // A symlink among the images is refused, not followed.
+        std::os::unix::fs::symlink("/etc/passwd", again.join("x.img")).unwrap();
+        assert!(ImageStore::seal(&again).unwrap_err().to_string().contains("not a regular file"));
+    }
+
+    #[test]
+    fn latest_skips_partial_and_consumed_and_cleanup_keeps_only_this_runs_image() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = ImageStore::new(tmp.path());
+        for r in 0..3 {
+            store.prepare_run(7, r).unwrap();
+        }
+        write(&store.run_dir(7, 0).join(MANIFEST_FILE), 1);
+        write(&store.run_dir(7, 1).join(MANIFEST_FILE), 1);
+        // Run 2 is a partial dump: no manifest.
+        assert_eq!(store.latest(7).map(|(r, _)| r), Some(1));
+        ImageStore::consume(&store.run_dir(7, 1)).unwrap();
+        assert_eq!(store.latest(7).map(|(r, _)| r), Some(0));
+        assert_eq!(store.latest(8), None);
+        // Run 1's epilog: run 1 made no image (its manifest was consumed): all goes.
+        assert_eq!(cleanup_after_job(&store, 7, 2).unwrap(), Cleanup::Removed);
+        assert!(!store.job_dir(7).exists());
+        // A run that completed an image keeps it alone.
+        for r in 0..2 {
+            store.prepare_run(9, r).unwrap();
+        }
+        write(&store.run_dir(9, 1).join(MANIFEST_FILE), 1);
+        assert_eq!(cleanup_after_job(&store, 9, 1).unwrap(), Cleanup::Kept { restart: 1 });
+        assert!(store.run_dir(9, 1).exists() && !store.run_dir(9, 0).exists());
+        discard_job_images(&store, 9).unwrap();
+        discard_job_images(&store, 9).unwrap();
+        assert!(!store.job_dir(9).exists());
+    }
+
+    #[test]
+    fn the_sweep_removes_old_then_oldest_until_it_fits() {
+        let day = 86_400;
+        let now = 100 * day;
+        let e = |job, gib: u64, age_days: u64| JobImages { job, bytes: gib << 30, newest_unix: now - age_days * day };
+        let entries = [e(1, 10, 9), e(2, 10, 3), e(3, 10, 2), e(4, 10, 1), e(5, 10, 0)];
+        let week = Duration::from_secs(7 * day);
+        let cases: Vec<(Limits, Vec<u32>, Vec<u32>)> = vec![
+            (Limits { max_bytes: 0, max_age: Duration::ZERO }, vec![], vec![]),
+            (Limits { max_bytes: 0, max_age: week }, vec![], vec![1]),
+            (Limits { max_bytes: 30 << 30, max_age: Duration::ZERO }, vec![], vec![1, 2]),
+            (Limits { max_bytes: 30 << 30, max_age: week }, vec![2], vec![1, 3]),
+            (Limits { max_bytes: 1, max_age: week }, vec![5], vec![1, 2, 3, 4]),
+        ];
+        for (limits, protect, want) in cases {
+            assert_eq!(plan_sweep(&entries, limits, now, &protect), want, "{limits:?} protect {protect:?}");
+        }
+    }
+
+    #[test]
+    fn sweep_images_measures_and_removes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = ImageStore::new(tmp.path());
+        for job in [1, 2] {
+            let run = store.prepare_run(job, 0).unwrap();
+            write(&run.join("pages-1.img"), 1000);
+        }
+        fs::create_dir(tmp.path().join("not-a-job")).unwrap();
+        let removed = sweep_images(&store, Limits { max_bytes: 1500, max_age: Duration::ZERO }, &[2]).unwrap();
+        assert_eq!(removed, vec![1]);
+        assert!(!store.job_dir(1).exists() && store.job_dir(2).exists() && tmp.path().join("not-a-job").exists());
+    }
+}

@@ -1,0 +1,99 @@
+//! `--gpu-mode=checkpoint`: a preempted job is checkpointed (CUDA, then
+//! CRIU) within its grace time, requeued, and restored where it stopped.
+//!
+//! ```text
+//!  batch script:  exec gpu-mode-run ./train            (wrapper.rs, as the user)
+//!                   └ ./train  (own session)           the application tree
+//!  prolog ──spawns──▶ gpu-mode-ckpt-agent (root)       (agent/, one per job)
+//!                     <socket_dir>/job-<J>.sock        only the job's user (0600 + SO_PEERCRED)
+//!
+//!  preemption: slurmctld ─SIGUSR1 (--signal=B:USR1@N)─▶ wrapper ─checkpoint─▶ agent
+//!     agent: CUDA lock+checkpoint of the tree (GPU memory free) → criu dump
+//!            → images fsynced → manifest.json written last → "checkpointed"
+//!     wrapper: scontrol requeue <J>, then waits to be killed
+//!  requeued run: wrapper ─restore─▶ agent
+//!     agent: manifest checks (job, user, version, files, checksums, driver,
+//!            GPU models, free memory) → criu restore into the new job's
+//!            cgroup → CUDA restore onto the new GPUs → unlock → "restored"
+//!            … later "exited <status>", relayed as the job's exit code
+//!  epilog: cleanup_after_job (images of a job that is not coming back), sweep (limits)
+//! ```
+//!
+//! Files: `submit.rs` (the pure submission check the plugin calls),
+//! `manifest.rs` (what a dump promises), `images.rs` (layout, sealing,
+//! retention), `protocol.rs` (wrapper ↔ agent), `tree.rs` (who owns which
+//! process), `agent/` (the root side), `wrapper.rs` (the user side).
+
+pub mod agent;
+pub mod images;
+pub mod manifest;
+pub mod protocol;
+pub mod submit;
+pub mod tree;
+pub mod wrapper;
+
+pub use agent::{spawn_agent, stop_agent, Agent, AgentLaunch, AgentParams, NodeFacts};
+pub use images::{cleanup_after_job, discard_job_images, sweep_images, Cleanup, ImageStore, Limits};
+pub use manifest::{Manifest, MANIFEST_VERSION};
+pub use submit::{checkpoint_submit_check, SubmitSite};
+
+use std::path::PathBuf;
+
+/// The signals a site may name in `checkpoint.signal`, by name or number.
+const SIGNALS: &[(&str, i32)] = &[
+    ("USR1", libc::SIGUSR1),
+    ("USR2", libc::SIGUSR2),
+    ("TERM", libc::SIGTERM),
+    ("INT", libc::SIGINT),
+    ("HUP", libc::SIGHUP),
+    ("URG", libc::SIGURG),
+    ("XCPU", libc::SIGXCPU),
+];
+
+/// `USR1`, `SIGUSR1` or `10` → 10. Only signals a job may safely be sent
+/// without dying by default being useful here, the set is small on purpose.
+pub fn signal_number(name: &str) -> Result<i32, String> {
+    let bare = name.trim().trim_start_matches("SIG");
+    if let Ok(n) = bare.parse::<i32>() {
+        if let Some((_, v)) = SIGNALS.iter().find(|(_, v)| *v == n) {
+            return Ok(*v);
+        }
+    }
+    SIGNALS
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case(bare))
+        .map(|(_, v)| *v)
+        .ok_or_else(|| format!("{name:?} is not one of {}", SIGNALS.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")))
+}
+
+/// The name of a signal number (for messages): `USR1`.
+pub fn signal_name(n: i32) -> String {
+    SIGNALS.iter().find(|(_, v)| *v == n).map_or_else(|| format!("signal {n}"), |(name, _)| format!("SIG{name}"))
+}
+
+/// The agent socket of job `job`: `<socket_dir>/job-<job>.sock`.
+pub fn socket_path(socket_dir: &std::path::Path, job: u32) -> PathBuf {
+    socket_dir.join(format!("job-{job}.sock"))
+}
+
+/// Milliseconds since the epoch (wall clock: compared across processes of
+/// one node, e.g. signal received → GPU memory free).
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signals_by_name_or_number() {
+        assert_eq!(signal_number("USR1"), Ok(libc::SIGUSR1));
+        assert_eq!(signal_number("SIGusr2"), Ok(libc::SIGUSR2));
+        assert_eq!(signal_number("10"), Ok(libc::SIGUSR1));
+        assert!(signal_number("KILL").unwrap_err().contains("is not one of USR1"));
+        assert!(signal_number("9").is_err());
+        assert_eq!(signal_name(libc::SIGUSR1), "SIGUSR1");
+        assert_eq!(socket_path(std::path::Path::new("/run/x"), 7), PathBuf::from("/run/x/job-7.sock"));
+    }
+}

@@ -1,0 +1,184 @@
+//! Wrapper ↔ agent: one JSON object per line over the job's unix socket,
+//! each with the protocol version `v`. A request gets one response; a
+//! restore gets `restored`, then later `exited` (or `dumped`, when the
+//! restored tree was checkpointed again), on the same connection.
+
+use serde::{Deserialize, Serialize};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Duration;
+
+pub const PROTOCOL_VERSION: u32 = 1;
+/// No message is near this; a peer sending more is cut off.
+const MAX_LINE: u64 = 1 << 20;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    /// What the agent knows of this job (is there an image to restore?).
+    Hello,
+    /// Checkpoint the tree rooted at `root_pid`; `signal_at_ms` is when the
+    /// wrapper got the preemption signal (wall clock, ms), for the figures.
+    Checkpoint { root_pid: i32, signal_at_ms: Option<u64> },
+    /// Restore the job's newest image into the caller's cgroup.
+    Restore,
+    /// The agent exits (root only: the epilog).
+    Stop,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ImageInfo {
+    pub restart_count: u32,
+    pub node: String,
+    pub image_bytes: u64,
+    pub created_unix: u64,
+}
+
+/// How a process ended, as waitpid told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExitInfo {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+}
+
+impl ExitInfo {
+    /// The shell's convention: the code, or 128 + the signal.
+    pub fn shell_status(&self) -> i32 {
+        match (self.code, self.signal) {
+            (Some(c), _) => c,
+            (None, Some(s)) => 128 + s,
+            (None, None) => 1,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointSummary {
+    pub image_dir: String,
+    pub image_bytes: u64,
+    pub gpu_bytes: u64,
+    pub cuda_processes: usize,
+    pub timings: super::manifest::DumpTimings,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RestoreSummary {
+    pub from_restart: u32,
+    pub from_node: String,
+    pub image_bytes: u64,
+    pub check_ms: f64,
+    pub criu_restore_ms: f64,
+    pub cuda_restore_ms: f64,
+    pub total_ms: f64,
+    /// Old GPU → new GPU, when the job moved.
+    pub device_map: Vec<(String, String)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Response {
+    Hello { job: u32, restart_count: u32, image: Option<ImageInfo>, criu: Result<String, String> },
+    Checkpointed(CheckpointSummary),
+    Restored { pid: i32, summary: RestoreSummary },
+    Exited(ExitInfo),
+    /// The restored tree was dumped by a later checkpoint: not an exit.
+    Dumped,
+    Stopping,
+    Error { message: String },
+}
+
+#[derive(Serialize, Deserialize)]
+struct Envelope<T> {
+    v: u32,
+    #[serde(flatten)]
+    body: T,
+}
+
+pub fn send<T: Serialize>(w: &mut impl Write, msg: &T) -> std::io::Result<()> {
+    let mut line = serde_json::to_vec(&Envelope { v: PROTOCOL_VERSION, body: msg }).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    w.write_all(&line)?;
+    w.flush()
+}
+
+/// The next message; `Ok(None)` at end of stream. Another version, a line
+/// too long or bad JSON is an error naming it.
+pub fn receive<T: for<'de> Deserialize<'de>>(r: &mut impl BufRead) -> std::io::Result<Option<T>> {
+    let mut line = Vec::new();
+    std::io::Read::take(&mut *r, MAX_LINE).read_until(b'\n', &mut line)?;
+    if line.is_empty() {
+        return Ok(None);
+    }
+    if !line.ends_with(b"\n") {
+        return Err(std::io::Error::other(format!("message longer than {MAX_LINE} bytes or cut short")));
+    }
+    #[derive(Deserialize)]
+    struct Version {
+        v: u32,
+    }
+    let v: Version = serde_json::from_slice(&line).map_err(|e| std::io::Error::other(format!("bad message: {e}")))?;
+    if v.v != PROTOCOL_VERSION {
+        return Err(std::io::Error::other(format!(
+            "protocol version {} (this side speaks {PROTOCOL_VERSION}): gpu-mode-run and the agent come from different releases",
+            v.v
+        )));
+    }
+    let env: Envelope<T> = serde_json::from_slice(&line).map_err(|e| std::io::Error::other(format!("bad message: {e}")))?;
+    Ok(Some(env.body))
+}
+
+/// One request on a new connection; returns the answer and the reader for
+/// any later message. `timeout` bounds the answer (none: the agent bounds
+/// its own work).
+pub fn request(socket: &Path, req: &Request, timeout: Option<Duration>) -> Result<(Response, BufReader<UnixStream>), String> {
+    let stream = UnixStream::connect(socket).map_err(|e| format!("cannot reach the checkpoint agent at {}: {e}", socket.display()))?;
+    stream.set_read_timeout(timeout).map_err(|e| e.to_string())?;
+    let mut out = stream.try_clone().map_err(|e| e.to_string())?;
+    send(&mut out, req).map_err(|e| format!("{}: {e}", socket.display()))?;
+    let mut reader = BufReader::new(stream);
+    match receive::<Response>(&mut reader) {
+        Ok(Some(r)) => {
+            let _ = reader.get_ref().set_read_timeout(None);
+            Ok((r, reader))
+        }
+        Ok(None) => Err("the checkpoint agent closed the connection without an answer".into()),
+        Err(e) => Err(format!("the checkpoint agent: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_round_trip_with_their_version() {
+        let mut buf = Vec::new();
+        send(&mut buf, &Request::Checkpoint { root_pid: 12, signal_at_ms: Some(5) }).unwrap();
+        send(&mut buf, &Request::Hello).unwrap();
+        assert!(String::from_utf8_lossy(&buf).starts_with(r#"{"v":1,"op":"checkpoint","root_pid":12"#));
+        let mut r = std::io::BufReader::new(&buf[..]);
+        assert_eq!(receive::<Request>(&mut r).unwrap(), Some(Request::Checkpoint { root_pid: 12, signal_at_ms: Some(5) }));
+        assert_eq!(receive::<Request>(&mut r).unwrap(), Some(Request::Hello));
+        assert_eq!(receive::<Request>(&mut r).unwrap(), None);
+        let mut out = Vec::new();
+        send(&mut out, &Response::Exited(ExitInfo { code: None, signal: Some(9) })).unwrap();
+        let back: Response = receive(&mut std::io::BufReader::new(&out[..])).unwrap().unwrap();
+        assert_eq!(back, Response::Exited(ExitInfo { code: None, signal: Some(9) }));
+        assert_eq!(ExitInfo { code: None, signal: Some(9) }.shell_status(), 137);
+    }
+
+    #[test]
+    fn other_versions_and_garbage_are_named() {
+        let cases: [(&[u8], &str); 4] = [
+            (b"{\"v\":2,\"op\":\"hello\"}\n", "protocol version 2 (this side speaks 1)"),
+            (b"{\"v\":1,\"op\":\"fly\"}\n", "bad message"),
+            (b"not json\n", "bad message"),
+            (b"{\"v\":1,\"op\":\"hello\"}", "cut short"),
+        ];
+        for (bytes, needle) in cases {
+            let err = receive::<Request>(&mut std::io::BufReader::new(bytes)).unwrap_err().to_string();
+            assert!(err.contains(needle), "{}: {err}", String::from_utf8_lossy(bytes));
+        }
+    }
+}

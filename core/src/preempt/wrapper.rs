@@ -1,0 +1,358 @@
+//! `gpu-mode-run <app> [args]`: the user's side, run as the user inside the
+//! job (`exec gpu-mode-run ./train` in the batch script, so it *is* the batch
+//! shell that `--signal=B:USR1@N` reaches).
+//!
+//! * A first run starts the application as the leader of a session of its
+//!   own (no terminal, not the batch shell's session: CRIU can dump it
+//!   without `--shell-job`) and is a child subreaper, so every zombie of the
+//!   tree is reaped here at once (a dumped tree's pids must be free before it
+//!   can be restored, field notes section 8).
+//! * A requeued run (`SLURM_RESTART_COUNT` > 0, or the agent has an image)
+//!   asks the agent to restore instead, and relays the restored tree's exit
+//!   status, which the agent (its parent) reports.
+//! * The checkpoint signal (or SIGTERM) asks the agent to checkpoint; then
+//!   `scontrol requeue` (a script that exits within the grace time may
+//!   otherwise end COMPLETED), then it waits for Slurm to end the job. When
+//!   the checkpoint fails, the application is killed and the job requeued
+//!   to start over, with the reason on the job's stderr.
+//! * Other signals (INT, HUP, QUIT, USR2) are passed on to the application.
+
+use super::protocol::{self, request, ExitInfo, Request, Response};
+use super::signal_name;
+use crate::command::run_with_timeout;
+use nix::sys::signal::{pthread_sigmask, SigSet, SigmaskHow, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::time::{Duration, Instant};
+
+/// Exit status when the wrapper itself fails (bad use, no agent for a restore).
+pub const EXIT_FAILED: i32 = 1;
+
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// The application and its arguments.
+    pub app: Vec<OsString>,
+    pub job: u32,
+    pub restart_count: u32,
+    pub socket: PathBuf,
+    /// `checkpoint.signal` as a number.
+    pub checkpoint_signal: i32,
+    pub scontrol: PathBuf,
+    /// After a requeue, how long to wait for Slurm to end the job.
+    pub linger: Duration,
+}
+
+impl RunOptions {
+    /// From the job's environment and the site config: SLURM_JOB_ID,
+    /// SLURM_RESTART_COUNT, and the socket `GPU_MODE_CKPT_SOCKET` or the
+    /// config's.
+    pub fn from_env(cfg: &crate::Config, app: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> Result<RunOptions, String> {
+        if app.is_empty() {
+            return Err("usage: gpu-mode-run <application> [arguments...]".into());
+        }
+        let job: u32 = env("SLURM_JOB_ID")
+            .ok_or("SLURM_JOB_ID is not set: gpu-mode-run runs inside a Slurm job (sbatch --gpu-mode=checkpoint)")?
+            .parse()
+            .map_err(|_| "SLURM_JOB_ID is not a job id".to_string())?;
+        let restart_count = env("SLURM_RESTART_COUNT").and_then(|v| v.parse().ok()).unwrap_or(0);
+        let socket = env("GPU_MODE_CKPT_SOCKET")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| super::socket_path(&cfg.checkpoint.agent_socket_dir(&cfg.runtime_dir), job));
+        Ok(RunOptions {
+            app,
+            job,
+            restart_count,
+            socket,
+            checkpoint_signal: super::signal_number(&cfg.checkpoint.signal)?,
+            scontrol: cfg.slurm.scontrol.clone(),
+            linger: Duration::from_secs(300),
+        })
+    }
+}
+
+enum Event {
+    Signal(i32),
+    Agent(Response),
+    AgentLost(String),
+}
+
+fn say(text: &str) {
+    eprintln!("gpu-mode-run: {text}");
+}
+
+/// The signals the wrapper takes itself; blocked in every thread and
+/// consumed by one sigwait thread.
+fn handled(checkpoint_signal: i32) -> SigSet {
+    let mut set = SigSet::empty();
+    for s in [checkpoint_signal, libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT, libc::SIGUSR1, libc::SIGUSR2] {
+        if let Ok(sig) = Signal::try_from(s) {
+            set.add(sig);
+        }
+    }
+    set
+}
+
+fn start_signal_thread(set: SigSet, tx: Sender<Event>) -> Result<(), String> {
+    pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&set), None).map_err(|e| format!("cannot block signals: {e}"))?;
+    std::thread::spawn(move || loop {
+        if let Ok(sig) = set.wait() {
+            if tx.send(Event::Signal(sig as i32)).is_err() {
+                return;
+            }
+        }
+    });
+    Ok(())
+}
+
+/// Runs the application (or restores it) and returns the exit status the
+/// job should end with.
+pub fn run(o: &RunOptions) -> i32 {
+    let (tx, rx) = channel();
+    if let Err(e) = start_signal_thread(handled(o.checkpoint_signal), tx.clone()) {
+        say(&e);
+        return EXIT_FAILED;
+    }
+    // SAFETY: plain prctl on this process.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    let hello = request(&o.socket, &Request::Hello, Some(Duration::from_secs(30)));
+    let mut w = Wrapper { o, rx, tx, root: 0, restored: false, agent: hello.is_ok() };
+    match hello {
+        Ok((Response::Hello { image: Some(img), .. }, _)) => {
+            say(&format!("job {} run {}: restoring the checkpoint taken in run {} on {}", o.job, o.restart_count, img.restart_count, img.node));
+            if let Err(e) = w.restore() {
+                say(&format!("cannot restore job {}: {e}", o.job));
+                return EXIT_FAILED;
+            }
+        }
+        Ok((Response::Hello { image: None, criu, .. }, _)) => {
+            if o.restart_count > 0 {
+                say(&format!("job {} run {}: no checkpoint image to restore: starting the application from the beginning", o.job, o.restart_count));
+            }
+            if let Err(e) = criu {
+                say(&format!("warning: checkpointing will fail on this node: {e}"));
+            }
+            if let Err(e) = w.start() {
+                say(&e);
+                return EXIT_FAILED;
+            }
+        }
+        other => {
+            let why = match other {
+                Err(e) => e,
+                Ok((r, _)) => format!("unexpected answer {r:?}"),
+            };
+            say(&format!("warning: no checkpoint agent for job {} ({why}): the application runs, but a preemption will restart it from the beginning", o.job));
+            if let Err(e) = w.start() {
+                say(&e);
+                return EXIT_FAILED;
+            }
+        }
+    }
+    w.watch()
+}
+
+struct Wrapper<'a> {
+    o: &'a RunOptions,
+    rx: Receiver<Event>,
+    tx: Sender<Event>,
+    /// The application's root (our child), or the restored root (the agent's).
+    root: i32,
+    restored: bool,
+    agent: bool,
+}
+
+impl Wrapper<'_> {
+    fn start(&mut self) -> Result<(), String> {
+        let mut cmd = std::process::Command::new(&self.o.app[0]);
+        cmd.args(&self.o.app[1..]);
+        // SAFETY: setsid is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::setsid() < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().map_err(|e| format!("cannot start {}: {e}", self.o.app[0].to_string_lossy()))?;
+        self.root = child.id() as i32;
+        Ok(())
+    }
+
+    /// Asks for a restore; the agent answers `restored`, and later how the
+    /// tree ended, which a reader thread turns into an event.
+    fn restore(&mut self) -> Result<(), String> {
+        let (resp, mut reader) = request(&self.o.socket, &Request::Restore, None)?;
+        match resp {
+            Response::Restored { pid, summary } => {
+                self.root = pid;
+                self.restored = true;
+                let moved = if summary.device_map.is_empty() { String::new() } else { format!(", GPUs {:?}", summary.device_map) };
+                say(&format!(
+                    "job {} restored (pid {pid}, {:.2} GiB image from {}) in {:.1} s: checks {:.1} s, CRIU {:.1} s, CUDA {:.1} s{moved}",
+                    self.o.job,
+                    summary.image_bytes as f64 / (1u64 << 30) as f64,
+                    summary.from_node,
+                    summary.total_ms / 1e3,
+                    summary.check_ms / 1e3,
+                    summary.criu_restore_ms / 1e3,
+                    summary.cuda_restore_ms / 1e3
+                ));
+                let tx = self.tx.clone();
+                std::thread::spawn(move || {
+                    let ev = match protocol::receive::<Response>(&mut reader) {
+                        Ok(Some(r)) => Event::Agent(r),
+                        Ok(None) => Event::AgentLost("the agent closed the connection".into()),
+                        Err(e) => Event::AgentLost(e.to_string()),
+                    };
+                    let _ = tx.send(ev);
+                });
+                Ok(())
+            }
+            Response::Error { message } => Err(message),
+            other => Err(format!("unexpected answer {other:?}")),
+        }
+    }
+
+    /// Until the application ends (its status) or a preemption is handled.
+    fn watch(&mut self) -> i32 {
+        loop {
+            if let Some(status) = self.reap() {
+                return status;
+            }
+            match self.rx.recv_timeout(Duration::from_millis(100)) {
+                Ok(Event::Signal(s)) if s == self.o.checkpoint_signal || s == libc::SIGTERM => return self.preempted(s),
+                Ok(Event::Signal(s)) => {
+                    // The application leads its own process group.
+                    unsafe { libc::kill(-self.root, s) };
+                }
+                Ok(Event::Agent(Response::Exited(info))) => return self.ended(info),
+                Ok(Event::Agent(other)) => say(&format!("unexpected message from the agent: {other:?}")),
+                Ok(Event::AgentLost(e)) => return self.agent_lost(&e),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return EXIT_FAILED,
+            }
+        }
+    }
+
+    /// Reaps every finished child (orphans of the tree included); the
+    /// application's own end gives its status.
+    fn reap(&self) -> Option<i32> {
+        let mut status = None;
+        loop {
+            match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(pid, code)) if !self.restored && pid.as_raw() == self.root => status = Some(code),
+                Ok(WaitStatus::Signaled(pid, sig, _)) if !self.restored && pid.as_raw() == self.root => status = Some(128 + sig as i32),
+                Ok(WaitStatus::StillAlive) | Err(_) => return status,
+                Ok(_) => {}
+            }
+        }
+    }
+
+    fn ended(&self, info: ExitInfo) -> i32 {
+        info.shell_status()
+    }
+
+    /// The agent went away while a restored tree runs: wait for the tree
+    /// ourselves (we cannot learn its status).
+    fn agent_lost(&self, why: &str) -> i32 {
+        say(&format!("lost the checkpoint agent ({why}): waiting for pid {} without its exit status", self.root));
+        while crate::procfs::read(self.root).is_some_and(|p| p.state != 'Z') {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        EXIT_FAILED
+    }
+
+    /// The checkpoint signal: checkpoint, requeue, wait for Slurm.
+    fn preempted(&mut self, sig: i32) -> i32 {
+        let at = super::now_ms();
+        say(&format!("{} received: checkpointing job {} (pid {})", signal_name(sig), self.o.job, self.root));
+        let result = if self.agent {
+            let req = Request::Checkpoint { root_pid: self.root, signal_at_ms: Some(at) };
+            match request(&self.o.socket, &req, None) {
+                Ok((Response::Checkpointed(s), _)) => Ok(s),
+                Ok((Response::Error { message }, _)) => Err(message),
+                Ok((other, _)) => Err(format!("unexpected answer {other:?}")),
+                Err(e) => Err(e),
+            }
+        } else {
+            Err("no checkpoint agent runs for this job".into())
+        };
+        let status = match result {
+            Ok(s) => {
+                let free = s.timings.signal_to_gpu_free_ms.map_or(String::new(), |ms| format!(", GPU memory free {:.1} s after the signal", ms / 1e3));
+                say(&format!(
+                    "job {} checkpointed: {:.2} GiB image in {:.1} s{free}; requeueing",
+                    self.o.job,
+                    s.image_bytes as f64 / (1u64 << 30) as f64,
+                    s.timings.total_ms / 1e3
+                ));
+                0
+            }
+            Err(e) => {
+                say(&format!("checkpoint of job {} failed: {e}. The job is requeued and will start over from the beginning.", self.o.job));
+                unsafe { libc::kill(-self.root, libc::SIGKILL) };
+                EXIT_FAILED
+            }
+        };
+        self.reap();
+        self.requeue();
+        self.linger();
+        status
+    }
+
+    /// `scontrol requeue <job>` as the user (owners may requeue their jobs).
+    fn requeue(&self) {
+        let mut cmd = std::process::Command::new(&self.o.scontrol);
+        cmd.args(["requeue", &self.o.job.to_string()]);
+        match run_with_timeout(cmd, None, Duration::from_secs(30)) {
+            Ok(out) if out.status.success() => {}
+            Ok(out) => say(&format!(
+                "scontrol requeue {} failed ({}): {}: the job may end COMPLETED instead of being requeued",
+                self.o.job,
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )),
+            Err(e) => say(&format!("{e}: the job may end COMPLETED instead of being requeued")),
+        }
+    }
+
+    /// Waits for Slurm to end the requeued job, reaping what is left.
+    fn linger(&self) {
+        let start = Instant::now();
+        while start.elapsed() < self.o.linger {
+            self.reap();
+            let _ = self.rx.recv_timeout(Duration::from_millis(200));
+        }
+        if !self.o.linger.is_zero() {
+            say(&format!("still running {} s after the requeue; exiting", self.o.linger.as_secs()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+    }
+
+    #[test]
+    fn options_come_from_the_job_environment() {
+        let cfg = crate::Config::default();
+        let app = vec![OsString::from("./train")];
+        let o = RunOptions::from_env(&cfg, app.clone(), &env(&[("SLURM_JOB_ID", "42"), ("SLURM_RESTART_COUNT", "2")])).unwrap();
+        assert_eq!((o.job, o.restart_count, o.checkpoint_signal), (42, 2, libc::SIGUSR1));
+        assert_eq!(o.socket, PathBuf::from("/run/slurm-gpu-mode/agent/job-42.sock"));
+        let o = RunOptions::from_env(&cfg, app.clone(), &env(&[("SLURM_JOB_ID", "42"), ("GPU_MODE_CKPT_SOCKET", "/x.sock")])).unwrap();
+        assert_eq!((o.restart_count, o.socket), (0, PathBuf::from("/x.sock")));
+        let err = RunOptions::from_env(&cfg, app, &env(&[])).unwrap_err();
+        assert!(err.contains("SLURM_JOB_ID is not set"), "{err}");
+        assert!(RunOptions::from_env(&cfg, vec![], &env(&[("SLURM_JOB_ID", "1")])).unwrap_err().starts_with("usage"));
+    }
+}

@@ -1,0 +1,124 @@
+//! A CUDA program on the simulated driver that counts steps in device memory,
+//! for checkpoint/restore tests: the count lives on the (simulated) GPU, so a
+//! count that goes on after dump and restore proves the memory came back.
+//!
+//! ```text
+//! cuda-sim-counter --steps N [--interval-ms 100] [--mib 4] [--exit-code C] [--ready FILE] [--device 0]
+//! ```
+//! Each step reads the counter from device memory, checks it is the previous
+//! step, writes it back incremented, checks one 64 KiB window of a seeded
+//! pattern filling the rest of the allocation, and prints
+//! `step <n> gpu <uuid>`. After step N it checks the whole pattern, prints
+//! `DONE count=<N>` and exits with `--exit-code` (0 by default). A mismatch
+//! prints `MISMATCH ...` and exits 3. `--ready FILE` gets the pid after step 1.
+
+use cuda_sim::process::{Context, DevPtr};
+use std::io::Write;
+use std::time::Duration;
+
+const WINDOW: usize = 64 << 10;
+
+struct Opts {
+    steps: u64,
+    interval: Duration,
+    bytes: u64,
+    exit_code: i32,
+    ready: Option<String>,
+    device: usize,
+}
+
+fn parse() -> Result<Opts, String> {
+    let mut o = Opts { steps: 10, interval: Duration::from_millis(100), bytes: 4 << 20, exit_code: 0, ready: None, device: 0 };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let v = args.next().ok_or_else(|| format!("{a} needs a value"))?;
+        let num = |v: &str| v.parse::<u64>().map_err(|_| format!("{a} {v}: not a number"));
+        match a.as_str() {
+            "--steps" => o.steps = num(&v)?,
+            "--interval-ms" => o.interval = Duration::from_millis(num(&v)?),
+            "--mib" => o.bytes = num(&v)?.max(1) << 20,
+            "--exit-code" => o.exit_code = num(&v)? as i32,
+            "--ready" => o.ready = Some(v),
+            "--device" => o.device = num(&v)? as usize,
+            _ => return Err(format!("unknown argument {a}")),
+        }
+    }
+    Ok(o)
+}
+
+/// The pattern's byte at `offset` (the first 8 bytes hold the counter).
+fn pattern(offset: u64) -> u8 {
+    (offset.wrapping_mul(0x9E37_79B1) >> 7) as u8
+}
+
+fn fill(ctx: &Context, ptr: DevPtr, bytes: u64) -> Result<(), String> {
+    let mut off = 0;
+    while off < bytes {
+        let n = (bytes - off).min(1 << 20) as usize;
+        let chunk: Vec<u8> = (off..off + n as u64).map(pattern).collect();
+        ctx.write(ptr, off, &chunk).map_err(|c| format!("write: {}", cuda_sim::codes::name(c)))?;
+        off += n as u64;
+    }
+    ctx.write(ptr, 0, &0u64.to_le_bytes()).map_err(|c| format!("write: {}", cuda_sim::codes::name(c)))
+}
+
+/// Checks `len` bytes of pattern from `start` (never the counter's 8 bytes).
+fn check(ctx: &Context, ptr: DevPtr, start: u64, len: u64) -> Result<(), String> {
+    let start = start.max(8);
+    let mut buf = vec![0u8; len as usize];
+    ctx.read(ptr, start, &mut buf).map_err(|c| format!("read: {}", cuda_sim::codes::name(c)))?;
+    match buf.iter().enumerate().find(|(i, b)| **b != pattern(start + *i as u64)) {
+        Some((i, b)) => Err(format!("MISMATCH pattern at byte {}: {b} != {}", start + i as u64, pattern(start + i as u64))),
+        None => Ok(()),
+    }
+}
+
+fn step(ctx: &Context, ptr: DevPtr, bytes: u64, n: u64) -> Result<(), String> {
+    let mut c = [0u8; 8];
+    ctx.read(ptr, 0, &mut c).map_err(|e| format!("read: {}", cuda_sim::codes::name(e)))?;
+    let count = u64::from_le_bytes(c);
+    if count != n - 1 {
+        return Err(format!("MISMATCH counter {count} at step {n}"));
+    }
+    ctx.write(ptr, 0, &n.to_le_bytes()).map_err(|e| format!("write: {}", cuda_sim::codes::name(e)))?;
+    let windows = (bytes / WINDOW as u64).max(1);
+    let start = (n % windows) * WINDOW as u64;
+    check(ctx, ptr, start, (WINDOW as u64).min(bytes - start.max(8)))
+}
+
+fn run(o: &Opts) -> Result<(), String> {
+    let ctx = Context::init()?;
+    let ptr = ctx.alloc(o.device, o.bytes).map_err(|c| format!("alloc {} bytes: {}", o.bytes, cuda_sim::codes::name(c)))?;
+    fill(&ctx, ptr, o.bytes)?;
+    for n in 1..=o.steps {
+        step(&ctx, ptr, o.bytes, n)?;
+        println!("step {n} gpu {}", ctx.device_uuid(o.device).unwrap_or_default());
+        let _ = std::io::stdout().flush();
+        if n == 1 {
+            if let Some(ready) = &o.ready {
+                std::fs::write(ready, std::process::id().to_string()).map_err(|e| format!("{ready}: {e}"))?;
+            }
+        }
+        std::thread::sleep(o.interval);
+    }
+    check(&ctx, ptr, 8, o.bytes - 8)?;
+    println!("DONE count={}", o.steps);
+    Ok(())
+}
+
+fn main() {
+    let o = match parse() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("cuda-sim-counter: {e}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = run(&o) {
+        println!("{e}");
+        eprintln!("cuda-sim-counter: {e}");
+        std::process::exit(3);
+    }
+    let _ = std::io::stdout().flush();
+    std::process::exit(o.exit_code);
+}
