@@ -10,5 +10,11 @@ require_root
 ensure_packages
 ensure_rust
 
+# CRIU 4.1.1 for --gpu-mode=checkpoint (built from Debian trixie's source;
+# skipped when a working one is installed). Its tests must then run.
+sh scripts/install-criu.sh
+GPU_MODE_REQUIRE_CRIU=1
+export GPU_MODE_REQUIRE_CRIU
+
 cargo build --workspace --all-targets
 cargo test --workspace

@@ -83,6 +83,11 @@ fn node() -> Option<&'static Node> {
     NODE.get_or_init(|| {
         let bin = Path::new(env!("CARGO_BIN_EXE_gpu-mode-run")).parent().unwrap().to_path_buf();
         if let Some(why) = skip_reason(&bin) {
+            // scripts/test.sh (CI) installs CRIU and sets this: there a
+            // missing CRIU is a failure, not a skip.
+            if std::env::var_os("GPU_MODE_REQUIRE_CRIU").is_some() {
+                panic!("CRIU is required here (GPU_MODE_REQUIRE_CRIU): {why}");
+            }
             eprintln!("skipped: {why}");
             return None;
         }
