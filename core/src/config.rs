@@ -433,6 +433,7 @@ mod tests {
         let cfg = parse(text).expect("etc/config.toml must stay valid");
         assert_eq!(cfg.runtime_dir, PathBuf::from("/run/slurm-gpu-mode"));
         assert_eq!(cfg.health, HealthConfig::default(), "etc/config.toml documents the [health] defaults");
+        assert_eq!(cfg.mig, MigConfig::default(), "etc/config.toml documents the [mig] defaults");
     }
 
     #[test]
