@@ -239,3 +239,31 @@ fn export_reads_back_as_a_baseline_the_gpus_match() {
     let d = p.differences();
     assert!(d.contains("GPU 0 (GPU-") && d.contains("instances: 1x 2g.20gb, 1x 4g.40gb, the baseline wants 1x 1g.10gb, 1x 2g.20gb, 1x 4g.40gb"), "{d}");
 }
+
+/// Every config of the fixture files against the model it was written for
+/// (the layouts scripts/gpu/mig-readonly.sh plans on real GPUs): which are
+/// refused, and the placements of the others on a MIG-off GPU.
+#[test]
+fn every_fixture_config_is_placed_or_refused_on_its_model() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mig-parted");
+    let cases: [(&str, &str, &[&str]); 2] = [
+        ("examples.yaml", "h100-80gb", &["too-big"]),
+        ("h200.yaml", "h200-141gb", &["too-big", "too-many", "h100-names"]),
+    ];
+    for (file, model, refused) in cases {
+        let text = std::fs::read_to_string(dir.join(file)).unwrap();
+        let ops = FakeMig::new(model, 8);
+        for name in parted::config_names(&text, file).unwrap() {
+            let b = parted::parse(&text, file, &name).unwrap();
+            let p = plan_for(&ops, &b, &settings());
+            assert_eq!(!p.problems().is_empty(), refused.contains(&name.as_str()), "{file} {name}: {:?}", p.problems());
+            // Placed layouts are valid: apply them on a fresh fake and assert.
+            if p.problems().is_empty() {
+                let fresh = FakeMig::new(model, 8);
+                let reset = RecordingReset::new(|ids| fresh.reset(ids));
+                apply(&fresh, &plan_for(&fresh, &b, &settings()), &RecordingServices::default(), &reset, &mut |_| {}).unwrap();
+                assert!(plan_for(&fresh, &b, &settings()).matches(), "{file} {name}");
+            }
+        }
+    }
+}
