@@ -88,7 +88,11 @@ pub struct GpuIdentity {
 
 impl DeviceFilter {
     fn matches(&self, gpu: &GpuIdentity) -> bool {
-        self.device == gpu.pci_device_id && self.subsystem.is_none_or(|s| s == gpu.pci_subsystem_id)
+        let subsystem = match self.subsystem {
+            Some(s) => s == gpu.pci_subsystem_id,
+            None => true,
+        };
+        self.device == gpu.pci_device_id && subsystem
     }
 }
 

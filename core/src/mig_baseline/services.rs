@@ -177,10 +177,13 @@ pub mod record {
         }
     }
 
-    /// Records resets and hands them to `then` (the fake GPUs' reset).
+    /// What a recorded reset then does (the fake GPUs' reset).
+    pub type ResetFn<'a> = Box<dyn Fn(&[String]) -> Result<(), String> + 'a>;
+
+    /// Records resets and hands them to `then`.
     pub struct RecordingReset<'a> {
         pub calls: RefCell<Vec<Vec<String>>>,
-        pub then: Box<dyn Fn(&[String]) -> Result<(), String> + 'a>,
+        pub then: ResetFn<'a>,
     }
 
     impl<'a> RecordingReset<'a> {
