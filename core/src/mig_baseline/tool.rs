@@ -113,16 +113,18 @@ pub fn export(ops: &dyn GpuOps, name: &str) -> Result<String, GpuError> {
 }
 
 /// The Slurm node name: `--node`, `SLURMD_NODENAME`, else the short host
-/// name (slurmd's default).
+/// name (slurmd's default). Only names Slurm could have (letters, digits,
+/// `-_.`) are used: the name becomes an scontrol argument.
 pub fn node_name(explicit: Option<&str>) -> Option<String> {
-    if let Some(n) = explicit.filter(|n| !n.is_empty()) {
-        return Some(n.to_string());
+    let valid = |n: &str| !n.is_empty() && n.len() <= 64 && n.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+    if let Some(n) = explicit {
+        return valid(n).then(|| n.to_string());
     }
-    if let Some(n) = std::env::var("SLURMD_NODENAME").ok().filter(|n| !n.is_empty()) {
+    if let Some(n) = std::env::var("SLURMD_NODENAME").ok().filter(|n| valid(n)) {
         return Some(n);
     }
     let host = nix::unistd::gethostname().ok()?.into_string().ok()?;
-    host.split('.').next().filter(|h| !h.is_empty()).map(str::to_string)
+    host.split('.').next().filter(|h| valid(h)).map(str::to_string)
 }
 
 /// After a failed boot apply: drains the node with `gpu-mode: MIG baseline:
@@ -156,4 +158,32 @@ pub fn resume_after_success(cfg: &Config, node: Option<&str>) -> Option<String> 
         Ok(()) => format!("node {node} resumed (it was drained for: {})", status.reason),
         Err(e) => format!("node {node} not resumed: {e}"),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_line_names_a_baseline_or_the_config_does() {
+        let mut cfg = Config::default();
+        cfg.mig.layouts.insert("half".into(), "3g.40gbx2".into());
+        let f = Path::new("/nonexistent/m.yaml");
+        let err = |file: Option<&Path>, name: Option<&str>| choose(&cfg, file, name).unwrap_err();
+        assert_eq!(err(Some(f), None), "-c /nonexistent/m.yaml needs -l <config name>");
+        assert!(err(Some(f), Some("@half")).contains("names a [mig.layouts] layout, not a config of /nonexistent/m.yaml"));
+        assert_eq!(err(None, Some("@full")), "no [mig.layouts] layout named \"full\" (layouts: half)");
+        assert!(err(None, Some("all-1g")).contains("no file is given: pass -c FILE or set [mig] baseline_config (or write @all-1g"));
+        assert!(err(Some(f), Some("all-1g")).starts_with("cannot read mig-parted config /nonexistent/m.yaml"));
+        assert_eq!(choose(&cfg, None, Some("@half")).unwrap().unwrap().source, "[mig.layouts] half");
+        assert!(choose(&cfg, None, None).unwrap().is_none(), "none configured");
+    }
+
+    #[test]
+    fn node_names_must_look_like_slurm_node_names() {
+        assert_eq!(node_name(Some("gpu01")).as_deref(), Some("gpu01"));
+        assert_eq!(node_name(Some("a b")), None);
+        assert_eq!(node_name(Some("n=1")), None);
+        assert!(node_name(None).is_some(), "the host name");
+    }
 }
