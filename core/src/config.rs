@@ -91,12 +91,82 @@ pub struct NvmlConfig {
     pub library: Option<PathBuf>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MigConfig {
     /// Named layouts for `--gpu-mode=mig:@<name>`: name → profile list in the
     /// option's own syntax, e.g. `half = "3g.40gbx2"`.
     pub layouts: BTreeMap<String, String>,
+    /// The node's MIG baseline (`gpu-mode-mig apply` at boot, the node
+    /// checker's stale-MIG check): `@<layout>` of `layouts`, or the name of
+    /// a config in `baseline_config`. Unset: no baseline.
+    pub baseline: Option<String>,
+    /// A mig-parted config file (`version: v1`, `mig-configs:`).
+    pub baseline_config: Option<PathBuf>,
+    /// Units stopped (if active) around MIG mode changes, in this order,
+    /// and started again in reverse order: a GPU reset needs every client gone.
+    pub services: Vec<String>,
+    /// Units stopped around instance changes alone (slurmd reads the MIG
+    /// devices only when it starts).
+    pub layout_services: Vec<String>,
+    /// Absolute paths of the programs gpu-mode-mig runs.
+    pub systemctl: PathBuf,
+    pub nvidia_smi: PathBuf,
+}
+
+impl Default for MigConfig {
+    fn default() -> Self {
+        let units = |l: &[&str]| l.iter().map(|s| s.to_string()).collect();
+        MigConfig {
+            layouts: BTreeMap::new(),
+            baseline: None,
+            baseline_config: None,
+            // Consumers first, so nothing reconnects while the rest stop.
+            services: units(&[
+                "slurmd.service",
+                "dcgm-exporter.service",
+                "nvidia-dcgm.service",
+                "nvidia-persistenced.service",
+                "nvidia-fabricmanager.service",
+            ]),
+            layout_services: units(&["slurmd.service"]),
+            systemctl: PathBuf::from("/usr/bin/systemctl"),
+            nvidia_smi: PathBuf::from("/usr/bin/nvidia-smi"),
+        }
+    }
+}
+
+impl MigConfig {
+    /// `[mig]`'s keys; `legacy` is `[health] mig_baseline` (one or the other).
+    fn validate(&self, legacy: &[String]) -> Result<(), String> {
+        require_absolute("mig.systemctl", &self.systemctl)?;
+        require_absolute("mig.nvidia_smi", &self.nvidia_smi)?;
+        if let Some(p) = &self.baseline_config {
+            require_absolute("mig.baseline_config", p)?;
+        }
+        for (key, list) in [("mig.services", &self.services), ("mig.layout_services", &self.layout_services)] {
+            for unit in list {
+                crate::mig_baseline::services::check_unit_name(unit).map_err(|e| format!("{key}: {e}"))?;
+            }
+        }
+        match (&self.baseline, &self.baseline_config) {
+            (None, Some(p)) => return Err(format!("mig.baseline_config = {p:?} needs mig.baseline = \"<config name>\"")),
+            (Some(b), None) if !b.starts_with('@') => {
+                return Err(format!("mig.baseline = \"{b}\" names a mig-parted config, but mig.baseline_config is not set (for a [mig.layouts] layout write \"@{b}\")"))
+            }
+            (Some(b), _) if b.starts_with('@') && !self.layouts.contains_key(&b[1..]) => {
+                return Err(format!("mig.baseline = \"{b}\": no [mig.layouts] layout named \"{}\"", &b[1..]))
+            }
+            (Some(b), _) if b.is_empty() || b.len() > 256 || b.chars().any(|c| c.is_control()) => {
+                return Err(format!("mig.baseline = {b:?} is not a config name"))
+            }
+            _ => {}
+        }
+        if self.baseline.is_some() && !legacy.is_empty() {
+            return Err("health.mig_baseline and mig.baseline are both set: keep mig.baseline (health.mig_baseline is its old form)".into());
+        }
+        Ok(())
+    }
 }
 
 /// Which GPU settings the helpers may change. Each has a "leave" value that
@@ -366,6 +436,7 @@ impl Config {
                 self.checkpoint.memory_margin_mib
             ));
         }
+        self.mig.validate(&self.health.mig_baseline)?;
         for (name, profiles) in &self.mig.layouts {
             let value = format!("mig:{profiles}");
             match crate::mode::GpuMode::parse(&value) {
@@ -427,6 +498,7 @@ mod tests {
         let cfg = parse(text).expect("etc/config.toml must stay valid");
         assert_eq!(cfg.runtime_dir, PathBuf::from("/run/slurm-gpu-mode"));
         assert_eq!(cfg.health, HealthConfig::default(), "etc/config.toml documents the [health] defaults");
+        assert_eq!(cfg.mig, MigConfig::default(), "etc/config.toml documents the [mig] defaults");
     }
 
     #[test]
@@ -504,6 +576,21 @@ mod tests {
     }
 
     #[test]
+    fn the_mig_baseline_keys_name_one_definition() {
+        use crate::mig_baseline::tool::configured;
+        let cfg = parse("[mig.layouts]\nhalf = \"3g.40gbx2\"\n[mig]\nbaseline = \"@half\"\nservices = [\"slurmd.service\"]").unwrap();
+        assert_eq!(cfg.mig.services, ["slurmd.service"]);
+        assert_eq!(cfg.mig.layout_services, MigConfig::default().layout_services);
+        assert_eq!(configured(&cfg).unwrap().unwrap().source, "[mig.layouts] half");
+        let old = parse("[health]\nmig_baseline = [\"1g.18gb\", \"1g.18gb\"]").unwrap();
+        let b = configured(&old).unwrap().unwrap();
+        assert_eq!((b.source.as_str(), b.entries[0].instances["1g.18gb"]), ("[health] mig_baseline", 2), "old configs keep working");
+        assert!(configured(&Config::default()).unwrap().is_none());
+        let missing = parse("[mig]\nbaseline = \"b\"\nbaseline_config = \"/nonexistent/m.yaml\"").unwrap();
+        assert!(configured(&missing).unwrap_err().starts_with("cannot read mig-parted config /nonexistent/m.yaml"));
+    }
+
+    #[test]
     fn every_gpu_setter_can_be_left_alone() {
         let cfg = parse(
             "[gpu]\nmps_compute_mode = \"leave\"\nrestore_compute_mode = \"leave\"\n\
@@ -549,6 +636,15 @@ mod tests {
             ("[checkpoint]\ndevice_paths = [\"dev/nvidia\"]", "checkpoint.device_paths"),
             ("[checkpoint]\nsignal = \"KILL\"", "checkpoint.signal: \"KILL\" is not one of USR1"),
             ("[checkpoint]\ncriu_timeout_ms = 0", "checkpoint.criu_timeout_ms = 0 must be between 1 and 3600000"),
+            ("[mig]\nbaseline = \"all-1g\"", "mig.baseline = \"all-1g\" names a mig-parted config, but mig.baseline_config is not set"),
+            ("[mig]\nbaseline = \"@nope\"", "mig.baseline = \"@nope\": no [mig.layouts] layout named \"nope\""),
+            ("[mig]\nbaseline_config = \"/etc/m.yaml\"", "mig.baseline_config = \"/etc/m.yaml\" needs mig.baseline"),
+            ("[mig]\nbaseline = \"x\"\nbaseline_config = \"m.yaml\"", "mig.baseline_config = \"m.yaml\" must be an absolute path"),
+            ("[mig]\nservices = [\"--now\"]", "mig.services: \"--now\" is not a systemd unit name"),
+            ("[mig]\nlayout_services = [\"a b\"]", "mig.layout_services"),
+            ("[mig]\nsystemctl = \"systemctl\"", "mig.systemctl"),
+            ("[mig]\nnvidia_smi = \"nvidia-smi\"", "mig.nvidia_smi"),
+            ("[mig.layouts]\nb = \"1g.10gb\"\n[mig]\nbaseline = \"@b\"\n[health]\nmig_baseline = [\"1g.10gb\"]", "health.mig_baseline and mig.baseline are both set"),
         ];
         for (text, needle) in cases {
             let err = parse(text).expect_err(text);

@@ -18,6 +18,7 @@ pub mod hostlist;
 pub mod job_env;
 pub mod lifecycle;
 pub mod log;
+pub mod mig_baseline;
 pub mod mode;
 pub mod modes;
 pub mod node_check;

@@ -17,7 +17,12 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 fn sources(config: &Config) -> Sources<'_> {
-    Sources { health: &config.health, runtime_dir: &config.runtime_dir, mps_control: &config.mps.control }
+    Sources {
+        health: &config.health,
+        runtime_dir: &config.runtime_dir,
+        mps_control: &config.mps.control,
+        mig_baseline: crate::mig_baseline::tool::configured(config),
+    }
 }
 
 #[derive(Debug, Clone, Default)]

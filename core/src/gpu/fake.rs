@@ -43,6 +43,8 @@ impl GpuOps for FakeGpus {
             index: gpu,
             uuid: format!("GPU-nvml{gpu}"),
             pci_bus_id: format!("00000000:{gpu:02X}:00.0"),
+            pci_device_id: 0x2335_10de,
+            pci_subsystem_id: 0x16c1_10de,
             minor_number: self.minors[gpu as usize],
             name: "Fake GPU".into(),
             memory_total_mib: 1024,

@@ -18,6 +18,14 @@ pub struct GpuInventory {
     pub index: u32,
     pub uuid: String,
     pub pci_bus_id: String,
+    /// PCI device and vendor id as one number, device in the high half
+    /// (0x233010DE: an H100 SXM5), as NVML's pciDeviceId and mig-parted's
+    /// `device-filter` write it. 0 in reports recorded before it was read.
+    #[serde(default)]
+    pub pci_device_id: u32,
+    /// PCI subsystem device and vendor id, the same way (NVML's pciSubSystemId).
+    #[serde(default)]
+    pub pci_subsystem_id: u32,
     /// N of /dev/nvidiaN.
     pub minor_number: u32,
     pub name: String,
@@ -53,10 +61,13 @@ impl NvmlGpus {
     pub(super) fn read_inventory(&self, gpu: u32) -> Result<GpuInventory, GpuError> {
         let d = self.device(gpu)?;
         let cc = wrap("nvmlDeviceGetCudaComputeCapability", gpu, d.cuda_compute_capability())?;
+        let pci = wrap("nvmlDeviceGetPciInfo_v3", gpu, d.pci_info())?;
         Ok(GpuInventory {
             index: wrap("nvmlDeviceGetIndex", gpu, d.index())?,
             uuid: wrap("nvmlDeviceGetUUID", gpu, d.uuid())?,
-            pci_bus_id: wrap("nvmlDeviceGetPciInfo_v3", gpu, d.pci_info())?.bus_id,
+            pci_bus_id: pci.bus_id,
+            pci_device_id: pci.pci_device_id,
+            pci_subsystem_id: pci.pci_sub_system_id.unwrap_or(0),
             minor_number: wrap("nvmlDeviceGetMinorNumber", gpu, d.minor_number())?,
             name: wrap("nvmlDeviceGetName", gpu, d.name())?,
             memory_total_mib: wrap("nvmlDeviceGetMemoryInfo_v2", gpu, d.memory_info())?.total / (1024 * 1024),

@@ -38,7 +38,9 @@ pub struct HealthConfig {
     pub pcie_width_below_max: Severity,
     /// Require a running nvidia-persistenced (comm `nvidia-persiste`).
     pub require_persistenced: bool,
-    /// MIG instance profile names the node keeps between jobs (e.g. "1g.18gb").
+    /// Deprecated: the old form of `[mig] baseline` (profile names the node
+    /// keeps between jobs on every MIG GPU, e.g. "1g.18gb"). Still read, as
+    /// that baseline, when `[mig] baseline` is unset.
     pub mig_baseline: Vec<String>,
     /// Whole check run bound (the HealthCheckProgram is killed at 60 s).
     pub deadline_ms: u64,

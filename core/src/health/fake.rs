@@ -17,6 +17,8 @@ pub fn healthy_gpu(index: u32) -> GpuSnap {
             index,
             uuid: format!("GPU-{index}"),
             pci_bus_id: format!("00000000:{:02X}:00.0", 0x10 + index),
+            pci_device_id: 0x2335_10de,
+            pci_subsystem_id: 0x16c1_10de,
             minor_number: index,
             name: "NVIDIA H200".into(),
             memory_total_mib: 143771,
@@ -73,6 +75,7 @@ pub struct Fixture {
     pub processes: Vec<ProcInfo>,
     pub jobs: Vec<JobState>,
     pub cursor: Cursor,
+    pub mig_baseline: Result<Option<crate::mig_baseline::Baseline>, String>,
 }
 
 impl Fixture {
@@ -86,6 +89,7 @@ impl Fixture {
             processes: vec![process(1, 0, "systemd"), process(900, 1, "nvidia-persiste")],
             jobs: Vec::new(),
             cursor: Cursor::default(),
+            mig_baseline: Ok(None),
         }
     }
 
@@ -107,6 +111,7 @@ impl Fixture {
             cursor: self.cursor.clone(),
             kmsg_error: None,
             cursor_error: None,
+            mig_baseline: self.mig_baseline.clone(),
         }
     }
 }

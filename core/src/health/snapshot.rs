@@ -6,6 +6,7 @@ use super::cursor::Cursor;
 use super::kmsg;
 use super::config::HealthConfig;
 use crate::gpu::{DriverVersions, GpuError, GpuInventory, GpuModes, GpuOps, HealthReadings, MigInstance, MigProfile};
+use crate::mig_baseline::Baseline;
 use crate::procfs::ProcInfo;
 use crate::state::JobState;
 use std::path::{Path, PathBuf};
@@ -65,6 +66,9 @@ pub struct Ctx<'a> {
     pub kmsg_error: Option<String>,
     /// Why the cursor file could not be read (it was started afresh).
     pub cursor_error: Option<String>,
+    /// The node's MIG baseline (`None`: none configured), or why it could
+    /// not be read. The same definition `gpu-mode-mig` applies.
+    pub mig_baseline: Result<Option<Baseline>, String>,
 }
 
 impl Ctx<'_> {
@@ -113,12 +117,14 @@ pub fn live_jobs(runtime_dir: &Path) -> Vec<JobState> {
 }
 
 /// Where a snapshot reads from, besides NVML: the checker's section of the
-/// config and the two node paths it needs.
+/// config, the two node paths it needs, and the node's MIG baseline (read
+/// by the caller from the site config: health never sees the whole config).
 pub struct Sources<'a> {
     pub health: &'a HealthConfig,
     pub runtime_dir: &'a Path,
     /// nvidia-cuda-mps-control (the MPS binaries are it and its sibling).
     pub mps_control: &'a Path,
+    pub mig_baseline: Result<Option<Baseline>, String>,
 }
 
 /// Takes the snapshot: `nvml` is what opening NVML gave.
@@ -159,6 +165,7 @@ pub fn take<'a>(src: &Sources<'a>, nvml: Result<&dyn GpuOps, String>) -> Ctx<'a>
         cursor,
         kmsg_error,
         cursor_error,
+        mig_baseline: src.mig_baseline.clone(),
     }
 }
 

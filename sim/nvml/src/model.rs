@@ -343,6 +343,17 @@ impl NodeState {
         Ok(())
     }
 
+    /// A node reboot: processes and clients are gone, a pending MIG mode
+    /// becomes current, and MIG instances are lost (the mode is kept:
+    /// NVIDIA keeps it in the GPU; layouts live in the driver).
+    pub fn reboot(&mut self) {
+        for g in &mut self.gpus {
+            g.processes.clear();
+            g.health.held_by_client = false;
+            let _ = g.reset();
+        }
+    }
+
     /// Removes every fault of GPU `index` (or all GPUs), like a repaired node.
     pub fn clear(&mut self, index: Option<u32>) -> Result<(), NvmlCode> {
         match index {
@@ -725,6 +736,17 @@ mod tests {
         g.health.held_by_client = false;
         assert_eq!(g.reset(), Ok(()));
         assert!(g.mig_current);
+    }
+
+    #[test]
+    fn a_reboot_keeps_the_mig_mode_and_loses_the_layout() {
+        let mut s = NodeState::from_fixture(&fixtures().join("node-2x-h200.toml")).unwrap();
+        s.gpus[0].set_mig_mode(true).unwrap();
+        s.gpus[0].create_gpu_instance(19, None).unwrap();
+        s.gpus[1].processes.push(SimProcess { pid: 7, used_mib: 1, gpu_instance: None, compute_instance: None, live: false });
+        assert_eq!(s.gpus[1].set_mig_mode(true), Ok(code::IN_USE), "pending while the process holds it");
+        s.reboot();
+        assert!(s.gpus.iter().all(|g| g.mig_current && g.instances.is_empty() && g.processes.is_empty()));
     }
 
     #[test]

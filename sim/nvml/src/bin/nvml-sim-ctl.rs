@@ -11,7 +11,12 @@
 //! nvml-sim-ctl process add <pid> [--gpu N] [--mem-mib M] [--gi G --ci C]
 //! nvml-sim-ctl process clear [--gpu N]
 //! nvml-sim-ctl reset [--gpu N]
+//! nvml-sim-ctl reboot                              (every GPU, as after a node reboot)
 //! nvml-sim-ctl show
+//! ```
+//! `--gpu` takes an NVML index, a GPU UUID or a PCI bus id, as
+//! `nvidia-smi -i` does (a stand-in nvidia-smi can pass its `-i` on).
+//! ```text
 //! ```
 //! The state file is `$GPU_MODE_SIM_STATE`. Exit 0 on success, 1 when the
 //! simulated GPU refuses (e.g. reset while in use), 2 on a usage error.
@@ -85,7 +90,7 @@ impl<'a> Args<'a> {
 fn run(raw: &[String]) -> Result<(), Failure> {
     let args = Args::parse(raw)?;
     let path = store::state_path_from_env().map_err(|e| usage(e.to_string()))?;
-    let gpu: Option<u32> = args.opt("gpu")?;
+    let gpu: Option<&str> = args.opts.iter().find(|(n, _)| *n == "gpu").map(|(_, v)| *v);
     match args.word(0) {
         Some("init") => {
             let fixture = args.word(1).ok_or_else(|| usage("init needs a fixture file"))?;
@@ -93,18 +98,36 @@ fn run(raw: &[String]) -> Result<(), Failure> {
         }
         Some("inject") => {
             let fault = parse_fault(&args)?;
-            edit(&path, |s| s.inject(gpu.unwrap_or(0), &fault))
+            edit(&path, |s| s.inject(pick(s, gpu)?, &fault))
         }
-        Some("clear") => edit(&path, |s| s.clear(gpu)),
-        Some("process") => process(&args, &path, gpu.unwrap_or(0)),
-        Some("reset") => edit(&path, |s| s.gpu_mut(gpu.unwrap_or(0))?.reset()),
+        Some("clear") => edit(&path, |s| {
+            let one = gpu.map(|g| pick(s, Some(g))).transpose()?;
+            s.clear(one)
+        }),
+        Some("process") => process(&args, &path, gpu),
+        Some("reset") => edit(&path, |s| s.gpu_mut(pick(s, gpu)?)?.reset()),
+        Some("reboot") => edit(&path, |s| {
+            s.reboot();
+            Ok(())
+        }),
         Some("show") => {
             let text = store::update(&path, |s| serde_json::to_string_pretty(s)).map_err(|e| usage(e.to_string()))?;
             println!("{}", text.map_err(|e| usage(e.to_string()))?);
             Ok(())
         }
-        other => Err(usage(format!("unknown command {other:?}: init | inject | clear | process | reset | show"))),
+        other => Err(usage(format!("unknown command {other:?}: init | inject | clear | process | reset | reboot | show"))),
     }
+}
+
+/// The GPU `--gpu` names (GPU 0 without it): an index, a UUID or a PCI
+/// bus id; an unknown one is INVALID_ARGUMENT ("no such GPU").
+fn pick(s: &NodeState, gpu: Option<&str>) -> Result<u32, u32> {
+    let Some(sel) = gpu else { return Ok(0) };
+    if let Ok(i) = sel.parse::<u32>() {
+        return s.gpu(i).map(|_| i);
+    }
+    let matches = |g: &nvml_sim::model::GpuState| g.uuid.eq_ignore_ascii_case(sel) || g.pci_bus_id.eq_ignore_ascii_case(sel);
+    s.gpus.iter().position(matches).map(|i| i as u32).ok_or(code::INVALID_ARGUMENT)
 }
 
 fn edit(path: &Path, f: impl FnOnce(&mut NodeState) -> Result<(), u32>) -> Result<(), Failure> {
@@ -146,7 +169,7 @@ fn parse_fault(args: &Args) -> Result<Fault, Failure> {
     Ok(fault)
 }
 
-fn process(args: &Args, path: &Path, gpu: u32) -> Result<(), Failure> {
+fn process(args: &Args, path: &Path, gpu: Option<&str>) -> Result<(), Failure> {
     match args.word(1) {
         Some(word @ ("add" | "add-live")) => {
             let p = SimProcess {
@@ -157,12 +180,12 @@ fn process(args: &Args, path: &Path, gpu: u32) -> Result<(), Failure> {
                 live: word == "add-live",
             };
             edit(path, |s| {
-                s.gpu_mut(gpu)?.processes.push(p);
+                s.gpu_mut(pick(s, gpu)?)?.processes.push(p);
                 Ok(())
             })
         }
         Some("clear") => edit(path, |s| {
-            s.gpu_mut(gpu)?.processes.clear();
+            s.gpu_mut(pick(s, gpu)?)?.processes.clear();
             Ok(())
         }),
         _ => Err(usage("process add|add-live <pid> [--mem-mib M] [--gi G --ci C] | process clear")),

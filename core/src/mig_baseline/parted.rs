@@ -1,0 +1,399 @@
+//! nvidia-mig-parted's config format (`version: v1`), read so sites keep
+//! their mig-parted files, and written by `gpu-mode-mig export`:
+//!
+//! ```yaml
+//! version: v1
+//! mig-configs:
+//!   all-1g.10gb:                # a config name, chosen with -l
+//!     - devices: all            # or [0, 1]: NVML indices
+//!       device-filter: "0x233010DE"   # optional: PCI device+vendor id(s)
+//!       mig-enabled: true
+//!       mig-devices:
+//!         "1g.10gb": 7
+//! ```
+//!
+//! The rules are mig-parted's (its api/spec/v1): `version` must be `v1`;
+//! every config has at least one entry; `devices` and `mig-enabled` are
+//! required; `mig-devices` is required when MIG is enabled and must be empty
+//! when it is not; counts are not negative and not all zero; unknown keys
+//! are errors. Profiles with a compute-instance part (`1c.2g.10gb`) are
+//! refused unless it spans the GPU instance (`2c.2g.10gb` is `2g.10gb`):
+//! slurm-gpu-mode makes one compute instance per GPU instance. Whether a
+//! profile exists on the GPU and the layout fits is decided per GPU by
+//! [`super::plan`].
+
+use super::{Baseline, DeviceFilter, Devices, Entry};
+use crate::gpu::MigInstance;
+use crate::mode::MigProfileName;
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+/// Files larger than this are refused before parsing (real ones are a few KiB).
+pub const MAX_FILE_BYTES: u64 = 1 << 20;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SpecFile {
+    version: String,
+    #[serde(rename = "mig-configs")]
+    mig_configs: BTreeMap<String, Vec<EntryFile>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EntryFile {
+    #[serde(rename = "device-filter", default)]
+    device_filter: Option<Filter>,
+    devices: DevicesFile,
+    #[serde(rename = "mig-enabled")]
+    mig_enabled: bool,
+    #[serde(rename = "mig-devices", default)]
+    mig_devices: Option<BTreeMap<String, i64>>,
+}
+
+/// `device-filter`: one string or a list of them.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Filter {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// `devices`: `all` or a list of indices, with a message that says so.
+struct DevicesFile(Devices);
+
+impl<'de> Deserialize<'de> for DevicesFile {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = DevicesFile;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("`all` or a list of GPU indices such as [0, 1]")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<DevicesFile, E> {
+                match v {
+                    "all" => Ok(DevicesFile(Devices::All)),
+                    other => Err(E::custom(format!("devices: \"{other}\" is not `all` or a list of GPU indices"))),
+                }
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<DevicesFile, A::Error> {
+                let mut list = Vec::new();
+                while let Some(i) = seq.next_element::<i64>()? {
+                    let i = u32::try_from(i).map_err(|_| de::Error::custom(format!("devices: {i} is not a GPU index")))?;
+                    if !list.contains(&i) {
+                        list.push(i);
+                    }
+                }
+                Ok(DevicesFile(Devices::Indices(list)))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// Parses mig-parted config text and picks config `name`. `file` is only
+/// used in messages, which name the file, the config and the problem.
+pub fn parse(text: &str, file: &str, name: &str) -> Result<Baseline, String> {
+    let spec = read_spec(text, file)?;
+    if spec.version != "v1" {
+        return Err(format!("mig-parted config {file}: unknown version \"{}\" (only v1 exists)", spec.version));
+    }
+    let Some(entries) = spec.mig_configs.get(name) else {
+        let known: Vec<&str> = spec.mig_configs.keys().map(String::as_str).collect();
+        let known = if known.is_empty() { "none".to_string() } else { known.join(", ") };
+        return Err(format!("mig-parted config {file}: no config named \"{name}\" (configs: {known})"));
+    };
+    let source = format!("mig-parted config \"{name}\" in {file}");
+    if entries.is_empty() {
+        return Err(format!("{source}: at least one entry is required"));
+    }
+    let entries = entries.iter().enumerate().map(|(i, e)| entry(e).map_err(|m| format!("{source}, entry {}: {m}", i + 1)));
+    Ok(Baseline { source: source.clone(), entries: entries.collect::<Result<_, _>>()? })
+}
+
+/// The config names in a file, for `plan --all`.
+pub fn config_names(text: &str, file: &str) -> Result<Vec<String>, String> {
+    Ok(read_spec(text, file)?.mig_configs.into_keys().collect())
+}
+
+/// YAML to the file's shape. serde-saphyr's defaults are what we want:
+/// duplicate keys are errors, and its budget bounds alias expansion and
+/// sizes (a root helper parses this). Snippets off: errors are one line.
+fn read_spec(text: &str, file: &str) -> Result<SpecFile, String> {
+    let mut options = serde_saphyr::Options::default();
+    options.with_snippet = false;
+    serde_saphyr::from_str_with_options(text, options).map_err(|e| format!("mig-parted config {file}: {}", one_line(&e.to_string())))
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn entry(e: &EntryFile) -> Result<Entry, String> {
+    let filter = match &e.device_filter {
+        None => vec![],
+        Some(Filter::One(s)) if s.is_empty() => vec![],
+        Some(Filter::One(s)) => vec![device_filter(s)?],
+        Some(Filter::Many(list)) => list.iter().map(|s| device_filter(s)).collect::<Result<_, _>>()?,
+    };
+    let mut instances = BTreeMap::new();
+    for (profile, count) in e.mig_devices.iter().flatten() {
+        let count = u32::try_from(*count).map_err(|_| format!("mig-devices: count {count} of \"{profile}\" is not a number of instances"))?;
+        if count > 0 {
+            *instances.entry(profile_name(profile)?).or_insert(0) += count;
+        }
+    }
+    match (e.mig_enabled, &e.mig_devices) {
+        (true, None) => return Err("mig-devices is required when mig-enabled is true (write `mig-devices: {}` for none)".into()),
+        (true, Some(m)) if !m.is_empty() && instances.is_empty() => return Err("mig-devices: all counts are 0".into()),
+        (false, Some(m)) if !m.is_empty() => return Err("mig-devices are listed but mig-enabled is false".into()),
+        _ => {}
+    }
+    Ok(Entry { devices: e.devices.0.clone(), filter, mig_enabled: e.mig_enabled, instances })
+}
+
+/// `0x233010DE` or `0x233010DE:0x16C110DE` (mig-parted's DeviceID form).
+fn device_filter(s: &str) -> Result<DeviceFilter, String> {
+    let hex = |part: &str| {
+        let digits = part.strip_prefix("0x").or_else(|| part.strip_prefix("0X")).unwrap_or(part);
+        u32::from_str_radix(digits, 16).map_err(|_| format!("device-filter \"{s}\": \"{part}\" is not a hex PCI id such as 0x233010DE"))
+    };
+    match s.split_once(':') {
+        None => Ok(DeviceFilter { device: hex(s)?, subsystem: None }),
+        Some((d, sub)) => Ok(DeviceFilter { device: hex(d)?, subsystem: Some(hex(sub)?) }),
+    }
+}
+
+/// Checks a mig-devices key and gives NVIDIA's GPU-instance profile name.
+fn profile_name(key: &str) -> Result<String, String> {
+    let bad = |why: String| format!("mig-devices: \"{key}\": {why}");
+    let gi = match key.split_once('.') {
+        Some((c, rest)) if c.ends_with('c') => {
+            let cs = c.trim_end_matches('c');
+            let gs = rest.split_once('g').map(|(g, _)| g).unwrap_or_default();
+            if cs != gs {
+                return Err(bad(format!(
+                    "compute-instance profiles are not supported: slurm-gpu-mode makes one compute instance spanning each GPU instance (write \"{rest}\")"
+                )));
+            }
+            rest
+        }
+        _ => key,
+    };
+    gi.parse::<MigProfileName>().map(|p| p.to_string()).map_err(bad)
+}
+
+/// Reads and parses a mig-parted file. As root the file must be root's and
+/// writable by root alone: it decides what root does to the GPUs.
+pub fn load(path: &Path, name: &str) -> Result<Baseline, String> {
+    let text = read_checked(path)?;
+    parse(&text, &path.display().to_string(), name)
+}
+
+/// The file's text after the ownership and size checks.
+pub fn read_checked(path: &Path) -> Result<String, String> {
+    use std::os::unix::fs::MetadataExt;
+    let shown = path.display();
+    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read mig-parted config {shown}: {e}"))?;
+    if !meta.is_file() {
+        return Err(format!("mig-parted config {shown} is not a regular file"));
+    }
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(format!("mig-parted config {shown} is {} bytes, more than the {MAX_FILE_BYTES} accepted", meta.len()));
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 && (meta.uid() != 0 || meta.mode() & 0o022 != 0) {
+        return Err(format!(
+            "mig-parted config {shown} is owned by uid {} with mode {:o}: it decides what root does to the GPUs, so only root may write it",
+            meta.uid(),
+            meta.mode() & 0o7777
+        ));
+    }
+    std::fs::read_to_string(path).map_err(|e| format!("cannot read mig-parted config {shown}: {e}"))
+}
+
+/// One GPU as `export` writes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExportGpu {
+    pub index: u32,
+    pub mig_enabled: bool,
+    pub instances: BTreeMap<String, u32>,
+    /// `name@start` per instance, for the comment line.
+    pub placements: Vec<String>,
+}
+
+impl ExportGpu {
+    /// From what NVML reports; profile names from the GPU's table.
+    pub fn new(index: u32, mig_enabled: bool, instances: &[MigInstance], profiles: &[crate::gpu::MigProfile]) -> ExportGpu {
+        let mut counts = BTreeMap::new();
+        let mut placements = Vec::new();
+        let mut sorted: Vec<&MigInstance> = instances.iter().collect();
+        sorted.sort_by_key(|i| i.placement_start);
+        for i in sorted {
+            let name = super::profile_name(profiles, i.profile_id);
+            placements.push(format!("{name}@{}", i.placement_start));
+            *counts.entry(name).or_insert(0) += 1;
+        }
+        ExportGpu { index, mig_enabled, instances: counts, placements }
+    }
+}
+
+/// The GPUs' current layout as a mig-parted file with one config, `name`.
+/// GPUs with the same mode and profiles share an entry; `devices: all` when
+/// one entry covers every GPU given (pass MIG-capable GPUs only: mig-parted
+/// skips the others under `all`). Placements go in comments.
+pub fn export(name: &str, gpus: &[ExportGpu], total_gpus: usize) -> String {
+    let mut groups: Vec<(bool, &BTreeMap<String, u32>, Vec<&ExportGpu>)> = Vec::new();
+    for g in gpus {
+        match groups.iter_mut().find(|(m, i, _)| *m == g.mig_enabled && *i == &g.instances) {
+            Some(group) => group.2.push(g),
+            None => groups.push((g.mig_enabled, &g.instances, vec![g])),
+        }
+    }
+    let mut s = format!("version: v1\nmig-configs:\n  {}:\n", quote_key(name));
+    if groups.is_empty() {
+        s.push_str("    []\n");
+    }
+    for (enabled, instances, members) in &groups {
+        for g in members {
+            let _ = writeln!(s, "    # GPU {}: {}", g.index, if g.placements.is_empty() { "no instances".into() } else { g.placements.join(" ") });
+        }
+        let devices = if groups.len() == 1 && members.len() == total_gpus {
+            "all".to_string()
+        } else {
+            format!("[{}]", members.iter().map(|g| g.index.to_string()).collect::<Vec<_>>().join(", "))
+        };
+        let _ = writeln!(s, "    - devices: {devices}\n      mig-enabled: {enabled}");
+        if *enabled {
+            s.push_str(if instances.is_empty() { "      mig-devices: {}\n" } else { "      mig-devices:\n" });
+            for (p, n) in instances.iter() {
+                let _ = writeln!(s, "        \"{p}\": {n}");
+            }
+        }
+    }
+    s
+}
+
+/// Config names are plain in practice; anything else is double-quoted.
+fn quote_key(name: &str) -> String {
+    if !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+        name.to_string()
+    } else {
+        format!("{name:?}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(name: &str) -> (String, String) {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mig-parted").join(name);
+        (std::fs::read_to_string(&path).unwrap(), path.display().to_string())
+    }
+
+    fn counts(e: &Entry) -> Vec<(String, u32)> {
+        e.instances.iter().map(|(p, n)| (p.clone(), *n)).collect()
+    }
+
+    #[test]
+    fn the_example_configs_parse_as_mig_parted_reads_them() {
+        let (text, file) = fixture("examples.yaml");
+        let names = config_names(&text, &file).unwrap();
+        assert!(names.len() >= 8, "{names:?}");
+        for n in &names {
+            parse(&text, &file, n).unwrap_or_else(|e| panic!("{n}: {e}"));
+        }
+        let b = parse(&text, &file, "all-balanced").unwrap();
+        assert_eq!(b.entries.len(), 1);
+        assert_eq!(b.entries[0].devices, Devices::All);
+        assert_eq!(counts(&b.entries[0]), [("1g.10gb".to_string(), 2), ("2g.20gb".into(), 1), ("3g.40gb".into(), 1)]);
+        let d = parse(&text, &file, "all-disabled").unwrap();
+        assert!(!d.entries[0].mig_enabled && d.entries[0].instances.is_empty());
+        let e = parse(&text, &file, "all-enabled").unwrap();
+        assert!(e.entries[0].mig_enabled && e.entries[0].instances.is_empty());
+        let c = parse(&text, &file, "custom-config").unwrap();
+        assert_eq!(c.entries[0].devices, Devices::Indices(vec![0, 1, 2, 3]));
+        assert_eq!(c.entries[2].devices, Devices::Indices(vec![5]));
+        assert_eq!(c.source, format!("mig-parted config \"custom-config\" in {file}"));
+    }
+
+    #[test]
+    fn device_filters_and_compute_profiles_are_read() {
+        let (text, file) = fixture("filters.yaml");
+        let b = parse(&text, &file, "dgx-station-3g").unwrap();
+        assert_eq!(b.entries[0].filter, vec![DeviceFilter { device: 0x20B2_10DE, subsystem: None }]);
+        assert_eq!(b.entries[1].filter, vec![DeviceFilter { device: 0x1FB0_10DE, subsystem: None }]);
+        let m = parse(&text, &file, "two-boards").unwrap();
+        assert_eq!(m.entries[0].filter.len(), 2);
+        assert_eq!(m.entries[0].filter[1].subsystem, Some(0x16C1_10DE));
+        assert_eq!(counts(&m.entries[0]), [("2g.20gb".to_string(), 3)], "2c.2g.20gb is the 2g.20gb GPU instance");
+        let y = parse(&text, &file, "yes-no").unwrap();
+        assert!(y.entries[0].mig_enabled, "YAML 1.1 booleans, as mig-parted's YAML reader takes them");
+    }
+
+    #[test]
+    fn bad_files_name_file_config_entry_and_problem() {
+        let (text, file) = fixture("invalid.yaml");
+        let cases = [
+            ("no-mig-devices", "entry 1: mig-devices is required when mig-enabled is true"),
+            ("devices-when-disabled", "entry 1: mig-devices are listed but mig-enabled is false"),
+            ("negative-count", "entry 1: mig-devices: count -2 of \"1g.10gb\""),
+            ("all-zero", "entry 2: mig-devices: all counts are 0"),
+            ("bad-profile", "mig-devices: \"1g.10\": profile \"1g.10\""),
+            ("compute-profile", "\"1c.3g.40gb\": compute-instance profiles are not supported"),
+            ("bad-filter", "device-filter \"H100\": \"H100\" is not a hex PCI id"),
+            ("empty", "\"empty\" in"),
+            ("nope", "no config named \"nope\" (configs: "),
+        ];
+        for (name, needle) in cases {
+            let err = parse(&text, &file, name).expect_err(name);
+            assert!(err.contains(needle), "{name}: {err}");
+            assert!(err.contains(&file), "{name}: the message names the file: {err}");
+            assert!(!err.contains('\n'), "{name}: one line: {err}");
+        }
+        let shapes = [
+            ("bad-devices.yaml", "devices: \"some\" is not `all` or a list of GPU indices"),
+            ("negative-index.yaml", "devices: -1 is not a GPU index"),
+            ("typo-key.yaml", "unknown field `mig-device`"),
+            ("missing-enabled.yaml", "missing field `mig-enabled`"),
+            ("version-2.yaml", "unknown version \"v2\""),
+            ("duplicate-key.yaml", "uplicate"),
+        ];
+        for (f, needle) in shapes {
+            let (text, file) = fixture(&format!("invalid-shape/{f}"));
+            let err = parse(&text, &file, "a").expect_err(f);
+            assert!(err.contains(needle) && err.starts_with(&format!("mig-parted config {file}")), "{f}: {err}");
+        }
+        for (text, needle) in [("mig-configs:\n  a: []\n", "missing field `version`"), (": : :\n\t- [", "bad.yaml"), ("version: v1\nextra: 1\nmig-configs: {}\n", "unknown field `extra`")] {
+            let err = parse(text, "bad.yaml", "a").expect_err(text);
+            assert!(err.contains(needle) && err.starts_with("mig-parted config bad.yaml"), "{text:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn an_export_reads_back_as_the_same_baseline() {
+        let p = crate::modes::mig::placement::tests::h100();
+        let mk = |gi, id, start| MigInstance { gpu_instance: gi, profile_id: id, placement_start: start, placement_size: 1, compute_instances: vec![] };
+        let gpus = vec![
+            ExportGpu::new(0, true, &[mk(1, 9, 4), mk(2, 14, 0), mk(3, 14, 2)], &p),
+            ExportGpu::new(1, true, &[mk(1, 14, 2), mk(2, 9, 4), mk(3, 14, 0)], &p),
+            ExportGpu::new(2, false, &[], &p),
+        ];
+        let text = export("current", &gpus, 3);
+        assert!(text.contains("# GPU 0: 2g.20gb@0 2g.20gb@2 3g.40gb@4"), "{text}");
+        let b = parse(&text, "export", "current").unwrap();
+        assert_eq!(b.entries.len(), 2);
+        assert_eq!(b.entries[0].devices, Devices::Indices(vec![0, 1]));
+        assert_eq!(counts(&b.entries[0]), [("2g.20gb".to_string(), 2), ("3g.40gb".into(), 1)]);
+        assert_eq!((b.entries[1].devices.clone(), b.entries[1].mig_enabled), (Devices::Indices(vec![2]), false));
+        let same = export("current", &gpus[..2], 2);
+        assert!(same.contains("- devices: all"), "{same}");
+        let empty_mig = export("x y", &[ExportGpu::new(0, true, &[], &p)], 1);
+        assert!(empty_mig.contains("\"x y\":") && empty_mig.contains("mig-devices: {}"), "{empty_mig}");
+        assert!(parse(&empty_mig, "e", "x y").is_ok());
+    }
+}

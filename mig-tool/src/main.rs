@@ -1,0 +1,173 @@
+//! `gpu-mode-mig`: the node's MIG baseline (docs/mig.md). Thin: the
+//! baseline, the plan and the apply are `gpu_mode_core::mig_baseline`.
+
+use clap::Parser;
+use gpu_mode_core::gpu::{GpuOps, NvmlGpus};
+use gpu_mode_core::gpu_lock::GpuLocks;
+use gpu_mode_core::log::{stderr_line, ActionLine, Outcome};
+use gpu_mode_core::mig_baseline::apply::{apply, ApplyError, Done};
+use gpu_mode_core::mig_baseline::plan::{plan, Plan};
+use gpu_mode_core::mig_baseline::services::{NvidiaSmiReset, Systemctl};
+use gpu_mode_core::mig_baseline::{tool, Baseline};
+use gpu_mode_core::Config;
+use gpu_mode_mig::cli::{Choice, Cli, Command};
+use std::process::ExitCode;
+use std::time::Duration;
+
+const EXIT_DIFFERS: u8 = 1;
+const EXIT_USAGE: u8 = 2;
+const EXIT_NVML: u8 = 3;
+
+/// A failure: exit code and one line.
+struct Fail(u8, String);
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let (cfg, config_error) = Config::load_or_salvage(cli.config.as_deref());
+    match cli.command {
+        Command::Apply { baseline, boot, node } => apply_cmd(&cfg, config_error.map(|e| e.to_string()), &baseline, boot, node.as_deref()),
+        other => match config_error {
+            Some(e) => fail(Fail(EXIT_USAGE, e.to_string())),
+            None => read_only(&cfg, other).unwrap_or_else(fail),
+        },
+    }
+}
+
+fn fail(f: Fail) -> ExitCode {
+    stderr_line(&format!("gpu-mode-mig: {}", f.1));
+    ExitCode::from(f.0)
+}
+
+/// Prints as `print!` would; a closed stdout is no panic.
+fn out(text: &str) {
+    use std::io::Write as _;
+    let _ = std::io::stdout().lock().write_all(text.as_bytes());
+}
+
+fn read_only(cfg: &Config, command: Command) -> Result<ExitCode, Fail> {
+    match command {
+        Command::Export { name } => {
+            out(&tool::export(&open(cfg)?, &name).map_err(|e| Fail(EXIT_NVML, e.to_string()))?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Assert { baseline } => assert_cmd(cfg, &baseline),
+        Command::Plan { baseline, all: true } => plan_all(cfg, &baseline),
+        Command::Plan { baseline, all: false } => {
+            let p = make_plan(cfg, &open(cfg)?, &required(cfg, &baseline)?)?;
+            out(&p.text());
+            Ok(if p.problems().is_empty() { ExitCode::SUCCESS } else { ExitCode::from(EXIT_DIFFERS) })
+        }
+        Command::Apply { .. } => Err(Fail(EXIT_USAGE, "apply changes the GPUs; it is not a read-only verb".into())),
+    }
+}
+
+fn open(cfg: &Config) -> Result<NvmlGpus, Fail> {
+    NvmlGpus::from_config(cfg).map_err(|e| Fail(EXIT_NVML, e.to_string()))
+}
+
+/// The chosen baseline; none configured or named is a usage error.
+fn required(cfg: &Config, c: &Choice) -> Result<Baseline, Fail> {
+    match tool::choose(cfg, c.file.as_deref(), c.layout.as_deref()) {
+        Ok(Some(b)) => Ok(b),
+        Ok(None) => Err(Fail(EXIT_USAGE, "no baseline: set [mig] baseline in the site config, or pass -c FILE -l NAME or -l @LAYOUT".into())),
+        Err(e) => Err(Fail(EXIT_USAGE, e)),
+    }
+}
+
+fn make_plan(cfg: &Config, ops: &dyn GpuOps, b: &Baseline) -> Result<Plan, Fail> {
+    let observed = tool::observe(ops, &cfg.runtime_dir).map_err(|e| Fail(EXIT_NVML, e.to_string()))?;
+    Ok(plan(b, &observed, &tool::settings(cfg)))
+}
+
+fn assert_cmd(cfg: &Config, c: &Choice) -> Result<ExitCode, Fail> {
+    let b = required(cfg, c)?;
+    let p = make_plan(cfg, &open(cfg)?, &b)?;
+    let line = ActionLine::new("mig-baseline").field("verb", "assert").field("baseline", &b.source);
+    if p.matches() {
+        out(&format!("the GPUs match {}\n", b.source));
+        line.outcome(Outcome::Ok).emit(&cfg.log);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let d = p.differences();
+    out(&format!("the GPUs differ from {}:\n{d}", b.source));
+    line.field("differs", d.trim().replace('\n', "; ")).outcome(Outcome::Failed).emit(&cfg.log);
+    Ok(ExitCode::from(EXIT_DIFFERS))
+}
+
+/// `plan --all`: every config of the file (or every layout), one after the other.
+fn plan_all(cfg: &Config, c: &Choice) -> Result<ExitCode, Fail> {
+    let names = tool::all_names(cfg, c.file.as_deref()).map_err(|e| Fail(EXIT_USAGE, e))?;
+    let gpus = open(cfg)?;
+    let mut refused = 0;
+    for name in &names {
+        let choice = Choice { file: c.file.clone(), layout: Some(name.clone()) };
+        let p = make_plan(cfg, &gpus, &required(cfg, &choice)?)?;
+        refused += usize::from(!p.problems().is_empty());
+        out(&format!("== {name}\n{}\n", p.text()));
+    }
+    out(&format!("{} config(s) planned, {refused} refused\n", names.len()));
+    Ok(if refused == 0 { ExitCode::SUCCESS } else { ExitCode::from(EXIT_DIFFERS) })
+}
+
+fn apply_cmd(cfg: &Config, config_error: Option<String>, c: &Choice, boot: bool, node: Option<&str>) -> ExitCode {
+    let node = if boot { tool::node_name(node) } else { None };
+    let line = ActionLine::new("mig-baseline").field("verb", "apply");
+    let result = match config_error {
+        Some(e) => Err(Fail(EXIT_USAGE, e)),
+        None => apply_baseline(cfg, c, boot),
+    };
+    match result {
+        Ok((source, Some(done))) => {
+            let mut line = line.field("baseline", source);
+            line = match &done {
+                Done::Unchanged => line.field("changed", "none"),
+                Done::Changed(gpus) => line.field("changed", gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",")),
+            };
+            if let Some(r) = boot.then(|| tool::resume_after_success(cfg, node.as_deref())).flatten() {
+                line = line.field("node", r);
+            }
+            line.outcome(Outcome::Ok).emit(&cfg.log);
+            ExitCode::SUCCESS
+        }
+        Ok((_, None)) => {
+            line.field("baseline", "none configured").outcome(Outcome::Skipped).emit(&cfg.log);
+            ExitCode::SUCCESS
+        }
+        Err(Fail(code, msg)) => {
+            let mut line = line.field("error", &msg);
+            if boot {
+                line = line.field("node", tool::drain_after_failure(cfg, node.as_deref(), &msg));
+            }
+            line.outcome(Outcome::Failed).emit(&cfg.log);
+            fail(Fail(code, msg))
+        }
+    }
+}
+
+/// Chooses, plans and applies with every GPU locked (prologs and epilogs
+/// take the same per-GPU locks). `Ok((_, None))`: at boot, no baseline.
+fn apply_baseline(cfg: &Config, c: &Choice, boot: bool) -> Result<(String, Option<Done>), Fail> {
+    let b = match tool::choose(cfg, c.file.as_deref(), c.layout.as_deref()) {
+        Ok(None) if boot => return Ok((String::new(), None)),
+        _ => required(cfg, c)?,
+    };
+    let gpus = open(cfg)?;
+    let count = gpus.count().map_err(|e| Fail(EXIT_NVML, e.to_string()))?;
+    let all: Vec<u32> = (0..count).collect();
+    let _locks = GpuLocks::acquire(&cfg.runtime_dir, &all, Duration::from_millis(cfg.mps.lock_timeout_ms))
+        .map_err(|e| Fail(EXIT_DIFFERS, e.to_string()))?;
+    let p = make_plan(cfg, &gpus, &b)?;
+    if p.changes() || !p.problems().is_empty() {
+        out(&p.text());
+    }
+    let services = Systemctl::new(&cfg.mig.systemctl, boot);
+    let reset = NvidiaSmiReset::new(&cfg.mig.nvidia_smi);
+    let done = apply(&gpus, &p, &services, &reset, &mut |l| l.emit(&cfg.log)).map_err(|e| match e {
+        ApplyError::Refused(_) => Fail(EXIT_DIFFERS, format!("{}: {e}", b.source)),
+        ApplyError::Failed(m) => Fail(EXIT_DIFFERS, format!("{}: {m}", b.source)),
+    })?;
+    if done == Done::Unchanged {
+        out(&format!("the GPUs already match {}: nothing changed\n", b.source));
+    }
+    Ok((b.source, Some(done)))
+}
