@@ -33,5 +33,5 @@ ensure_packages() {
 
 ensure_rust() {
     [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
-    command -v cargo >/dev/null || die "cargo not found: install Rust 1.80 or newer (https://rustup.rs), then re-run"
+    command -v cargo >/dev/null || die "cargo not found: install Rust 1.89 or newer (https://rustup.rs), then re-run"
 }
