@@ -18,17 +18,30 @@ pub enum CommandError {
     Timeout { path: PathBuf, args: String, ms: u128 },
 }
 
+/// Spawns `cmd`, trying again for a moment on ETXTBSY: a program that was
+/// just written (an installer, a test's stand-in) stays "busy" while any
+/// process forked meanwhile has not yet exec'd and still holds the write
+/// descriptor. The kernel clears it within microseconds.
+pub fn spawn_retrying(cmd: &mut Command) -> std::io::Result<std::process::Child> {
+    let mut tries = 0;
+    loop {
+        match cmd.spawn() {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && tries < 50 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Runs `cmd` to completion or kills it after `timeout`. Output is collected
 /// on threads so a chatty program cannot block on a full pipe.
 pub fn run_with_timeout(mut cmd: Command, stdin: Option<&[u8]>, timeout: Duration) -> Result<Output, CommandError> {
     let path = PathBuf::from(cmd.get_program());
     let args: Vec<String> = cmd.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
-    let mut child = cmd
-        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|source| CommandError::Spawn { path: path.clone(), source })?;
+    cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() }).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = spawn_retrying(&mut cmd).map_err(|source| CommandError::Spawn { path: path.clone(), source })?;
     if let (Some(data), Some(mut pipe)) = (stdin, child.stdin.take()) {
         // Closing the pipe after writing is what ends the client's input.
         let _ = pipe.write_all(data);

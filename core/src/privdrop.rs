@@ -97,7 +97,7 @@ pub fn spawn_as(program: &Path, args: &[&str], env: &BTreeMap<String, String>, w
     let mut cmd = Command::new(program);
     cmd.args(args).env_clear().envs(env).current_dir("/").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
     run_as(&mut cmd, who);
-    cmd.spawn().map_err(|source| SpawnError::Spawn { path: program.to_path_buf(), uid: who.uid, source })
+    crate::command::spawn_retrying(&mut cmd).map_err(|source| SpawnError::Spawn { path: program.to_path_buf(), uid: who.uid, source })
 }
 
 #[cfg(test)]

@@ -13,8 +13,12 @@ fn the_mps_daemon_is_moved_into_the_jobs_extern_step() {
     let mut spec = ClusterSpec::new("mps_cgroup", 1, Artifacts::locate().unwrap());
     spec.contain = true;
     let c = Cluster::start(spec).unwrap();
-    // The task reports the cgroup of every MPS process of its user.
-    let script = "#!/bin/sh\nsleep 1\nfor p in $(pgrep -u \"$(id -u)\" nvidia-cuda-mps); do echo \"mps $p $(grep -m1 -E 'freezer|^0::' /proc/$p/cgroup)\"; done\n";
+    // The task reports the cgroup of every MPS process serving its own pipe
+    // directory (other clusters on the machine may run daemons of the same
+    // test user).
+    let script = "#!/bin/sh\nsleep 1\nfor p in $(pgrep -u \"$(id -u)\" nvidia-cuda-mps); do \
+                  tr '\\0' '\\n' < /proc/$p/environ | grep -qx \"CUDA_MPS_PIPE_DIRECTORY=$CUDA_MPS_PIPE_DIRECTORY\" && \
+                  echo \"mps $p $(grep -m1 -E 'freezer|^0::' /proc/$p/cgroup)\"; done\n";
     let job = c.sbatch_wait(Some("gmtest1"), &["--gpu-mode=mps", "--gres=gpu:1"], script).unwrap();
     assert_eq!(job.exit_code, 0, "{}\n{}", job.output, c.logs_tail());
     let lines: Vec<&str> = job.output.lines().filter(|l| l.starts_with("mps ")).collect();
