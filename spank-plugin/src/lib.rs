@@ -35,7 +35,7 @@ unsafe impl Plugin for GpuModePlugin {
 
     fn init_post_opt(&mut self, spank: &mut SpankHandle) -> Result<(), Box<dyn Error>> {
         match spank.context()? {
-            Context::Local | Context::Allocator => local::init_post_opt(spank),
+            Context::Local | Context::Allocator => local::init_post_opt(spank, &self.args),
             _ => Ok(()),
         }
     }

@@ -109,6 +109,7 @@ mod tests {
             node: "n9".into(),
             slurm_gpus: vec![0],
             mode_value: Some("mps".into()),
+            restart_count: 0,
         }
     }
 
