@@ -70,9 +70,11 @@ fn job_plan(cfg: &Config, values: &[String]) -> Result<ExitCode, Fail> {
     use gpu_mode_core::modes::mig::{layout::requested, setup::plan_gpu};
     let ops = open(cfg)?;
     let count = ops.count().map_err(|e| Fail(EXIT_NVML, e.to_string()))?;
-    // Plan as if MIG may be switched on: the GPU's profile table is the same.
+    // Plan as a node whose jobs may switch MIG on and make instances would:
+    // the GPU's profile table decides, not this node's settings.
     let mut planning = cfg.clone();
     planning.gpu.mig_mode = gpu_mode_core::gpu::MigModeSetting::Switch;
+    planning.gpu.mig_instances = gpu_mode_core::gpu::MigInstanceSetting::Manage;
     let mut refused = false;
     for value in values {
         let request = match GpuMode::parse(value) {

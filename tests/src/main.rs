@@ -1,7 +1,10 @@
 //! `gpu-mode-cluster`: start or stop the project's local Slurm cluster by hand
 //! (the README's demo uses it; the tests use the library directly).
 //!
-//!   gpu-mode-cluster up [--gpus N] [--name NAME]   start, print how to use it
+//!   gpu-mode-cluster up [--gpus N] [--name NAME] [--contain]
+//!                                                  start, print how to use it;
+//!                                                  --contain: cgroups and an
+//!                                                  extern step per job
 //!   gpu-mode-cluster down [--name NAME]            stop and remove
 //!   gpu-mode-cluster env [--name NAME]             print `export SLURM_CONF=...`
 
@@ -19,11 +22,13 @@ fn run(args: Vec<String>) -> Result<()> {
     let (verb, rest) = args.split_first().map(|(v, r)| (v.as_str(), r)).unwrap_or(("", &[]));
     let mut name = "demo".to_string();
     let mut gpus = 4u32;
+    let mut contain = false;
     let mut it = rest.iter();
     while let Some(a) = it.next() {
-        match (a.as_str(), it.next()) {
-            ("--name", Some(v)) => name = v.clone(),
-            ("--gpus", Some(v)) => gpus = v.parse()?,
+        match a.as_str() {
+            "--contain" => contain = true,
+            "--name" => name = it.next().cloned().ok_or_else(|| anyhow::anyhow!("--name needs a value"))?,
+            "--gpus" => gpus = it.next().ok_or_else(|| anyhow::anyhow!("--gpus needs a value"))?.parse()?,
             _ => bail!("unexpected argument {a:?}"),
         }
     }
@@ -32,7 +37,9 @@ fn run(args: Vec<String>) -> Result<()> {
     match verb {
         "up" => {
             gpu_mode_tests::users::ensure_test_users()?;
-            let cluster = Cluster::start(ClusterSpec::new(&name, gpus, Artifacts::locate()?))?;
+            let mut spec = ClusterSpec::new(&name, gpus, Artifacts::locate()?);
+            spec.contain = contain;
+            let cluster = Cluster::start(spec)?;
             let kind = if cluster.spec.real_gpus { "real" } else { "simulated" };
             println!("cluster {name} is up with {gpus} {kind} GPUs in {}", dir.display());
             println!("export SLURM_CONF={}", dir.join("slurm.conf").display());
@@ -52,6 +59,6 @@ fn run(args: Vec<String>) -> Result<()> {
             println!("export SLURM_CONF={}", dir.join("slurm.conf").display());
             Ok(())
         }
-        _ => bail!("usage: gpu-mode-cluster up|down|env [--name NAME] [--gpus N]"),
+        _ => bail!("usage: gpu-mode-cluster up|down|env [--name NAME] [--gpus N] [--contain]"),
     }
 }
