@@ -2,6 +2,7 @@
 //! gpu_mode_core::lifecycle; see docs/architecture.md.
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    std::process::exit(gpu_mode_core::lifecycle::hook_main(gpu_mode_core::lifecycle::Verb::Epilog, &args));
+    let matches = gpu_mode_epilog::cli::command().get_matches();
+    let config = gpu_mode_epilog::cli::config(&matches);
+    std::process::exit(gpu_mode_core::lifecycle::run_hook(gpu_mode_core::lifecycle::Verb::Epilog, config));
 }

@@ -185,13 +185,18 @@ pub const EXIT_USAGE: i32 = 2;
 /// The whole of `gpu-mode-prolog` / `gpu-mode-epilog`: arguments, config, job
 /// environment, the verb, and [`finish`]. Returns the process exit code.
 pub fn hook_main(verb: Verb, args: &[String]) -> i32 {
-    let config_path = match parse_hook_args(args) {
-        Ok(p) => p,
+    match parse_hook_args(args) {
+        Ok(config_path) => run_hook(verb, config_path),
         Err(msg) => {
             crate::log::stderr_line(&format!("gpu-mode-{}: {msg}\nusage: gpu-mode-{} [--config PATH]", verb.name(), verb.name()));
-            return EXIT_USAGE;
+            EXIT_USAGE
         }
-    };
+    }
+}
+
+/// [`hook_main`] after the arguments: the binaries parse theirs with clap
+/// (their man pages come from those definitions) and call this.
+pub fn run_hook(verb: Verb, config_path: Option<std::path::PathBuf>) -> i32 {
     let env = match JobEnv::from_process_env() {
         Ok(e) => e,
         Err(e) => {
