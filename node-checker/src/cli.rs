@@ -27,6 +27,13 @@ pub enum Command {
         #[arg(long, default_value_t = 200)]
         xid_wait_ms: u64,
     },
+    /// Load the site configuration and report whether it is valid (exit 0,
+    /// or 2 naming the problem). Touches no GPU: for config management,
+    /// e.g. Ansible's template validate.
+    CheckConfig {
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
     /// After a repair: forget this boot's XIDs, accept the current ECC counts.
     Ack {
         #[arg(long)]

@@ -53,6 +53,12 @@ fn run(cli: Cli) -> Result<ExitCode, ExitCode> {
             stdout_text(&out);
             Ok(ExitCode::SUCCESS)
         }
+        Some(Command::CheckConfig { config }) => {
+            load(config.as_deref())?;
+            let path = config.unwrap_or_else(|| gpu_mode_core::config::DEFAULT_CONFIG_PATH.into());
+            stdout_line(&format!("{}: valid", path.display()));
+            Ok(ExitCode::SUCCESS)
+        }
         Some(Command::Ack { config }) => {
             let config = load(config.as_deref())?;
             let msg = health::run::acknowledge(&config).map_err(|e| {
