@@ -1,8 +1,10 @@
 //! `gpu-mode-epilog`: Slurm's Epilog= for slurm-gpu-mode. All logic lives in
-//! gpu_mode_core::lifecycle; see docs/architecture.md.
+//! gpu_mode_core::lifecycle (its command line in lifecycle::cli); see
+//! docs/architecture.md.
+
+use gpu_mode_core::lifecycle::{cli, run_hook, Verb};
 
 fn main() {
-    let matches = gpu_mode_epilog::cli::command().get_matches();
-    let config = gpu_mode_epilog::cli::config(&matches);
-    std::process::exit(gpu_mode_core::lifecycle::run_hook(gpu_mode_core::lifecycle::Verb::Epilog, config));
+    let matches = cli::command(Verb::Epilog).get_matches();
+    std::process::exit(run_hook(Verb::Epilog, cli::config(&matches)));
 }

@@ -4,13 +4,14 @@
 //! is written by hand (docs/man/gpu-mode.8): it documents a grammar, not a
 //! command line. The packages install both (Cargo.toml, packaging/).
 
+use gpu_mode_core::lifecycle::{cli, Verb};
 use std::path::Path;
 
 /// Every program the packages install, with its command.
 pub fn commands() -> Vec<clap::Command> {
     vec![
-        gpu_mode_prolog::cli::command(),
-        gpu_mode_epilog::cli::command(),
+        cli::command(Verb::Prolog),
+        cli::command(Verb::Epilog),
         gpu_mode_node_checker::cli::command(),
         gpu_mode_checkpoint::cli::command(),
     ]

@@ -1,8 +1,10 @@
 //! `gpu-mode-prolog`: Slurm's Prolog= for slurm-gpu-mode. All logic lives in
-//! gpu_mode_core::lifecycle; see docs/architecture.md.
+//! gpu_mode_core::lifecycle (its command line in lifecycle::cli); see
+//! docs/architecture.md.
+
+use gpu_mode_core::lifecycle::{cli, run_hook, Verb};
 
 fn main() {
-    let matches = gpu_mode_prolog::cli::command().get_matches();
-    let config = gpu_mode_prolog::cli::config(&matches);
-    std::process::exit(gpu_mode_core::lifecycle::run_hook(gpu_mode_core::lifecycle::Verb::Prolog, config));
+    let matches = cli::command(Verb::Prolog).get_matches();
+    std::process::exit(run_hook(Verb::Prolog, cli::config(&matches)));
 }
