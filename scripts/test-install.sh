@@ -13,31 +13,33 @@
 # systemd is not PID 1 on the CI machine: the role enables units offline
 # (systemctl enable works on files, checked with is-enabled) and reports the
 # starts as skipped; its `gpu_mode_systemd: true` path is not run here.
-# Usage (root): scripts/test-install.sh [DEB]   (default target/packages/*.deb)
+# It installs and purges the package on this machine and removes the
+# persistenced unit files the role wrote: a CI or development machine, never
+# a production node.
+# Usage (root): scripts/test-install.sh [DEB | --tools]   (default target/packages/*.deb)
 set -eu
 cd "$(dirname "$0")/.."
 . scripts/common.sh
-require_root
-ensure_packages
-ensure_rust
-GPU_MODE_APT_PACKAGES="python3-venv python3-apt" ensure_packages
+prepare python3-venv python3-apt
 
 base=${GPU_MODE_CLUSTER_BASE:-/tmp/gpu-mode-cluster}
 name=installed
 dir=$base/$name
-deb=${1:-$(ls target/packages/slurm-gpu-mode_*_amd64.deb 2>/dev/null | head -n1)}
-[ -f "$deb" ] || die "no .deb: run scripts/test-packaging.sh first (or pass its path)"
-deb=$(readlink -f "$deb")
 
-t0=$(date +%s)
-step() { echo "== [$(( $(date +%s) - t0 ))s] $*"; }
 
 step "ansible-core from PyPI"
 venv=target/ansible-venv
 [ -x "$venv/bin/ansible-playbook" ] || {
+    rm -rf "$venv"
     python3 -m venv "$venv"
     "$venv/bin/pip" install -q 'ansible-core==2.17.*'
 }
+# --tools: only the above (test.sh installs it while other tests run).
+[ "${1:-}" = --tools ] && exit 0
+
+deb=${1:-$(ls target/packages/slurm-gpu-mode_*_amd64.deb 2>/dev/null | head -n1)}
+[ -f "$deb" ] || die "no .deb: run scripts/test-packaging.sh first (or pass its path)"
+deb=$(readlink -f "$deb")
 
 # The simulated GPU side and the harness (test.sh built them).
 cargo build -q -p gpu-mode-tests -p nvml-sim -p mps-sim

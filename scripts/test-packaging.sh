@@ -4,23 +4,20 @@
 # distro's Slurm expects it, and the systemd units pass `systemd-analyze
 # verify` (any message fails). Installs what it needs: lintian, rpm and
 # systemd (Debian packages), cargo-deb and cargo-generate-rpm (crates.io).
-# Usage (root): scripts/test-packaging.sh
+# Usage (root): scripts/test-packaging.sh [--tools]
 set -eu
 cd "$(dirname "$0")/.."
 . scripts/common.sh
-require_root
-ensure_packages
-ensure_rust
-GPU_MODE_APT_PACKAGES="lintian rpm systemd" ensure_packages
+prepare lintian rpm systemd
 
-t0=$(date +%s)
-step() { echo "== [$(( $(date +%s) - t0 ))s] $*"; }
 
 # Pinned: their metadata keys are what spank-plugin/Cargo.toml uses.
 if ! cargo deb --version 2>/dev/null | grep -q '3\.8\.0' || ! cargo generate-rpm --version 2>/dev/null | grep -q '0\.21\.1'; then
     step "cargo install cargo-deb 3.8.0, cargo-generate-rpm 0.21.1"
     cargo install -q --locked cargo-deb@3.8.0 cargo-generate-rpm@0.21.1
 fi
+# --tools: only the above (test.sh installs them while other tests run).
+[ "${1:-}" = --tools ] && exit 0
 
 step "build the packages"
 out=target/packages

@@ -7,18 +7,13 @@
 # plugin and the test binaries are built on this machine (bookworm's glibc
 # is older than trixie's, so they run there); bindgen reads the root's
 # <slurm/spank.h> and plugin_version comes from its slurm_version.h.
-# Usage (root): scripts/test-slurm-2411.sh
+# Usage (root): scripts/test-slurm-2411.sh [--root]
 set -eu
 cd "$(dirname "$0")/.."
 . scripts/common.sh
-require_root
-ensure_packages
-ensure_rust
-GPU_MODE_APT_PACKAGES="debootstrap" ensure_packages
+prepare debootstrap
 
 root=${GPU_MODE_TRIXIE_ROOT:-/var/tmp/slurm-gpu-mode-trixie}
-t0=$(date +%s)
-step() { echo "== [$(( $(date +%s) - t0 ))s] $*"; }
 
 if [ ! -x "$root/usr/sbin/slurmd-wlm" ] || [ ! -f "$root/usr/include/slurm/spank.h" ]; then
     step "debootstrap trixie with Slurm 24.11 into $root"
@@ -31,6 +26,8 @@ num=$(sed -n 's/^#define SLURM_VERSION_NUMBER 0x\([0-9a-fA-F]*\).*/\1/p' "$root/
 version=$(printf '%d.%02d.%d' "0x$(echo "$num" | cut -c1-2)" "0x$(echo "$num" | cut -c3-4)" "0x$(echo "$num" | cut -c5-6)")
 case "$version" in 24.11.*) ;; *) die "the trixie root has Slurm $version, not 24.11" ;; esac
 step "Slurm $version in $root"
+# --root: only the trixie root (test.sh makes it while other tests run).
+[ "${1:-}" = --root ] && exit 0
 # debootstrap writes no /etc/hosts: the cluster's node and controller are
 # "localhost", and srun/salloc give slurmctld this machine's hostname to
 # answer to (unresolvable, each waits ~10 s of retries).
