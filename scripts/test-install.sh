@@ -41,8 +41,10 @@ deb=${1:-$(ls target/packages/slurm-gpu-mode_*_amd64.deb 2>/dev/null | head -n1)
 [ -f "$deb" ] || die "no .deb: run scripts/test-packaging.sh first (or pass its path)"
 deb=$(readlink -f "$deb")
 
-# The simulated GPU side and the harness (test.sh built them).
-cargo build -q -p gpu-mode-tests -p nvml-sim -p mps-sim
+# The simulated GPU side and the harness (test.sh built them). The whole
+# workspace: a -p subset would build gpu-mode-core with other features, so
+# anew.
+cargo build -q --workspace
 cluster=target/debug/gpu-mode-cluster
 
 cleanup() {

@@ -34,15 +34,16 @@ step "Slurm $version in $root"
 printf '127.0.0.1\tlocalhost\n127.0.1.1\t%s\n::1\tlocalhost ip6-localhost ip6-loopback\n' "$(hostname)" > "$root/etc/hosts"
 
 step "build the plugin against $root/usr/include (and the test binaries)"
-# Same target dir: only the plugin is rebuilt (build.rs reruns when
-# SLURM_INCLUDE_DIR changes), and again for 22.05 by the next plain build.
-SLURM_INCLUDE_DIR=$root/usr/include cargo build -q -p gpu-mode-spank
+# Same target dir and the whole workspace (a -p subset would build
+# gpu-mode-core with other features, so anew): only the plugin is rebuilt
+# (build.rs reruns when SLURM_INCLUDE_DIR changes), and again for 22.05 by
+# the next plain build.
+SLURM_INCLUDE_DIR=$root/usr/include cargo build -q --workspace
 art=$root/opt/gpu-mode/artifacts
 rm -rf "$root/opt/gpu-mode"
 mkdir -p "$art" "$root/opt/gpu-mode/tests"
 cp target/debug/libgpu_mode_spank.so "$art/"
-SLURM_INCLUDE_DIR=$root/usr/include cargo test -q -p gpu-mode-spank --test exports 2>&1 | tail -n 2
-cargo build -q -p gpu-mode-prolog -p gpu-mode-epilog -p gpu-mode-node-checker -p nvml-sim -p mps-sim
+SLURM_INCLUDE_DIR=$root/usr/include cargo test -q --workspace --test exports 2>&1 | tail -n 2
 for f in gpu-mode-prolog gpu-mode-epilog gpu-mode-node-checker libnvml_sim.so nvml-sim-ctl \
     nvidia-cuda-mps-control nvidia-cuda-mps-server; do
     cp "target/debug/$f" "$art/"
@@ -52,7 +53,7 @@ printf 'plugin_version of the 24.11 build: '
 nm -D --defined-only "$art/libgpu_mode_spank.so" | grep -q ' plugin_version$' && echo "exported"
 tests=""
 for t in submit_validation mode_reaches_node; do
-    exe=$(cargo test -p gpu-mode-tests --test "$t" --no-run 2>&1 | sed -n "s|.*(\(target/debug/deps/$t-[0-9a-f]*\)).*|\1|p" | tail -n1)
+    exe=$(cargo test --workspace --test "$t" --no-run 2>&1 | sed -n "s|.*(\(target/debug/deps/$t-[0-9a-f]*\)).*|\1|p" | tail -n1)
     [ -x "$exe" ] || die "no test binary for $t"
     cp "$exe" "$root/opt/gpu-mode/tests/$t"
     tests="$tests $t"
