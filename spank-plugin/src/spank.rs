@@ -7,8 +7,6 @@
 //! callback under `catch_unwind` and turns errors and panics into a logged
 //! line and `-1`, and the option callback does no more than store a value.
 
-#![allow(non_camel_case_types, non_upper_case_globals, non_snake_case, dead_code, clippy::all)]
-
 use std::error::Error;
 use std::ffi::{CStr, CString, OsStr, OsString};
 use std::fmt;
@@ -19,13 +17,17 @@ use std::sync::Mutex;
 
 /// The generated bindings (only the items build.rs allowlists).
 pub mod sys {
-    #![allow(non_camel_case_types, non_upper_case_globals, non_snake_case, dead_code)]
+    // Generated: C names and items Slurm defines but we do not use.
+    #![allow(non_camel_case_types, non_upper_case_globals, non_snake_case, dead_code, clippy::all)]
     include!(concat!(env!("OUT_DIR"), "/spank_sys.rs"));
 }
 
 /// The Slurm version the plugin was built against (`SLURM_VERSION_NUMBER`
 /// of the installed headers); exported as `plugin_version`.
-pub const SLURM_VERSION_NUMBER: u32 = sys::SLURM_VERSION_NUMBER as u32;
+pub const SLURM_VERSION_NUMBER: u32 = sys::SLURM_VERSION_NUMBER;
+
+// The oldest Slurm whose SPANK API this plugin is written against.
+const _: () = assert!(SLURM_VERSION_NUMBER >= 0x160500, "the Slurm headers found are older than 22.05: not supported");
 
 /// `major.minor.micro` of [`SLURM_VERSION_NUMBER`].
 pub fn built_for() -> String {
@@ -302,7 +304,6 @@ mod tests {
         .unwrap();
         let line = header.lines().find(|l| l.starts_with("#define SLURM_VERSION_NUMBER")).unwrap();
         let hex = line.split_whitespace().last().unwrap().trim_start_matches("0x");
-        assert_eq!(SLURM_VERSION_NUMBER, u32::from_str_radix(hex, 16).unwrap());
-        assert!(SLURM_VERSION_NUMBER >= 0x160500, "older than 22.05: {}", built_for());
+        assert_eq!(SLURM_VERSION_NUMBER, u32::from_str_radix(hex, 16).unwrap(), "built for {}", built_for());
     }
 }
