@@ -49,36 +49,23 @@ fn with_state<T>(f: impl FnOnce(&mut PluginState) -> T) -> T {
 
 type Raw = spank::sys::spank_t;
 
-// Safety of the four exports: Slurm calls them with its own handle and the
-// plugstack arguments (argc, argv), which is all `spank::callback` relies on.
-
-/// # Safety
-/// Called by Slurm only, with its handle and plugstack arguments.
-#[no_mangle]
-pub unsafe extern "C" fn slurm_spank_init(sp: Raw, ac: c_int, av: *mut *mut c_char) -> c_int {
-    spank::callback("slurm_spank_init", sp, ac, av, init)
+/// Exports one SPANK callback: Slurm calls `$c` with its handle and the
+/// plugstack arguments (all `spank::callback` relies on), which runs `$f`.
+macro_rules! export_callback {
+    ($c:ident => $f:path) => {
+        /// # Safety
+        /// Called by Slurm only, with its handle and plugstack arguments.
+        #[no_mangle]
+        pub unsafe extern "C" fn $c(sp: Raw, ac: c_int, av: *mut *mut c_char) -> c_int {
+            spank::callback(stringify!($c), sp, ac, av, $f)
+        }
+    };
 }
 
-/// # Safety
-/// Called by Slurm only, with its handle and plugstack arguments.
-#[no_mangle]
-pub unsafe extern "C" fn slurm_spank_init_post_opt(sp: Raw, ac: c_int, av: *mut *mut c_char) -> c_int {
-    spank::callback("slurm_spank_init_post_opt", sp, ac, av, init_post_opt)
-}
-
-/// # Safety
-/// Called by Slurm only, with its handle and plugstack arguments.
-#[no_mangle]
-pub unsafe extern "C" fn slurm_spank_task_init_privileged(sp: Raw, ac: c_int, av: *mut *mut c_char) -> c_int {
-    spank::callback("slurm_spank_task_init_privileged", sp, ac, av, task_init_privileged)
-}
-
-/// # Safety
-/// Called by Slurm only, with its handle and plugstack arguments.
-#[no_mangle]
-pub unsafe extern "C" fn slurm_spank_task_init(sp: Raw, ac: c_int, av: *mut *mut c_char) -> c_int {
-    spank::callback("slurm_spank_task_init", sp, ac, av, task_init)
-}
+export_callback!(slurm_spank_init => init);
+export_callback!(slurm_spank_init_post_opt => init_post_opt);
+export_callback!(slurm_spank_task_init_privileged => task_init_privileged);
+export_callback!(slurm_spank_task_init => task_init);
 
 fn init(spank: &mut Spank) -> Result<(), Box<dyn Error>> {
     let parsed = args::PluginArgs::parse(&spank.plugin_argv()?)?;
