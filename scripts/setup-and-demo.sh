@@ -6,9 +6,7 @@
 set -eu
 cd "$(dirname "$0")/.."
 . scripts/common.sh
-require_root
-ensure_packages
-ensure_rust
+prepare
 
 echo "== building"
 cargo build --workspace --release

@@ -9,10 +9,10 @@ use crate::args::PluginArgs;
 use crate::options;
 use gpu_mode_core::job_env::{JOB_CONTROL_VAR, JOB_MODE_VAR};
 use gpu_mode_core::mode::GpuMode;
-use slurm_spank::{Context, SpankHandle};
+use crate::spank::{Context, Spank};
 use std::error::Error;
 
-pub fn init_post_opt(spank: &mut SpankHandle, args: &PluginArgs) -> Result<(), Box<dyn Error>> {
+pub fn init_post_opt(spank: &mut Spank, args: &PluginArgs) -> Result<(), Box<dyn Error>> {
     let Some(value) = options::gpu_mode_value(spank)? else {
         return Ok(());
     };

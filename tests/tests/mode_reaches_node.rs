@@ -49,7 +49,11 @@ fn the_job_state_reaches_every_task_of_batch_and_steps() {
     assert_eq!(job.exit_code, 0, "{}", job.output);
     let mut lines: Vec<&str> = job.output.lines().collect();
     lines.sort();
-    assert_eq!(lines, vec!["batch=checkpoint gpus=0", "task=checkpoint", "task=checkpoint"], "{}", job.output);
+    // One GPU, whichever Slurm picked (tests run concurrently; Slurm 24.11
+    // picks differently from 22.05).
+    let batch = lines.first().and_then(|l| l.strip_prefix("batch=checkpoint gpus=")).unwrap_or_default();
+    assert!(batch.parse::<u32>().is_ok(), "{}", job.output);
+    assert_eq!(&lines[1..], &["task=checkpoint", "task=checkpoint"], "{}", job.output);
 }
 
 #[test]
