@@ -104,10 +104,11 @@ SLURM_CONF=$dir/slurm.conf
 export SLURM_CONF
 /usr/bin/scontrol show config | grep -E '^(Prolog|Epilog|PrologFlags|PlugStackConfig) ' | sed 's/^/   /'
 
-job() { # MODE EXPECTED-LINE...: one job as gmtest1, its output must hold each line
-    mode=$1; shift
+job() { # MODE "SBATCH-OPTIONS" EXPECTED-LINE...: one job as gmtest1, its output must hold each line
+    mode=$1; opts=$2; shift 2
     out=$dir/out/installed-$(echo "$mode" | tr -c 'a-z0-9\n' _).out
-    if ! runuser -u gmtest1 -- /usr/bin/sbatch --wait --quiet --gres=gpu:1 --output="$out" --gpu-mode="$mode" \
+    # shellcheck disable=SC2086 # $opts: option words of this script's own
+    if ! runuser -u gmtest1 -- /usr/bin/sbatch --wait --quiet --gres=gpu:1 --output="$out" --gpu-mode="$mode" $opts \
         --wrap 'echo "mode=$SLURM_GPU_MODE gpus=$SLURM_GPU_MODE_GPUS mps_pipe=${CUDA_MPS_PIPE_DIRECTORY:+set}"'; then
         cat "$out" 2>/dev/null; tail -n 20 "$dir/log/slurmd.log"; die "the --gpu-mode=$mode job failed"
     fi
@@ -117,10 +118,11 @@ job() { # MODE EXPECTED-LINE...: one job as gmtest1, its output must hold each l
     echo "   --gpu-mode=$mode: $(cat "$out")"
 }
 step "one job per mode (as gmtest1)"
-job mps:threads=50 "mode=mps:threads=50 " "mps_pipe=set"
-job mig:1g.10gbx2 "mode=mig:1g.10gbx2 "
-job mig:@half "mode=mig:@half "
-job checkpoint "mode=checkpoint "
+# The simulated GPUs are H200s: their MIG profiles are 1g.18gb ... 7g.141gb.
+job mps:threads=50 "" "mode=mps:threads=50 " "mps_pipe=set"
+job mig:1g.18gbx2 "" "mode=mig:1g.18gbx2 "
+job mig:@half "" "mode=mig:@half "
+job checkpoint "--signal=B:USR1@60 --requeue" "mode=checkpoint "
 if runuser -u gmtest1 -- /usr/bin/sbatch --gpu-mode=mig:1g.10gbx9 --wrap true 2>"$dir/out/bad.err"; then
     die "sbatch accepted --gpu-mode=mig:1g.10gbx9"
 fi

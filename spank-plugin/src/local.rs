@@ -25,7 +25,7 @@ pub fn init_post_opt(spank: &mut Spank, args: &PluginArgs) -> Result<(), Box<dyn
     }
     if mode == GpuMode::Checkpoint {
         for advice in checkpoint_submission(args)? {
-            gpu_mode_core::log::stderr_line(&format!("gpu-mode: {advice}"));
+            gpu_mode_core::log::stderr_line(&advice);
         }
     }
     spank.job_control_setenv(JOB_CONTROL_VAR, mode.to_string(), true)?;

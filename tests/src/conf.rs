@@ -365,7 +365,8 @@ fn write_installed(spec: &ClusterSpec, install: &SlurmInstall, sim: Option<&SimP
         "runtime_dir": d.join("run"),
         "slurm": { "scontrol": install.bin("scontrol"), "gres_conf": d.join("gres.conf") },
         "log": { "syslog": false, "stderr": true },
-        "mig": { "layouts": { "half": "3g.40gbx2" } },
+        "mig": { "layouts": { "half": "3g.71gbx2" } },
+        "checkpoint": { "image_dir": d.join("images") },
     });
     if let Some(s) = sim {
         let pointer = Path::new(nvml_sim_pointer());
@@ -382,6 +383,11 @@ fn write_installed(spec: &ClusterSpec, install: &SlurmInstall, sim: Option<&SimP
         fs::write(d.join("kmsg"), "6,1,0,-;Linux version x\n")?;
         settings["nvml"] = serde_json::json!({ "library": s.nvml_library });
         settings["mps"] = serde_json::json!({ "control": s.mps_control, "quit_timeout_ms": 2000, "kill_timeout_ms": 1000 });
+        settings["checkpoint"] = serde_json::json!({
+            "image_dir": d.join("images"),
+            "cuda_library": s.nvml_library.with_file_name("libcuda_sim.so"),
+            "device_paths": ["/dev/nvidia", format!("{}.cuda/gpus/", s.nvml_state.display())],
+        });
         settings["health"] = serde_json::json!({
             "sysfs_root": sysfs, "kmsg_path": d.join("kmsg"), "expected_gpus": spec.gpus,
             // The CI machine runs no nvidia-persistenced (no driver, and
