@@ -48,9 +48,16 @@ out=$(SLURM_INCLUDE_DIR=$root/usr/include cargo test -q --workspace --lib --test
     { echo "$out"; die "the plugin's version or export tests failed against Slurm $version's headers"; }
 echo "$out" | grep '^test result' | sed 's/^/   /'
 for f in gpu-mode-prolog gpu-mode-epilog gpu-mode-node-checker libnvml_sim.so nvml-sim-ctl \
-    nvidia-cuda-mps-control nvidia-cuda-mps-server; do
+    nvidia-cuda-mps-control nvidia-cuda-mps-server gpu-mode-ckpt-agent gpu-mode-run libcuda_sim.so; do
     cp "target/debug/$f" "$art/"
 done
+# Checkpoint jobs need CRIU where the prolog runs (scripts/install-criu.sh put
+# it here; its tree runs wherever it is copied).
+if [ -x /opt/slurm-gpu-mode/criu/bin/criu ]; then
+    mkdir -p "$root/opt/slurm-gpu-mode"
+    rm -rf "$root/opt/slurm-gpu-mode/criu"
+    cp -a /opt/slurm-gpu-mode/criu "$root/opt/slurm-gpu-mode/criu"
+fi
 cp -r sim/nvml/fixtures "$art/fixtures"
 tests=""
 for t in submit_validation mode_reaches_node; do
