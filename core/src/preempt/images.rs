@@ -170,9 +170,9 @@ pub fn cleanup_after_job(store: &ImageStore, job: u32, restart: u32) -> io::Resu
     Ok(Cleanup::Removed)
 }
 
-/// For an epilog that knows the job ended for good (completed, cancelled,
-/// failed) even though its run completed an image (a cancel arrives as
-/// SIGTERM, which gpu-mode-run also checkpoints on): removes all of it.
+/// For a caller that knows the job ended for good (completed, cancelled,
+/// failed) even though a run completed an image (e.g. a cancel during the
+/// dump): removes all of it.
 pub fn discard_job_images(store: &ImageStore, job: u32) -> io::Result<()> {
     fsutil::remove_tree_if_present(&store.job_dir(job))
 }
