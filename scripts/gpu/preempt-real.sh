@@ -67,34 +67,24 @@ field() { $S/scontrol show job -o "$1" | tr ' ' '\n' | sed -n "s/^$2=//p"; }
 state_is() { [ "$(field "$1" JobState)" = "$2" ]; }
 requeued() { state_is "$1" PENDING && [ "$(field "$1" Restarts)" = 1 ]; }
 finished() { case "$(field "$1" JobState)" in COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY) return 0 ;; esac; return 1; }
-ready_all() { local i; for i in $(seq 0 $(($2 - 1))); do [ -s "$1/ready.$i" ] || return 1; done; }
+ready_all() { local i; for i in $(seq 0 $(($2 - 1))); do [ -s "$1/ready$i" ] || return 1; done; }
 wait_until() {
     local limit=$1 what=$2 i=0; shift 2
     until "$@"; do sleep 0.5; i=$((i + 1)); [ $i -ge $((limit * 2)) ] && { say "timed out after $limit s waiting for $what"; return 1; }; done
+    return 0  # (an until loop's status is its body's last, here the failed test)
 }
 apps() { nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv,noheader; }
 
-cat > "$B/ranks.sh" <<'EOF'
-#!/bin/sh
-# Two ranks of one job, one per GPU of the job: $1 GiB each, ready files $2.0
-# and $2.1, both verify once $3 exists. Exits with the worse status.
-T=/opt/gm-preempt/gpu-mode-ckpt-testprog
-$T --gib "$1" --device 0 --seed 21 --ready "$2.0" --go "$3" & a=$!
-$T --gib "$1" --device 1 --seed 22 --ready "$2.1" --go "$3" & b=$!
-wait $a; ra=$?; wait $b; rb=$?
-[ $ra -ge $rb ] && exit $ra || exit $rb
-EOF
-chmod 755 "$B/ranks.sh"
 
 # preempt_case NAME GIB RANKS: one preemption, end to end (see the header).
 preempt_case() {
     local name=$1 gib=$2 ranks=$3 W=$U/$1 app job pre hold="" moved=0 why=""
     mkdir -p "$W"; chmod 1777 "$W"
-    if [ "$ranks" = 1 ]; then
-        app="$B/gpu-mode-ckpt-testprog --gib $gib --device 0 --seed 11 --ready $W/ready.0 --go $W/go"
-    else
-        app="/bin/sh $B/ranks.sh $gib $W/ready $W/go"
-    fi
+    # The ranks' launcher is the benchmark's (`launch N GPUS DIR APP ARGS`, a
+    # Rust parent that waits for them); rank i runs on the job's GPU i and
+    # writes its pid to $W/ready<i>. (A shell parent was seen to hang after a
+    # restore when a short-lived child of it died during the dump.)
+    app="$B/gpu-mode-preempt-bench launch $ranks $ranks $W $B/gpu-mode-ckpt-testprog --gib $gib --device {device} --seed {i} --ready {ready} --go $W/go"
     # exec: gpu-mode-run must be the batch shell, which --signal=B:USR1 reaches.
     printf '#!/bin/sh\nexec %s %s/gpu-mode-run --config %s/gpu-mode.toml -- %s\n' "$DROP" "$B" "$D" "$app" > "$W/job.sh"
     chmod 755 "$W/job.sh"
@@ -103,7 +93,7 @@ preempt_case() {
     say "$name: job $job ($gib GiB x $ranks, as $JOBUSER) submitted"
     if ! wait_until 300 "the pattern" ready_all "$W" "$ranks"; then cat "$W/job.out"; verdict "$name" 1 "never ready"; $S/scancel "$job"; return; fi
     apps > "$W/apps-before.txt"; say "$name: holding its pattern:"; cat "$W/apps-before.txt"
-    local pids; pids=$(cat "$W"/ready.* | tr '\n' ' ')
+    local pids="" f; for f in "$W"/ready?; do pids="$pids $(cat "$f")"; done
     pre=$(as gmtest2 $S/sbatch --parsable -J preemptor -p high --gres=gpu:"$N" --output="$W/preemptor.out" --wrap 'sleep 5')
     say "$name: preemptor $pre (gmtest2, $N GPUs) submitted"
     if ! wait_until 240 "the requeue" requeued "$job"; then cat "$W/job.out"; verdict "$name" 1 "not requeued"; $S/scancel "$job" "$pre"; return; fi
