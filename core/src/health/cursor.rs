@@ -79,7 +79,7 @@ impl Cursor {
     pub fn absorb(&mut self, boot_id: &str, records: &[Record], buses: &[(u32, String)], cfg: &HealthConfig) {
         self.start_boot(boot_id);
         let after = self.kmsg_seq;
-        for r in records.iter().filter(|r| after.map_or(true, |s| r.seq > s)) {
+        for r in records.iter().filter(|r| after.is_none_or(|s| r.seq > s)) {
             self.kmsg_seq = Some(self.kmsg_seq.map_or(r.seq, |s| s.max(r.seq)));
             let Some(x) = kmsg::parse_xid(&r.text) else { continue };
             if !cfg.xid_fail.contains(&x.xid) && !cfg.xid_warn.contains(&x.xid) {
