@@ -10,7 +10,9 @@
 //! binary killed by a timeout cannot run its destructors).
 
 pub mod artifacts;
+pub mod ckpt_jobs;
 pub mod conf;
+pub mod netns;
 pub mod process;
 pub mod shared;
 pub mod users;
@@ -78,8 +80,26 @@ impl Cluster {
         process::wait_for_path(&d.join("munge/munge.socket"), Duration::from_secs(10))
             .context("munged did not create its socket")?;
         let conf = d.join("slurm.conf");
+        if let Some(net) = self.spec.node_net() {
+            net.create()?;
+        }
         self.daemon(&self.install.sbin("slurmctld"), &["-f", conf.to_str().unwrap()])?;
-        self.daemon(&self.install.sbin("slurmd"), &["-N", &self.spec.node_name, "-f", conf.to_str().unwrap()])?;
+        match self.spec.node_net() {
+            None => self.daemon(&self.install.sbin("slurmd"), &["-N", &self.spec.node_name, "-f", conf.to_str().unwrap()])?,
+            Some(net) => {
+                for (i, node) in self.spec.node_names().iter().enumerate() {
+                    let nd = self.spec.node_dir(node);
+                    let binds = [(nd.join("sim"), d.join("sim")), (nd.join("run"), d.join("run"))];
+                    let mut cmd = Command::new(self.install.sbin("slurmd"));
+                    cmd.args(["-N", node, "-f", conf.to_str().unwrap()]).envs(self.install.daemon_env()).stdin(Stdio::null());
+                    let _ns = net.enter(i, &mut cmd, &binds)?;
+                    let out = process::output_with_timeout(cmd, Duration::from_secs(30))?;
+                    if !out.status.success() {
+                        bail!("slurmd -N {node} failed ({}): {}\n{}", out.status, String::from_utf8_lossy(&out.stderr), self.logs_tail());
+                    }
+                }
+            }
+        }
         self.wait_node_idle(Duration::from_secs(60))
     }
 
@@ -107,22 +127,32 @@ impl Cluster {
 
     fn wait_node_idle(&self, timeout: Duration) -> Result<()> {
         let start = Instant::now();
-        let mut last = String::new();
-        while start.elapsed() < timeout {
-            if let Ok((state, _)) = self.node_state() {
-                if state.starts_with("IDLE") {
-                    return Ok(());
+        for node in self.spec.node_names() {
+            let mut last = String::new();
+            loop {
+                if let Ok((state, _)) = self.node_state_of(&node) {
+                    if state.starts_with("IDLE") {
+                        break;
+                    }
+                    last = state;
                 }
-                last = state;
+                if start.elapsed() > timeout {
+                    bail!("node {node} not idle after {:?} (last state {last:?})\n{}", timeout, self.logs_tail());
+                }
+                std::thread::sleep(Duration::from_millis(250));
             }
-            std::thread::sleep(Duration::from_millis(250));
         }
-        bail!("node {} not idle after {:?} (last state {last:?})\n{}", self.spec.node_name, timeout, self.logs_tail())
+        Ok(())
     }
 
     /// The node's state and reason, from `scontrol show node`.
     pub fn node_state(&self) -> Result<(String, String)> {
-        let out = self.client("scontrol", &["show", "node", &self.spec.node_name]).run_as_root()?;
+        self.node_state_of(&self.spec.node_name)
+    }
+
+    /// [`Cluster::node_state`] of one node of a two-node cluster.
+    pub fn node_state_of(&self, node: &str) -> Result<(String, String)> {
+        let out = self.client("scontrol", &["show", "node", node]).run_as_root()?;
         if !out.status.success() {
             bail!("scontrol show node failed: {}", String::from_utf8_lossy(&out.stderr));
         }
@@ -252,7 +282,11 @@ impl Cluster {
 
     /// slurmctld/slurmd/hook log tails, for failure messages.
     pub fn logs_tail(&self) -> String {
-        ["slurmctld.log", "slurmd.log", "hooks.log", "munged.log"]
+        let mut files: Vec<String> = ["slurmctld.log", "slurmd.log", "hooks.log", "munged.log"].map(String::from).to_vec();
+        if self.spec.second_node.is_some() {
+            files.extend(self.spec.node_names().iter().map(|n| format!("slurmd-{n}.log")));
+        }
+        files
             .iter()
             .map(|f| {
                 let text = std::fs::read_to_string(self.dir.join("log").join(f)).unwrap_or_default();
@@ -277,6 +311,9 @@ impl Cluster {
         // Checkpoint agents run in sessions of their own (not the job's),
         // and a restored tree is its agent's child: neither goes with slurmd.
         process::stop_agents_in(&self.dir);
+        if let Some(net) = self.spec.node_net() {
+            net.remove();
+        }
     }
 }
 

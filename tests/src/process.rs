@@ -60,6 +60,16 @@ const PID_FILES: &[&str] = &["slurmd.pid", "slurmctld.pid", "munge/munged.pid"];
 /// Stops the daemons whose pid files are in `dir`: SIGTERM, then SIGKILL
 /// after 10 s. Also kills slurmstepds left by a slurmd of this directory.
 pub fn stop_daemons_in(dir: &Path) {
+    // The slurmds of a two-node cluster: slurmd-<node>.pid.
+    let per_node = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("slurmd-") && n.ends_with(".pid")));
+    for pid in per_node.filter_map(|p| read_pid(&p)) {
+        terminate(pid);
+    }
     for f in PID_FILES {
         if let Some(pid) = read_pid(&dir.join(f)) {
             terminate(pid);
