@@ -18,49 +18,15 @@
 //! message without CRIU unless GPU_MODE_REQUIRE_CRIU is set (CI).
 
 use gpu_mode_core::preempt::manifest::{Manifest, MANIFEST_FILE};
+use gpu_mode_tests::ckpt_jobs::*;
 use gpu_mode_tests::shared::cluster_with;
-use gpu_mode_tests::{Cluster, JobInfo, Preemption};
-use std::path::{Path, PathBuf};
+use gpu_mode_tests::{Cluster, Preemption};
+use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
-use std::time::{Duration, Instant};
-
-const CRIU: &str = "/opt/slurm-gpu-mode/criu/bin/criu";
-/// Steps of the counter: 100 ms each, so a job runs about 6 s in all.
-const STEPS: u64 = 60;
-/// The application's exit code, which the job must end with.
-const EXIT: i32 = 7;
-/// Generous: two cores shared with other builds; a requeued job waits
-/// cred_expire + 1 = 11 s before it may start again.
-const LONG: Duration = Duration::from_secs(120);
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Who {
-    User(&'static str),
-    CaplessRoot,
-}
-
-fn job_user() -> Who {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let eff = status.lines().find_map(|l| l.strip_prefix("CapEff:")).and_then(|v| u64::from_str_radix(v.trim(), 16).ok()).unwrap_or(0);
-    // CAP_SYS_RESOURCE is capability 24.
-    if eff & (1 << 24) != 0 {
-        Who::User("gmtest1")
-    } else {
-        Who::CaplessRoot
-    }
-}
+use std::time::Duration;
 
 fn c() -> Option<&'static Cluster> {
-    if !std::process::Command::new(CRIU).arg("check").output().is_ok_and(|o| o.status.success()) {
-        let why = format!("{CRIU} missing or `criu check` fails: run scripts/install-criu.sh");
-        // scripts/test.sh (CI) installs CRIU and sets this: a skip there would hide the feature.
-        if std::env::var_os("GPU_MODE_REQUIRE_CRIU").is_some() {
-            panic!("CRIU is required here (GPU_MODE_REQUIRE_CRIU): {why}");
-        }
-        eprintln!("skipped: {why}");
-        return None;
-    }
-    Some(cluster_with("preempt_checkpoint", 2, |s| s.preemption = Some(Preemption::default())))
+    criu_ready().then(|| cluster_with("preempt_checkpoint", 2, |s| s.preemption = Some(Preemption::default())))
 }
 
 /// One scenario at a time (see module docs); a failed one does not block the rest.
@@ -70,100 +36,6 @@ fn serial() -> MutexGuard<'static, ()> {
     let who = job_user();
     eprintln!("preempted jobs run as {who:?} (root {} CAP_SYS_RESOURCE)", if who == Who::CaplessRoot { "lacks" } else { "has" });
     guard
-}
-
-fn bin(c: &Cluster, name: &str) -> String {
-    c.spec.artifacts.prolog.parent().unwrap().join(name).display().to_string()
-}
-
-fn submitter(who: Who) -> Option<&'static str> {
-    match who {
-        Who::User(u) => Some(u),
-        Who::CaplessRoot => None,
-    }
-}
-
-/// The counter's arguments (its pid goes to `ready` after step 1).
-fn counter(c: &Cluster, ready: &Path) -> Vec<String> {
-    let mut a = vec![bin(c, "cuda-sim-counter")];
-    for w in ["--steps", &STEPS.to_string(), "--interval-ms", "100", "--mib", "8", "--exit-code", &EXIT.to_string(), "--ready"] {
-        a.push(w.to_string());
-    }
-    a.push(ready.display().to_string());
-    a
-}
-
-/// Submits a checkpoint job on `low` whose batch shell is `gpu-mode-run app`,
-/// as the user submits it (docs/checkpoint.md "What users do").
-fn submit_low(c: &Cluster, who: Who, name: &str, app: &[String]) -> u32 {
-    let mut words: Vec<String> = vec!["exec".into()];
-    if who == Who::CaplessRoot {
-        // Root without capabilities stands in for a user (module docs).
-        words.extend(["/usr/bin/setpriv", "--bounding-set=-all", "--inh-caps=-all", "--"].map(String::from));
-    }
-    let config = c.dir.join("gpu-mode.toml").display().to_string();
-    words.extend([bin(c, "gpu-mode-run"), "--config".into(), config, "--".into()]);
-    words.extend(app.iter().cloned());
-    // exec: the wrapper must be the batch shell, which --signal=B: reaches.
-    let script = format!("#!/bin/sh\n{}\n", words.join(" "));
-    let args = ["-J", name, "-p", "low", "--gpu-mode=checkpoint", "--signal=B:USR1@60", "--requeue", "--open-mode=append", "--gres=gpu:1"];
-    c.submit(submitter(who), &args, &script, &c.sim_job_env()).unwrap()
-}
-
-/// A high-priority job taking both GPUs (so it must preempt) for `secs`.
-fn submit_preemptor(c: &Cluster, user: Option<&str>, gpus: u32, secs: u32) -> u32 {
-    let script = format!("#!/bin/sh\necho preemptor $(id -un) on GPUs $CUDA_VISIBLE_DEVICES\nsleep {secs}\n");
-    c.submit(user, &["-J", "preemptor", "-p", "high", &format!("--gres=gpu:{gpus}")], &script, &[]).unwrap()
-}
-
-/// `(step, GPU UUID)` of every `step <n> gpu <uuid>` line of the output.
-fn steps(output: &str) -> Vec<(u64, String)> {
-    output
-        .lines()
-        .filter_map(|l| {
-            let mut w = l.strip_prefix("step ")?.split(' ');
-            Some((w.next()?.parse().ok()?, w.nth(1)?.to_string()))
-        })
-        .collect()
-}
-
-fn last_step(c: &Cluster, job: u32) -> u64 {
-    steps(&c.job_output(job)).last().map_or(0, |s| s.0)
-}
-
-fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !f() {
-        assert!(start.elapsed() < limit, "timed out after {limit:?} waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-fn wait_steps(c: &Cluster, job: u32, n: u64) {
-    let start = Instant::now();
-    while last_step(c, job) < n {
-        if start.elapsed() > LONG {
-            panic!("job {job} did not reach step {n}: {:?}\n{}\n{}", c.job(job).ok(), c.job_output(job), c.logs_tail());
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-fn finished(j: &JobInfo) -> bool {
-    ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"].contains(&j.state())
-}
-
-fn wait_finished(c: &Cluster, job: u32) -> JobInfo {
-    c.wait_job(job, "the job's end", LONG, finished).unwrap()
-}
-
-/// Waits until the job is back in the queue after run `restarts - 1`.
-fn wait_requeued(c: &Cluster, job: u32, restarts: u32) -> JobInfo {
-    c.wait_job(job, "the requeue", LONG, |j| j.state() == "PENDING" && j.restarts() == restarts).unwrap()
-}
-
-fn images(c: &Cluster) -> PathBuf {
-    c.dir.join("images")
 }
 
 fn gpu_uuids(c: &Cluster) -> Vec<String> {
@@ -197,23 +69,6 @@ fn stuck_cuda_processes(c: &Cluster) -> Vec<String> {
         .collect()
 }
 
-/// Checkpoint agents of this cluster serving `job`.
-fn agents(c: &Cluster, job: u32) -> Vec<i32> {
-    let config = c.dir.join("gpu-mode.toml").display().to_string();
-    let job = job.to_string();
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            let argv = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            let argv: Vec<String> = argv.split(|b| *b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
-            argv.first().is_some_and(|a| a.ends_with("gpu-mode-ckpt-agent"))
-                && argv.windows(2).any(|w| w[0] == "--job" && w[1] == job)
-                && argv.contains(&config)
-        })
-        .collect()
-}
-
 /// What every scenario must leave: the job's agent gone, no simulated CUDA
 /// process locked or checkpointed, no image left of a job that ended, the
 /// node in service.
@@ -222,11 +77,6 @@ fn assert_nothing_stuck(c: &Cluster, job: u32) {
     assert!(stuck_cuda_processes(c).is_empty(), "{:?}", stuck_cuda_processes(c));
     let (state, reason) = c.node_state().unwrap();
     assert!(!state.contains("DRAIN") && !state.contains("DOWN"), "node {state} {reason}");
-}
-
-fn assert_images_removed(c: &Cluster, job: u32) {
-    let dir = images(c).join(job.to_string());
-    wait_for("the epilog to remove the job's images", Duration::from_secs(20), || !dir.exists());
 }
 
 /// A preempted job dumped, requeued and restored (by the preemptor `by`),
@@ -246,7 +96,7 @@ fn preempted_job_is_restored(by: Option<&'static str>, other_gpu: bool) {
     let on = uuids.iter().position(|u| *u == first_gpu).unwrap();
     assert!(gpu_pids(c)[on].contains(&app), "the application holds memory on its GPU: {:?}", gpu_pids(c));
 
-    let preemptor = submit_preemptor(c, by, 2, 3);
+    let preemptor = submit_preemptor(c, by, None, 2, 3);
     let pending = wait_requeued(c, job, 1);
     assert_eq!(pending.get("Partition"), "low");
     // Dumped: a complete image with its manifest, the application gone, its
@@ -271,7 +121,7 @@ fn preempted_job_is_restored(by: Option<&'static str>, other_gpu: bool) {
         // A second high job queued now takes the first free GPU when the
         // preemptor ends, before the requeued job may start: the job must
         // then come back on the other GPU.
-        submit_preemptor(c, by, 1, 60)
+        submit_preemptor(c, by, None, 1, 60)
     });
     let p = wait_finished(c, preemptor);
     assert_eq!(p.get("ExitCode"), "0:0");
@@ -327,7 +177,7 @@ fn failed_checkpoint_starts_over(name: &str, app: impl FnOnce(&Cluster, &Path) -
     let job = submit_low(c, who, name, &app(c, &ready));
     wait_steps(c, job, 5);
     spoil(c, job);
-    let preemptor = submit_preemptor(c, None, 2, 2);
+    let preemptor = submit_preemptor(c, None, None, 2, 2);
     wait_requeued(c, job, 1);
     let out = c.job_output(job);
     for n in [format!("gpu-mode-run: checkpoint of job {job} failed: "), needle.to_string(), "The job is requeued and will start over from the beginning.".into()] {
@@ -418,7 +268,7 @@ fn a_restore_refuses_another_users_or_a_corrupt_manifest_and_keeps_the_image() {
     let ready = c.dir.join("out").join(format!("refused-{}.ready", std::process::id()));
     let job = submit_low(c, who, "refused", &counter(c, &ready));
     wait_steps(c, job, 5);
-    let preemptor = submit_preemptor(c, None, 2, 1);
+    let preemptor = submit_preemptor(c, None, None, 2, 1);
     // Held: the spoiling must happen before the next run starts.
     wait_requeued(c, job, 1);
     let hold = c.client("scontrol", &["hold", &job.to_string()]).run_as_root().unwrap();

@@ -1,0 +1,87 @@
+//! `--gpu-mode=checkpoint` across nodes: two slurmd nodes on this machine
+//! (`gma`, `gmb`; each in network and mount namespaces of its own, with its
+//! own address, runtime directory and simulated GPUs with other UUIDs:
+//! gpu_mode_tests::netns). A job preempted on `gma` while the preemptor
+//! keeps `gma` busy is requeued, lands on `gmb`, and is restored there from
+//! the image directory both nodes share, onto `gmb`'s GPU through the
+//! manifest's device map. Who runs the job: as in preempt_checkpoint.rs.
+//! Needs root, `ip`, CRIU 4 and `cargo build --workspace`.
+
+use gpu_mode_core::preempt::manifest::Manifest;
+use gpu_mode_tests::ckpt_jobs::*;
+use gpu_mode_tests::shared::cluster_with;
+use gpu_mode_tests::{Cluster, Preemption};
+use std::os::unix::fs::MetadataExt;
+use std::time::Duration;
+
+const NODES: [&str; 2] = ["gma", "gmb"];
+
+fn c() -> Option<&'static Cluster> {
+    criu_ready().then(|| {
+        cluster_with("preempt_other_node", 2, |s| {
+            s.preemption = Some(Preemption::default());
+            s.node_name = NODES[0].into();
+            s.second_node = Some(NODES[1].into());
+        })
+    })
+}
+
+/// A node's simulated GPU UUIDs, in NVML order.
+fn uuids(c: &Cluster, node: &str) -> Vec<String> {
+    let state: serde_json::Value = serde_json::from_slice(&std::fs::read(c.spec.node_dir(node).join("sim/nvml-state.json")).unwrap()).unwrap();
+    state["gpus"].as_array().unwrap().iter().map(|g| g["uuid"].as_str().unwrap().to_string()).collect()
+}
+
+/// The network namespace a process is in, as its inode.
+fn net_ns(pid: &str) -> u64 {
+    std::fs::metadata(format!("/proc/{pid}/ns/net")).unwrap().ino()
+}
+
+#[test]
+fn a_job_preempted_on_one_node_is_restored_on_the_other_onto_its_gpus() {
+    let Some(c) = c() else { return };
+    let who = job_user();
+    eprintln!("the job runs as {who:?}");
+    let (a, b) = (uuids(c, NODES[0]), uuids(c, NODES[1]));
+    assert!(a.iter().all(|u| !b.contains(u)), "the nodes' GPUs differ: {a:?} {b:?}");
+    let ready = c.dir.join("out").join(format!("moved-{}.ready", std::process::id()));
+    let job = submit_low(c, who, "moved", &counter(c, &ready));
+    wait_steps(c, job, 5);
+    assert_eq!(c.job(job).unwrap().get("NodeList"), NODES[0], "an idle cluster starts it on the first node");
+    let app = std::fs::read_to_string(&ready).unwrap().trim().to_string();
+    let ns_a = net_ns(&app);
+
+    // The preemptor takes gma for long enough: the requeued job can only go to gmb.
+    let preemptor = submit_preemptor(c, Some("gmtest2"), Some(NODES[0]), 2, 60);
+    wait_requeued(c, job, 1);
+    let m = Manifest::load(&images(c).join(job.to_string()).join("0")).unwrap();
+    assert_eq!(m.node, NODES[0]);
+    assert_eq!(m.gpus.iter().map(|g| g.uuid.to_string()).collect::<Vec<_>>(), vec![a[0].clone()]);
+
+    let running = c.wait_job(job, "the run on gmb", LONG, |j| j.state() == "RUNNING" && j.restarts() == 1).unwrap();
+    assert_eq!(running.get("NodeList"), NODES[1]);
+    wait_for("the restore", LONG, || c.job_output(job).contains("restored (pid"));
+    // The same pid (CRIU keeps it), now in gmb's network namespace.
+    let ns_b = net_ns(&app);
+    assert_ne!(ns_a, ns_b);
+    let slurmd_b = std::fs::read_to_string(c.dir.join(format!("slurmd-{}.pid", NODES[1]))).unwrap();
+    assert_eq!(ns_b, net_ns(slurmd_b.trim()), "the restored process runs in gmb's namespace");
+
+    let end = wait_finished(c, job);
+    let _ = c.client("scancel", &[&preemptor.to_string()]).run_as(Some("gmtest2"));
+    let out = c.job_output(job);
+    assert_eq!((end.get("ExitCode"), end.restarts()), (format!("{EXIT}:0").as_str(), 1), "{out}");
+    assert!(out.contains(&format!("gpu-mode-run: job {job} run 1: restoring the checkpoint taken in run 0 on {}", NODES[0])), "{out}");
+    assert!(out.contains(&format!("GPUs [(\"{}\", \"{}\")]", a[0], b[0])), "the device map from the manifest: {out}");
+    let all = steps(&out);
+    assert_eq!(all.iter().map(|s| s.0).collect::<Vec<_>>(), (1..=STEPS).collect::<Vec<_>>(), "every step exactly once:\n{out}");
+    assert_eq!(all.first().unwrap().1, a[0]);
+    assert_eq!(all.last().unwrap().1, b[0], "counting went on on gmb's GPU");
+    assert!(out.contains(&format!("DONE count={STEPS}")) && !out.contains("MISMATCH"), "{out}");
+    assert_images_removed(c, job);
+    wait_for("the agents to exit", Duration::from_secs(20), || agents(c, job).is_empty());
+    for node in NODES {
+        let (state, reason) = c.node_state_of(node).unwrap();
+        assert!(!state.contains("DRAIN") && !state.contains("DOWN"), "{node}: {state} {reason}");
+    }
+}
