@@ -71,6 +71,21 @@ pub fn submit_low(c: &Cluster, who: Who, name: &str, app: &[String]) -> u32 {
     c.submit(submitter(who), &args, &script, &c.sim_job_env()).unwrap()
 }
 
+/// Submits the counter as `name` ([`submit_low`]) and waits for its first
+/// `n` steps; returns the job and the counter's ready file (its pid).
+pub fn start_counter(c: &Cluster, who: Who, name: &str, n: u64) -> (u32, PathBuf) {
+    let ready = c.dir.join("out").join(format!("{name}-{}.ready", std::process::id()));
+    let job = submit_low(c, who, name, &counter(c, &ready));
+    wait_steps(c, job, n);
+    (job, ready)
+}
+
+/// Every step 1..=STEPS exactly once, in order, and the final check passed.
+pub fn assert_counted_once(out: &str) {
+    assert_eq!(steps(out).iter().map(|s| s.0).collect::<Vec<_>>(), (1..=STEPS).collect::<Vec<_>>(), "every step exactly once:\n{out}");
+    assert!(out.contains(&format!("DONE count={STEPS}")) && !out.contains("MISMATCH"), "{out}");
+}
+
 /// A high-priority job taking `gpus` GPUs (all of a node's: it must
 /// preempt) for `secs`, on `node` if given.
 pub fn submit_preemptor(c: &Cluster, user: Option<&str>, node: Option<&str>, gpus: u32, secs: u32) -> u32 {
