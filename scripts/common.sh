@@ -2,8 +2,9 @@
 # the Rust toolchain. Sourced, not run.
 
 # Slurm 22.05+ daemons and clients, munge, the SPANK header, and libclang for
-# bindgen (the plugin's bindings are generated from <slurm/spank.h>).
-GPU_MODE_APT_PACKAGES="slurmctld slurmd slurm-client munge libslurm-dev libclang-dev pkg-config build-essential passwd"
+# bindgen (the plugin's bindings are generated from <slurm/spank.h>);
+# iproute2 for the two-node test cluster (network namespaces).
+GPU_MODE_APT_PACKAGES="slurmctld slurmd slurm-client munge libslurm-dev libclang-dev pkg-config build-essential passwd iproute2"
 
 die() { echo "error: $*" >&2; exit 1; }
 

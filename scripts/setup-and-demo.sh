@@ -11,26 +11,31 @@ prepare
 echo "== building"
 cargo build --workspace --release
 bin=target/release
+# CRIU 4 for the checkpoint demo (built from source, ~1 min, once; a failure
+# only skips that demo).
+sh scripts/install-criu.sh || echo "CRIU could not be installed: the checkpoint demo will be skipped"
 "$bin/gpu-mode-cluster" down >/dev/null 2>&1 || true
+# The cluster's directory (gpu-mode-cluster puts it under GPU_MODE_CLUSTER_BASE too).
+D=${GPU_MODE_CLUSTER_BASE:-/tmp/gpu-mode-cluster}/demo
 # Real GPUs where present (every GPU setting is then left as it is), else
 # four simulated ones.
 if command -v nvidia-smi >/dev/null && n=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU') && [ "$n" -gt 0 ]; then
     GPU_MODE_GPU_DEVICES=$(seq -s, -f /dev/nvidia%g 0 $((n - 1)))
     export GPU_MODE_GPU_DEVICES
     echo "== starting the local cluster (munged, slurmctld, slurmd; $n real GPUs)"
-    "$bin/gpu-mode-cluster" up --gpus "$n"
+    "$bin/gpu-mode-cluster" up --gpus "$n" --preempt
 else
     echo "== starting the local cluster (munged, slurmctld, slurmd; 4 simulated GPUs)"
-    "$bin/gpu-mode-cluster" up --gpus 4
+    "$bin/gpu-mode-cluster" up --gpus 4 --preempt
 fi
-SLURM_CONF=/tmp/gpu-mode-cluster/demo/slurm.conf
+SLURM_CONF=$D/slurm.conf
 export SLURM_CONF
 trap '[ "${1:-}" = --keep ] || "$bin/gpu-mode-cluster" down' EXIT
 
 demo() {
     echo
     echo "== sbatch --gpu-mode=$* (as user gmtest1)"
-    out=/tmp/gpu-mode-cluster/demo/out/demo-$$.out
+    out=$D/out/demo-$$.out
     runuser -u gmtest1 -- /usr/bin/sbatch --wait --quiet --gres=gpu:1 --output="$out" --gpu-mode="$@" \
         --wrap 'echo "job $SLURM_JOB_ID on $(hostname): SLURM_GPU_MODE=$SLURM_GPU_MODE GPUs=$SLURM_GPU_MODE_GPUS"' \
         && cat "$out" || { echo "job failed:"; cat "$out"; }
@@ -39,13 +44,57 @@ demo mps:threads=50
 demo checkpoint --signal=B:USR1@60 --requeue
 echo
 echo "== sbatch -n2 --gpu-mode=mig:3g.71gbx2 (as user gmtest1): each task gets one MIG device"
-out=/tmp/gpu-mode-cluster/demo/out/demo-mig-$$.out
+out=$D/out/demo-mig-$$.out
 runuser -u gmtest1 -- /usr/bin/sbatch --wait --quiet -n2 --gres=gpu:1 --output="$out" --gpu-mode=mig:3g.71gbx2 \
     --wrap 'srun -n2 sh -c "echo task \$SLURM_LOCALID: CUDA_VISIBLE_DEVICES=\$CUDA_VISIBLE_DEVICES, the job has \$SLURM_GPU_MODE_MIG_UUIDS"' \
     && cat "$out" || { echo "job failed (on real GPUs, left as they are, MIG is off and the job is refused):"; cat "$out"; }
+
+# A low-priority checkpoint job preempted by a high-priority one, checkpointed
+# (CUDA, then CRIU), requeued and restored where it stopped (docs/checkpoint.md).
+preempt_demo() {
+    # The job's user: gmtest1 where root may dump another user's processes
+    # (CAP_SYS_RESOURCE, normal on real nodes); in containers without it,
+    # root with every capability dropped, which CRIU can dump just as well.
+    cap=$(sed -n 's/^CapEff:[[:space:]]*//p' /proc/self/status)
+    if [ $(( 0x$cap >> 24 & 1 )) = 1 ]; then
+        as="runuser -u gmtest1 --"; drop=""; who=gmtest1
+    else
+        as=""; drop="/usr/bin/setpriv --bounding-set=-all --inh-caps=-all --"; who="root without capabilities (no CAP_SYS_RESOURCE here)"
+    fi
+    echo
+    echo "== sbatch -p low --gpu-mode=checkpoint --signal=B:USR1@60 --requeue --open-mode=append (as $who),"
+    echo "   preempted by sbatch -p high --gres=gpu:$gpus (as gmtest2)"
+    script=$D/out/demo-ckpt-$$.sh out=$D/out/demo-ckpt-$$.out
+    # The job's user may not reach the build tree (e.g. under /root).
+    mkdir -p "$D/bin" && cp "$bin/gpu-mode-run" "$bin/cuda-sim-counter" "$D/bin/"
+    printf '#!/bin/sh\nexec %s %s --config %s -- %s --steps 40 --interval-ms 100 --mib 8 --exit-code 7\n' \
+        "$drop" "$D/bin/gpu-mode-run" "$D/gpu-mode.toml" "$D/bin/cuda-sim-counter" > "$script"
+    chmod 755 "$script"
+    job=$($as env SLURM_CONF="$SLURM_CONF" GPU_MODE_SIM_STATE="$D/sim/nvml-state.json" /usr/bin/sbatch --parsable -p low \
+        --gpu-mode=checkpoint --signal=B:USR1@60 --requeue --open-mode=append --gres=gpu:1 --output="$out" "$script")
+    field() { /usr/bin/scontrol show job -o "$job" | tr ' ' '\n' | sed -n "s/^$1=//p"; }
+    i=0; until grep -q '^step 5 ' "$out" 2>/dev/null || [ $i -ge 300 ]; do sleep 0.1; i=$((i + 1)); done
+    runuser -u gmtest2 -- env SLURM_CONF="$SLURM_CONF" /usr/bin/sbatch --quiet -p high --gres=gpu:$gpus \
+        --output=/dev/null --wrap 'sleep 3'
+    # Requeued, then (after Slurm's credential delay) restored; at most 2 min.
+    i=0; until [ "$(field JobState)" = FAILED ] || [ "$(field JobState)" = COMPLETED ] || [ $i -ge 600 ]; do sleep 0.2; i=$((i + 1)); done
+    grep -v '^step' "$out"
+    echo "counted: $(grep -c '^step' "$out") step lines, steps 1-40 each once: $(grep '^step' "$out" | awk '{print $2}' | sort -n | uniq | wc -l) distinct"
+    echo "job $job: $(field JobState), exit code $(field ExitCode) (the counter's own --exit-code 7, relayed after the restore), restarts $(field Restarts)"
+}
+gpus=$(/usr/bin/scontrol show node -o | tr ' ' '\n' | sed -n 's/^Gres=gpu:\([0-9]*\).*/\1/p')
+if [ -n "${GPU_MODE_GPU_DEVICES:-}" ]; then
+    echo
+    echo "== checkpoint demo skipped: it runs a simulated CUDA program; on real GPUs see scripts/gpu/preempt-real.sh"
+elif ! /opt/slurm-gpu-mode/criu/bin/criu check >/dev/null 2>&1; then
+    echo
+    echo "== checkpoint demo skipped: CRIU 4 is not installed (sh scripts/install-criu.sh)"
+else
+    preempt_demo
+fi
 echo
 echo "== a bad value is refused at submit time"
 runuser -u gmtest1 -- /usr/bin/sbatch --gpu-mode=mig:1g.18gbx9 --wrap true || true
 echo
 echo "== prolog/epilog log lines"
-cat /tmp/gpu-mode-cluster/demo/log/hooks.log
+cat "$D/log/hooks.log"

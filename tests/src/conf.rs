@@ -46,6 +46,39 @@ pub struct ClusterSpec {
     /// /etc/slurm-gpu-mode/config.toml from `ansible-vars.json`, which is
     /// written here for it (scripts/test-install.sh).
     pub installed: bool,
+    /// Partitions `low` (preemptible) and `high` beside `debug`, for
+    /// `--gpu-mode=checkpoint` jobs; `None`: `debug` only.
+    pub preemption: Option<Preemption>,
+    /// A second node of this name beside `node_name`: then each slurmd runs
+    /// in namespaces of its own, with its own address, simulated GPUs (other
+    /// UUIDs) and runtime directory (crate::netns); `None`: one node on
+    /// localhost.
+    pub second_node: Option<String>,
+}
+
+/// Preemption as docs/checkpoint.md "Site set-up" asks (Slurm 22.05, field
+/// notes §8): preempt/partition_prio with PreemptMode=REQUEUE, `low`
+/// (PriorityTier=1, GraceTime) preempted by `high` (PriorityTier=2), the
+/// job's `--signal` sent instead of the first SIGTERM
+/// (preempt_send_user_signal), and a short credential lifetime: a requeued
+/// job cannot start again until its old credential expires (cred_expire + 1
+/// s; Slurm's default is 120 s, too long for tests). Jobs pass `--requeue`
+/// themselves (the plugin asks for it; JobRequeue stays at Slurm's default).
+/// The simulated GPU side is made usable by job users (state file and
+/// simulated driver folder writable by all, see [`crate::Cluster::sim_job_env`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Preemption {
+    /// GraceTime of `low`, seconds: how long a preempted job has to
+    /// checkpoint before Slurm kills it.
+    pub grace_time_s: u32,
+    /// AuthInfo's cred_expire (Slurm accepts 5 or more).
+    pub cred_expire_s: u32,
+}
+
+impl Default for Preemption {
+    fn default() -> Self {
+        Preemption { grace_time_s: 60, cred_expire_s: 10 }
+    }
 }
 
 impl ClusterSpec {
@@ -70,7 +103,29 @@ impl ClusterSpec {
             health_check_interval: None,
             contain: false,
             installed: false,
+            preemption: None,
+            second_node: None,
         }
+    }
+}
+
+impl ClusterSpec {
+    /// The Slurm nodes: `node_name`, and `second_node` if any.
+    pub fn node_names(&self) -> Vec<String> {
+        std::iter::once(self.node_name.clone()).chain(self.second_node.clone()).collect()
+    }
+
+    /// The namespaces' network of a two-node cluster.
+    pub fn node_net(&self) -> Option<crate::netns::NodeNet> {
+        self.second_node.as_ref()?;
+        let names = self.node_names();
+        Some(crate::netns::NodeNet::new(self.ctld_port, &names.iter().map(String::as_str).collect::<Vec<_>>()))
+    }
+
+    /// Node `node`'s own folder (two-node clusters): its `sim/` and `run/`
+    /// are bind-mounted over the cluster's in its namespace.
+    pub fn node_dir(&self, node: &str) -> PathBuf {
+        self.dir.join("nodes").join(node)
     }
 }
 
@@ -239,6 +294,32 @@ pub fn write_all(spec: &ClusterSpec, install: &SlurmInstall) -> Result<()> {
         let text = hook_wrapper(spec, install, &spec.artifacts.node_checker, sim.as_ref());
         write(&d.join("hooks"), "node-checker", &text, 0o755)?;
     }
+    if spec.second_node.is_some() {
+        write_node_dirs(spec)?;
+    }
+    Ok(())
+}
+
+/// Two nodes: each gets a copy of the simulated GPU side (the second with
+/// other UUIDs), a runtime directory and a spool; the cluster's own `sim/`
+/// and `run/` are only mount points then.
+fn write_node_dirs(spec: &ClusterSpec) -> Result<()> {
+    let d = &spec.dir;
+    fs::create_dir_all(d.join("run"))?;
+    for (i, node) in spec.node_names().iter().enumerate() {
+        let nd = spec.node_dir(node);
+        fs::create_dir_all(nd.join("run"))?;
+        fs::create_dir_all(d.join("spool").join(node))?;
+        if d.join("sim").is_dir() {
+            let out = std::process::Command::new("/bin/cp").arg("-a").arg(d.join("sim")).arg(&nd).output()?;
+            if !out.status.success() {
+                bail!("copying the simulated GPUs for {node}: {}", String::from_utf8_lossy(&out.stderr));
+            }
+            if i > 0 {
+                crate::netns::rename_sim_gpus(&nd.join("sim/nvml-state.json"))?;
+            }
+        }
+    }
     Ok(())
 }
 
@@ -298,24 +379,41 @@ fn slurm_conf(spec: &ClusterSpec, install: &SlurmInstall, gpus: usize) -> String
     } else {
         (format!("{d}/plugstack.conf"), format!("Prolog={d}/hooks/prolog\nEpilog={d}/hooks/epilog\nPrologFlags={prolog_flags}\n"))
     };
+    let cred_expire = spec.preemption.as_ref().map(|p| format!(",cred_expire={}", p.cred_expire_s)).unwrap_or_default();
+    let nodes = spec.node_names().join(",");
+    let preemption = spec.preemption.as_ref().map(|p| preemption_conf(&nodes, p)).unwrap_or_default();
+    let (ctld_host, slurmd_files, node_lines) = match spec.node_net() {
+        // %n: each node's own spool, pid and log file.
+        Some(net) => (
+            format!("localhost({})", net.host_addr()),
+            format!("SlurmdSpoolDir={d}/spool/%n\nSlurmdPidFile={d}/slurmd-%n.pid\nSlurmdLogFile={d}/log/slurmd-%n.log\n"),
+            spec.node_names()
+                .iter()
+                .enumerate()
+                .map(|(i, n)| format!("NodeName={n} NodeAddr={} CPUs={} RealMemory=4000 Gres=gpu:{gpus} State=UNKNOWN\n", net.node_addr(i), spec.cpus))
+                .collect::<String>(),
+        ),
+        None => (
+            "localhost".to_string(),
+            format!("SlurmdSpoolDir={d}/spool\nSlurmdPidFile={d}/slurmd.pid\nSlurmdLogFile={d}/log/slurmd.log\n"),
+            format!("NodeName={} NodeAddr=127.0.0.1 CPUs={} RealMemory=4000 Gres=gpu:{gpus} State=UNKNOWN\n", spec.node_name, spec.cpus),
+        ),
+    };
     format!(
         "# Generated by the slurm-gpu-mode test harness.
 ClusterName=gpumode
-SlurmctldHost=localhost
+SlurmctldHost={ctld_host}
 SlurmctldPort={ctld}
 SlurmdPort={slurmd}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-AuthInfo=socket={d}/munge/munge.socket
+AuthInfo=socket={d}/munge/munge.socket{cred_expire}
 CredType=cred/munge
 {plugin_dir}StateSaveLocation={d}/state
-SlurmdSpoolDir={d}/spool
 SlurmctldPidFile={d}/slurmctld.pid
-SlurmdPidFile={d}/slurmd.pid
 SlurmctldLogFile={d}/log/slurmctld.log
-SlurmdLogFile={d}/log/slurmd.log
-SlurmctldDebug=info
+{slurmd_files}SlurmctldDebug=info
 SlurmdDebug=verbose
 {tracking}JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
@@ -333,13 +431,26 @@ PlugStackConfig={plugstack}
 MinJobAge=600
 KillWait=5
 InactiveLimit=0
-NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=4000 Gres=gpu:{gpus} State=UNKNOWN
-PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP
-",
+{node_lines}PartitionName=debug Nodes={nodes} Default=YES MaxTime=INFINITE State=UP
+{preemption}",
         ctld = spec.ctld_port,
         slurmd = spec.slurmd_port,
-        node = spec.node_name,
-        cpus = spec.cpus,
+    )
+}
+
+/// The lines [`Preemption`] adds to slurm.conf.
+fn preemption_conf(nodes: &str, p: &Preemption) -> String {
+    format!(
+        "PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+SlurmctldParameters=preempt_send_user_signal
+# A requeued job becomes eligible when its credential expires; the main
+# scheduler then starts it at its next pass (every 60 s by default).
+SchedulerParameters=sched_interval=2
+PartitionName=low Nodes={nodes} MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE GraceTime={grace}
+PartitionName=high Nodes={nodes} MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
+",
+        grace = p.grace_time_s,
     )
 }
 
@@ -445,6 +556,19 @@ fn write_sim(spec: &ClusterSpec, gpus: usize) -> Result<SimPaths> {
         bail!("nvml-sim-ctl init failed: {}", String::from_utf8_lossy(&out.stderr));
     }
     fs::set_permissions(&state, fs::Permissions::from_mode(0o644))?;
+    if spec.preemption.is_some() {
+        // Checkpoint jobs run simulated CUDA programs as the job's user: they
+        // update the NVML state (in place, under an flock) and meet the
+        // agent in the simulated driver's folder (`<state>.cuda`, which
+        // cuda-sim would otherwise create as whoever comes first, here
+        // where only root may).
+        fs::set_permissions(&state, fs::Permissions::from_mode(0o666))?;
+        let cuda = dir.join("nvml-state.json.cuda");
+        for d in [cuda.clone(), cuda.join("procs"), cuda.join("gpus")] {
+            fs::create_dir_all(&d)?;
+            fs::set_permissions(&d, fs::Permissions::from_mode(0o1777))?;
+        }
+    }
     for (src, name) in [(&sim.mps_control, "nvidia-cuda-mps-control"), (&sim.mps_server, "nvidia-cuda-mps-server")] {
         fs::copy(src, dir.join(name)).with_context(|| format!("copying {}", src.display()))?;
     }

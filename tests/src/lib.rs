@@ -10,7 +10,9 @@
 //! binary killed by a timeout cannot run its destructors).
 
 pub mod artifacts;
+pub mod ckpt_jobs;
 pub mod conf;
+pub mod netns;
 pub mod process;
 pub mod shared;
 pub mod users;
@@ -23,7 +25,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 pub use artifacts::Artifacts;
-pub use conf::{ClusterSpec, SlurmInstall};
+pub use conf::{ClusterSpec, Preemption, SlurmInstall};
 
 /// A running cluster. Drop stops it.
 pub struct Cluster {
@@ -95,8 +97,26 @@ impl Cluster {
         process::wait_for_path(&d.join("munge/munge.socket"), Duration::from_secs(10))
             .context("munged did not create its socket")?;
         let conf = d.join("slurm.conf");
+        if let Some(net) = self.spec.node_net() {
+            net.create()?;
+        }
         self.daemon(&self.install.sbin("slurmctld"), &["-f", conf.to_str().unwrap()])?;
-        self.daemon(&self.install.sbin("slurmd"), &["-N", &self.spec.node_name, "-f", conf.to_str().unwrap()])?;
+        match self.spec.node_net() {
+            None => self.daemon(&self.install.sbin("slurmd"), &["-N", &self.spec.node_name, "-f", conf.to_str().unwrap()])?,
+            Some(net) => {
+                for (i, node) in self.spec.node_names().iter().enumerate() {
+                    let nd = self.spec.node_dir(node);
+                    let binds = [(nd.join("sim"), d.join("sim")), (nd.join("run"), d.join("run"))];
+                    let mut cmd = Command::new(self.install.sbin("slurmd"));
+                    cmd.args(["-N", node, "-f", conf.to_str().unwrap()]).envs(self.install.daemon_env()).stdin(Stdio::null());
+                    let _ns = net.enter(i, &mut cmd, &binds)?;
+                    let out = process::output_with_timeout(cmd, Duration::from_secs(30))?;
+                    if !out.status.success() {
+                        bail!("slurmd -N {node} failed ({}): {}\n{}", out.status, String::from_utf8_lossy(&out.stderr), self.logs_tail());
+                    }
+                }
+            }
+        }
         self.wait_node_idle(Duration::from_secs(60))
     }
 
@@ -124,22 +144,32 @@ impl Cluster {
 
     fn wait_node_idle(&self, timeout: Duration) -> Result<()> {
         let start = Instant::now();
-        let mut last = String::new();
-        while start.elapsed() < timeout {
-            if let Ok((state, _)) = self.node_state() {
-                if state.starts_with("IDLE") {
-                    return Ok(());
+        for node in self.spec.node_names() {
+            let mut last = String::new();
+            loop {
+                if let Ok((state, _)) = self.node_state_of(&node) {
+                    if state.starts_with("IDLE") {
+                        break;
+                    }
+                    last = state;
                 }
-                last = state;
+                if start.elapsed() > timeout {
+                    bail!("node {node} not idle after {:?} (last state {last:?})\n{}", timeout, self.logs_tail());
+                }
+                std::thread::sleep(Duration::from_millis(250));
             }
-            std::thread::sleep(Duration::from_millis(250));
         }
-        bail!("node {} not idle after {:?} (last state {last:?})\n{}", self.spec.node_name, timeout, self.logs_tail())
+        Ok(())
     }
 
     /// The node's state and reason, from `scontrol show node`.
     pub fn node_state(&self) -> Result<(String, String)> {
-        let out = self.client("scontrol", &["show", "node", &self.spec.node_name]).run_as_root()?;
+        self.node_state_of(&self.spec.node_name)
+    }
+
+    /// [`Cluster::node_state`] of one node of a two-node cluster.
+    pub fn node_state_of(&self, node: &str) -> Result<(String, String)> {
+        let out = self.client("scontrol", &["show", "node", node]).run_as_root()?;
         if !out.status.success() {
             bail!("scontrol show node failed: {}", String::from_utf8_lossy(&out.stderr));
         }
@@ -269,7 +299,11 @@ impl Cluster {
 
     /// slurmctld/slurmd/hook log tails, for failure messages.
     pub fn logs_tail(&self) -> String {
-        ["slurmctld.log", "slurmd.log", "hooks.log", "munged.log"]
+        let mut files: Vec<String> = ["slurmctld.log", "slurmd.log", "hooks.log", "munged.log"].map(String::from).to_vec();
+        if self.spec.second_node.is_some() {
+            files.extend(self.spec.node_names().iter().map(|n| format!("slurmd-{n}.log")));
+        }
+        files
             .iter()
             .map(|f| {
                 let text = std::fs::read_to_string(self.dir.join("log").join(f)).unwrap_or_default();
@@ -287,13 +321,137 @@ impl Cluster {
             return;
         }
         let _ = self.client("scancel", &["--full", "--partition", "debug"]).timeout(Duration::from_secs(10)).run_as_root();
+        if self.spec.preemption.is_some() {
+            let _ = self.client("scancel", &["--full", "--partition", "low,high"]).timeout(Duration::from_secs(10)).run_as_root();
+        }
         process::stop_daemons_in(&self.dir);
+        // Checkpoint agents run in sessions of their own (not the job's),
+        // and a restored tree is its agent's child: neither goes with slurmd.
+        process::stop_agents_in(&self.dir);
+        if let Some(net) = self.spec.node_net() {
+            net.remove();
+        }
     }
 }
 
 impl Drop for Cluster {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// What `scontrol show job` says of a job: its `Key=Value` fields.
+#[derive(Debug, Clone, Default)]
+pub struct JobInfo(pub std::collections::BTreeMap<String, String>);
+
+impl JobInfo {
+    pub fn get(&self, key: &str) -> &str {
+        self.0.get(key).map_or("", String::as_str)
+    }
+
+    /// `JobState` (PENDING, RUNNING, COMPLETED, FAILED, ...).
+    pub fn state(&self) -> &str {
+        self.get("JobState")
+    }
+
+    pub fn restarts(&self) -> u32 {
+        self.get("Restarts").parse().unwrap_or(0)
+    }
+
+    /// Parses `scontrol show job -o` (one line; values hold no `=`-words
+    /// of their own except where a value contains spaces, which are joined
+    /// back to the key before them).
+    pub fn parse(line: &str) -> JobInfo {
+        let mut map = std::collections::BTreeMap::new();
+        let mut last: Option<String> = None;
+        for word in line.split_whitespace() {
+            match word.split_once('=') {
+                Some((k, v)) if !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || c == ':' || c == '/') => {
+                    map.insert(k.to_string(), v.to_string());
+                    last = Some(k.to_string());
+                }
+                _ => {
+                    if let Some(k) = &last {
+                        let v: &mut String = map.get_mut(k).unwrap();
+                        v.push(' ');
+                        v.push_str(word);
+                    }
+                }
+            }
+        }
+        JobInfo(map)
+    }
+}
+
+impl Cluster {
+    /// Submits `script` with sbatch (no --wait) as `user` (None = root), with
+    /// `env` added to the environment sbatch passes to the job, and returns
+    /// the job id. Output goes to `out/<id>.out`, appended across requeues.
+    pub fn submit(&self, user: Option<&str>, args: &[&str], script: &str, env: &[(String, String)]) -> Result<u32> {
+        let out_dir = self.dir.join("out");
+        let script_path = out_dir.join(format!("job-{}.sh", unique_suffix()));
+        std::fs::write(&script_path, script)?;
+        let output_arg = format!("--output={}/%j.out", out_dir.display());
+        let mut all: Vec<&str> = vec!["--parsable", &output_arg];
+        all.extend_from_slice(args);
+        let script_arg = script_path.to_str().unwrap().to_string();
+        all.push(&script_arg);
+        let mut cmd = self.client("sbatch", &all);
+        for (k, v) in env {
+            cmd = cmd.env(k, v);
+        }
+        let out = cmd.run_as(user)?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        stdout
+            .lines()
+            .next()
+            .and_then(|l| l.split(';').next())
+            .and_then(|s| s.trim().parse().ok())
+            .ok_or_else(|| anyhow!("sbatch {} failed: {}{}", args.join(" "), stdout, String::from_utf8_lossy(&out.stderr)))
+    }
+
+    /// `scontrol show job -o <id>`.
+    pub fn job(&self, id: u32) -> Result<JobInfo> {
+        let out = self.client("scontrol", &["show", "job", "-o", &id.to_string()]).run_as_root()?;
+        if !out.status.success() {
+            bail!("scontrol show job {id}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(JobInfo::parse(String::from_utf8_lossy(&out.stdout).trim()))
+    }
+
+    /// Polls job `id` every 200 ms until `f` holds; an error with the job,
+    /// its output and the logs after `timeout`.
+    pub fn wait_job(&self, id: u32, what: &str, timeout: Duration, mut f: impl FnMut(&JobInfo) -> bool) -> Result<JobInfo> {
+        let start = Instant::now();
+        let mut last = JobInfo::default();
+        while start.elapsed() < timeout {
+            if let Ok(info) = self.job(id) {
+                if f(&info) {
+                    return Ok(info);
+                }
+                last = info;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        bail!(
+            "job {id}: timed out after {timeout:?} waiting for {what} (state {} restarts {} reason {})\n--- output ---\n{}\n{}",
+            last.state(),
+            last.restarts(),
+            last.get("Reason"),
+            self.job_output(id),
+            self.logs_tail()
+        )
+    }
+
+    /// A job's output file (`submit`'s `out/<id>.out`).
+    pub fn job_output(&self, id: u32) -> String {
+        std::fs::read_to_string(self.dir.join("out").join(format!("{id}.out"))).unwrap_or_default()
+    }
+
+    /// What a job needs in its environment to run simulated CUDA programs
+    /// (sim/cuda) on this cluster's simulated GPUs; pass it to [`Cluster::submit`].
+    pub fn sim_job_env(&self) -> Vec<(String, String)> {
+        vec![("GPU_MODE_SIM_STATE".to_string(), self.dir.join("sim/nvml-state.json").display().to_string())]
     }
 }
 

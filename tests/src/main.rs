@@ -1,10 +1,12 @@
 //! `gpu-mode-cluster`: start or stop the project's local Slurm cluster by hand
 //! (the README's demo uses it; the tests use the library directly).
 //!
-//!   gpu-mode-cluster up [--gpus N] [--name NAME] [--contain]
+//!   gpu-mode-cluster up [--gpus N] [--name NAME] [--contain] [--preempt] [--installed]
 //!                                                  start, print how to use it;
 //!                                                  --contain: cgroups and an
-//!                                                  extern step per job
+//!                                                  extern step per job;
+//!                                                  --preempt: partitions low/high
+//!                                                  (docs/checkpoint.md, Preemption)
 //!   gpu-mode-cluster down [--name NAME]            stop and remove
 //!   gpu-mode-cluster env [--name NAME]             print `export SLURM_CONF=...`
 //!   gpu-mode-cluster write --installed [--gpus N] [--name NAME]
@@ -13,7 +15,7 @@
 //!   gpu-mode-cluster start [--name NAME]           start a written cluster
 
 use anyhow::{bail, Result};
-use gpu_mode_tests::{process, Artifacts, Cluster, ClusterSpec};
+use gpu_mode_tests::{process, Artifacts, Cluster, ClusterSpec, Preemption};
 
 fn main() {
     if let Err(e) = run(std::env::args().skip(1).collect()) {
@@ -28,11 +30,13 @@ fn run(args: Vec<String>) -> Result<()> {
     let mut gpus = 4u32;
     let mut contain = false;
     let mut installed = false;
+    let mut preempt = false;
     let mut it = rest.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--contain" => contain = true,
             "--installed" => installed = true,
+            "--preempt" => preempt = true,
             "--name" => name = it.next().cloned().ok_or_else(|| anyhow::anyhow!("--name needs a value"))?,
             "--gpus" => gpus = it.next().ok_or_else(|| anyhow::anyhow!("--gpus needs a value"))?.parse()?,
             _ => bail!("unexpected argument {a:?}"),
@@ -47,9 +51,15 @@ fn run(args: Vec<String>) -> Result<()> {
             let mut spec = ClusterSpec::new(&name, gpus, artifacts()?);
             spec.contain = contain;
             spec.installed = installed;
+            if preempt {
+                spec.preemption = Some(Preemption::default());
+            }
             let cluster = Cluster::start(spec)?;
             let kind = if cluster.spec.real_gpus { "real" } else { "simulated" };
             println!("cluster {name} is up with {gpus} {kind} GPUs in {}", dir.display());
+            if preempt {
+                println!("partitions: debug, low (preemptible, requeued), high (preempts low)");
+            }
             println!("export SLURM_CONF={}", dir.join("slurm.conf").display());
             // Keep the daemons: they run on after this process exits.
             std::mem::forget(cluster);
@@ -81,6 +91,7 @@ fn run(args: Vec<String>) -> Result<()> {
             if std::fs::read_to_string(pointer).is_ok_and(|p| std::path::Path::new(p.trim()).starts_with(&dir)) {
                 let _ = std::fs::remove_file(pointer);
             }
+            process::stop_agents_in(&dir);
             if dir.exists() {
                 std::fs::remove_dir_all(&dir)?;
             }
@@ -91,6 +102,6 @@ fn run(args: Vec<String>) -> Result<()> {
             println!("export SLURM_CONF={}", dir.join("slurm.conf").display());
             Ok(())
         }
-        _ => bail!("usage: gpu-mode-cluster up|write|start|down|env [--name NAME] [--gpus N] [--contain] [--installed]"),
+        _ => bail!("usage: gpu-mode-cluster up|write|start|down|env [--name NAME] [--gpus N] [--contain] [--preempt] [--installed]"),
     }
 }

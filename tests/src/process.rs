@@ -60,6 +60,16 @@ const PID_FILES: &[&str] = &["slurmd.pid", "slurmctld.pid", "munge/munged.pid"];
 /// Stops the daemons whose pid files are in `dir`: SIGTERM, then SIGKILL
 /// after 10 s. Also kills slurmstepds left by a slurmd of this directory.
 pub fn stop_daemons_in(dir: &Path) {
+    // The slurmds of a two-node cluster: slurmd-<node>.pid.
+    let per_node = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("slurmd-") && n.ends_with(".pid")));
+    for pid in per_node.filter_map(|p| read_pid(&p)) {
+        terminate(pid);
+    }
     for f in PID_FILES {
         if let Some(pid) = read_pid(&dir.join(f)) {
             terminate(pid);
@@ -111,4 +121,45 @@ fn stepds_of(dir: &Path) -> Vec<Pid> {
         })
         .map(Pid::from_raw)
         .collect()
+}
+
+/// Stops the checkpoint agents of the cluster in `dir` (started by its
+/// prolog with `--config <dir>/gpu-mode.toml`) and, first, every process
+/// under them (a tree an agent restored is its child). Only processes that
+/// name this cluster's config are touched.
+pub fn stop_agents_in(dir: &Path) {
+    let config = dir.join("gpu-mode.toml").display().to_string();
+    let Ok(entries) = std::fs::read_dir("/proc") else { return };
+    let all: Vec<(i32, i32)> = entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| Some((pid, ppid(pid)?)))
+        .collect();
+    let agents: Vec<i32> = all
+        .iter()
+        .map(|(pid, _)| *pid)
+        .filter(|pid| {
+            let argv = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let argv: Vec<&[u8]> = argv.split(|b| *b == 0).collect();
+            argv.first().is_some_and(|a| a.ends_with(b"gpu-mode-ckpt-agent")) && argv.contains(&config.as_bytes())
+        })
+        .collect();
+    for agent in agents {
+        let mut under = Vec::new();
+        let mut frontier = vec![agent];
+        while let Some(p) = frontier.pop() {
+            for (child, _) in all.iter().filter(|(_, pp)| *pp == p) {
+                under.push(*child);
+                frontier.push(*child);
+            }
+        }
+        for pid in under.into_iter().rev() {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+        terminate(Pid::from_raw(agent));
+    }
+}
+
+fn ppid(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit(')').next()?.split_whitespace().nth(1)?.parse().ok()
 }

@@ -101,6 +101,9 @@ fn finish(cfg: &Config, job_id: u32, restart_count: Option<u32>) -> Result<Relea
     if let Some(run) = restart_count {
         match preempt::cleanup_after_job(&store, job_id, run) {
             Ok(Cleanup::Kept { .. }) => parts.push(format!("image of run {run} kept for the requeued job")),
+            Ok(Cleanup::KeptRefused { restart }) => {
+                parts.push(format!("image of run {restart} kept: this run's restore of it was refused"))
+            }
             Ok(Cleanup::Removed) => parts.push("the job's images removed".into()),
             Err(e) => return Err(Failure::Node(format!("checkpoint images of job {job_id}: {e}"))),
         }

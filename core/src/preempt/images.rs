@@ -103,6 +103,15 @@ impl ImageStore {
         fsync_dir(run)
     }
 
+    /// Records that run `by_run` of `job` could not restore the job's
+    /// image (`reason`): [`cleanup_after_job`] then keeps that image for a
+    /// later attempt (`scontrol requeue` once the cause is fixed) instead of
+    /// removing it; the sweep's limits still bound it.
+    pub fn mark_refused(&self, job: u32, by_run: u32, reason: &str) -> io::Result<()> {
+        let path = self.job_dir(job).join(format!("{REFUSED_PREFIX}{by_run}"));
+        fs::write(&path, format!("{reason}\n"))
+    }
+
     /// Removes every run directory of `job` except `keep`.
     pub fn remove_other_runs(&self, job: u32, keep: Option<u32>) -> io::Result<()> {
         for (restart, dir) in runs(&self.job_dir(job)) {
@@ -125,11 +134,17 @@ fn runs(job_dir: &Path) -> Vec<(u32, PathBuf)> {
     out
 }
 
+/// `<job dir>/refused-by-<run>`: that run's restore was refused (its reason inside).
+const REFUSED_PREFIX: &str = "refused-by-";
+
 /// What the epilog did with a job's images.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Cleanup {
     /// This run completed an image: kept for the requeued run to restore.
     Kept { restart: u32 },
+    /// This run could not restore the image of run `restart`: kept (the job
+    /// failed with "the image is kept") for a retry, within the sweep's limits.
+    KeptRefused { restart: u32 },
     /// Nothing of the job is kept (it ended, or its checkpoint failed and it
     /// starts over).
     Removed,
@@ -145,13 +160,19 @@ pub fn cleanup_after_job(store: &ImageStore, job: u32, restart: u32) -> io::Resu
         store.remove_other_runs(job, Some(restart))?;
         return Ok(Cleanup::Kept { restart });
     }
+    if store.job_dir(job).join(format!("{REFUSED_PREFIX}{restart}")).is_file() {
+        if let Some((image, _)) = store.latest(job) {
+            store.remove_other_runs(job, Some(image))?;
+            return Ok(Cleanup::KeptRefused { restart: image });
+        }
+    }
     fsutil::remove_tree_if_present(&store.job_dir(job))?;
     Ok(Cleanup::Removed)
 }
 
-/// For an epilog that knows the job ended for good (completed, cancelled,
-/// failed) even though its run completed an image (a cancel arrives as
-/// SIGTERM, which gpu-mode-run also checkpoints on): removes all of it.
+/// For a caller that knows the job ended for good (completed, cancelled,
+/// failed) even though a run completed an image (e.g. a cancel during the
+/// dump): removes all of it.
 pub fn discard_job_images(store: &ImageStore, job: u32) -> io::Result<()> {
     fsutil::remove_tree_if_present(&store.job_dir(job))
 }
@@ -291,6 +312,23 @@ mod tests {
         discard_job_images(&store, 9).unwrap();
         discard_job_images(&store, 9).unwrap();
         assert!(!store.job_dir(9).exists());
+    }
+
+    #[test]
+    fn an_image_whose_restore_this_run_was_refused_is_kept_and_only_that_run_keeps_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = ImageStore::new(tmp.path());
+        store.prepare_run(7, 0).unwrap();
+        write(&store.run_dir(7, 0).join(MANIFEST_FILE), 1);
+        // Run 1 was refused (e.g. another driver); it left a partial dir too.
+        store.prepare_run(7, 1).unwrap();
+        store.mark_refused(7, 1, "the image was taken with NVIDIA driver 570").unwrap();
+        assert_eq!(cleanup_after_job(&store, 7, 1).unwrap(), Cleanup::KeptRefused { restart: 0 });
+        assert!(store.run_dir(7, 0).join(MANIFEST_FILE).exists() && !store.run_dir(7, 1).exists());
+        assert_eq!(store.latest(7).map(|(r, _)| r), Some(0), "the mark is no run directory");
+        // Run 2 tried nothing (e.g. no agent, started afresh) and ended: all goes.
+        assert_eq!(cleanup_after_job(&store, 7, 2).unwrap(), Cleanup::Removed);
+        assert!(!store.job_dir(7).exists());
     }
 
     #[test]

@@ -244,7 +244,7 @@ fn advice(said: &Said) -> Vec<String> {
     if said.open_mode.as_deref() == Some("append") {
         return Vec::new();
     }
-    vec!["gpu-mode: add --open-mode=append: a requeued checkpoint job otherwise truncates the output of its earlier runs".into()]
+    vec!["add --open-mode=append: a requeued checkpoint job otherwise truncates the output of its earlier runs".into()]
 }
 
 /// `USR1` for SIGUSR1.

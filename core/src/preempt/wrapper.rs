@@ -10,12 +10,18 @@
 //! * A requeued run (`SLURM_RESTART_COUNT` > 0, or the agent has an image)
 //!   asks the agent to restore instead, and relays the restored tree's exit
 //!   status, which the agent (its parent) reports.
-//! * The checkpoint signal (or SIGTERM) asks the agent to checkpoint; then
-//!   `scontrol requeue` (a script that exits within the grace time may
-//!   otherwise end COMPLETED), then it waits for Slurm to end the job. When
-//!   the checkpoint fails, the application is killed and the job requeued
-//!   to start over, with the reason on the job's stderr.
-//! * Other signals (INT, HUP, QUIT, USR2) are passed on to the application.
+//! * The checkpoint signal asks the agent to checkpoint; then `scontrol
+//!   requeue` (a script that exits within the grace time may otherwise end
+//!   COMPLETED), then it waits for Slurm to end the job. When the checkpoint
+//!   fails, the application is killed and the job requeued to start over,
+//!   with the reason on the job's stderr. The requeue is skipped when Slurm
+//!   is already ending the job (a cancel during the dump): requeueing then
+//!   would bring a cancelled job back.
+//! * Every other signal (TERM, INT, HUP, QUIT, USR2) is passed on to the
+//!   application. SIGTERM in particular is how `scancel` and the time limit
+//!   end a job (a preemption with `preempt_send_user_signal` sends the
+//!   job's `--signal` instead): seen on Slurm 22.05, checkpointing on it
+//!   and requeueing turned every `scancel` of a running job into a requeue.
 
 use super::protocol::{self, request, ExitInfo, Request, Response};
 use super::signal_name;
@@ -225,7 +231,7 @@ impl Wrapper<'_> {
                 return status;
             }
             match self.rx.recv_timeout(Duration::from_millis(100)) {
-                Ok(Event::Signal(s)) if s == self.o.checkpoint_signal || s == libc::SIGTERM => return self.preempted(s),
+                Ok(Event::Signal(s)) if s == self.o.checkpoint_signal => return self.preempted(s),
                 Ok(Event::Signal(s)) => {
                     // The application leads its own process group.
                     unsafe { libc::kill(-self.root, s) };
@@ -305,8 +311,16 @@ impl Wrapper<'_> {
         status
     }
 
-    /// `scontrol requeue <job>` as the user (owners may requeue their jobs).
+    /// `scontrol requeue <job>` as the user (owners may requeue their jobs),
+    /// unless Slurm is ending the job already.
     fn requeue(&self) {
+        if let Some(state) = self.job_state().filter(|s| s != "RUNNING") {
+            say(&format!(
+                "job {} is {state} in Slurm (cancelled, or ended at its time or grace limit): not requeued by gpu-mode-run",
+                self.o.job
+            ));
+            return;
+        }
         let mut cmd = std::process::Command::new(&self.o.scontrol);
         cmd.args(["requeue", &self.o.job.to_string()]);
         match run_with_timeout(cmd, None, Duration::from_secs(30)) {
@@ -319,6 +333,16 @@ impl Wrapper<'_> {
             )),
             Err(e) => say(&format!("{e}: the job may end COMPLETED instead of being requeued")),
         }
+    }
+
+    /// The job's `JobState` as `scontrol show job` gives it (a job being
+    /// cancelled shows COMPLETING), or `None` when it cannot be read: then the
+    /// requeue goes ahead, as losing the checkpoint is the worse mistake.
+    fn job_state(&self) -> Option<String> {
+        let mut cmd = std::process::Command::new(&self.o.scontrol);
+        cmd.args(["show", "job", "-o", &self.o.job.to_string()]);
+        let out = run_with_timeout(cmd, None, Duration::from_secs(30)).ok().filter(|o| o.status.success())?;
+        job_state_of(&String::from_utf8_lossy(&out.stdout))
     }
 
     /// Waits for Slurm to end the requeued job, reaping what is left.
@@ -334,9 +358,21 @@ impl Wrapper<'_> {
     }
 }
 
+/// `JobState=...` of `scontrol show job -o` output.
+fn job_state_of(text: &str) -> Option<String> {
+    text.split_whitespace().find_map(|w| w.strip_prefix("JobState=")).map(String::from)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_job_state_is_read_from_scontrol() {
+        let line = "JobId=9 JobName=x UserId=u(1) JobState=COMPLETING Reason=None Dependency=(null)";
+        assert_eq!(job_state_of(line).as_deref(), Some("COMPLETING"));
+        assert_eq!(job_state_of("slurm_load_jobs error: Invalid job id specified"), None);
+    }
 
     fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
         move |k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())

@@ -42,6 +42,8 @@ pub struct RestoreArgs {
 /// How long a process's driver thread gets to answer a query before the pid
 /// is taken for a process without CUDA.
 const QUERY_WAIT: Duration = Duration::from_secs(2);
+/// How long a live process's folder may take to appear (see `send`).
+const PUBLISH_WAIT: Duration = Duration::from_secs(2);
 /// Bound on the other calls (the real ones can take minutes for big memory).
 const CALL_WAIT: Duration = Duration::from_secs(600);
 
@@ -78,8 +80,18 @@ fn send(pid: i32, call: Call) -> Result<i64, u32> {
         None => {}
     }
     let dir = sim.proc_dir(pid);
-    if files::start_time(pid).is_none() || !dir.is_dir() {
+    if files::start_time(pid).is_none() {
         return Err(codes::NOT_INITIALIZED);
+    }
+    // A process CRIU just restored on another (simulated) node has no folder
+    // there until its driver thread republishes (every 500 ms); the real
+    // driver is in the process at once, so wait for it rather than refuse.
+    let appear = Instant::now();
+    while !dir.is_dir() {
+        if appear.elapsed() > PUBLISH_WAIT {
+            return Err(codes::NOT_INITIALIZED);
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
     let me = unsafe { libc::geteuid() };
     if me != 0 && files::owner(pid) != Some(me) {

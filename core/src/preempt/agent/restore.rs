@@ -33,6 +33,20 @@ impl Agent {
             .images
             .latest(self.params.job)
             .ok_or_else(|| format!("no checkpoint image of job {} in {}", self.params.job, self.settings.images.root.display()))?;
+        let result = self.restore_image(peer, restart, &dir, start);
+        if let Err(e) = &result {
+            // The epilog of this run would otherwise remove the image that
+            // the message promises to keep (it keeps only what a run
+            // completed): the mark tells it this run tried and was refused.
+            if let Err(io) = self.settings.images.mark_refused(self.params.job, self.params.restart_count, e) {
+                self.log("restore-mark", crate::log::Outcome::Failed, &io.to_string());
+            }
+        }
+        result
+    }
+
+    fn restore_image(&self, peer: Peer, restart: u32, dir: &Path, start: Instant) -> Result<(i32, RestoreSummary), String> {
+        let dir = dir.to_path_buf();
         let (manifest, map) = self.vet(&dir).map_err(|e| format!("{e}; the image is kept"))?;
         let cgroup = TargetCgroup::of_pid(peer.pid)?;
         let check_ms = ms(start);

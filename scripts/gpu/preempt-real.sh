@@ -1,0 +1,183 @@
+#!/bin/bash
+# --gpu-mode=checkpoint on real GPUs under a real Slurm (issue 10), one
+# bounded command for a GPU machine (2 or 4 GPUs; root):
+#   e2e:   Slurm 22.05 (the carried .debs under /opt/sroot) with partitions
+#          low/high (gpu-mode-cluster up --preempt), real CRIU, and
+#          gpu-mode-ckpt-testprog holding a known pattern: a low-priority job
+#          (1 GiB; 16 GiB; 2 ranks on 2 GPUs) is preempted by gmtest2's
+#          high-priority job, checkpointed, requeued, restored onto the other
+#          GPU(s) (a second high job holds the first ones; the 2-rank job moves
+#          only with 4 GPUs), and its pattern verified.
+#   bench: gpu-mode-preempt-bench, ours and the seed's sequence side by side
+#          (cases GiBxprocesses, default 1x1,8x1,8x2,32x1,8x4).
+# Usage (repo root of the GPU machine):
+#   bash scripts/gpu/preempt-real.sh CARRY [all|e2e|bench] [CASES]
+# CARRY is the folder scripts/gpu/preempt-carry.sh made (.dev-carry/preempt).
+# Everything is logged to $OUT (preempt-real.log, per-case files). The run
+# stays within BUDGET_S (default 510 s): bench cases that would not fit are
+# skipped and the command that runs them is printed.
+# Never changes compute mode, MIG, persistence, clocks or power limits, never
+# resets a GPU (the cluster's config leaves every GPU setting as it is).
+set -u
+CARRY=${1:?usage: preempt-real.sh CARRY [all|e2e|bench] [CASES]}
+PART=${2:-all}
+CASES=${3:-1x1,8x1,8x2,32x1,8x4}
+A=$(cd "$CARRY" && pwd)
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+OUT=${OUT:-/tmp/preempt-out}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/preempt-real.log") 2>&1
+BUDGET_S=${BUDGET_S:-510}
+t0=$(date +%s)
+say() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
+left() { echo $(( BUDGET_S - ($(date +%s) - t0) )); }
+FAILS=0
+verdict() { if [ "$2" = 0 ]; then say "CASE $1: PASS"; else say "CASE $1: FAIL ($3)"; FAILS=$((FAILS + 1)); fi; }
+
+say "== GPUs before (nothing below changes these settings)"
+nvidia-smi --query-gpu=index,name,uuid,compute_mode,persistence_mode,mig.mode.current,memory.used --format=csv
+nvidia-smi --query-gpu=index,compute_mode,persistence_mode,mig.mode.current --format=csv,noheader > "$OUT/gpu-settings-before.txt"
+N=$(nvidia-smi -L | grep -c '^GPU')
+mapfile -t UUID < <(nvidia-smi --query-gpu=uuid --format=csv,noheader)
+
+say "== installing the carried pieces"
+# The job users must reach the programs: not under the repo (maybe /root).
+B=/opt/gm-preempt
+rm -rf "$B"; mkdir -p "$B"; cp "$A"/lib*.so "$A"/gpu-mode-* "$B/"; chmod 755 "$B" "$B"/*
+sh "$REPO/scripts/install-criu.sh" --from "$A/criu" || { say "CRIU install failed"; exit 1; }
+/opt/slurm-gpu-mode/criu/bin/criu check || say "warning: criu check failed"
+P=/opt/sroot
+[ -x $P/usr/sbin/slurmctld-wlm ] || { mkdir -p $P; for f in "$A"/debs/*.deb; do dpkg -x "$f" $P; done; }
+L=$P/usr/lib/x86_64-linux-gnu
+S=$P/usr/bin
+export GPU_MODE_SLURM_PREFIX=$P GPU_MODE_ARTIFACTS=$B GPU_MODE_CLUSTER_BASE=/tmp/gmc-preempt-real
+export LD_LIBRARY_PATH=$L:$L/slurm-wlm:$P/lib/x86_64-linux-gnu
+D=$GPU_MODE_CLUSTER_BASE/real
+export SLURM_CONF=$D/slurm.conf
+U=/tmp/gm-preempt-user
+rm -rf "$U"; mkdir -p "$U"; chmod 1777 "$U"
+
+# Who runs the preempted jobs: gmtest1 where root has CAP_SYS_RESOURCE
+# (criu dump of another user's processes needs it), else root without
+# capabilities (setpriv), which CRIU can dump and the agent accepts.
+cap=$(sed -n 's/^CapEff:[[:space:]]*//p' /proc/self/status)
+if [ $(( 0x$cap >> 24 & 1 )) = 1 ]; then JOBUSER=gmtest1; DROP=""; else JOBUSER=root; DROP="/usr/bin/setpriv --bounding-set=-all --inh-caps=-all --"; fi
+as() { local u=$1; shift; if [ "$u" = root ]; then "$@"; else runuser -u "$u" -- env SLURM_CONF="$SLURM_CONF" LD_LIBRARY_PATH="$LD_LIBRARY_PATH" "$@"; fi; }
+field() { $S/scontrol show job -o "$1" | tr ' ' '\n' | sed -n "s/^$2=//p"; }
+state_is() { [ "$(field "$1" JobState)" = "$2" ]; }
+requeued() { state_is "$1" PENDING && [ "$(field "$1" Restarts)" = 1 ]; }
+finished() { case "$(field "$1" JobState)" in COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY) return 0 ;; esac; return 1; }
+ready_all() { local i; for i in $(seq 0 $(($2 - 1))); do [ -s "$1/ready$i" ] || return 1; done; }
+wait_until() {
+    local limit=$1 what=$2 i=0; shift 2
+    until "$@"; do sleep 0.5; i=$((i + 1)); [ $i -ge $((limit * 2)) ] && { say "timed out after $limit s waiting for $what"; return 1; }; done
+    return 0  # (an until loop's status is its body's last, here the failed test)
+}
+apps() { nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv,noheader; }
+
+
+# preempt_case NAME GIB RANKS: one preemption, end to end (see the header).
+preempt_case() {
+    local name=$1 gib=$2 ranks=$3 W=$U/$1 app job pre hold="" moved=0 why=""
+    mkdir -p "$W"; chmod 1777 "$W"
+    # The ranks' launcher is the benchmark's (`launch N GPUS DIR APP ARGS`, a
+    # Rust parent that waits for them); rank i runs on the job's GPU i and
+    # writes its pid to $W/ready<i>. (A shell parent was seen to hang after a
+    # restore when a short-lived child of it died during the dump.)
+    app="$B/gpu-mode-preempt-bench launch $ranks $ranks $W $B/gpu-mode-ckpt-testprog --gib $gib --device {device} --seed {i} --ready {ready} --go $W/go"
+    # exec: gpu-mode-run must be the batch shell, which --signal=B:USR1 reaches.
+    printf '#!/bin/sh\nexec %s %s/gpu-mode-run --config %s/gpu-mode.toml -- %s\n' "$DROP" "$B" "$D" "$app" > "$W/job.sh"
+    chmod 755 "$W/job.sh"
+    job=$(cd "$W" && as $JOBUSER $S/sbatch --parsable -J "$name" -p low --gpu-mode=checkpoint --signal=B:USR1@60 --requeue \
+        --open-mode=append --gres=gpu:"$ranks" --output="$W/job.out" "$W/job.sh")
+    say "$name: job $job ($gib GiB x $ranks, as $JOBUSER) submitted"
+    if ! wait_until 300 "the pattern" ready_all "$W" "$ranks"; then cat "$W/job.out"; verdict "$name" 1 "never ready"; $S/scancel "$job"; return; fi
+    apps > "$W/apps-before.txt"; say "$name: holding its pattern:"; cat "$W/apps-before.txt"
+    local pids="" f; for f in "$W"/ready?; do pids="$pids $(cat "$f")"; done
+    pre=$(as gmtest2 $S/sbatch --parsable -J preemptor -p high --gres=gpu:"$N" --output="$W/preemptor.out" --wrap 'sleep 5')
+    say "$name: preemptor $pre (gmtest2, $N GPUs) submitted"
+    if ! wait_until 240 "the requeue" requeued "$job"; then cat "$W/job.out"; verdict "$name" 1 "not requeued"; $S/scancel "$job" "$pre"; return; fi
+    say "$name: requeued; while it waits:"
+    apps | tee "$W/apps-pending.txt"
+    for p in $pids; do grep -q "^$p," "$W/apps-pending.txt" && why="$why pid $p still holds GPU memory;"; done
+    python3 - "$D/images/$job/0/manifest.json" <<'EOF' | tee "$W/manifest-summary.txt"
+import json, sys
+m = json.load(open(sys.argv[1]))
+print("manifest: job", m["job"], "run", m["restart_count"], "uid", m["uid"], "node", m["node"], "driver", m["driver_version"],
+      "cuda", m["cuda_version"], "criu", m["criu_version"])
+print("  image", round(m["image_bytes"] / 2**30, 2), "GiB in", len(m["images"]), "files; GPUs", [g["uuid"] for g in m["gpus"]])
+for p in m["cuda"]:
+    print("  cuda pid", p["pid"], [(f["gpu"], round(f["bytes"] / 2**30, 2)) for f in p["footprint"]])
+print("  timings (ms):", m["timings"])
+EOF
+    [ -s "$W/manifest-summary.txt" ] || why="$why no manifest;"
+    # Hold the job's first GPUs with a second high job queued now (it starts
+    # when the preemptor ends, before the job may): the job must move.
+    if [ "$N" -ge $((2 * ranks)) ]; then
+        wait_until 60 "the preemptor to run" state_is "$pre" RUNNING
+        hold=$(as gmtest2 $S/sbatch --parsable -J hold -p high --gres=gpu:"$ranks" --output=/dev/null --wrap 'sleep 600')
+        moved=1
+    fi
+    if ! wait_until 240 "the restore" grep -q "restored (pid" "$W/job.out"; then
+        cat "$W/job.out"; verdict "$name" 1 "not restored"; $S/scancel "$job" $hold; return
+    fi
+    apps > "$W/apps-restored.txt"; say "$name: restored:"; cat "$W/apps-restored.txt"
+    for p in $pids; do
+        grep -q "^$p," "$W/apps-restored.txt" || why="$why pid $p holds no GPU memory after the restore;"
+        if [ $moved = 1 ]; then
+            local was now
+            was=$(grep "^$p," "$W/apps-before.txt" | cut -d, -f2 | tr -d ' '); now=$(grep "^$p," "$W/apps-restored.txt" | cut -d, -f2 | tr -d ' ')
+            [ -n "$now" ] && [ "$was" != "$now" ] || why="$why pid $p did not move ($was -> $now);"
+        fi
+    done
+    touch "$W/go"
+    wait_until 300 "the job's end" finished "$job"
+    [ -n "$hold" ] && $S/scancel "$hold"
+    say "$name: job $job $(field "$job" JobState), exit code $(field "$job" ExitCode), restarts $(field "$job" Restarts); its output:"
+    grep -v '^$' "$W/job.out"
+    [ "$(grep -c '^VERIFY OK' "$W/job.out")" = "$ranks" ] || why="$why pattern not verified;"
+    [ "$(field "$job" ExitCode)" = 0:0 ] || why="$why exit code $(field "$job" ExitCode);"
+    grep -q "checkpointed:" "$W/job.out" || why="$why no checkpoint line;"
+    [ -d "$D/images/$job" ] && why="$why images left after the end;"
+    [ -z "$why" ]; verdict "$name" $? "$why"
+}
+
+if [ "$PART" = all ] || [ "$PART" = e2e ]; then
+    say "== e2e: the cluster"
+    "$B/gpu-mode-cluster" down --name real >/dev/null 2>&1
+    GPU_MODE_GPU_DEVICES=$(seq -s, -f /dev/nvidia%g 0 $((N - 1))) "$B/gpu-mode-cluster" up --name real --gpus "$N" --preempt \
+        || { tail -n 30 "$D"/log/*.log; exit 1; }
+    say "jobs run as $JOBUSER"
+    preempt_case ckpt-1gib 1 1
+    preempt_case ckpt-16gib 16 1
+    [ "$N" -ge 2 ] && preempt_case ckpt-2ranks 1 2
+    say "== prolog/epilog lines"; cat "$D/log/hooks.log"
+    cp "$D/log/hooks.log" "$D/log/slurmctld.log" "$D/log/slurmd.log" "$OUT/" 2>/dev/null
+    "$B/gpu-mode-cluster" down --name real
+    tar -C /tmp -czf "$OUT/e2e-cases.tgz" gm-preempt-user
+fi
+
+if [ "$PART" = all ] || [ "$PART" = bench ]; then
+    say "== bench (ours vs the seed's sequence), within $(left) s"
+    W=/tmp/gm-preempt-bench; rm -rf "$W"; mkdir -p "$W"
+    printf 'runtime_dir = "%s/run"\n[log]\nsyslog = false\nstderr = true\n[checkpoint]\nlock_timeout_ms = 5000\n' "$W" > "$W/config.toml"
+    BUID=0; [ "$JOBUSER" = gmtest1 ] && BUID=$(id -u gmtest1 2>/dev/null || echo 0)
+    SKIPPED=""
+    for c in ${CASES//,/ }; do
+        g=${c%x*} n=${c#*x}
+        # About 7 s per GiB in all for both sequences (H100: dump 0.8 GiB/s), plus start-up.
+        est=$(( g * n * 7 + 20 ))
+        if [ "$est" -gt "$(left)" ]; then say "bench $c skipped: estimated $est s, $(left) s left"; SKIPPED="$SKIPPED,$c"; continue; fi
+        timeout "$(left)" "$B/gpu-mode-preempt-bench" --config "$W/config.toml" --app "$B/gpu-mode-ckpt-testprog" \
+            --app-args "--gib {gib} --device {device} --seed {i} --ready {ready} --go {go}" \
+            --cases "$c" --gpus "$N" --uid "$BUID" --workdir "$W" 2>&1 | tee -a "$OUT/bench.txt"
+        rm -rf "$W/images" "$W/seed-images"
+    done
+    [ -n "$SKIPPED" ] && say "not run (time bound): bash scripts/gpu/preempt-real.sh $CARRY bench ${SKIPPED#,}"
+fi
+
+say "== GPUs after"
+nvidia-smi --query-gpu=index,compute_mode,persistence_mode,mig.mode.current --format=csv,noheader > "$OUT/gpu-settings-after.txt"
+cmp -s "$OUT/gpu-settings-before.txt" "$OUT/gpu-settings-after.txt" && say "GPU settings unchanged" || say "GPU SETTINGS CHANGED"
+apps || true
+say "done: $FAILS failed case(s)"

@@ -1,0 +1,186 @@
+//! Checkpoint jobs on a harness cluster with preemption
+//! ([`crate::ClusterSpec::preemption`]), for the end-to-end tests: who runs
+//! them, how they are submitted (as docs/checkpoint.md "What users do"
+//! says), the simulated application, and what to wait for and look at.
+
+use crate::{Cluster, JobInfo};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+pub const CRIU: &str = "/opt/slurm-gpu-mode/criu/bin/criu";
+/// Steps of the counter: 100 ms each, so a job runs about 6 s in all.
+pub const STEPS: u64 = 60;
+/// The application's exit code, which the job must end with.
+pub const EXIT: i32 = 7;
+/// Generous: two cores shared with other builds; a requeued job waits
+/// cred_expire + 1 = 11 s before it may start again.
+pub const LONG: Duration = Duration::from_secs(120);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Who {
+    User(&'static str),
+    CaplessRoot,
+}
+
+pub fn job_user() -> Who {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let eff = status.lines().find_map(|l| l.strip_prefix("CapEff:")).and_then(|v| u64::from_str_radix(v.trim(), 16).ok()).unwrap_or(0);
+    // CAP_SYS_RESOURCE is capability 24.
+    if eff & (1 << 24) != 0 {
+        Who::User("gmtest1")
+    } else {
+        Who::CaplessRoot
+    }
+}
+
+pub fn bin(c: &Cluster, name: &str) -> String {
+    c.spec.artifacts.prolog.parent().unwrap().join(name).display().to_string()
+}
+
+pub fn submitter(who: Who) -> Option<&'static str> {
+    match who {
+        Who::User(u) => Some(u),
+        Who::CaplessRoot => None,
+    }
+}
+
+/// The counter's arguments (its pid goes to `ready` after step 1).
+pub fn counter(c: &Cluster, ready: &Path) -> Vec<String> {
+    let mut a = vec![bin(c, "cuda-sim-counter")];
+    for w in ["--steps", &STEPS.to_string(), "--interval-ms", "100", "--mib", "8", "--exit-code", &EXIT.to_string(), "--ready"] {
+        a.push(w.to_string());
+    }
+    a.push(ready.display().to_string());
+    a
+}
+
+/// Submits a checkpoint job on `low` whose batch shell is `gpu-mode-run app`,
+/// as the user submits it (docs/checkpoint.md "What users do").
+pub fn submit_low(c: &Cluster, who: Who, name: &str, app: &[String]) -> u32 {
+    let mut words: Vec<String> = vec!["exec".into()];
+    if who == Who::CaplessRoot {
+        // Root without capabilities stands in for a user (module docs).
+        words.extend(["/usr/bin/setpriv", "--bounding-set=-all", "--inh-caps=-all", "--"].map(String::from));
+    }
+    let config = c.dir.join("gpu-mode.toml").display().to_string();
+    words.extend([bin(c, "gpu-mode-run"), "--config".into(), config, "--".into()]);
+    words.extend(app.iter().cloned());
+    // exec: the wrapper must be the batch shell, which --signal=B: reaches.
+    let script = format!("#!/bin/sh\n{}\n", words.join(" "));
+    let args = ["-J", name, "-p", "low", "--gpu-mode=checkpoint", "--signal=B:USR1@60", "--requeue", "--open-mode=append", "--gres=gpu:1"];
+    c.submit(submitter(who), &args, &script, &c.sim_job_env()).unwrap()
+}
+
+/// Submits the counter as `name` ([`submit_low`]) and waits for its first
+/// `n` steps; returns the job and the counter's ready file (its pid).
+pub fn start_counter(c: &Cluster, who: Who, name: &str, n: u64) -> (u32, PathBuf) {
+    let ready = c.dir.join("out").join(format!("{name}-{}.ready", std::process::id()));
+    let job = submit_low(c, who, name, &counter(c, &ready));
+    wait_steps(c, job, n);
+    (job, ready)
+}
+
+/// Every step 1..=STEPS exactly once, in order, and the final check passed.
+pub fn assert_counted_once(out: &str) {
+    assert_eq!(steps(out).iter().map(|s| s.0).collect::<Vec<_>>(), (1..=STEPS).collect::<Vec<_>>(), "every step exactly once:\n{out}");
+    assert!(out.contains(&format!("DONE count={STEPS}")) && !out.contains("MISMATCH"), "{out}");
+}
+
+/// A high-priority job taking `gpus` GPUs (all of a node's: it must
+/// preempt) for `secs`, on `node` if given.
+pub fn submit_preemptor(c: &Cluster, user: Option<&str>, node: Option<&str>, gpus: u32, secs: u32) -> u32 {
+    let script = format!("#!/bin/sh\necho preemptor $(id -un) on GPUs $CUDA_VISIBLE_DEVICES\nsleep {secs}\n");
+    let gres = format!("--gres=gpu:{gpus}");
+    let mut args = vec!["-J", "preemptor", "-p", "high", &gres];
+    if let Some(n) = node {
+        args.extend(["-w", n]);
+    }
+    c.submit(user, &args, &script, &[]).unwrap()
+}
+
+/// Whether CRIU works here; a message when not, or a panic where it is
+/// required (scripts/test.sh, CI: a skip there would hide the feature).
+pub fn criu_ready() -> bool {
+    if std::process::Command::new(CRIU).arg("check").output().is_ok_and(|o| o.status.success()) {
+        return true;
+    }
+    let why = format!("{CRIU} missing or `criu check` fails: run scripts/install-criu.sh");
+    if std::env::var_os("GPU_MODE_REQUIRE_CRIU").is_some() {
+        panic!("CRIU is required here (GPU_MODE_REQUIRE_CRIU): {why}");
+    }
+    eprintln!("skipped: {why}");
+    false
+}
+
+/// `(step, GPU UUID)` of every `step <n> gpu <uuid>` line of the output.
+pub fn steps(output: &str) -> Vec<(u64, String)> {
+    output
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.strip_prefix("step ")?.split(' ');
+            Some((w.next()?.parse().ok()?, w.nth(1)?.to_string()))
+        })
+        .collect()
+}
+
+pub fn last_step(c: &Cluster, job: u32) -> u64 {
+    steps(&c.job_output(job)).last().map_or(0, |s| s.0)
+}
+
+pub fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !f() {
+        assert!(start.elapsed() < limit, "timed out after {limit:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+pub fn wait_steps(c: &Cluster, job: u32, n: u64) {
+    let start = Instant::now();
+    while last_step(c, job) < n {
+        if start.elapsed() > LONG {
+            panic!("job {job} did not reach step {n}: {:?}\n{}\n{}", c.job(job).ok(), c.job_output(job), c.logs_tail());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+pub fn finished(j: &JobInfo) -> bool {
+    ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"].contains(&j.state())
+}
+
+pub fn wait_finished(c: &Cluster, job: u32) -> JobInfo {
+    c.wait_job(job, "the job's end", LONG, finished).unwrap()
+}
+
+/// Waits until the job is back in the queue after run `restarts - 1`.
+pub fn wait_requeued(c: &Cluster, job: u32, restarts: u32) -> JobInfo {
+    c.wait_job(job, "the requeue", LONG, |j| j.state() == "PENDING" && j.restarts() == restarts).unwrap()
+}
+
+pub fn images(c: &Cluster) -> PathBuf {
+    c.dir.join("images")
+}
+
+/// Checkpoint agents of this cluster serving `job`.
+pub fn agents(c: &Cluster, job: u32) -> Vec<i32> {
+    let config = c.dir.join("gpu-mode.toml").display().to_string();
+    let job = job.to_string();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let argv = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let argv: Vec<String> = argv.split(|b| *b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+            argv.first().is_some_and(|a| a.ends_with("gpu-mode-ckpt-agent"))
+                && argv.windows(2).any(|w| w[0] == "--job" && w[1] == job)
+                && argv.contains(&config)
+        })
+        .collect()
+}
+
+pub fn assert_images_removed(c: &Cluster, job: u32) {
+    let dir = images(c).join(job.to_string());
+    wait_for("the epilog to remove the job's images", Duration::from_secs(20), || !dir.exists());
+}
+

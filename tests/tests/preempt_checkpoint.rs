@@ -1,0 +1,338 @@
+//! `--gpu-mode=checkpoint` end to end: a real Slurm preempts a low-priority
+//! job (preempt/partition_prio, PreemptMode=REQUEUE, the job's
+//! `--signal=B:USR1` through preempt_send_user_signal), the real CRIU dumps
+//! it, Slurm requeues it, and the requeued job is restored; the GPUs are
+//! the simulated ones (sim/nvml, sim/cuda), the application
+//! `cuda-sim-counter`, which counts steps in simulated GPU memory.
+//!
+//! Who runs the preempted job: the test user gmtest1 where root has
+//! CAP_SYS_RESOURCE (which `criu dump` needs for another user's processes,
+//! as on real nodes); where it has not (this sandbox, CI containers) root,
+//! with every capability dropped by `setpriv` in the batch script, which
+//! CRIU can dump and the agent accepts (it refuses trees holding
+//! capabilities). The test prints which.
+//!
+//! The scenarios preempt each other's jobs if run at once (the preemptor
+//! takes both GPUs), so they take turns ([`serial`]). Needs root, CRIU 4
+//! (scripts/install-criu.sh) and `cargo build --workspace`; skips with a
+//! message without CRIU unless GPU_MODE_REQUIRE_CRIU is set (CI).
+
+use gpu_mode_core::preempt::manifest::{Manifest, MANIFEST_FILE};
+use gpu_mode_tests::ckpt_jobs::*;
+use gpu_mode_tests::shared::cluster_with;
+use gpu_mode_tests::{Cluster, Preemption};
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+fn c() -> Option<&'static Cluster> {
+    criu_ready().then(|| cluster_with("preempt_checkpoint", 2, |s| s.preemption = Some(Preemption::default())))
+}
+
+/// One scenario at a time (see module docs); a failed one does not block the rest.
+fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    let guard = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let who = job_user();
+    eprintln!("preempted jobs run as {who:?} (root {} CAP_SYS_RESOURCE)", if who == Who::CaplessRoot { "lacks" } else { "has" });
+    guard
+}
+
+fn gpu_uuids(c: &Cluster) -> Vec<String> {
+    (0..2).map(|g| c.sim_gpu(g).unwrap()["uuid"].as_str().unwrap().to_string()).collect()
+}
+
+/// The pids holding simulated GPU memory, per NVML index.
+fn gpu_pids(c: &Cluster) -> Vec<Vec<u64>> {
+    (0..2)
+        .map(|g| {
+            let gpu = c.sim_gpu(g).unwrap();
+            gpu["processes"].as_array().map(|ps| ps.iter().filter_map(|p| p["pid"].as_u64()).collect()).unwrap_or_default()
+        })
+        .collect()
+}
+
+/// Live processes of the simulated driver that are not RUNNING (locked or
+/// checkpointed, from their published state).
+fn stuck_cuda_processes(c: &Cluster) -> Vec<String> {
+    let procs = c.dir.join("sim/nvml-state.json.cuda/procs");
+    std::fs::read_dir(procs)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let v: serde_json::Value = serde_json::from_slice(&std::fs::read(e.path().join("state.json")).ok()?).ok()?;
+            let pid = v["pid"].as_i64()? as i32;
+            let live = gpu_mode_core::procfs::read(pid).is_some_and(|p| p.state != 'Z');
+            (live && v["state"].as_i64() != Some(0)).then(|| format!("pid {pid} state {}", v["state"]))
+        })
+        .collect()
+}
+
+/// What every scenario must leave: the job's agent gone, no simulated CUDA
+/// process locked or checkpointed, no image left of a job that ended, the
+/// node in service.
+fn assert_nothing_stuck(c: &Cluster, job: u32) {
+    wait_for("the job's agent to exit", Duration::from_secs(20), || agents(c, job).is_empty());
+    assert!(stuck_cuda_processes(c).is_empty(), "{:?}", stuck_cuda_processes(c));
+    let (state, reason) = c.node_state().unwrap();
+    assert!(!state.contains("DRAIN") && !state.contains("DOWN"), "node {state} {reason}");
+}
+
+/// A preempted job dumped, requeued and restored (by the preemptor `by`),
+/// onto the other GPU when `other_gpu`; every step exactly once, the
+/// application's exit code.
+fn preempted_job_is_restored(by: Option<&'static str>, other_gpu: bool) {
+    let Some(c) = c() else { return };
+    let _turn = serial();
+    let who = job_user();
+    let name = if other_gpu { "moved" } else { "same" };
+    let (job, ready) = start_counter(c, who, name, 5);
+    let uuids = gpu_uuids(c);
+    let first_gpu = steps(&c.job_output(job))[0].1.clone();
+    let app: u64 = std::fs::read_to_string(&ready).unwrap().trim().parse().unwrap();
+    let on = uuids.iter().position(|u| *u == first_gpu).unwrap();
+    assert!(gpu_pids(c)[on].contains(&app), "the application holds memory on its GPU: {:?}", gpu_pids(c));
+
+    let preemptor = submit_preemptor(c, by, None, 2, 3);
+    let pending = wait_requeued(c, job, 1);
+    assert_eq!(pending.get("Partition"), "low");
+    // Dumped: a complete image with its manifest, the application gone, its
+    // simulated GPU memory free (the CUDA checkpoint released it before CRIU ran).
+    let run0 = images(c).join(job.to_string()).join("0");
+    let m = Manifest::load(&run0).unwrap_or_else(|e| panic!("{e}\n{}", c.job_output(job)));
+    let uid = match who {
+        Who::User(u) => gpu_mode_tests::users::lookup(u).unwrap().uid,
+        Who::CaplessRoot => 0,
+    };
+    assert_eq!((m.job, m.restart_count, m.uid, m.root_pid as u64, m.cuda.len()), (job, 0, uid, app, 1));
+    assert_eq!(m.cuda[0].footprint[0].bytes, 8 << 20);
+    assert_eq!(m.cuda[0].footprint[0].gpu.to_string(), first_gpu);
+    assert!(m.image_bytes > 8 << 20, "the image holds the GPU memory: {}", m.image_bytes);
+    assert!(gpu_mode_core::procfs::read(app as i32).is_none(), "the dumped application is gone");
+    assert!(gpu_pids(c).iter().all(|g| !g.contains(&app)), "its GPU memory is free: {:?}", gpu_pids(c));
+    let dumped_at = last_step(c, job);
+
+    // The preemptor ran on both GPUs while the job waited.
+    let filler = other_gpu.then(|| {
+        c.wait_job(preemptor, "the preemptor to run", LONG, |j| j.state() == "RUNNING").unwrap();
+        // A second high job queued now takes the first free GPU when the
+        // preemptor ends, before the requeued job may start: the job must
+        // then come back on the other GPU.
+        submit_preemptor(c, by, None, 1, 60)
+    });
+    let p = wait_finished(c, preemptor);
+    assert_eq!(p.get("ExitCode"), "0:0");
+    let who_ran = by.unwrap_or("root");
+    assert_eq!(c.job_output(preemptor).trim(), format!("preemptor {who_ran} on GPUs 0,1"));
+
+    let end = wait_finished(c, job);
+    if let Some(f) = filler {
+        c.client("scancel", &[&f.to_string()]).run_as(by).unwrap();
+    }
+    let out = c.job_output(job);
+    assert_eq!((end.get("ExitCode"), end.restarts()), (format!("{EXIT}:0").as_str(), 1), "{out}");
+    assert_counted_once(&out);
+    let all = steps(&out);
+    for needle in [
+        format!("gpu-mode-run: SIGUSR1 received: checkpointing job {job}"),
+        "GPU memory free".to_string(),
+        format!("gpu-mode-run: job {job} run 1: restoring the checkpoint taken in run 0"),
+        format!("gpu-mode-run: job {job} restored (pid {app}"),
+    ] {
+        assert!(out.contains(&needle), "missing {needle:?} in:\n{out}");
+    }
+    let restored_gpu = &all.last().unwrap().1;
+    if other_gpu {
+        assert_ne!(*restored_gpu, first_gpu, "restored onto the other GPU:\n{out}");
+        assert!(out.contains(&format!("GPUs [(\"{first_gpu}\", \"{restored_gpu}\")]")), "the device map is reported:\n{out}");
+    }
+    // Before the dump on the first GPU, after it on the one the run got.
+    assert!(all.iter().all(|(k, g)| if *k <= dumped_at { *g == first_gpu } else { g == restored_gpu }), "{all:?}");
+    assert_images_removed(c, job);
+    assert_nothing_stuck(c, job);
+    let hooks = c.hook_log_lines(job).join("\n");
+    assert!(hooks.contains("image of run 0 kept for the requeued job") && hooks.contains("the job's images removed"), "{hooks}");
+}
+
+#[test]
+fn a_preempted_job_is_checkpointed_requeued_and_restored_with_its_count_and_exit_code() {
+    preempted_job_is_restored(None, false);
+}
+
+#[test]
+fn a_second_users_preemptor_and_the_job_comes_back_on_the_other_gpu() {
+    preempted_job_is_restored(Some("gmtest2"), true);
+}
+
+/// Run 0 is preempted after `spoil` ruined its checkpoint: the job is
+/// requeued with `needle` in its output, starts over, and counts to the end.
+fn failed_checkpoint_starts_over(name: &str, app: impl FnOnce(&Cluster, &Path) -> Vec<String>, spoil: impl FnOnce(&Cluster, u32), needle: &str) {
+    let c = c().unwrap();
+    let who = job_user();
+    let ready = c.dir.join("out").join(format!("{name}-{}.ready", std::process::id()));
+    let job = submit_low(c, who, name, &app(c, &ready));
+    wait_steps(c, job, 5);
+    spoil(c, job);
+    let preemptor = submit_preemptor(c, None, None, 2, 2);
+    wait_requeued(c, job, 1);
+    let out = c.job_output(job);
+    for n in [format!("gpu-mode-run: checkpoint of job {job} failed: "), needle.to_string(), "The job is requeued and will start over from the beginning.".into()] {
+        assert!(out.contains(&n), "missing {n:?} in:\n{out}");
+    }
+    // Nothing claims success: no manifest (the epilog removed what there was).
+    assert!(!images(c).join(job.to_string()).exists(), "{:?}", std::fs::read_dir(images(c).join(job.to_string())).map(|d| d.count()));
+    wait_finished(c, preemptor);
+    let end = wait_finished(c, job);
+    let out = c.job_output(job);
+    assert_eq!((end.get("ExitCode"), end.restarts()), (format!("{EXIT}:0").as_str(), 1), "{out}");
+    assert!(out.contains(&format!("job {job} run 1: no checkpoint image to restore: starting the application from the beginning")), "{out}");
+    // Run 0's steps, then all of them again from 1.
+    let counts: Vec<u64> = steps(&out).iter().map(|s| s.0).collect();
+    let restart = counts.iter().skip(1).position(|k| *k == 1).map(|i| i + 1).unwrap_or_else(|| panic!("no second start:\n{out}"));
+    assert!(restart >= 5 && counts[..restart] == (1..=restart as u64).collect::<Vec<_>>()[..], "{counts:?}");
+    assert_eq!(counts[restart..], (1..=STEPS).collect::<Vec<_>>()[..], "run 1 counted from scratch");
+    assert!(out.contains(&format!("DONE count={STEPS}")) && !out.contains("MISMATCH"), "{out}");
+    assert_images_removed(c, job);
+    assert_nothing_stuck(c, job);
+}
+
+#[test]
+fn a_dump_onto_a_full_disk_requeues_the_job_to_start_over() {
+    let Some(c) = c() else { return };
+    let _turn = serial();
+    // The cluster's image_dir on a 1 MiB tmpfs: the 8 MiB dump cannot fit.
+    let dir = images(c);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mounted = std::process::Command::new("/bin/mount").args(["-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs"]).arg(&dir).status().unwrap();
+    assert!(mounted.success());
+    let result = std::panic::catch_unwind(|| failed_checkpoint_starts_over("full", counter, |_, _| {}, "No space left on device"));
+    let _ = std::process::Command::new("/bin/umount").arg(&dir).status();
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}
+
+#[test]
+fn a_process_holding_a_gpu_file_that_cuda_cannot_checkpoint_requeues_the_job_to_start_over() {
+    let Some(c) = c() else { return };
+    let _turn = serial();
+    // The application is a shell that starts the counter and then holds the
+    // counter's simulated device memory open itself: a process the CUDA
+    // driver does not know holding a GPU file (as a child forked without
+    // exec holds /dev/nvidia* on a real node) blocks the checkpoint.
+    let holder = c.dir.join("out/holder.sh");
+    let gpus_dir = c.dir.join("sim/nvml-state.json.cuda/gpus");
+    std::fs::write(
+        &holder,
+        format!(
+            "#!/bin/sh\n# $1: the counter's ready file, per run (a rerun must not find the old one)\nready=$1.$SLURM_RESTART_COUNT\n\
+             {counter} --steps {STEPS} --interval-ms 100 --mib 8 --exit-code {EXIT} --ready $ready &\n\
+             app=$!\nwhile [ ! -s $ready ]; do sleep 0.1; done\nexec 3< $(ls {gpus}/*/$app-0.mem)\nwait $app\n",
+            counter = bin(c, "cuda-sim-counter"),
+            gpus = gpus_dir.display()
+        ),
+    )
+    .unwrap();
+    let app = |_: &Cluster, r: &Path| vec!["/bin/sh".to_string(), holder.display().to_string(), r.display().to_string()];
+    failed_checkpoint_starts_over("holder", app, |_, _| {}, "but the CUDA driver cannot checkpoint it");
+}
+
+#[test]
+fn a_killed_agent_requeues_the_job_to_start_over() {
+    if c().is_none() {
+        return;
+    }
+    let _turn = serial();
+    let kill_agent = |c: &Cluster, job: u32| {
+        let found = agents(c, job);
+        assert_eq!(found.len(), 1, "one agent for job {job}: {found:?}");
+        assert_eq!(unsafe { libc::kill(found[0], libc::SIGKILL) }, 0);
+        wait_for("the agent to die", Duration::from_secs(10), || agents(c, job).is_empty());
+    };
+    failed_checkpoint_starts_over("agentless", counter, kill_agent, "cannot reach the checkpoint agent at ");
+}
+
+/// The manifest of run 0 is spoiled while the job waits: the requeued run
+/// fails with one line naming why, nothing is restored, and the image is
+/// kept — so that, once the manifest is put back, `scontrol requeue`
+/// restores it after all.
+#[test]
+fn a_restore_refuses_another_users_or_a_corrupt_manifest_and_keeps_the_image() {
+    let Some(c) = c() else { return };
+    let _turn = serial();
+    let who = job_user();
+    let (job, _) = start_counter(c, who, "refused", 5);
+    let preemptor = submit_preemptor(c, None, None, 2, 1);
+    // Held: the spoiling must happen before the next run starts.
+    wait_requeued(c, job, 1);
+    let hold = c.client("scontrol", &["hold", &job.to_string()]).run_as_root().unwrap();
+    assert!(hold.status.success(), "{}", String::from_utf8_lossy(&hold.stderr));
+    wait_finished(c, preemptor);
+    let run0 = images(c).join(job.to_string()).join("0");
+    let manifest = run0.join(MANIFEST_FILE);
+    let original = std::fs::read(&manifest).unwrap();
+    let dumped_at = last_step(c, job);
+    let image_pids = Manifest::load(&run0).unwrap().pids;
+    let other_uid = gpu_mode_tests::users::lookup("gmtest2").unwrap().uid;
+
+    let mut foreign: serde_json::Value = serde_json::from_slice(&original).unwrap();
+    foreign["uid"] = other_uid.into();
+    let cases: [(&str, Vec<u8>, String); 2] = [
+        ("another user's", serde_json::to_vec(&foreign).unwrap(), format!("not to job {job}'s user")),
+        ("corrupt", b"{\"version\": 1, \"job\"".to_vec(), "is corrupt".into()),
+    ];
+    for (run, (what, text, needle)) in (1u32..).zip(cases) {
+        std::fs::write(&manifest, &text).unwrap();
+        let verb = if run == 1 { "release" } else { "requeue" };
+        let out = c.client("scontrol", &[verb, &job.to_string()]).run_as_root().unwrap();
+        assert!(out.status.success(), "scontrol {verb}: {}", String::from_utf8_lossy(&out.stderr));
+        let end = c.wait_job(job, "the refused run's end", LONG, |j| j.restarts() == run && finished(j)).unwrap();
+        let out = c.job_output(job);
+        assert_eq!(end.get("ExitCode"), "1:0", "{what}: {out}");
+        let line = out.lines().rfind(|l| l.contains(&format!("gpu-mode-run: cannot restore job {job}: "))).unwrap_or_else(|| panic!("{what}: {out}"));
+        assert!(line.contains(&needle) && line.ends_with("the image is kept"), "{what}: {line}");
+        assert_eq!(out.matches("cannot restore").count(), run as usize, "one line per refused run:\n{out}");
+        assert_eq!(last_step(c, job), dumped_at, "{what}: nothing was restored or started");
+        assert!(image_pids.iter().all(|p| gpu_mode_core::procfs::read(*p).is_none()), "{what}: no process of the image runs");
+        // Kept through the epilog, as the line promised.
+        wait_for("the epilog", Duration::from_secs(20), || c.hook_log_lines(job).iter().filter(|l| l.contains("action=epilog")).count() == run as usize + 1);
+        assert!(manifest.exists(), "{what}: the image is kept");
+        let hooks = c.hook_log_lines(job).join("\n");
+        assert!(hooks.contains("image of run 0 kept: this run's restore of it was refused"), "{hooks}");
+        assert_nothing_stuck(c, job);
+    }
+
+    // The image was kept for a reason: with its manifest back, the job restores.
+    std::fs::write(&manifest, &original).unwrap();
+    let out = c.client("scontrol", &["requeue", &job.to_string()]).run_as_root().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let end = c.wait_job(job, "the restored run's end", LONG, |j| j.restarts() == 3 && finished(j)).unwrap();
+    let out = c.job_output(job);
+    assert_eq!(end.get("ExitCode"), format!("{EXIT}:0"), "{out}");
+    assert_counted_once(&out);
+    assert!(out.contains(&format!("job {job} run 3: restoring the checkpoint taken in run 0")), "{out}");
+    assert_images_removed(c, job);
+    assert_nothing_stuck(c, job);
+}
+
+/// `scancel` ends a running checkpoint job: no checkpoint, no requeue (the
+/// SIGTERM reaches the application), no image left.
+#[test]
+fn a_cancelled_job_is_not_checkpointed_or_requeued_and_leaves_no_image() {
+    let Some(c) = c() else { return };
+    let _turn = serial();
+    let who = job_user();
+    let (job, _) = start_counter(c, who, "cancelled", 3);
+    let out = c.client("scancel", &[&job.to_string()]).run_as(submitter(who)).unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let end = wait_finished(c, job);
+    // Requeueing would show in the restart count; give a wrongly requeued job the time to be seen.
+    std::thread::sleep(Duration::from_secs(2));
+    let out = c.job_output(job);
+    assert_eq!((end.state(), c.job(job).unwrap().state(), end.restarts()), ("CANCELLED", "CANCELLED", 0), "{out}");
+    assert!(!out.contains("checkpointing"), "{out}");
+    assert!(last_step(c, job) < STEPS, "{out}");
+    assert_images_removed(c, job);
+    assert_nothing_stuck(c, job);
+}

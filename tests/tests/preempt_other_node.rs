@@ -1,0 +1,152 @@
+//! `--gpu-mode=checkpoint` across nodes: two slurmd nodes on this machine
+//! (`gma`, `gmb`; each in network and mount namespaces of its own, with its
+//! own address, runtime directory and simulated GPUs with other UUIDs:
+//! gpu_mode_tests::netns). A job preempted on `gma` while the preemptor
+//! keeps `gma` busy is requeued, lands on `gmb`, and is restored there from
+//! the image directory both nodes share, onto `gmb`'s GPU through the
+//! manifest's device map; on a `gmb` with another NVIDIA driver the restore
+//! is refused, the image kept, and restored once the driver matches. Who
+//! runs the job: as in preempt_checkpoint.rs. The scenarios take turns (one
+//! preemptor would preempt the other's job). Needs root, `ip`, CRIU 4 and
+//! `cargo build --workspace`.
+
+use gpu_mode_core::preempt::manifest::Manifest;
+use gpu_mode_tests::ckpt_jobs::*;
+use gpu_mode_tests::shared::cluster_with;
+use gpu_mode_tests::{Cluster, Preemption};
+use std::os::unix::fs::MetadataExt;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+const NODES: [&str; 2] = ["gma", "gmb"];
+
+fn c() -> Option<&'static Cluster> {
+    criu_ready().then(|| {
+        cluster_with("preempt_other_node", 2, |s| {
+            s.preemption = Some(Preemption::default());
+            s.node_name = NODES[0].into();
+            s.second_node = Some(NODES[1].into());
+        })
+    })
+}
+
+fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Sets the NVIDIA driver version node `node`'s simulated NVML reports,
+/// under the lock the simulation's readers take.
+fn set_driver(c: &Cluster, node: &str, version: &str) {
+    use std::io::{Read, Seek, Write};
+    use std::os::fd::AsRawFd;
+    let path = c.spec.node_dir(node).join("sim/nvml-state.json");
+    let mut f = std::fs::OpenOptions::new().read(true).write(true).open(path).unwrap();
+    assert_eq!(unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) }, 0);
+    let mut text = String::new();
+    f.read_to_string(&mut text).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["driver_version"] = version.into();
+    let text = serde_json::to_string_pretty(&v).unwrap();
+    f.set_len(0).unwrap();
+    f.rewind().unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+}
+
+/// A node's simulated GPU UUIDs, in NVML order.
+fn uuids(c: &Cluster, node: &str) -> Vec<String> {
+    let state: serde_json::Value = serde_json::from_slice(&std::fs::read(c.spec.node_dir(node).join("sim/nvml-state.json")).unwrap()).unwrap();
+    state["gpus"].as_array().unwrap().iter().map(|g| g["uuid"].as_str().unwrap().to_string()).collect()
+}
+
+/// The network namespace a process is in, as its inode.
+fn net_ns(pid: &str) -> u64 {
+    std::fs::metadata(format!("/proc/{pid}/ns/net")).unwrap().ino()
+}
+
+#[test]
+fn a_job_preempted_on_one_node_is_restored_on_the_other_onto_its_gpus() {
+    let Some(c) = c() else { return };
+    let _turn = serial();
+    let who = job_user();
+    eprintln!("the job runs as {who:?}");
+    let (a, b) = (uuids(c, NODES[0]), uuids(c, NODES[1]));
+    assert!(a.iter().all(|u| !b.contains(u)), "the nodes' GPUs differ: {a:?} {b:?}");
+    let (job, ready) = start_counter(c, who, "moved", 5);
+    assert_eq!(c.job(job).unwrap().get("NodeList"), NODES[0], "an idle cluster starts it on the first node");
+    let app = std::fs::read_to_string(&ready).unwrap().trim().to_string();
+    let ns_a = net_ns(&app);
+
+    // The preemptor takes gma for long enough: the requeued job can only go to gmb.
+    let preemptor = submit_preemptor(c, Some("gmtest2"), Some(NODES[0]), 2, 60);
+    wait_requeued(c, job, 1);
+    let m = Manifest::load(&images(c).join(job.to_string()).join("0")).unwrap();
+    assert_eq!(m.node, NODES[0]);
+    assert_eq!(m.gpus.iter().map(|g| g.uuid.to_string()).collect::<Vec<_>>(), vec![a[0].clone()]);
+
+    let running = c.wait_job(job, "the run on gmb", LONG, |j| j.state() == "RUNNING" && j.restarts() == 1).unwrap();
+    assert_eq!(running.get("NodeList"), NODES[1]);
+    wait_for("the restore", LONG, || c.job_output(job).contains("restored (pid"));
+    // The same pid (CRIU keeps it), now in gmb's network namespace.
+    let ns_b = net_ns(&app);
+    assert_ne!(ns_a, ns_b);
+    let slurmd_b = std::fs::read_to_string(c.dir.join(format!("slurmd-{}.pid", NODES[1]))).unwrap();
+    assert_eq!(ns_b, net_ns(slurmd_b.trim()), "the restored process runs in gmb's namespace");
+
+    let end = wait_finished(c, job);
+    let _ = c.client("scancel", &[&preemptor.to_string()]).run_as(Some("gmtest2"));
+    let out = c.job_output(job);
+    assert_eq!((end.get("ExitCode"), end.restarts()), (format!("{EXIT}:0").as_str(), 1), "{out}");
+    assert!(out.contains(&format!("gpu-mode-run: job {job} run 1: restoring the checkpoint taken in run 0 on {}", NODES[0])), "{out}");
+    assert!(out.contains(&format!("GPUs [(\"{}\", \"{}\")]", a[0], b[0])), "the device map from the manifest: {out}");
+    assert_counted_once(&out);
+    let all = steps(&out);
+    assert_eq!(all.first().unwrap().1, a[0]);
+    assert_eq!(all.last().unwrap().1, b[0], "counting went on on gmb's GPU");
+    assert_images_removed(c, job);
+    wait_for("the agents to exit", Duration::from_secs(20), || agents(c, job).is_empty());
+    for node in NODES {
+        let (state, reason) = c.node_state_of(node).unwrap();
+        assert!(!state.contains("DRAIN") && !state.contains("DOWN"), "{node}: {state} {reason}");
+    }
+}
+
+/// The job lands on a gmb whose driver differs from gma's: one line says
+/// why, nothing is restored, the image is kept; with the driver matching
+/// again, `scontrol requeue` restores it there.
+#[test]
+fn a_node_with_another_driver_refuses_the_restore_and_keeps_the_image() {
+    let Some(c) = c() else { return };
+    let _turn = serial();
+    let who = job_user();
+    let (job, _) = start_counter(c, who, "driver", 5);
+    assert_eq!(c.job(job).unwrap().get("NodeList"), NODES[0]);
+    let preemptor = submit_preemptor(c, Some("gmtest2"), Some(NODES[0]), 2, 90);
+    wait_requeued(c, job, 1);
+    // Before the requeued run may start (its credential has 10 s to expire).
+    set_driver(c, NODES[1], "570.86.10");
+    let dumped_at = last_step(c, job);
+    let end = c.wait_job(job, "the refused run", LONG, |j| j.restarts() == 1 && finished(j)).unwrap();
+    set_driver(c, NODES[1], "580.159.04");
+    let out = c.job_output(job);
+    assert_eq!((end.get("NodeList"), end.get("ExitCode")), (NODES[1], "1:0"), "{out}");
+    let line = out.lines().find(|l| l.contains("cannot restore job")).unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        line.contains("the image was taken with NVIDIA driver 580.159.04 (node gma); this node has 570.86.10") && line.ends_with("the image is kept"),
+        "{line}"
+    );
+    assert_eq!(last_step(c, job), dumped_at, "nothing was restored or started:\n{out}");
+    let run0 = images(c).join(job.to_string()).join("0");
+    wait_for("the epilog", Duration::from_secs(20), || agents(c, job).is_empty());
+    assert!(Manifest::load(&run0).is_ok(), "the image is kept through the epilog");
+
+    let requeue = c.client("scontrol", &["requeue", &job.to_string()]).run_as_root().unwrap();
+    assert!(requeue.status.success(), "{}", String::from_utf8_lossy(&requeue.stderr));
+    let end = c.wait_job(job, "the restored run", LONG, |j| j.restarts() == 2 && finished(j)).unwrap();
+    let _ = c.client("scancel", &[&preemptor.to_string()]).run_as(Some("gmtest2"));
+    let out = c.job_output(job);
+    assert_eq!((end.get("NodeList"), end.get("ExitCode")), (NODES[1], format!("{EXIT}:0").as_str()), "{out}");
+    assert_counted_once(&out);
+    assert!(out.contains(&format!("job {job} run 2: restoring the checkpoint taken in run 0 on gma")), "{out}");
+    assert_images_removed(c, job);
+}
