@@ -6,7 +6,7 @@ use crate::fsutil::require_absolute;
 use crate::gpu::{ComputeModeSetting, MigInstanceSetting, MigModeSetting};
 /// `[health]` is the node checker's own section (health/config.rs).
 pub use crate::health::config::{DeepConfig, HealthConfig, Severity};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -16,7 +16,7 @@ pub const MAX_MARGIN_MIB: u64 = 1 << 20;
 /// Where the helpers look when no `--config` / `config=` is given.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/slurm-gpu-mode/config.toml";
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// Root-owned directory for per-job state and per-job MPS directories.
@@ -35,7 +35,7 @@ pub struct Config {
 }
 
 /// `[mps]`: the per-job MPS daemons.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MpsConfig {
     /// Absolute path of nvidia-cuda-mps-control (no PATH under slurmd).
@@ -62,7 +62,7 @@ impl Default for MpsConfig {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SlurmConfig {
     /// Absolute path of scontrol: helpers run with no PATH.
@@ -75,7 +75,7 @@ pub struct SlurmConfig {
     pub drain_on_node_fault: bool,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogConfig {
     /// Send each action line to syslog (the journal on systemd hosts).
@@ -84,14 +84,14 @@ pub struct LogConfig {
     pub stderr: bool,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct NvmlConfig {
     /// libnvidia-ml to load; empty means the system's (`libnvidia-ml.so.1`).
     pub library: Option<PathBuf>,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MigConfig {
     /// Named layouts for `--gpu-mode=mig:@<name>`: name → profile list in the
@@ -171,13 +171,13 @@ impl MigConfig {
 
 /// Which GPU settings the helpers may change. Each has a "leave" value that
 /// never changes it (e.g. on shared machines where only reads are allowed).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct GpuConfig {
-    /// Compute mode the prolog sets on an MPS job's GPUs.
+    /// Compute mode the prolog sets on an MPS job's GPUs. The epilog puts
+    /// back the mode each GPU had before (the MPS registry records it), so
+    /// there is no setting for that: see [`REMOVED_KEYS`].
     pub mps_compute_mode: ComputeModeSetting,
-    /// Compute mode the epilog sets back after a job.
-    pub restore_compute_mode: ComputeModeSetting,
     /// Whether MIG mode may be switched on or off for jobs.
     pub mig_mode: MigModeSetting,
     /// Whether MIG instances may be created and destroyed for jobs.
@@ -188,14 +188,13 @@ impl Default for GpuConfig {
     fn default() -> Self {
         GpuConfig {
             mps_compute_mode: ComputeModeSetting::ExclusiveProcess,
-            restore_compute_mode: ComputeModeSetting::Default,
             mig_mode: MigModeSetting::Switch,
             mig_instances: MigInstanceSetting::Manage,
         }
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CheckpointConfig {
     /// How long cuCheckpointProcessLock waits for a process's GPU work to drain.
@@ -390,9 +389,21 @@ impl Config {
         cfg
     }
 
+    /// The config as TOML with every key written out: its canonical form.
+    /// Parsing it gives the same config back (a property test holds it to
+    /// that), so `gpu-mode-node-checker` and the fuzzer can compare what a
+    /// file means rather than how it is spelt.
+    pub fn canonical(&self) -> String {
+        // Serializing plain data (no maps with non-string keys) cannot fail.
+        toml::to_string(self).unwrap_or_else(|e| format!("# cannot write the config as TOML: {e}\n"))
+    }
+
     /// Parses and validates config text; `path` is only used in messages.
     pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
         let invalid = |detail: String| ConfigError::Invalid { path: path.to_path_buf(), detail };
+        if let Some(why) = removed_key(text) {
+            return Err(invalid(why));
+        }
         let cfg: Config = toml::from_str(text).map_err(|e| invalid(e.to_string().trim().replace('\n', " ")))?;
         cfg.validate().map_err(invalid)?;
         Ok(cfg)
@@ -457,6 +468,21 @@ impl Config {
     pub fn nvml_library(&self) -> Option<PathBuf> {
         self.nvml.library.clone()
     }
+}
+
+/// Keys that existed once, with why they went: a site's old config gets
+/// this instead of serde's bare "unknown field".
+pub const REMOVED_KEYS: &[(&str, &str, &str)] = &[(
+    "gpu",
+    "restore_compute_mode",
+    "the epilog puts back the compute mode each GPU had before the job (the prolog records it), so the key was never read and is removed: delete it",
+)];
+
+fn removed_key(text: &str) -> Option<String> {
+    let table = text.parse::<toml::Table>().ok()?;
+    REMOVED_KEYS.iter().find_map(|(section, key, why)| {
+        table.get(*section)?.as_table()?.get(*key).map(|_| format!("{section}.{key}: {why}"))
+    })
 }
 
 /// When running as root, the config must be root's and writable by root
@@ -593,17 +619,19 @@ mod tests {
     #[test]
     fn every_gpu_setter_can_be_left_alone() {
         let cfg = parse(
-            "[gpu]\nmps_compute_mode = \"leave\"\nrestore_compute_mode = \"leave\"\n\
+            "[gpu]\nmps_compute_mode = \"leave\"\n\
              mig_mode = \"leave\"\nmig_instances = \"leave\"",
         )
         .unwrap();
         assert_eq!(cfg.gpu.mps_compute_mode, ComputeModeSetting::Leave);
-        assert_eq!(cfg.gpu.restore_compute_mode, ComputeModeSetting::Leave);
         assert_eq!(cfg.gpu.mig_mode, MigModeSetting::Leave);
         assert_eq!(cfg.gpu.mig_instances, MigInstanceSetting::Leave);
         let err = parse("[gpu]\nmps_compute_mode = \"exclusive\"").unwrap_err();
         assert!(err.contains("unknown variant `exclusive`") && err.contains("exclusive_process"), "{err}");
         assert!(parse("[gpu]\nmig = \"leave\"").unwrap_err().contains("unknown field `mig`"));
+        // Removed, with the reason: the epilog restores each GPU's own earlier mode.
+        let err = parse("[gpu]\nrestore_compute_mode = \"default\"").unwrap_err();
+        assert!(err.contains("gpu.restore_compute_mode: the epilog puts back the compute mode each GPU had before the job"), "{err}");
     }
 
     #[test]

@@ -124,13 +124,21 @@ impl Manifest {
         Self::parse(&bytes, &path)
     }
 
-    fn parse(bytes: &[u8], path: &str) -> Result<Manifest, ManifestError> {
+    /// Parses manifest text (`path` names it in errors): the version
+    /// first, so a future format is a version error, not a field error.
+    pub fn parse(bytes: &[u8], path: &str) -> Result<Manifest, ManifestError> {
         let corrupt = |e: serde_json::Error| ManifestError::Corrupt { path: path.to_string(), detail: e.to_string() };
         let header: Header = serde_json::from_slice(bytes).map_err(corrupt)?;
         if header.version != MANIFEST_VERSION {
             return Err(ManifestError::Version { path: path.to_string(), found: header.version });
         }
-        serde_json::from_slice(bytes).map_err(corrupt)
+        // The failing field is named (`cuda[0].pid: invalid type ...`).
+        let mut de = serde_json::Deserializer::from_slice(bytes);
+        serde_path_to_error::deserialize(&mut de).map_err(|e| {
+            let field = e.path().to_string();
+            let detail = if field == "." { e.into_inner().to_string() } else { format!("{field}: {}", e.into_inner()) };
+            ManifestError::Corrupt { path: path.to_string(), detail }
+        })
     }
 
     /// Writes it durably (temporary file, fsync, rename, fsync directory),
@@ -278,9 +286,10 @@ mod tests {
 
     #[test]
     fn versions_and_corruption_are_named() {
-        let cases: [(&[u8], &str); 4] = [
+        let cases: [(&[u8], &str); 5] = [
             (br#"{"version": 2, "job": 7}"#, "format version 2; this gpu-mode reads version 1"),
-            (br#"{"version": 1, "job": 7}"#, "is corrupt: missing field"),
+            (br#"{"version": 1, "job": 7}"#, "is corrupt: missing field `restart_count`"),
+            (br#"{"version": 1, "job": "7"}"#, "is corrupt: job: invalid type: string \"7\", expected u32"),
             (b"{\"version\": 1, \"job\"", "is corrupt"),
             (b"", "is corrupt"),
         ];
