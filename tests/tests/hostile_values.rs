@@ -84,3 +84,31 @@ fn hostile_values_are_refused_at_submit_in_one_escaped_line() {
     }
     assert!(!mark().exists(), "a value reached a shell");
 }
+
+/// Threat-model boundary: /tmp/nvidia-mps, MPS's default pipe directory,
+/// planted by another user (here a symlink of gmtest2's) is never used or
+/// touched by root: an MPS job's daemon and tasks use the job's own
+/// directory under the runtime directory.
+#[test]
+fn a_planted_default_mps_pipe_directory_is_never_used_or_touched() {
+    use std::os::unix::fs::MetadataExt;
+    let default = std::path::Path::new("/tmp/nvidia-mps");
+    let planted = std::fs::symlink_metadata(default).is_err();
+    if planted {
+        let u = gpu_mode_tests::users::lookup("gmtest2").unwrap();
+        std::os::unix::fs::symlink(c().dir.join("out"), default).unwrap();
+        std::os::unix::fs::lchown(default, Some(u.uid), Some(u.gid)).unwrap();
+    }
+    let before = std::fs::symlink_metadata(default).unwrap();
+    let job = c().sbatch_wait(Some("gmtest1"), &["--gpu-mode=mps", "--gres=gpu:1"], "#!/bin/sh\necho pipe=$CUDA_MPS_PIPE_DIRECTORY\n");
+    let after = std::fs::symlink_metadata(default).unwrap();
+    if planted {
+        std::fs::remove_file(default).unwrap();
+    }
+    let job = job.unwrap();
+    assert_eq!(job.exit_code, 0, "{}", job.output);
+    let pipe = job.output.trim().strip_prefix("pipe=").unwrap_or_default().to_string();
+    assert!(pipe.starts_with(&c().runtime_dir().join("mps").display().to_string()), "the job's pipe directory: {pipe:?}");
+    let same = |m: &std::fs::Metadata| (m.uid(), m.gid(), m.mode(), m.ino(), m.ctime(), m.ctime_nsec());
+    assert_eq!(same(&before), same(&after), "root changed the planted /tmp/nvidia-mps");
+}
