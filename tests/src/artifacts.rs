@@ -63,6 +63,14 @@ impl Artifacts {
     }
 }
 
+impl SimArtifacts {
+    /// Another program of the simulation, built beside nvml-sim-ctl
+    /// (`cuda-sim-counter`, `cuda-sim-ctl`, `libcuda_sim.so`).
+    pub fn beside(&self, name: &str) -> PathBuf {
+        self.nvml_ctl.with_file_name(name)
+    }
+}
+
 /// `<target>/<profile>`: CARGO_TARGET_DIR or `<workspace>/target`, and the
 /// profile this test binary was built with (its own path tells).
 fn target_profile_dir() -> PathBuf {
