@@ -1,0 +1,103 @@
+//! Fault matrix (docs/faults.md), job state rows: the state file of a
+//! running MPS job found corrupt, truncated, or written by a future version.
+//! Steps started after it fail with a message naming the file; the epilog
+//! removes it, drains the node naming it (a node whose state files rot, or
+//! whose helpers were downgraded under a running job, needs a look), and
+//! still undoes what the job's mode made: nothing is left behind.
+
+use gpu_mode_tests::shared::cluster;
+use gpu_mode_tests::Cluster;
+use std::sync::Mutex;
+use std::time::Duration;
+
+static TURN: Mutex<()> = Mutex::new(());
+const WAIT: Duration = Duration::from_secs(60);
+
+fn c() -> &'static Cluster {
+    cluster("fault_state", 1)
+}
+
+/// (case, how the file is damaged, what the messages say).
+fn damage(original: &[u8]) -> Vec<(&'static str, Vec<u8>, &'static str)> {
+    let mut future: serde_json::Value = serde_json::from_slice(original).unwrap();
+    future["version"] = 3.into();
+    vec![
+        ("corrupt", b"{\"version\": 2, \"job_id\": \x00\x01 garbage".to_vec(), "is corrupt"),
+        ("truncated", original[..original.len() / 2].to_vec(), "is corrupt"),
+        ("future version", serde_json::to_vec(&future).unwrap(), "has format version 3, this build reads version 2"),
+    ]
+}
+
+/// Runs an MPS job, damages its state file while it runs (case `i` of
+/// [`damage`]), lets it finish; returns (case, what the messages say, job).
+fn run_case(i: usize) -> (&'static str, &'static str, u32, gpu_mode_tests::JobResult) {
+    let go = c().dir.join("out/state-go");
+    let _ = std::fs::remove_file(&go);
+    static RUN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = RUN.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let ready = c().dir.join(format!("out/state-ready-{i}-{n}"));
+    let script = format!(
+        "#!/bin/sh\ntouch {ready}\nwhile [ ! -e {go} ]; do sleep 0.1; done\nsrun -n1 printenv SLURM_GPU_MODE\necho step-exit=$?\n",
+        ready = ready.display(),
+        go = go.display()
+    );
+    let job = c().sbatch(Some("gmtest1"), &["--gpu-mode=mps", "--gres=gpu:1"], &script).unwrap();
+    c().wait_until("the job to start", || ready.exists());
+    let path = gpu_mode_core::state::state_path(&c().runtime_dir(), job);
+    let original = std::fs::read(&path).unwrap();
+    let (case, bytes, says) = damage(&original).swap_remove(i);
+    std::fs::write(&path, bytes).unwrap();
+    std::fs::write(&go, b"").unwrap();
+    (case, says, job, c().wait_finished(job, WAIT).unwrap())
+}
+
+/// What the epilog cannot do today without the job's state (see the
+/// ignored test below): stop the job's MPS daemon, as an admin would.
+fn stop_orphaned_daemon(job: u32) {
+    // The simulated NVML of this cluster, for the compute mode it restores.
+    std::env::set_var("GPU_MODE_SIM_STATE", c().dir.join("sim/nvml-state.json"));
+    let (cfg, _) = gpu_mode_core::Config::load_or_salvage(Some(&c().dir.join("gpu-mode.toml")));
+    gpu_mode_core::mps::teardown(&cfg, job, None).unwrap();
+}
+
+#[test]
+fn a_damaged_state_fails_later_steps_and_drains_naming_the_file() {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    for i in 0..3 {
+        let (case, says, job, done) = run_case(i);
+        // The user: the step after the damage fails, naming the file.
+        assert!(!done.output.contains("step-exit=0"), "{case}: the step ran: {}", done.output);
+        assert!(done.output.contains(says) && done.output.contains(&format!("{job}.json")), "{case}: the step's message: {}", done.output);
+        // The admin: a drain naming the file, and the epilog's line.
+        let (_, reason) = c().wait_drained(WAIT).unwrap();
+        assert!(reason.starts_with("gpu-mode: epilog: unreadable job state removed: state file") && reason.contains(says), "{case}: {reason}");
+        let lines = c().hook_log_lines(job);
+        assert!(lines.iter().any(|l| l.contains("action=epilog") && l.ends_with("outcome=failed")), "{case}: {lines:#?}");
+        assert!(!gpu_mode_core::state::JobState::is_live(&c().runtime_dir(), job), "{case}: the state was not removed");
+        stop_orphaned_daemon(job);
+        let left = c().leftovers(None);
+        assert!(left.is_clean(), "{case}: left behind:\n{}", left.summary());
+        c().resume_node().unwrap();
+    }
+}
+
+/// Open (docs/faults.md): the epilog returns at an unreadable state before
+/// it searches each mode's own records (`release_lost`), so the job's MPS
+/// daemon (or MIG instances) outlive it until an admin stops them. The fix
+/// is in core/src/lifecycle/epilog.rs (`undo_job`: on `Err(e)`, run
+/// `release(cfg, env.job_id, None)` before returning the node fault), an
+/// area being rewired for checkpointing; this test is the acceptance test.
+#[test]
+#[ignore = "needs the epilog to run release_lost on an unreadable state (core/src/lifecycle/epilog.rs)"]
+fn a_damaged_state_leaves_nothing_behind() {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    let (case, _, job, _) = run_case(0);
+    c().wait_drained(WAIT).unwrap();
+    let left = c().leftovers(None);
+    if !left.is_clean() {
+        stop_orphaned_daemon(job);
+    }
+    c().resume_node().unwrap();
+    assert!(left.is_clean(), "{case}: left behind:\n{}", left.summary());
+    assert_eq!(c().sim_compute_mode(0).unwrap(), 0, "{case}: compute mode not restored");
+}
