@@ -39,7 +39,7 @@ fn name() -> impl Strategy<Value = String> {
 }
 
 fn source(name: &str) -> String {
-    format!("mig-parted config \"{name}\" in {FILE}")
+    format!("mig-parted config \"{}\" in {FILE}", parted::printable(name))
 }
 
 proptest! {

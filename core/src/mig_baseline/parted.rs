@@ -97,6 +97,18 @@ impl<'de> Deserialize<'de> for DevicesFile {
 /// Parses mig-parted config text and picks config `name`. `file` is only
 /// used in messages, which name the file, the config and the problem.
 pub fn parse(text: &str, file: &str, name: &str) -> Result<Baseline, String> {
+    parse_spec(text, file, name).map_err(|e| printable(&e))
+}
+
+/// `text` with control characters written as escapes (`\n`, `\u{7}`):
+/// messages quote names, keys and values from the file, and one from a
+/// root helper at boot must stay one line (found by the mig_parted fuzz
+/// target: a device-filter spanning lines gave a message spanning lines).
+pub fn printable(text: &str) -> String {
+    text.chars().map(|c| if c.is_control() { c.escape_debug().to_string() } else { c.to_string() }).collect()
+}
+
+fn parse_spec(text: &str, file: &str, name: &str) -> Result<Baseline, String> {
     let spec = read_spec(text, file)?;
     if spec.version != "v1" {
         return Err(format!("mig-parted config {file}: unknown version \"{}\" (only v1 exists)", spec.version));
@@ -106,7 +118,7 @@ pub fn parse(text: &str, file: &str, name: &str) -> Result<Baseline, String> {
         let known = if known.is_empty() { "none".to_string() } else { known.join(", ") };
         return Err(format!("mig-parted config {file}: no config named \"{name}\" (configs: {known})"));
     };
-    let source = format!("mig-parted config \"{name}\" in {file}");
+    let source = format!("mig-parted config \"{}\" in {file}", printable(name));
     if entries.is_empty() {
         return Err(format!("{source}: at least one entry is required"));
     }
@@ -116,7 +128,7 @@ pub fn parse(text: &str, file: &str, name: &str) -> Result<Baseline, String> {
 
 /// The config names in a file, for `plan --all`.
 pub fn config_names(text: &str, file: &str) -> Result<Vec<String>, String> {
-    Ok(read_spec(text, file)?.mig_configs.into_keys().collect())
+    Ok(read_spec(text, file).map_err(|e| printable(&e))?.mig_configs.into_keys().collect())
 }
 
 /// YAML to the file's shape. serde-saphyr's defaults are what we want:
@@ -414,6 +426,14 @@ mod tests {
             assert!(err.contains(&file), "{name}: the message names the file: {err}");
             assert!(!err.contains('\n'), "{name}: one line: {err}");
         }
+        // Text from the file with line breaks or control characters in it
+        // is escaped: one line whatever the file holds.
+        let multi = "version: v1\nmig-configs:\n  a:\n    - devices: all\n      device-filter: \"0x\\r\\nzz\\u0007\"\n      mig-enabled: false\n";
+        let err = parse(multi, "m.yaml", "a").unwrap_err();
+        assert!(err.contains("device-filter \"0x\\r\\nzz\\u{7}\"") && !err.contains('\n'), "{err}");
+        let name = "a\nb";
+        let err = parse(&format!("version: v1\nmig-configs:\n  \"a\\nb\": []\n"), "m.yaml", name).unwrap_err();
+        assert!(err.starts_with("mig-parted config \"a\\nb\" in m.yaml: at least one entry"), "{err}");
         let shapes = [
             ("bad-devices.yaml", "devices: \"some\" is not `all` or a list of GPU indices"),
             ("negative-index.yaml", "devices: -1 is not a GPU index"),
