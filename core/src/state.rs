@@ -82,6 +82,8 @@ impl JobState {
         // pipe directories through it. The job states are root's alone.
         fsutil::ensure_private_dir(runtime_dir, owner, group, 0o755).map_err(io)?;
         fsutil::ensure_private_dir(&jobs_dir(runtime_dir), owner, group, 0o700).map_err(io)?;
+        // Dates the records of this boot (runtime::clear_previous_boot).
+        crate::runtime::stamp_boot_if_absent(runtime_dir);
         write_json(&path, self)?;
         Ok(path)
     }
