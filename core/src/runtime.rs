@@ -11,6 +11,7 @@
 //!   health/                 the node checker's cursor
 //!   mig/                    MIG journals and marks
 //!   agent/                  checkpoint agents' sockets (default place)
+//!   checkpoint/             gpu-mode-checkpoint's records
 //!   boot-id                 the boot these records belong to
 //! ```
 
@@ -68,7 +69,8 @@ pub struct PreviousBoot {
 }
 
 /// The per-job records of an earlier boot, which died with it: job states,
-/// MIG journals and marks, MPS records and directories, agent sockets.
+/// MIG journals and marks, MPS records and directories, agent sockets,
+/// CUDA checkpoint records (their processes are gone).
 /// Read at boot, before slurmd (by `gpu-mode-mig apply --boot`), so the
 /// epilogs Slurm may still run for jobs the reboot ended, the baseline and
 /// the node checker all see the same thing: nothing of those jobs. Removed
@@ -89,7 +91,7 @@ pub fn clear_previous_boot(runtime_dir: &Path, this_boot: &str) -> std::io::Resu
         return Ok(PreviousBoot { removed: vec![], kept_because: Some("the records are this boot's".into()) });
     }
     let mut removed = Vec::new();
-    for sub in ["jobs", "mig", "mps-daemons", "mps", "agent"] {
+    for sub in ["jobs", "mig", "mps-daemons", "mps", "agent", "checkpoint"] {
         let dir = runtime_dir.join(sub);
         let Ok(entries) = std::fs::read_dir(&dir) else { continue };
         for e in entries.flatten() {

@@ -25,6 +25,8 @@ pub struct Leftovers {
     pub locks_held: Vec<String>,
     /// Checkpoint agent sockets.
     pub agent_sockets: Vec<String>,
+    /// gpu-mode-checkpoint's records (a checkpoint or restore in progress).
+    pub checkpoint_records: Vec<String>,
 }
 
 impl Leftovers {
@@ -34,7 +36,7 @@ impl Leftovers {
 
     /// One line per kind with its count, then what was found.
     pub fn summary(&self) -> String {
-        let rows: [(&str, &Vec<String>); 8] = [
+        let rows: [(&str, &Vec<String>); 9] = [
             ("MPS daemons/servers", &self.mps_processes),
             ("MPS records/dirs", &self.mps_records),
             ("job state files", &self.state_files),
@@ -43,6 +45,7 @@ impl Leftovers {
             ("checkpoint images of finished jobs", &self.images),
             ("GPU locks held", &self.locks_held),
             ("agent sockets", &self.agent_sockets),
+            ("checkpoint records", &self.checkpoint_records),
         ];
         rows.iter()
             .map(|(what, v)| {
@@ -88,6 +91,7 @@ impl Cluster {
                 .collect(),
             locks_held: locks_held(&run.join("locks")),
             agent_sockets: names(&run.join("agent")).into_iter().filter(|p| p.ends_with(".sock")).collect(),
+            checkpoint_records: names(&run.join("checkpoint")),
         }
     }
 
