@@ -10,6 +10,7 @@
 //! binary killed by a timeout cannot run its destructors).
 
 pub mod artifacts;
+pub mod churn;
 pub mod conf;
 pub mod jobs;
 pub mod leftovers;
