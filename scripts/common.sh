@@ -35,3 +35,16 @@ ensure_rust() {
     [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
     command -v cargo >/dev/null || die "cargo not found: install Rust 1.89 or newer (https://rustup.rs), then re-run"
 }
+
+# Root, the Debian packages above plus any named here, and Rust: the start
+# of every script that runs a cluster or builds packages.
+prepare() {
+    require_root
+    GPU_MODE_APT_PACKAGES="$GPU_MODE_APT_PACKAGES $*"
+    ensure_packages
+    ensure_rust
+    step_t0=$(date +%s)
+}
+
+# `== [12s] what happens now`, seconds since prepare.
+step() { echo "== [$(( $(date +%s) - step_t0 ))s] $*"; }

@@ -6,9 +6,7 @@
 set -eu
 cd "$(dirname "$0")/.."
 . scripts/common.sh
-require_root
-ensure_packages
-ensure_rust
+prepare
 
 echo "== building"
 cargo build --workspace --release
@@ -31,14 +29,14 @@ trap '[ "${1:-}" = --keep ] || "$bin/gpu-mode-cluster" down' EXIT
 
 demo() {
     echo
-    echo "== sbatch --gpu-mode=$1 (as user gmtest1)"
+    echo "== sbatch --gpu-mode=$* (as user gmtest1)"
     out=/tmp/gpu-mode-cluster/demo/out/demo-$$.out
-    runuser -u gmtest1 -- /usr/bin/sbatch --wait --quiet --gres=gpu:1 --output="$out" --gpu-mode="$1" \
+    runuser -u gmtest1 -- /usr/bin/sbatch --wait --quiet --gres=gpu:1 --output="$out" --gpu-mode="$@" \
         --wrap 'echo "job $SLURM_JOB_ID on $(hostname): SLURM_GPU_MODE=$SLURM_GPU_MODE GPUs=$SLURM_GPU_MODE_GPUS"' \
         && cat "$out" || { echo "job failed:"; cat "$out"; }
 }
 demo mps:threads=50
-demo checkpoint
+demo checkpoint --signal=B:USR1@60 --requeue
 echo
 echo "== sbatch -n2 --gpu-mode=mig:3g.71gbx2 (as user gmtest1): each task gets one MIG device"
 out=/tmp/gpu-mode-cluster/demo/out/demo-mig-$$.out

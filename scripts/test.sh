@@ -1,14 +1,17 @@
 #!/bin/sh
 # Command (b) of the README: every test. Unit tests, then the end-to-end tests
 # that start a real Slurm (munged, slurmctld, slurmd) on localhost with the
-# built plugin and helpers, and submit jobs as root and as test users.
+# built plugin and helpers, and submit jobs as root and as test users; then
+# the packages (test-packaging.sh), the Ansible role applied to this machine
+# with jobs on the installed files (test-install.sh), and the plugin built
+# and tested against Slurm 24.11 in a Debian trixie root (test-slurm-2411.sh).
 # Run as root.
 set -eu
 cd "$(dirname "$0")/.."
 . scripts/common.sh
-require_root
-ensure_packages
-ensure_rust
+# Every Debian package of every part at once: the parts started in the
+# background below must not race for apt's lock.
+prepare lintian rpm systemd debootstrap python3-venv python3-apt
 
 # CRIU 4.1.1 for --gpu-mode=checkpoint (built from Debian trixie's source;
 # skipped when a working one is installed). Its tests must then run.
@@ -16,5 +19,35 @@ sh scripts/install-criu.sh
 GPU_MODE_REQUIRE_CRIU=1
 export GPU_MODE_REQUIRE_CRIU
 
-cargo build --workspace --all-targets
-cargo test --workspace
+t0=$(date +%s)
+part() { # NAME COMMAND...: runs one part and prints how long it took
+    name=$1; shift
+    s=$(date +%s)
+    "$@"
+    echo "== $name took $(( $(date +%s) - s )) s"
+}
+part "build" cargo build --workspace --all-targets
+
+# The end-to-end tests mostly wait on Slurm: meanwhile, at the lowest CPU
+# priority, the later parts' tools (cargo-deb, cargo-generate-rpm,
+# ansible-core) and the trixie root are fetched and built. Each part checks
+# for them again and redoes what a failure here left undone.
+mkdir -p target/test-logs
+nice -n 19 sh scripts/test-packaging.sh --tools > target/test-logs/tools-packaging.log 2>&1 &
+tools_pid=$!
+nice -n 19 sh scripts/test-install.sh --tools > target/test-logs/tools-ansible.log 2>&1 &
+ansible_pid=$!
+nice -n 19 sh scripts/test-slurm-2411.sh --root > target/test-logs/trixie-root.log 2>&1 &
+root_pid=$!
+background() { # PID NAME: waits for a background preparation
+    wait "$1" || echo "== $2 failed in the background (log: target/test-logs/); the part retries it"
+}
+
+part "unit and end-to-end tests (Slurm 22.05)" cargo test --workspace
+background "$tools_pid" "cargo-deb/cargo-generate-rpm"
+part "packages (test-packaging.sh)" sh scripts/test-packaging.sh
+background "$ansible_pid" "ansible-core"
+part "Ansible role and installed files (test-install.sh)" sh scripts/test-install.sh
+background "$root_pid" "the trixie root"
+part "Slurm 24.11 (test-slurm-2411.sh)" sh scripts/test-slurm-2411.sh
+echo "== all tests took $(( $(date +%s) - t0 )) s"

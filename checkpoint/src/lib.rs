@@ -1,4 +1,7 @@
-//! Human-readable reports shared by gpu-mode-checkpoint and the benchmark.
+//! Human-readable reports shared by gpu-mode-checkpoint and the benchmark,
+//! and the command line (`cli`).
+
+pub mod cli;
 
 use gpu_mode_core::checkpoint::{CheckpointReport, Phase, RecordStatus, RestoreReport, StateReport, Step};
 

@@ -2,62 +2,13 @@
 //! CUDA process of a Slurm job on this node. All logic lives in
 //! gpu_mode_core::checkpoint; this is argument parsing and printing.
 
-use clap::{Args, Parser, Subcommand};
+use clap::Parser;
+use gpu_mode_checkpoint::cli::{Cli, Verb};
 use gpu_mode_checkpoint::{describe_checkpoint, describe_restore, describe_state};
 use gpu_mode_core::checkpoint::{Checkpointer, CudaDriver, DeviceMap, Nvml, ProcFs, Settings, Target};
 use gpu_mode_core::log::{ActionLine, Outcome};
 use gpu_mode_core::Config;
-use std::path::PathBuf;
 use std::sync::Arc;
-
-#[derive(Parser)]
-#[command(name = "gpu-mode-checkpoint", about = "CUDA checkpoint/restore of a process or a Slurm job's processes")]
-struct Cli {
-    /// Site configuration (default /etc/slurm-gpu-mode/config.toml).
-    #[arg(long, global = true)]
-    config: Option<PathBuf>,
-    /// Print the report as JSON on stdout.
-    #[arg(long, global = true)]
-    json: bool,
-    #[command(subcommand)]
-    verb: Verb,
-}
-
-#[derive(Subcommand)]
-enum Verb {
-    /// Lock, then checkpoint every process (GPU memory moves to host memory).
-    Checkpoint(Which),
-    /// Restore every process (optionally onto other GPUs), then unlock.
-    Restore {
-        #[command(flatten)]
-        which: Which,
-        /// OLD_UUID=NEW_UUID,... (GPU-… UUIDs; every checkpointed GPU must be mapped).
-        #[arg(long)]
-        device_map: Option<String>,
-    },
-    /// Each process's checkpoint state.
-    State(Which),
-}
-
-#[derive(Args)]
-#[group(required = true, multiple = false)]
-struct Which {
-    /// A process (with its descendants); repeat for several.
-    #[arg(long, num_args = 1..)]
-    pid: Vec<i32>,
-    /// Every process of this Slurm job on this node.
-    #[arg(long)]
-    job: Option<u32>,
-}
-
-impl Which {
-    fn target(&self) -> Target {
-        match self.job {
-            Some(job) => Target::Job(job),
-            None => Target::Pids(self.pid.clone()),
-        }
-    }
-}
 
 fn main() {
     let cli = Cli::parse();

@@ -19,6 +19,10 @@ pub const DEFAULT_CONFIG_PATH: &str = "/etc/slurm-gpu-mode/config.toml";
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
+    /// The file this config was read from (`None`: the defaults), so helpers
+    /// the prolog starts (the checkpoint agent) read the same one.
+    #[serde(skip)]
+    pub source: Option<PathBuf>,
     /// Root-owned directory for per-job state and per-job MPS directories.
     pub runtime_dir: PathBuf,
     /// Bound on a whole prolog/epilog run; past it the helper drains the node
@@ -281,6 +285,7 @@ impl CheckpointConfig {
 impl Default for Config {
     fn default() -> Self {
         Config {
+            source: None,
             runtime_dir: PathBuf::from("/run/slurm-gpu-mode"),
             hook_deadline_ms: 300_000,
             slurm: SlurmConfig::default(),
@@ -333,7 +338,7 @@ impl Config {
         match std::fs::read_to_string(&path) {
             Ok(text) => {
                 check_owner(&path)?;
-                Config::parse(&text, &path)
+                Config::parse(&text, &path).map(|cfg| Config { source: Some(path.clone()), ..cfg })
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => Ok(Config::default()),
             Err(source) => Err(ConfigError::Read { path, source }),
@@ -348,8 +353,9 @@ impl Config {
         match Config::load(path) {
             Ok(cfg) => (cfg, None),
             Err(e) => {
-                let text = std::fs::read_to_string(path.unwrap_or(Path::new(DEFAULT_CONFIG_PATH))).unwrap_or_default();
-                (Config::salvage(&text), Some(e))
+                let path = path.unwrap_or(Path::new(DEFAULT_CONFIG_PATH));
+                let text = std::fs::read_to_string(path).unwrap_or_default();
+                (Config { source: Some(path.to_path_buf()), ..Config::salvage(&text) }, Some(e))
             }
         }
     }

@@ -28,6 +28,9 @@ pub struct JobEnv {
     pub slurm_gpus: Vec<u32>,
     /// The raw `SPANK_GPU_MODE` value, if the job asked for a mode.
     pub mode_value: Option<String>,
+    /// How often Slurm requeued the job (`SLURM_JOB_RESTART_COUNT`, 0 when
+    /// unset): a checkpoint job restores from the image of an earlier run.
+    pub restart_count: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -73,6 +76,10 @@ impl JobEnv {
             node: get("SLURMD_NODENAME")?.clone(),
             slurm_gpus,
             mode_value: vars.get(PROLOG_MODE_VAR).filter(|v| !v.is_empty()).cloned(),
+            restart_count: match vars.get("SLURM_JOB_RESTART_COUNT").filter(|v| !v.is_empty()) {
+                None => 0,
+                Some(_) => num("SLURM_JOB_RESTART_COUNT", "restart count")?,
+            },
         })
     }
 
@@ -140,6 +147,10 @@ mod tests {
         assert_eq!(env.node, "gpu07");
         assert_eq!(env.slurm_gpus, vec![1, 3]);
         assert_eq!(env.mode().unwrap().unwrap().kind(), "mps");
+        assert_eq!(env.restart_count, 0);
+        let requeued = JobEnv::from_vars(&vars(&[("SLURM_JOB_RESTART_COUNT", "2")])).unwrap();
+        assert_eq!(requeued.restart_count, 2);
+        assert!(JobEnv::from_vars(&vars(&[("SLURM_JOB_RESTART_COUNT", "x")])).unwrap_err().to_string().contains("restart count"));
     }
 
     #[test]

@@ -49,7 +49,7 @@ pub fn run_checks(config: &Config, opts: &CheckOptions) -> Vec<CheckResult> {
         Err(e) => Err(e.to_string()),
     };
     let ctx = snapshot::take(&sources(config), ops);
-    let wanted = |name: &str| opts.only.as_deref().map_or(true, |o| o == name) && !config.health.disabled.iter().any(|d| d == name);
+    let wanted = |name: &str| opts.only.as_deref().is_none_or(|o| o == name) && !config.health.disabled.iter().any(|d| d == name);
     let mut results: Vec<CheckResult> = Vec::new();
     for check in quick_checks().iter().filter(|c| wanted(c.name())) {
         results.extend(run_guarded(check.as_ref(), &ctx));

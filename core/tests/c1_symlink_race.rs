@@ -30,7 +30,7 @@ fn attacker_process() {
     let Some(dir) = std::env::var_os(ATTACK_DIR_VAR).map(PathBuf::from) else { return };
     let (key, target, stop) = (dir.join("mps/key"), dir.join("target"), dir.join("stop"));
     let mut n = 0u64;
-    while n % 256 != 0 || !stop.exists() {
+    while !n.is_multiple_of(256) || !stop.exists() {
         n += 1;
         for sub in ["pipe", "log"] {
             let (p, moved) = (key.join(sub), key.join(format!("{sub}.old")));

@@ -14,7 +14,7 @@ use gpu_mode_core::state::{JobState, JobStatus};
 use std::time::Duration;
 
 fn env(job_id: u32) -> JobEnv {
-    JobEnv { job_id, uid: 1000, gid: 1000, user: "u".into(), node: "n".into(), slurm_gpus: vec![0], mode_value: Some("mps".into()) }
+    JobEnv { job_id, uid: 1000, gid: 1000, user: "u".into(), node: "n".into(), slurm_gpus: vec![0], mode_value: Some("mps".into()) , restart_count: 0}
 }
 
 #[test]

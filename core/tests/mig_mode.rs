@@ -28,7 +28,7 @@ fn setup(node: &SimNode) -> (tempfile::TempDir, Config) {
 }
 
 fn job(id: u32, uid: u32, gpus: &[u32], mode: &str) -> JobEnv {
-    JobEnv { job_id: id, uid, gid: uid, user: "u".into(), node: "n".into(), slurm_gpus: gpus.to_vec(), mode_value: Some(mode.into()) }
+    JobEnv { job_id: id, uid, gid: uid, user: "u".into(), node: "n".into(), slurm_gpus: gpus.to_vec(), mode_value: Some(mode.into()) , restart_count: 0}
 }
 
 fn instances(node: &SimNode, gpu: usize) -> Vec<(u32, u32)> {

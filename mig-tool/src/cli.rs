@@ -49,6 +49,14 @@ pub enum Command {
         #[arg(long, conflicts_with = "layout")]
         all: bool,
     },
+    /// What the prolog would do for a job asking --gpu-mode=mig:<layout>,
+    /// on each GPU (or the refusal the job would get), changing nothing.
+    /// Read-only; MIG mode may be off (it plans as `mig_mode = "switch"`).
+    JobPlan {
+        /// The job's values, e.g. mig:3g.40gbx2 or mig:@half.
+        #[arg(required = true)]
+        values: Vec<String>,
+    },
     /// Print the GPUs' current layout as a mig-parted config. Read-only.
     Export {
         /// The config's name in the output.

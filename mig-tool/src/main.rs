@@ -57,8 +57,54 @@ fn read_only(cfg: &Config, command: Command) -> Result<ExitCode, Fail> {
             out(&p.text());
             Ok(if p.problems().is_empty() { ExitCode::SUCCESS } else { ExitCode::from(EXIT_DIFFERS) })
         }
+        Command::JobPlan { values } => job_plan(cfg, &values),
         Command::Apply { .. } => Err(Fail(EXIT_USAGE, "apply changes the GPUs; it is not a read-only verb".into())),
     }
+}
+
+/// The per-job prolog's plan (core::modes::mig::setup::plan_gpu) for each
+/// value on every GPU: one line each, `placed` with the placements or
+/// `refused` with the job's message. Reads only.
+fn job_plan(cfg: &Config, values: &[String]) -> Result<ExitCode, Fail> {
+    use gpu_mode_core::mode::GpuMode;
+    use gpu_mode_core::modes::mig::{layout::requested, setup::plan_gpu};
+    let ops = open(cfg)?;
+    let count = ops.count().map_err(|e| Fail(EXIT_NVML, e.to_string()))?;
+    // Plan as a node whose jobs may switch MIG on and make instances would:
+    // the GPU's profile table decides, not this node's settings.
+    let mut planning = cfg.clone();
+    planning.gpu.mig_mode = gpu_mode_core::gpu::MigModeSetting::Switch;
+    planning.gpu.mig_instances = gpu_mode_core::gpu::MigInstanceSetting::Manage;
+    let mut refused = false;
+    for value in values {
+        let request = match GpuMode::parse(value) {
+            Ok(GpuMode::Mig(r)) => r,
+            Ok(_) => return Err(Fail(EXIT_USAGE, format!("{value}: not a mig: value"))),
+            Err(e) => return Err(Fail(EXIT_USAGE, e.to_string())),
+        };
+        let list = match requested(&planning, &request) {
+            Ok(l) => l,
+            Err(e) => {
+                out(&format!("{value} refused: {e}\n"));
+                refused = true;
+                continue;
+            }
+        };
+        for gpu in 0..count {
+            let line = match plan_gpu(&planning, gpu, &list, &ops) {
+                Ok(p) => {
+                    let at: Vec<String> = p.create.iter().map(|c| format!("{}@{}", c.name, c.start)).collect();
+                    format!("{value} GPU {gpu} ({}): placed {}", p.model, at.join(","))
+                }
+                Err(f) => {
+                    refused = true;
+                    format!("{value} GPU {gpu}: refused: {f}")
+                }
+            };
+            out(&format!("{line}\n"));
+        }
+    }
+    Ok(if refused { ExitCode::from(EXIT_DIFFERS) } else { ExitCode::SUCCESS })
 }
 
 fn open(cfg: &Config) -> Result<NvmlGpus, Fail> {

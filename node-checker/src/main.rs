@@ -5,65 +5,14 @@
 //! Exit codes: 0 no check failed (warnings allowed), 1 a check failed,
 //! 2 usage or config error, 3 the drain/resume could not be applied.
 
-use clap::{Args, Parser, Subcommand};
+use clap::Parser;
 use gpu_mode_core::health::{self, Status};
 use gpu_mode_core::node_check::{self, CheckOptions};
+use gpu_mode_node_checker::cli::{CheckArgs, Cli, Command};
 use gpu_mode_core::log::{stderr_line, stdout_line};
 use gpu_mode_core::Config;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
-
-#[derive(Parser)]
-#[command(name = "gpu-mode-node-checker", about = "GPU health checks; drains and resumes the Slurm node", args_conflicts_with_subcommands = true)]
-struct Cli {
-    #[command(subcommand)]
-    command: Option<Command>,
-    #[command(flatten)]
-    check: CheckArgs,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Run the checks (the default).
-    Check(CheckArgs),
-    /// Print the GPUs' inventory, modes and health readings (read-only).
-    Inventory {
-        #[arg(long)]
-        json: bool,
-        #[arg(long)]
-        config: Option<PathBuf>,
-        /// How long to listen for XID events.
-        #[arg(long, default_value_t = 200)]
-        xid_wait_ms: u64,
-    },
-    /// After a repair: forget this boot's XIDs, accept the current ECC counts.
-    Ack {
-        #[arg(long)]
-        config: Option<PathBuf>,
-    },
-}
-
-#[derive(Args, Clone, Default)]
-struct CheckArgs {
-    /// JSON instead of a table (schema: docs/node-checker.md).
-    #[arg(long)]
-    json: bool,
-    /// Also run the CUDA checks on idle GPUs.
-    #[arg(long)]
-    deep: bool,
-    /// Report only; never drain or resume.
-    #[arg(long)]
-    no_drain: bool,
-    #[arg(long)]
-    config: Option<PathBuf>,
-    /// Slurm node name (default: SLURMD_NODENAME).
-    #[arg(long)]
-    node: Option<String>,
-    /// Run only this check.
-    #[arg(long)]
-    only: Option<String>,
-}
 
 const EXIT_FAIL: u8 = 1;
 const EXIT_USAGE: u8 = 2;
@@ -103,6 +52,12 @@ fn run(cli: Cli) -> Result<ExitCode, ExitCode> {
                 ExitCode::from(EXIT_FAIL)
             })?;
             stdout_text(&out);
+            Ok(ExitCode::SUCCESS)
+        }
+        Some(Command::CheckConfig { config }) => {
+            load(config.as_deref())?;
+            let path = config.unwrap_or_else(|| gpu_mode_core::config::DEFAULT_CONFIG_PATH.into());
+            stdout_line(&format!("{}: valid", path.display()));
             Ok(ExitCode::SUCCESS)
         }
         Some(Command::Ack { config }) => {

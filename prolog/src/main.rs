@@ -1,7 +1,10 @@
 //! `gpu-mode-prolog`: Slurm's Prolog= for slurm-gpu-mode. All logic lives in
-//! gpu_mode_core::lifecycle; see docs/architecture.md.
+//! gpu_mode_core::lifecycle (its command line in lifecycle::cli); see
+//! docs/architecture.md.
+
+use gpu_mode_core::lifecycle::{cli, run_hook, Verb};
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    std::process::exit(gpu_mode_core::lifecycle::hook_main(gpu_mode_core::lifecycle::Verb::Prolog, &args));
+    let matches = cli::command(Verb::Prolog).get_matches();
+    std::process::exit(run_hook(Verb::Prolog, cli::config(&matches)));
 }

@@ -1,15 +1,18 @@
 //! Submit side: srun (local context), sbatch and salloc (allocator context).
 //! Validates the value before the job is queued and hands it to the node side
 //! through the job control environment (the Prolog/Epilog see SPANK_GPU_MODE).
-//! No I/O here: srun must never wait on us.
+//! No I/O here for most jobs: srun must never wait on us. A checkpoint
+//! submission alone reads the command line, the batch script's `#SBATCH`
+//! lines and the site config's `[checkpoint]` section.
 
+use crate::args::PluginArgs;
 use crate::options;
 use gpu_mode_core::job_env::{JOB_CONTROL_VAR, JOB_MODE_VAR};
 use gpu_mode_core::mode::GpuMode;
-use slurm_spank::{Context, SpankHandle};
+use crate::spank::{Context, Spank};
 use std::error::Error;
 
-pub fn init_post_opt(spank: &mut SpankHandle) -> Result<(), Box<dyn Error>> {
+pub fn init_post_opt(spank: &mut Spank, args: &PluginArgs) -> Result<(), Box<dyn Error>> {
     let Some(value) = options::gpu_mode_value(spank)? else {
         return Ok(());
     };
@@ -20,8 +23,33 @@ pub fn init_post_opt(spank: &mut SpankHandle) -> Result<(), Box<dyn Error>> {
         let job_mode = std::env::var(JOB_MODE_VAR).ok();
         return check_step_mode(&mode, job_mode.as_deref()).map_err(Into::into);
     }
+    if mode == GpuMode::Checkpoint {
+        for advice in checkpoint_submission(args)? {
+            gpu_mode_core::log::stderr_line(&format!("gpu-mode: {advice}"));
+        }
+    }
     spank.job_control_setenv(JOB_CONTROL_VAR, mode.to_string(), true)?;
     Ok(())
+}
+
+/// A checkpoint job must be requeued and signalled on preemption, or its
+/// checkpoint is useless: checked before the job is queued, with the exact
+/// sbatch line to use (core::preempt::submit).
+fn checkpoint_submission(args: &PluginArgs) -> Result<Vec<String>, String> {
+    use gpu_mode_core::preempt::{checkpoint_submit_check, submit::script_path, SubmitSite};
+    let argv: Vec<String> = std::fs::read("/proc/self/cmdline")
+        .map(|b| b.split(|c| *c == 0).filter(|w| !w.is_empty()).map(|w| String::from_utf8_lossy(w).into_owned()).collect())
+        .unwrap_or_default();
+    let env: std::collections::BTreeMap<String, String> = std::env::vars().collect();
+    // The script's #SBATCH lines count too; a large file is not a script.
+    let script = script_path(&argv).and_then(|p| {
+        use std::io::Read;
+        let mut text = String::new();
+        std::fs::File::open(p).ok()?.take(1 << 20).read_to_string(&mut text).ok()?;
+        Some(text)
+    });
+    let site = gpu_mode_core::Config::load_or_salvage(args.config.as_deref()).0.checkpoint;
+    checkpoint_submit_check(&argv, &env, script.as_deref(), &SubmitSite::from_config(&site))
 }
 
 /// The mode is per job. A step may repeat the job's mode (srun inherits it

@@ -11,7 +11,7 @@ use crate::options;
 use gpu_mode_core::config::Config;
 use gpu_mode_core::job_env::JOB_MODE_VAR;
 use gpu_mode_core::state::{JobState, JobStatus, StateError};
-use slurm_spank::SpankHandle;
+use crate::spank::Spank;
 use std::error::Error;
 
 /// What `task_init_privileged` found for this task: nothing to do, the
@@ -25,7 +25,7 @@ pub enum Pending {
 }
 
 /// As root: reads the job's state if the job asked for a mode.
-pub fn task_init_privileged(spank: &mut SpankHandle, args: &PluginArgs) -> Result<Pending, Box<dyn Error>> {
+pub fn task_init_privileged(spank: &mut Spank, args: &PluginArgs) -> Result<Pending, Box<dyn Error>> {
     let asked = options::gpu_mode_value(spank)?.is_some() || spank.getenv(JOB_MODE_VAR)?.is_some();
     if !asked {
         return Ok(Pending::NotAsked);
@@ -39,7 +39,7 @@ pub fn task_init_privileged(spank: &mut SpankHandle, args: &PluginArgs) -> Resul
             if let Some(line) = gpu_mode_core::modes::driver_of(&state.grant)
                 .and_then(|d| d.task_privileged(&runtime, job_id, &state.grant))
             {
-                slurm_spank::spank_log(slurm_spank::LogLevel::Verbose, &line);
+                crate::spank::log_verbose(&line);
             }
             Pending::Apply(Box::new(state))
         }
@@ -57,7 +57,7 @@ fn runtime_dir(args: &PluginArgs) -> std::path::PathBuf {
 }
 
 /// As the user, just before exec: sets the task's variables or fails it.
-pub fn task_init(spank: &mut SpankHandle, pending: &Pending) -> Result<(), Box<dyn Error>> {
+pub fn task_init(spank: &mut Spank, pending: &Pending) -> Result<(), Box<dyn Error>> {
     let state = match pending {
         Pending::NotAsked => return Ok(()),
         Pending::Fail(msg) => return Err(msg.clone().into()),

@@ -1,5 +1,6 @@
-//! The project's built artifacts the cluster runs: the plugin and the helper
-//! binaries, from the workspace's target directory.
+//! The project's artifacts the cluster runs: the plugin and the helper
+//! binaries, from the workspace's target directory, or the files a package
+//! installed ([`Artifacts::installed`]).
 
 use anyhow::{bail, Result};
 use std::path::{Path, PathBuf};
@@ -68,6 +69,39 @@ impl SimArtifacts {
     /// (`cuda-sim-counter`, `cuda-sim-ctl`, `libcuda_sim.so`).
     pub fn beside(&self, name: &str) -> PathBuf {
         self.nvml_ctl.with_file_name(name)
+    }
+}
+
+/// Where the .deb puts them (packaging: spank-plugin/Cargo.toml).
+pub const INSTALLED_PLUGIN: &str = "/usr/lib/x86_64-linux-gnu/slurm-wlm/gpu_mode.so";
+pub const INSTALLED_LIBEXEC: &str = "/usr/libexec/slurm-gpu-mode";
+
+impl Artifacts {
+    /// The installed package's plugin and helpers; the simulated GPU side
+    /// still comes from the build (it stands for the NVIDIA driver).
+    pub fn installed() -> Result<Artifacts> {
+        let a = Artifacts::installed_unchecked();
+        for p in [&a.plugin, &a.prolog, &a.epilog, &a.node_checker] {
+            if !p.is_file() {
+                bail!("{} is missing: install the slurm-gpu-mode package first (packaging/build-packages.sh)", p.display());
+            }
+        }
+        Ok(a)
+    }
+}
+
+impl Artifacts {
+    /// [`Artifacts::installed`] before the package is there (a cluster is
+    /// written before the role installs it).
+    pub fn installed_unchecked() -> Artifacts {
+        let dir = Path::new(INSTALLED_LIBEXEC);
+        Artifacts {
+            plugin: PathBuf::from(INSTALLED_PLUGIN),
+            prolog: dir.join("gpu-mode-prolog"),
+            epilog: dir.join("gpu-mode-epilog"),
+            node_checker: dir.join("gpu-mode-node-checker"),
+            sim: Artifacts::locate().ok().and_then(|a| a.sim),
+        }
     }
 }
 

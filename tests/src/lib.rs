@@ -50,16 +50,33 @@ impl Cluster {
     /// Writes the configuration into `spec.dir`, starts the daemons and waits
     /// until the node is idle.
     pub fn start(spec: ClusterSpec) -> Result<Cluster> {
+        Cluster::write(&spec)?;
+        Cluster::start_written(spec)
+    }
+
+    /// Stops what a previous run left in `spec.dir` and writes the
+    /// configuration there, starting nothing (installed mode: the Ansible
+    /// role edits it before [`Cluster::start_written`]).
+    pub fn write(spec: &ClusterSpec) -> Result<()> {
         if unsafe { libc::geteuid() } != 0 {
             bail!("the local Slurm cluster must be started as root (it runs slurmd and munged)");
         }
         let install = SlurmInstall::detect()?;
-        let dir = spec.dir.clone();
-        process::stop_daemons_in(&dir);
-        if dir.exists() {
-            std::fs::remove_dir_all(&dir).with_context(|| format!("removing stale {}", dir.display()))?;
+        process::stop_daemons_in(&spec.dir);
+        if spec.dir.exists() {
+            std::fs::remove_dir_all(&spec.dir).with_context(|| format!("removing stale {}", spec.dir.display()))?;
         }
-        conf::write_all(&spec, &install).context("writing the cluster configuration")?;
+        conf::write_all(spec, &install).context("writing the cluster configuration")
+    }
+
+    /// Starts the daemons on the configuration already in `spec.dir` and
+    /// waits until the node is idle.
+    pub fn start_written(spec: ClusterSpec) -> Result<Cluster> {
+        let install = SlurmInstall::detect()?;
+        let dir = spec.dir.clone();
+        if !dir.join("slurm.conf").is_file() {
+            bail!("{} has no slurm.conf: write the cluster first", dir.display());
+        }
         let cluster = Cluster { spec, install, dir, stopped: AtomicBool::new(false) };
         cluster.start_daemons()?;
         Ok(cluster)

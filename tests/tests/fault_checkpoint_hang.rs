@@ -17,16 +17,17 @@ use std::time::{Duration, Instant};
 const WAIT: Duration = Duration::from_secs(60);
 
 fn c() -> &'static Cluster {
-    cluster_with("fault_checkpoint_hang", 1, |spec| {
-        let sim = spec.artifacts.sim.as_ref().expect("simulated GPUs");
-        let cuda = sim.beside("libcuda_sim.so");
-        let gpus = spec.dir.join("sim/nvml-state.json.cuda/gpus");
-        spec.extra_gpu_mode_config = format!(
-            "[checkpoint]\ncuda_library = \"{}\"\ncall_timeout_ms = 1500\nlock_timeout_ms = 1000\ndevice_paths = [\"/dev/nvidia\", \"{}\"]\n",
-            cuda.display(),
-            gpus.display()
-        );
-    })
+    let c = cluster_with("fault_checkpoint_hang", 1, |_| {});
+    // Short bounds, in the [checkpoint] section the harness writes (with
+    // the simulated CUDA driver): Lock 1 s, every other call 1.5 s.
+    let path = c.dir.join("gpu-mode.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    if !text.contains("call_timeout_ms = 1500") {
+        let patched = text.replacen("[checkpoint]\n", "[checkpoint]\ncall_timeout_ms = 1500\n", 1).replacen("lock_timeout_ms = 2000\n", "lock_timeout_ms = 1000\n", 1);
+        assert_ne!(patched, text, "the harness's [checkpoint] section moved");
+        std::fs::write(&path, patched).unwrap();
+    }
+    c
 }
 
 /// `gpu-mode-checkpoint <verb> --pid P` as root, timed. (By pid, not
@@ -60,7 +61,7 @@ fn a_hanging_checkpoint_call_is_bounded_drains_nothing_and_the_job_recovers() {
     let counter = c().sim_program("cuda-sim-counter").unwrap();
     let ready = c().dir.join("out/hang-ready");
     let script = format!("#!/bin/sh\n{env}{} --steps 60 --interval-ms 50 --mib 16 --ready {}\n", counter.display(), ready.display());
-    let job = c().sbatch(Some("gmtest1"), &["--gpu-mode=checkpoint", "--gres=gpu:1"], &script).unwrap();
+    let job = c().sbatch(Some("gmtest1"), &["--gpu-mode=checkpoint", "--signal=B:USR1@60", "--requeue", "--gres=gpu:1"], &script).unwrap();
     c().wait_until("the CUDA program to start", || ready.exists());
     let pid: i32 = std::fs::read_to_string(&ready).unwrap().trim().parse().unwrap();
     cuda_ctl(&["hang", "checkpoint"]);

@@ -3,7 +3,8 @@
 //! Steps started after it fail with a message naming the file; the epilog
 //! removes it, drains the node naming it (a node whose state files rot, or
 //! whose helpers were downgraded under a running job, needs a look), and
-//! still undoes what the job's mode made: nothing is left behind.
+//! still undoes what the job's mode made (each mode searches its own
+//! records, as for a lost state): nothing is left behind.
 
 use gpu_mode_tests::shared::cluster;
 use gpu_mode_tests::Cluster;
@@ -51,17 +52,8 @@ fn run_case(i: usize) -> (&'static str, &'static str, u32, gpu_mode_tests::JobRe
     (case, says, job, c().wait_finished(job, WAIT).unwrap())
 }
 
-/// What the epilog cannot do today without the job's state (see the
-/// ignored test below): stop the job's MPS daemon, as an admin would.
-fn stop_orphaned_daemon(job: u32) {
-    // The simulated NVML of this cluster, for the compute mode it restores.
-    std::env::set_var("GPU_MODE_SIM_STATE", c().dir.join("sim/nvml-state.json"));
-    let (cfg, _) = gpu_mode_core::Config::load_or_salvage(Some(&c().dir.join("gpu-mode.toml")));
-    gpu_mode_core::mps::teardown(&cfg, job, None).unwrap();
-}
-
 #[test]
-fn a_damaged_state_fails_later_steps_and_drains_naming_the_file() {
+fn a_damaged_state_fails_later_steps_drains_naming_the_file_and_leaves_nothing() {
     let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
     for i in 0..3 {
         let (case, says, job, done) = run_case(i);
@@ -74,30 +66,12 @@ fn a_damaged_state_fails_later_steps_and_drains_naming_the_file() {
         let lines = c().hook_log_lines(job);
         assert!(lines.iter().any(|l| l.contains("action=epilog") && l.ends_with("outcome=failed")), "{case}: {lines:#?}");
         assert!(!gpu_mode_core::state::JobState::is_live(&c().runtime_dir(), job), "{case}: the state was not removed");
-        stop_orphaned_daemon(job);
+        // Without a grant to go by, each mode searched its own records: the
+        // MPS daemon is gone too (the line says what was undone).
+        assert!(reason.contains("undone: mps daemon") || lines.iter().any(|l| l.contains("undone: mps daemon")), "{case}: {lines:#?}");
         let left = c().leftovers(None);
         assert!(left.is_clean(), "{case}: left behind:\n{}", left.summary());
+        assert_eq!(c().sim_compute_mode(0).unwrap(), 0, "{case}: compute mode not restored");
         c().resume_node().unwrap();
     }
-}
-
-/// Open (docs/faults.md): the epilog returns at an unreadable state before
-/// it searches each mode's own records (`release_lost`), so the job's MPS
-/// daemon (or MIG instances) outlive it until an admin stops them. The fix
-/// is in core/src/lifecycle/epilog.rs (`undo_job`: on `Err(e)`, run
-/// `release(cfg, env.job_id, None)` before returning the node fault), an
-/// area being rewired for checkpointing; this test is the acceptance test.
-#[test]
-#[ignore = "needs the epilog to run release_lost on an unreadable state (core/src/lifecycle/epilog.rs)"]
-fn a_damaged_state_leaves_nothing_behind() {
-    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
-    let (case, _, job, _) = run_case(0);
-    c().wait_drained(WAIT).unwrap();
-    let left = c().leftovers(None);
-    if !left.is_clean() {
-        stop_orphaned_daemon(job);
-    }
-    c().resume_node().unwrap();
-    assert!(left.is_clean(), "{case}: left behind:\n{}", left.summary());
-    assert_eq!(c().sim_compute_mode(0).unwrap(), 0, "{case}: compute mode not restored");
 }

@@ -20,7 +20,7 @@ fn a_prolog_node_fault_drains_with_our_reason_and_requeues_the_job_held() {
     std::fs::write(&conf, broken).unwrap();
 
     let out = cluster
-        .client("sbatch", &["--parsable", "--gpu-mode=checkpoint", "--gres=gpu:1", "--wrap", "true"])
+        .client("sbatch", &["--parsable", "--gpu-mode=mps", "--gres=gpu:1", "--wrap", "true"])
         .run_as(Some("gmtest1"))
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

@@ -78,19 +78,39 @@ fn good_values_are_accepted_by_sbatch_srun_and_salloc() {
     // The simulated GPUs are H200s; real GPU machines forbid MIG changes, so
     // MIG jobs would be refused there (mig_mode = "leave").
     let mig: &[&str] = if c().spec.real_gpus { &[] } else { &["mig:1g.18gbx2,3g.71gb", "mig:@half"] };
-    for value in ["mps", "mps:threads=25,mem=512M", "checkpoint"].iter().chain(mig) {
+    for value in ["mps", "mps:threads=25,mem=512M"].iter().chain(mig) {
         let arg = format!("--gpu-mode={value}");
         let job = c().sbatch_wait(None, &[&arg, "--gres=gpu:1"], "#!/bin/sh\necho ok\n").unwrap();
         assert_eq!(job.exit_code, 0, "sbatch --gpu-mode={value}: {}\n{}", job.output, c().logs_tail());
     }
+    // A checkpoint job with the options preemption needs, on the command
+    // line or in the script's #SBATCH lines.
+    let job = c().sbatch_wait(None, &["--gpu-mode=checkpoint", "--signal=B:USR1@60", "--requeue", "--gres=gpu:1"], "#!/bin/sh\necho ok\n").unwrap();
+    assert_eq!(job.exit_code, 0, "{}\n{}", job.output, c().logs_tail());
+    let script = "#!/bin/sh\n#SBATCH --signal=B:USR1@90\n#SBATCH --requeue\necho ok\n";
+    let job = c().sbatch_wait(None, &["--gpu-mode=checkpoint", "--gres=gpu:1"], script).unwrap();
+    assert_eq!(job.exit_code, 0, "{}\n{}", job.output, c().logs_tail());
     let out = c()
-        .client("srun", &["--gpu-mode=checkpoint", "--gres=gpu:1", "true"])
+        .client("srun", &["--gpu-mode=mps", "--gres=gpu:1", "true"])
         .timeout(Duration::from_secs(60))
         .run_as_root()
         .unwrap();
     assert!(out.status.success(), "srun: {}", String::from_utf8_lossy(&out.stderr));
     let out = c().client("salloc", &["--gpu-mode=mps", "--gres=gpu:1", "true"]).run_as_root().unwrap();
     assert!(out.status.success(), "salloc: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn a_checkpoint_job_slurm_would_not_requeue_or_signal_is_refused_with_the_line_to_use() {
+    let out = c().client("sbatch", &["--parsable", "--gpu-mode=checkpoint", "--gres=gpu:1", "--wrap", "true"]).run_as(Some("gmtest1")).unwrap();
+    assert!(!out.status.success(), "queued: {}", String::from_utf8_lossy(&out.stdout));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--gpu-mode=checkpoint") && stderr.contains("--requeue") && stderr.contains("--signal=B:USR1@"), "{stderr}");
+    assert!(stderr.contains("Submit it as:") && stderr.contains("gpu-mode-run"), "{stderr}");
+    // Interactive jobs cannot be requeued at all.
+    let out = c().client("srun", &["--gpu-mode=checkpoint", "--gres=gpu:1", "true"]).run_as(Some("gmtest1")).unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("needs a batch job"), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
 #[test]

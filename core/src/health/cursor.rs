@@ -105,7 +105,7 @@ impl Cursor {
     pub fn absorb(&mut self, boot_id: &str, records: &[Record], buses: &[(u32, String)], cfg: &HealthConfig) {
         self.start_boot(boot_id);
         let after = self.kmsg_seq;
-        for r in records.iter().filter(|r| after.map_or(true, |s| r.seq > s)) {
+        for r in records.iter().filter(|r| after.is_none_or(|s| r.seq > s)) {
             // Sequence numbers are consecutive: a jump past the last one
             // read is records overwritten unread. (The first run of a boot
             // has nothing to compare with.)

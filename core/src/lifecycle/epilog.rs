@@ -29,11 +29,17 @@ pub fn undo_job(cfg: &Config, env: &JobEnv) -> Result<Report, Failure> {
     };
     let state = match loaded {
         Ok(s) => s,
-        // A corrupt state file cannot tell us what to undo: remove it so the
-        // next run is clean, but report it as a node fault to be looked at.
+        // A corrupt state file cannot tell us what to undo: every mode
+        // searches its own records instead, the file is removed so the next
+        // run is clean, and it is reported as a node fault to be looked at.
         Err(e) => {
+            let undone = release(cfg, env.job_id, None);
             let _ = JobState::remove(&cfg.runtime_dir, env.job_id);
-            return Err(Failure::Node(format!("unreadable job state removed: {e}")));
+            let undone = match undone {
+                Ok(r) => r.detail.map(|d| format!("; undone: {d}")).unwrap_or_default(),
+                Err(f) => format!("; undoing: {f}"),
+            };
+            return Err(Failure::Node(format!("unreadable job state removed: {e}{undone}")));
         }
     };
     let mode = state.as_ref().map(|s| s.mode.clone()).or_else(|| env.mode_value.clone());
@@ -81,9 +87,11 @@ mod tests {
     use super::*;
     use crate::lifecycle::prolog;
 
+    /// A checkpoint job (its prolog starts a stand-in agent).
     fn setup() -> (tempfile::TempDir, Config, JobEnv) {
         let dir = tempfile::tempdir().unwrap();
-        let cfg = Config { runtime_dir: dir.path().join("run"), ..Config::default() };
+        let mut cfg = Config { runtime_dir: dir.path().join("run"), ..Config::default() };
+        let _ = crate::modes::checkpoint::stand_in::install(&mut cfg, dir.path(), 8);
         let env = JobEnv {
             job_id: 8,
             uid: 1000,
@@ -92,6 +100,7 @@ mod tests {
             node: "n".into(),
             slurm_gpus: vec![0],
             mode_value: Some("checkpoint".into()),
+            restart_count: 0,
         };
         (dir, cfg, env)
     }

@@ -18,6 +18,8 @@
 //!   not replace our reason. Should scontrol itself fail, the non-zero exit
 //!   still gets the node drained by Slurm.
 
+#[cfg(feature = "cli")]
+pub mod cli;
 pub mod epilog;
 pub mod prolog;
 
@@ -109,6 +111,7 @@ mod tests {
             node: "n9".into(),
             slurm_gpus: vec![0],
             mode_value: Some("mps".into()),
+            restart_count: 0,
         }
     }
 
@@ -173,16 +176,10 @@ impl Verb {
 /// Exit code for a helper started wrongly (bad arguments, not under slurmd).
 pub const EXIT_USAGE: i32 = 2;
 
-/// The whole of `gpu-mode-prolog` / `gpu-mode-epilog`: arguments, config, job
-/// environment, the verb, and [`finish`]. Returns the process exit code.
-pub fn hook_main(verb: Verb, args: &[String]) -> i32 {
-    let config_path = match parse_hook_args(args) {
-        Ok(p) => p,
-        Err(msg) => {
-            crate::log::stderr_line(&format!("gpu-mode-{}: {msg}\nusage: gpu-mode-{} [--config PATH]", verb.name(), verb.name()));
-            return EXIT_USAGE;
-        }
-    };
+/// The whole of `gpu-mode-prolog` / `gpu-mode-epilog` after their arguments
+/// (`cli`): config, job environment, the verb, and [`finish`]. Returns the
+/// process exit code.
+pub fn run_hook(verb: Verb, config_path: Option<std::path::PathBuf>) -> i32 {
     let env = match JobEnv::from_process_env() {
         Ok(e) => e,
         Err(e) => {
@@ -257,30 +254,6 @@ fn with_broken_config(verb: Verb, cfg: &Config, env: &JobEnv, error: &str) -> Re
     }
 }
 
-/// `[--config PATH]`, nothing else.
-fn parse_hook_args(args: &[String]) -> Result<Option<std::path::PathBuf>, String> {
-    match args {
-        [] => Ok(None),
-        [flag, path] if flag == "--config" => Ok(Some(path.into())),
-        [flag] if flag == "--config" => Err("--config needs a path".into()),
-        [other, ..] => Err(format!("unexpected argument {other:?}")),
-    }
-}
-
-#[cfg(test)]
-mod arg_tests {
-    use super::*;
-
-    #[test]
-    fn hook_arguments() {
-        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
-        assert_eq!(parse_hook_args(&s(&[])), Ok(None));
-        assert_eq!(parse_hook_args(&s(&["--config", "/c.toml"])), Ok(Some("/c.toml".into())));
-        assert!(parse_hook_args(&s(&["--config"])).unwrap_err().contains("needs a path"));
-        assert!(parse_hook_args(&s(&["-x"])).unwrap_err().contains("unexpected argument"));
-    }
-}
-
 #[cfg(test)]
 mod watchdog_tests {
     use super::*;
@@ -296,7 +269,7 @@ mod watchdog_tests {
     fn a_prolog_stuck_opening_nvml_drains_the_node_naming_the_step_and_exits() {
         if let Some(dir) = std::env::var_os(CHILD_VAR) {
             let config = std::path::Path::new(&dir).join("config.toml");
-            std::process::exit(hook_main(Verb::Prolog, &["--config".into(), config.display().to_string()]));
+            std::process::exit(run_hook(Verb::Prolog, Some(config)));
         }
         let dir = tempfile::tempdir().unwrap();
         let sim_state = std::fs::File::create(dir.path().join("sim-state.json")).unwrap();

@@ -169,6 +169,7 @@ mod tests {
             node: "n".into(),
             slurm_gpus: vec![1, 2],
             mode_value: mode.map(String::from),
+            restart_count: 0,
         };
         (dir, cfg, env)
     }
@@ -181,10 +182,17 @@ mod tests {
         })
     }
 
+    /// A checkpoint job's prolog starts an agent: a stand-in here.
+    fn with_agent(mode: Option<&str>) -> (tempfile::TempDir, Config, JobEnv) {
+        let (d, mut cfg, env) = setup(mode);
+        let _ = crate::modes::checkpoint::stand_in::install(&mut cfg, d.path(), env.job_id);
+        (d, cfg, env)
+    }
+
     #[test]
     fn jobs_without_a_mode_or_without_gpus_read_neither_gres_conf_nor_nvml() {
         let opened = Cell::new(false);
-        let (_d, cfg, mut env) = setup(None);
+        let (_d, cfg, mut env) = with_agent(None);
         // A gres.conf that cannot be read: reading it would be an error.
         std::fs::create_dir(&cfg.slurm.gres_conf).unwrap();
         assert_eq!(run_with(&cfg, &env, &no_nvml(&opened)).unwrap().outcome, Outcome::Skipped);
@@ -196,7 +204,7 @@ mod tests {
 
     #[test]
     fn mode_work_gets_nvml_indices_when_gres_conf_order_differs() {
-        let (_d, cfg, env) = setup(Some("checkpoint"));
+        let (_d, cfg, env) = with_agent(Some("checkpoint"));
         // Slurm's index i is the i-th File=: 0 → nvidia3, 1 → nvidia0, 2 → nvidia2.
         std::fs::write(&cfg.slurm.gres_conf, "AutoDetect=off\nName=gpu File=/dev/nvidia3,/dev/nvidia0\nName=gpu File=/dev/nvidia[2,1]\n").unwrap();
         // NVML GPU 0 is nvidia2, 1 is nvidia3, 2 is nvidia0, 3 is nvidia1.
@@ -230,7 +238,7 @@ mod tests {
 
     #[test]
     fn a_valid_mode_is_recorded_with_its_task_environment() {
-        let (_d, cfg, env) = setup(Some("checkpoint"));
+        let (_d, cfg, env) = with_agent(Some("checkpoint"));
         let report = run(&cfg, &env).unwrap();
         assert_eq!(report.mode.as_deref(), Some("checkpoint"));
         let state = JobState::load(&cfg.runtime_dir, 77).unwrap();

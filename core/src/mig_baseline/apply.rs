@@ -159,7 +159,7 @@ fn switch_modes(ops: &dyn GpuOps, plan: &Plan, reset: &dyn GpuReset, emit: Emit)
     for g in plan.gpus.iter().filter(|g| g.mode.is_some()) {
         let want = g.mode == Some(true);
         let mig = ops.modes(g.gpu).map_err(|e| e.to_string())?.mig;
-        if !mig.is_some_and(|m| m.current == want) {
+        if mig.is_none_or(|m| m.current != want) {
             return Err(format!(
                 "GPU {}: MIG is still not {} after the reset (modes {mig:?}); a passthrough VM may need a reboot",
                 g.gpu,

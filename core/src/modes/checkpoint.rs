@@ -1,10 +1,26 @@
 //! `--gpu-mode=checkpoint`: checkpoint on preemption, restore on requeue.
-//! Today the prolog only records the mode (tasks see `SLURM_GPU_MODE`);
-//! the checkpoint agent and image cleanup slot in here.
+//!
+//! The prolog starts the job's checkpoint agent (root, one per job, bounded
+//! lifetime: [`crate::preempt`]) with the job's GPUs and restart count; the
+//! user's `gpu-mode-run` wrapper asks it to checkpoint when the preemption
+//! signal comes and to restore when the job runs again. The epilog stops
+//! the agent and removes the job's images unless this run just completed a
+//! checkpoint (the job is being requeued), then keeps the image directory
+//! within its size and age limits.
 
 use crate::config::Config;
 use crate::failure::Failure;
 use crate::modes::{Grant, GrantRecord, ModeDriver, PrepareCtx, Released};
+use crate::preempt::{self, AgentLaunch, Cleanup, ImageStore, Limits};
+use crate::watchdog;
+use std::time::Duration;
+
+/// Task variable with the agent's socket (gpu-mode-run finds it there).
+pub const TASK_SOCKET_VAR: &str = "GPU_MODE_CKPT_SOCKET";
+/// How long the prolog waits for the agent to listen.
+const AGENT_START: Duration = Duration::from_secs(20);
+/// How long the epilog waits for the agent to acknowledge `stop`.
+const AGENT_STOP: Duration = Duration::from_secs(10);
 
 pub struct CheckpointDriver;
 
@@ -13,15 +29,144 @@ impl ModeDriver for CheckpointDriver {
         "checkpoint"
     }
 
-    fn prepare(&self, _ctx: &PrepareCtx) -> Result<Grant, Failure> {
-        Ok(Grant { record: GrantRecord::Checkpoint, ..Grant::default() })
+    /// A node without the agent or CRIU cannot serve checkpoint jobs: that
+    /// refuses the job (with what is missing), it does not drain the node,
+    /// or any user could take nodes out by asking for the mode.
+    fn check(&self, ctx: &PrepareCtx) -> Result<(), Failure> {
+        let c = &ctx.cfg.checkpoint;
+        for (what, path) in [("checkpoint agent", &c.agent), ("CRIU", &c.criu)] {
+            if !is_executable(path) {
+                return Err(Failure::Job(format!(
+                    "--gpu-mode=checkpoint is not available on node {}: the {what} {} is not installed (ask the site admin)",
+                    ctx.env.node,
+                    path.display()
+                )));
+            }
+        }
+        Ok(())
     }
 
-    fn release(&self, _cfg: &Config, _job_id: u32, _grant: &GrantRecord) -> Result<Released, Failure> {
-        Ok(Released::nothing())
+    fn prepare(&self, ctx: &PrepareCtx) -> Result<Grant, Failure> {
+        let env = ctx.env;
+        let launch = AgentLaunch {
+            job: env.job_id,
+            uid: env.uid,
+            gid: env.gid,
+            restart_count: env.restart_count,
+            node: env.node.clone(),
+            gpus: ctx.gpus.to_vec(),
+            deadline_unix: None,
+            config: ctx.cfg.source.clone(),
+        };
+        let pid = {
+            let _step = watchdog::step("checkpoint: agent start");
+            preempt::spawn_agent(ctx.cfg, &launch, AGENT_START).map_err(|e| Failure::Node(format!("checkpoint agent: {e}")))?
+        };
+        let socket = preempt::socket_path(&ctx.cfg.checkpoint.agent_socket_dir(&ctx.cfg.runtime_dir), env.job_id);
+        Ok(Grant {
+            record: GrantRecord::Checkpoint { restart_count: env.restart_count },
+            task_env: [(TASK_SOCKET_VAR.to_string(), socket.display().to_string())].into(),
+            per_task_env: Default::default(),
+            detail: Some(format!("checkpoint agent pid {pid}, run {}", env.restart_count)),
+        })
     }
 
-    fn release_lost(&self, _cfg: &Config, _job_id: u32) -> Result<Released, Failure> {
-        Ok(Released::nothing())
+    fn release(&self, cfg: &Config, job_id: u32, grant: &GrantRecord) -> Result<Released, Failure> {
+        let restart_count = match grant {
+            GrantRecord::Checkpoint { restart_count } => *restart_count,
+            _ => 0,
+        };
+        finish(cfg, job_id, Some(restart_count))
+    }
+
+    fn release_lost(&self, cfg: &Config, job_id: u32) -> Result<Released, Failure> {
+        finish(cfg, job_id, None)
+    }
+}
+
+/// Stops the agent and tidies the images: those of this run unless it
+/// completed a checkpoint (`restart_count` known), then the limits. With no
+/// state (`None`) only the agent is stopped: whether an image is wanted is
+/// unknown, and the sweep's limits bound what stays.
+fn finish(cfg: &Config, job_id: u32, restart_count: Option<u32>) -> Result<Released, Failure> {
+    let _step = watchdog::step("checkpoint: agent stop");
+    let stopped = preempt::stop_agent(cfg, job_id, AGENT_STOP).unwrap_or_else(|e| {
+        // The agent ends by itself with the job; a failed stop is logged, not
+        // a node fault.
+        crate::log::stderr_line(&format!("gpu-mode: job {job_id}: stopping the checkpoint agent: {e}"));
+        false
+    });
+    let store = ImageStore::new(&cfg.checkpoint.image_dir);
+    let mut parts = vec![if stopped { "agent stopped".to_string() } else { "no agent".to_string() }];
+    if let Some(run) = restart_count {
+        match preempt::cleanup_after_job(&store, job_id, run) {
+            Ok(Cleanup::Kept { .. }) => parts.push(format!("image of run {run} kept for the requeued job")),
+            Ok(Cleanup::Removed) => parts.push("the job's images removed".into()),
+            Err(e) => return Err(Failure::Node(format!("checkpoint images of job {job_id}: {e}"))),
+        }
+    }
+    let live: Vec<u32> = live_jobs(cfg);
+    match preempt::sweep_images(&store, Limits::from_config(&cfg.checkpoint), &live) {
+        Ok(swept) if !swept.is_empty() => parts.push(format!("swept images of jobs {swept:?}")),
+        Ok(_) => {}
+        Err(e) => parts.push(format!("sweep failed: {e}")),
+    }
+    Ok(Released { found: stopped || restart_count.is_some(), detail: Some(format!("checkpoint: {}", parts.join("; "))) })
+}
+
+/// Jobs live on this node (their images are never swept).
+fn live_jobs(cfg: &Config) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir(crate::runtime::jobs_dir(&cfg.runtime_dir)) else { return Vec::new() };
+    entries.filter_map(|e| e.ok()?.file_name().to_str()?.strip_suffix(".json")?.parse().ok()).collect()
+}
+
+fn is_executable(path: &std::path::Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// A stand-in for the checkpoint agent in unit tests of the lifecycle: an
+/// executable that only marks that it started, and a thread that then
+/// listens on the job's socket and answers `stop`, as the agent would.
+#[cfg(test)]
+pub(crate) mod stand_in {
+    use crate::config::Config;
+    use crate::preempt::protocol::{self, Request, Response};
+    use std::io::BufReader;
+    use std::os::unix::net::UnixListener;
+    use std::path::Path;
+    use std::time::{Duration, Instant};
+
+    pub fn install(cfg: &mut Config, dir: &Path, job: u32) -> std::thread::JoinHandle<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let script = dir.join("agent");
+        let started = dir.join("agent.started");
+        std::fs::write(&script, format!("#!/bin/sh\n: > {}\nexec /bin/sleep 10\n", started.display())).unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        cfg.checkpoint.agent = script;
+        cfg.checkpoint.criu = "/bin/true".into();
+        cfg.checkpoint.image_dir = dir.join("images");
+        let socket = crate::preempt::socket_path(&cfg.checkpoint.agent_socket_dir(&cfg.runtime_dir), job);
+        std::thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while !started.exists() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
+            let listener = UnixListener::bind(&socket).unwrap();
+            listener.set_nonblocking(true).unwrap();
+            while Instant::now() < deadline {
+                let Ok((stream, _)) = listener.accept() else {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                };
+                stream.set_nonblocking(false).unwrap();
+                let mut out = stream.try_clone().unwrap();
+                if let Ok(Some(Request::Stop)) = protocol::receive::<Request>(&mut BufReader::new(stream)) {
+                    let _ = protocol::send(&mut out, &Response::Stopping);
+                    return;
+                }
+            }
+        })
     }
 }

@@ -48,8 +48,9 @@ pub enum GrantRecord {
     Mps { daemon: String },
     /// The MIG instances made for the job.
     Mig(mig::MigGrant),
-    /// A checkpoint job (images and the agent are the epilog's to clean).
-    Checkpoint,
+    /// A checkpoint job: its agent and this run's images are the epilog's
+    /// to clean; `restart_count` says which run this was.
+    Checkpoint { restart_count: u32 },
 }
 
 /// A mode's result in the prolog.
@@ -132,7 +133,7 @@ pub fn driver_of(grant: &GrantRecord) -> Option<Box<dyn ModeDriver>> {
         GrantRecord::None => None,
         GrantRecord::Mps { .. } => Some(Box::new(mps::MpsDriver { params: None })),
         GrantRecord::Mig(_) => Some(Box::new(mig::MigDriver { request: None })),
-        GrantRecord::Checkpoint => Some(Box::new(checkpoint::CheckpointDriver)),
+        GrantRecord::Checkpoint { .. } => Some(Box::new(checkpoint::CheckpointDriver)),
     }
 }
 
@@ -176,7 +177,7 @@ mod tests {
     fn every_grant_has_its_driver() {
         assert!(driver_of(&GrantRecord::None).is_none());
         assert_eq!(driver_of(&GrantRecord::Mps { daemon: "k".into() }).unwrap().name(), "mps");
-        assert_eq!(driver_of(&GrantRecord::Checkpoint).unwrap().name(), "checkpoint");
+        assert_eq!(driver_of(&GrantRecord::Checkpoint { restart_count: 0 }).unwrap().name(), "checkpoint");
         let names: Vec<&str> = all_drivers().iter().map(|d| d.name()).collect();
         assert_eq!(names, ["mps", "mig", "checkpoint"]);
     }

@@ -61,9 +61,53 @@ impl Said {
 }
 
 /// The options of one argument list (a command line or `#SBATCH` words).
+/// sbatch's short options that take their value in the next word (`-p low`).
+const SHORT_WITH_VALUE: &str = "AabcCDdeFGiJLMmNnopqStwx";
+/// sbatch's long options that take no value, or only one after `=`.
+const LONG_FLAGS: &[&str] = &[
+    "--contiguous", "--exclusive", "--get-user-env", "--help", "--hold", "--ignore-pbs", "--no-kill", "--no-requeue",
+    "--overcommit", "--oversubscribe", "--parsable", "--quiet", "--reboot", "--requeue", "--spread-job", "--test-only",
+    "--usage", "--use-min-nodes", "--verbose", "--version", "--wait",
+];
+
+/// Where sbatch's own arguments end: the index of the batch script (the
+/// first word that is neither an option nor an option's value), if any.
+fn script_index(args: &[String]) -> Option<usize> {
+    let mut i = 0;
+    while i < args.len() {
+        let a = &args[i];
+        if a == "--" {
+            return (i + 1 < args.len()).then_some(i + 1);
+        }
+        if !a.starts_with('-') || a == "-" {
+            return Some(i);
+        }
+        let takes_next = if let Some(long) = a.strip_prefix("--") {
+            !long.contains('=') && !LONG_FLAGS.contains(&a.as_str())
+        } else {
+            // -p low, but -plow and flags such as -H, -k, -Q, -s, -v.
+            let mut chars = a.chars().skip(1);
+            matches!((chars.next(), chars.next()), (Some(c), None) if SHORT_WITH_VALUE.contains(c))
+        };
+        i += if takes_next { 2 } else { 1 };
+    }
+    None
+}
+
+/// The batch script sbatch was given (`None` with --wrap or from stdin), to
+/// read its `#SBATCH` lines.
+pub fn script_path(argv: &[String]) -> Option<&str> {
+    let args = argv.get(1..)?;
+    if args.iter().any(|a| a == "--wrap" || a.starts_with("--wrap=")) {
+        return None;
+    }
+    script_index(args).map(|i| args[i].as_str())
+}
+
 fn from_args(args: &[String]) -> Said {
     let mut said = Said::default();
-    let mut it = args.iter().peekable();
+    let own = &args[..script_index(args).unwrap_or(args.len())];
+    let mut it = own.iter().peekable();
     while let Some(a) = it.next() {
         let (name, inline) = match a.split_once('=') {
             Some((n, v)) => (n, Some(v.to_string())),
@@ -75,8 +119,6 @@ fn from_args(args: &[String]) -> Said {
             "--no-requeue" => said.requeue = Some(false),
             "--signal" => said.signal = value(),
             "--open-mode" => said.open_mode = value(),
-            // The script and its arguments follow: they are not sbatch's.
-            _ if !a.starts_with('-') => break,
             _ => {}
         }
     }
@@ -251,6 +293,27 @@ fn quote(a: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_script_is_found_after_options_with_separate_values() {
+        let argv = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let cases: Vec<(Vec<String>, Option<&str>)> = vec![
+            (argv(&["sbatch", "job.sh"]), Some("job.sh")),
+            (argv(&["sbatch", "-p", "low", "--gres=gpu:1", "job.sh", "-p", "arg"]), Some("job.sh")),
+            (argv(&["sbatch", "--partition", "low", "--requeue", "-n2", "job.sh"]), Some("job.sh")),
+            (argv(&["sbatch", "-Q", "-t", "10", "--parsable", "./run.sh"]), Some("./run.sh")),
+            (argv(&["sbatch", "--wrap", "sleep 1"]), None),
+            (argv(&["sbatch", "--wrap=true", "-p", "low"]), None),
+            (argv(&["sbatch", "-p", "low"]), None),
+            (argv(&["sbatch", "--", "job.sh"]), Some("job.sh")),
+        ];
+        for (a, want) in cases {
+            assert_eq!(script_path(&a), want, "{a:?}");
+        }
+        // Options after a separated value still count; the script's own do not.
+        let said = from_args(&argv(&["-p", "low", "--signal=B:USR1@90", "job.sh", "--no-requeue"])[..]);
+        assert_eq!((said.signal.as_deref(), said.requeue), (Some("B:USR1@90"), None));
+    }
 
     fn site() -> SubmitSite {
         SubmitSite { job_requeue: false, adds_signal: false, signal: libc::SIGUSR1, min_lead_s: 60 }

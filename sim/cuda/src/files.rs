@@ -145,7 +145,7 @@ impl SimDir {
 
     /// The first fault matching `call` on `pid`.
     pub fn fault_for(&self, call: &str, pid: i32) -> Option<Action> {
-        self.faults().into_iter().find(|f| f.call == call && f.pid.map_or(true, |p| p == pid)).map(|f| f.action)
+        self.faults().into_iter().find(|f| f.call == call && f.pid.is_none_or(|p| p == pid)).map(|f| f.action)
     }
 }
 

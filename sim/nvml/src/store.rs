@@ -15,7 +15,7 @@ pub const FIXTURE_ENV: &str = "GPU_MODE_SIM_FIXTURE";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("{STATE_ENV} is not set: the simulated NVML has no node")]
+    #[error("{STATE_ENV} is not set and {STATE_POINTER} names no state file: the simulated NVML has no node")]
     NoStatePath,
     #[error("state file {path} does not exist and {FIXTURE_ENV} is not set")]
     NoState { path: PathBuf },
@@ -35,9 +35,23 @@ impl StoreError {
     }
 }
 
-/// The state file named by the environment.
+/// Names the state file where the environment cannot: programs that slurmd
+/// starts with an environment of its own (an installed Prolog=, run without
+/// the test harness's wrapper) find the simulated node through it. One per
+/// machine, as there is one installed package (scripts/test-install.sh).
+pub const STATE_POINTER: &str = "/run/gpu-mode-sim/state-path";
+
+/// The state file named by the environment, else by [`STATE_POINTER`].
 pub fn state_path_from_env() -> Result<PathBuf, StoreError> {
-    std::env::var_os(STATE_ENV).filter(|v| !v.is_empty()).map(PathBuf::from).ok_or(StoreError::NoStatePath)
+    if let Some(p) = std::env::var_os(STATE_ENV).filter(|v| !v.is_empty()) {
+        return Ok(PathBuf::from(p));
+    }
+    std::fs::read_to_string(STATE_POINTER)
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .map(PathBuf::from)
+        .ok_or(StoreError::NoStatePath)
 }
 
 /// An flock held on an open state file; released when dropped (the file closes).

@@ -102,6 +102,7 @@ fn hooks(cfg: &Config, layout: &str, gpus: u32, job: u32, in_nvml: &Arc<AtomicU6
         node: "n".into(),
         slurm_gpus: (0..gpus).collect(),
         mode_value: Some(layout.into()),
+        restart_count: 0,
     };
     let t = Instant::now();
     let nvml = LazyGpus::new(|| Ok(Box::new(Timed { inner: NvmlGpus::from_config(cfg)?, spent: in_nvml.clone() }) as Box<dyn GpuOps>));

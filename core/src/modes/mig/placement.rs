@@ -41,7 +41,7 @@ pub fn compute_slices(table: &[MigProfile]) -> u32 {
 /// placement of the whole layout exists. Exhaustive: any layout that fits
 /// is placed.
 pub fn place(want: &[(&MigProfile, u32)], occupied: &Occupied, compute_total: u32) -> Option<Vec<Placed>> {
-    let mut items: Vec<&MigProfile> = want.iter().flat_map(|(p, n)| std::iter::repeat(*p).take(*n as usize)).collect();
+    let mut items: Vec<&MigProfile> = want.iter().flat_map(|(p, n)| std::iter::repeat_n(*p, *n as usize)).collect();
     let compute: u32 = items.iter().map(|p| p.slices).sum();
     if occupied.compute + compute > compute_total {
         return None;
@@ -210,7 +210,7 @@ pub(crate) mod tests {
     }
 
     fn brute_force_fits(w: &[(&MigProfile, u32)]) -> bool {
-        let items: Vec<&MigProfile> = w.iter().flat_map(|(p, n)| std::iter::repeat(*p).take(*n as usize)).collect();
+        let items: Vec<&MigProfile> = w.iter().flat_map(|(p, n)| std::iter::repeat_n(*p, *n as usize)).collect();
         if items.iter().map(|p| p.slices).sum::<u32>() > 7 || w.iter().any(|(p, n)| *n > p.instance_count) {
             return false;
         }
