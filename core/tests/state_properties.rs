@@ -45,7 +45,7 @@ fn grant() -> impl Strategy<Value = GrantRecord> {
         Just(GrantRecord::None),
         text().prop_map(|daemon| GrantRecord::Mps { daemon }),
         mig,
-        Just(GrantRecord::Checkpoint),
+        any::<u32>().prop_map(|restart_count| GrantRecord::Checkpoint { restart_count }),
     ]
 }
 

@@ -116,8 +116,9 @@ fn plan(o: &Options) -> Vec<Planned> {
             let mut pick = rng.below(total.into()) as u32;
             let mode = MODES.iter().find(|(_, w)| if pick < *w { true } else { pick -= w; false }).unwrap().0;
             let kind = match rng.below(10) {
-                0 => Kind::Srun,
-                1..=3 => Kind::BatchSteps,
+                // A checkpoint job is a batch job (it must be requeueable).
+                0 if mode != Some("checkpoint") => Kind::Srun,
+                0..=3 => Kind::BatchSteps,
                 _ => Kind::Batch,
             };
             let secs = (rng.unit() * o.max_secs * 10.0).round() / 10.0;

@@ -432,7 +432,7 @@ mod tests {
         let err = parse(multi, "m.yaml", "a").unwrap_err();
         assert!(err.contains("device-filter \"0x\\r\\nzz\\u{7}\"") && !err.contains('\n'), "{err}");
         let name = "a\nb";
-        let err = parse(&format!("version: v1\nmig-configs:\n  \"a\\nb\": []\n"), "m.yaml", name).unwrap_err();
+        let err = parse("version: v1\nmig-configs:\n  \"a\\nb\": []\n", "m.yaml", name).unwrap_err();
         assert!(err.starts_with("mig-parted config \"a\\nb\" in m.yaml: at least one entry"), "{err}");
         let shapes = [
             ("bad-devices.yaml", "devices: \"some\" is not `all` or a list of GPU indices"),
