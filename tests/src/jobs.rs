@@ -141,3 +141,93 @@ impl Cluster {
             .collect()
     }
 }
+
+/// A batch job that has started and waits for the test to let it end:
+/// its script touches a "ready" file, waits for a "go" file, runs `then`.
+pub struct HeldJob {
+    pub id: u32,
+    go: std::path::PathBuf,
+    /// Touched by the script after `then`: its body is over.
+    pub finished: std::path::PathBuf,
+}
+
+impl HeldJob {
+    /// Lets the job's script go on.
+    pub fn release(&self) {
+        std::fs::write(&self.go, b"").expect("writing the go file");
+    }
+}
+
+impl Cluster {
+    /// Submits a job that starts, then waits for [`HeldJob::release`] and
+    /// runs `then` (shell lines); returns once its script is running.
+    pub fn start_held_job(&self, user: &str, args: &[&str], then: &str) -> Result<HeldJob> {
+        let tag = crate::unique_suffix();
+        let file = |what: &str| self.dir.join("out").join(format!("held-{tag}.{what}"));
+        let (ready, go, finished) = (file("ready"), file("go"), file("finished"));
+        let script = format!(
+            "#!/bin/sh\ntouch {}\nwhile [ ! -e {} ]; do sleep 0.1; done\n{then}\ntouch {}\n",
+            ready.display(),
+            go.display(),
+            finished.display()
+        );
+        let id = self.sbatch(Some(user), args, &script)?;
+        let start = Instant::now();
+        while !ready.exists() {
+            if start.elapsed() > Duration::from_secs(60) {
+                bail!("job {id} did not start within 60 s\n{}", self.logs_tail());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(HeldJob { id, go, finished })
+    }
+
+    /// Cancels every job and puts a drained node back in service (what a
+    /// fault test does when it ends, passed or failed).
+    pub fn cancel_all_and_resume(&self) {
+        let _ = self.client("scancel", &["--full", "--partition", "debug"]).run_as_root();
+        if self.node_state().is_ok_and(|(s, _)| s.contains("DRAIN")) {
+            let _ = self.resume_node();
+        }
+    }
+
+    /// (MIG on, [(profile id, start)] sorted) of simulated GPU `gpu`.
+    pub fn sim_mig_layout(&self, gpu: usize) -> Result<(bool, Vec<(u64, u64)>)> {
+        let g = self.sim_gpu(gpu)?;
+        let mut l: Vec<(u64, u64)> = g["instances"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|i| (i["profile_id"].as_u64().unwrap_or(0), i["start"].as_u64().unwrap_or(0)))
+            .collect();
+        l.sort_by_key(|x| x.1);
+        Ok((g["mig_current"].as_bool().unwrap_or(false), l))
+    }
+
+    /// `gpu-mode-node-checker check --only <check> --no-drain --json` on
+    /// this cluster: (status, message) of each result.
+    pub fn check_results(&self, only: &str) -> Result<Vec<(String, String)>> {
+        let out = std::process::Command::new(&self.spec.artifacts.node_checker)
+            .args(["check", "--only", only, "--no-drain", "--json", "--config", self.dir.join("gpu-mode.toml").to_str().unwrap()])
+            .env_clear()
+            .env("GPU_MODE_SIM_STATE", self.dir.join("sim/nvml-state.json"))
+            .output()?;
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .map_err(|e| anyhow!("{e}: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))?;
+        let text = |r: &serde_json::Value, k: &str| r[k].as_str().unwrap_or("").to_string();
+        Ok(v["results"].as_array().into_iter().flatten().map(|r| (text(r, "status"), text(r, "message"))).collect())
+    }
+
+    /// `gpu-mode-mig <args> --config <this cluster's>` on the simulated GPUs.
+    pub fn mig_tool(&self, args: &[&str]) -> Result<std::process::Output> {
+        let exe = self.spec.artifacts.prolog.with_file_name("gpu-mode-mig");
+        let mut cmd = std::process::Command::new(exe);
+        cmd.args(args)
+            .args(["--config", self.dir.join("gpu-mode.toml").to_str().unwrap()])
+            .env_clear()
+            .env("GPU_MODE_SIM_STATE", self.dir.join("sim/nvml-state.json"))
+            .env("SLURM_CONF", self.dir.join("slurm.conf"))
+            .envs(self.install.client_env());
+        crate::process::output_with_timeout(cmd, Duration::from_secs(60))
+    }
+}

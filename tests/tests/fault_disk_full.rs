@@ -65,11 +65,8 @@ impl FullDisk {
 impl Drop for FullDisk {
     fn drop(&mut self) {
         self.empty();
-        let _ = c().client("scancel", &["--full", "--partition", "debug"]).run_as_root();
+        c().cancel_all_and_resume();
         umount(&self.run);
-        if c().node_state().is_ok_and(|(s, _)| s.contains("DRAIN")) {
-            let _ = c().resume_node();
-        }
     }
 }
 
@@ -96,16 +93,12 @@ fn a_prolog_on_a_full_runtime_dir_drains_naming_enospc_and_leaves_no_partial_sta
 fn an_epilog_on_a_full_runtime_dir_still_undoes_everything() {
     let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
     let disk = FullDisk::mount();
-    let ready = c().dir.join("out/full-ready");
-    let go = c().dir.join("out/full-go");
-    let script = format!("#!/bin/sh\ntouch {}\nwhile [ ! -e {} ]; do sleep 0.1; done\n", ready.display(), go.display());
-    let job = c().sbatch(Some("gmtest1"), &["--gpu-mode=mps", "--gres=gpu:1"], &script).unwrap();
-    c().wait_until("the job to start", || ready.exists());
+    let job = c().start_held_job("gmtest1", &["--gpu-mode=mps", "--gres=gpu:1"], "").unwrap();
     disk.fill();
-    std::fs::write(&go, b"").unwrap();
-    let done = c().wait_finished(job, WAIT).unwrap();
+    job.release();
+    let done = c().wait_finished(job.id, WAIT).unwrap();
     assert_eq!(done.exit_code, 0, "{}", done.output);
-    let lines = c().hook_log_lines(job);
+    let lines = c().hook_log_lines(job.id);
     assert!(lines.iter().any(|l| l.contains("action=epilog") && l.ends_with("outcome=ok")), "{lines:#?}");
     let (state, reason) = c().node_state().unwrap();
     assert!(!state.contains("DRAIN"), "{state} {reason}");

@@ -46,11 +46,8 @@ impl Restore {
             let _ = std::fs::rename(from, to);
         }
         let _ = c().sim_ctl(&["clear"]);
-        let _ = c().client("scancel", &["--full", "--partition", "debug"]).run_as_root();
+        c().cancel_all_and_resume();
         c().wait_until("held jobs to go", || c().client("squeue", &["-h"]).run_as_root().is_ok_and(|o| o.stdout.is_empty()));
-        if c().node_state().is_ok_and(|(s, _)| s.contains("DRAIN")) {
-            c().resume_node().unwrap();
-        }
     }
 }
 
@@ -115,14 +112,10 @@ fn a_gpu_lost_during_the_prolog_drains_and_leaves_nothing() {
 fn a_gpu_lost_during_the_epilog_drains_after_undoing_everything_else() {
     let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
     let r = Restore::new();
-    let go = c().dir.join("out/lost-go");
-    let ready = c().dir.join("out/lost-ready");
-    let script = format!("#!/bin/sh\ntouch {}\nwhile [ ! -e {} ]; do sleep 0.1; done\necho finished\n", ready.display(), go.display());
-    let job = c().sbatch(Some("gmtest1"), &["--gpu-mode=mps", "--gres=gpu:1"], &script).unwrap();
-    c().wait_until("the job to start", || ready.exists());
+    let job = c().start_held_job("gmtest1", &["--gpu-mode=mps", "--gres=gpu:1"], "echo finished").unwrap();
     c().sim_ctl(&["inject", "lost", "--gpu", "0"]).unwrap();
-    std::fs::write(&go, b"").unwrap();
-    let done = c().wait_finished(job, WAIT).unwrap();
+    job.release();
+    let done = c().wait_finished(job.id, WAIT).unwrap();
     // The user's job had finished its work: it ends as it ended.
     assert_eq!(done.exit_code, 0, "{}", done.output);
     let (_, reason) = c().wait_drained(WAIT).unwrap();

@@ -10,10 +10,8 @@
 //!
 //! Baseline: GPU 0 in MIG mode with one 3g.71gb; GPU 1 without MIG.
 
-use gpu_mode_tests::process::output_with_timeout;
 use gpu_mode_tests::Cluster;
 use std::os::unix::fs::PermissionsExt;
-use std::process::Command;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -58,38 +56,14 @@ fn stand_ins(c: &Cluster) {
 }
 
 fn mig_tool(c: &Cluster, args: &[&str]) -> String {
-    let exe = c.spec.artifacts.prolog.with_file_name("gpu-mode-mig");
-    let mut cmd = Command::new(exe);
-    cmd.args(args)
-        .args(["--config", c.dir.join("gpu-mode.toml").to_str().unwrap()])
-        .env_clear()
-        .env("GPU_MODE_SIM_STATE", c.dir.join("sim/nvml-state.json"))
-        .env("SLURM_CONF", c.dir.join("slurm.conf"));
-    let out = output_with_timeout(cmd, Duration::from_secs(60)).unwrap();
+    let out = c.mig_tool(args).unwrap();
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "gpu-mode-mig {args:?}: {text}");
     text
 }
 
-/// (MIG on, [(profile id, start)]) of a simulated GPU.
 fn layout(c: &Cluster, gpu: usize) -> (bool, Vec<(u64, u64)>) {
-    let g = c.sim_gpu(gpu).unwrap();
-    let mut l: Vec<(u64, u64)> =
-        g["instances"].as_array().unwrap().iter().map(|i| (i["profile_id"].as_u64().unwrap(), i["start"].as_u64().unwrap())).collect();
-    l.sort();
-    (g["mig_current"].as_bool().unwrap(), l)
-}
-
-/// The node checker's `mig` results: (status, message) per GPU.
-fn checker(c: &Cluster) -> Vec<(String, String)> {
-    let out = Command::new(&c.spec.artifacts.node_checker)
-        .args(["check", "--only", "mig", "--no-drain", "--json", "--config", c.dir.join("gpu-mode.toml").to_str().unwrap()])
-        .env_clear()
-        .env("GPU_MODE_SIM_STATE", c.dir.join("sim/nvml-state.json"))
-        .output()
-        .unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    v["results"].as_array().unwrap().iter().map(|r| (r["status"].as_str().unwrap().to_string(), r["message"].as_str().unwrap().to_string())).collect()
+    c.sim_mig_layout(gpu).unwrap()
 }
 
 /// Every process of the job, slurmstepd included: what a reboot ends.
@@ -148,7 +122,7 @@ fn assert_agree(c: &Cluster, what: &str) {
     assert!(on && gpu0.len() == 1 && gpu0[0].0 == 9, "{what}: GPU 0 is the baseline's (one 3g.71gb): {gpu0:?}");
     assert_eq!(layout(c, 1), (false, vec![]), "{what}: GPU 1 is the baseline's");
     mig_tool(c, &["assert"]);
-    let r = checker(c);
+    let r = c.check_results("mig").unwrap();
     assert!(r.iter().all(|(s, _)| s == "ok" || s == "skipped"), "{what}: the node checker calls something stale: {r:?}");
     let run = c.runtime_dir();
     for sub in ["jobs", "mig"] {

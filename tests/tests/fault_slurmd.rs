@@ -16,20 +16,9 @@ fn c() -> &'static Cluster {
     cluster("fault_slurmd", 1)
 }
 
-/// A job that waits for `go`, started; returns its id.
-fn waiting_job(tag: &str) -> (u32, std::path::PathBuf) {
-    let ready = c().dir.join(format!("out/{tag}-ready"));
-    let go = c().dir.join(format!("out/{tag}-go"));
-    let finished = c().dir.join(format!("out/{tag}-finished"));
-    let script = format!(
-        "#!/bin/sh\ntouch {}\nwhile [ ! -e {} ]; do sleep 0.1; done\necho done-{tag}\ntouch {}\n",
-        ready.display(),
-        go.display(),
-        finished.display()
-    );
-    let job = c().sbatch(Some("gmtest1"), &["--gpu-mode=mps", "--gres=gpu:1"], &script).unwrap();
-    c().wait_until("the job to start", || ready.exists());
-    (job, go)
+/// An MPS job that waits for the test; it says `done-<tag>` at its end.
+fn waiting_job(tag: &str) -> gpu_mode_tests::jobs::HeldJob {
+    c().start_held_job("gmtest1", &["--gpu-mode=mps", "--gres=gpu:1"], &format!("echo done-{tag}")).unwrap()
 }
 
 fn assert_clean(what: &str, job: u32, output: &str) {
@@ -48,27 +37,26 @@ fn assert_clean(what: &str, job: u32, output: &str) {
 #[test]
 fn slurmd_restarted_mid_job_the_job_runs_on_and_the_epilog_cleans_up() {
     let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
-    let (job, go) = waiting_job("mid");
+    let job = waiting_job("mid");
     c().stop_slurmd().unwrap();
     c().start_slurmd().unwrap();
-    std::fs::write(&go, b"").unwrap();
-    let done = c().wait_finished(job, WAIT).unwrap();
+    job.release();
+    let done = c().wait_finished(job.id, WAIT).unwrap();
     assert_eq!(done.exit_code, 0, "{}", done.output);
-    assert_clean("restarted mid-job", job, &done.output);
+    assert_clean("restarted mid-job", job.id, &done.output);
 }
 
 #[test]
 fn slurmd_down_when_the_job_ends_runs_the_epilog_when_it_is_back() {
     let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
-    let (job, go) = waiting_job("down");
+    let job = waiting_job("down");
     c().stop_slurmd().unwrap();
-    std::fs::write(&go, b"").unwrap();
+    job.release();
     // The batch script ends while slurmd is away; nothing cleans up yet.
-    let finished = c().dir.join("out/down-finished");
-    c().wait_until("the job's script to end", || finished.exists());
+    c().wait_until("the job's script to end", || job.finished.exists());
     std::thread::sleep(Duration::from_secs(2));
-    assert!(gpu_mode_core::state::JobState::is_live(&c().runtime_dir(), job), "the state is the epilog's to remove");
+    assert!(gpu_mode_core::state::JobState::is_live(&c().runtime_dir(), job.id), "the state is the epilog's to remove");
     c().start_slurmd().unwrap();
-    let done = c().wait_finished(job, WAIT).unwrap();
-    assert_clean("down at the job's end", job, &done.output);
+    let done = c().wait_finished(job.id, WAIT).unwrap();
+    assert_clean("down at the job's end", job.id, &done.output);
 }

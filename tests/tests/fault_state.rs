@@ -32,24 +32,14 @@ fn damage(original: &[u8]) -> Vec<(&'static str, Vec<u8>, &'static str)> {
 /// Runs an MPS job, damages its state file while it runs (case `i` of
 /// [`damage`]), lets it finish; returns (case, what the messages say, job).
 fn run_case(i: usize) -> (&'static str, &'static str, u32, gpu_mode_tests::JobResult) {
-    let go = c().dir.join("out/state-go");
-    let _ = std::fs::remove_file(&go);
-    static RUN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let n = RUN.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    let ready = c().dir.join(format!("out/state-ready-{i}-{n}"));
-    let script = format!(
-        "#!/bin/sh\ntouch {ready}\nwhile [ ! -e {go} ]; do sleep 0.1; done\nsrun -n1 printenv SLURM_GPU_MODE\necho step-exit=$?\n",
-        ready = ready.display(),
-        go = go.display()
-    );
-    let job = c().sbatch(Some("gmtest1"), &["--gpu-mode=mps", "--gres=gpu:1"], &script).unwrap();
-    c().wait_until("the job to start", || ready.exists());
-    let path = gpu_mode_core::state::state_path(&c().runtime_dir(), job);
+    let then = "srun -n1 printenv SLURM_GPU_MODE\necho step-exit=$?";
+    let job = c().start_held_job("gmtest1", &["--gpu-mode=mps", "--gres=gpu:1"], then).unwrap();
+    let path = gpu_mode_core::state::state_path(&c().runtime_dir(), job.id);
     let original = std::fs::read(&path).unwrap();
     let (case, bytes, says) = damage(&original).swap_remove(i);
     std::fs::write(&path, bytes).unwrap();
-    std::fs::write(&go, b"").unwrap();
-    (case, says, job, c().wait_finished(job, WAIT).unwrap())
+    job.release();
+    (case, says, job.id, c().wait_finished(job.id, WAIT).unwrap())
 }
 
 #[test]
