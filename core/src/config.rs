@@ -384,14 +384,19 @@ impl Config {
             // here, the rest stays at its default.
             let defaults = Config::default();
             let runtime_ok = require_absolute("runtime_dir", &cfg.runtime_dir).is_ok();
-            let scontrol_ok = require_absolute("slurm.scontrol", &cfg.slurm.scontrol).is_ok();
+            // Every path of [slurm], not only scontrol: the config fuzz
+            // target found a relative gres_conf kept (salvage must give a
+            // config that is itself valid).
+            let slurm_ok = require_absolute("slurm.scontrol", &cfg.slurm.scontrol).is_ok()
+                && require_absolute("slurm.gres_conf", &cfg.slurm.gres_conf).is_ok();
             cfg = Config {
                 runtime_dir: if runtime_ok { cfg.runtime_dir } else { defaults.runtime_dir.clone() },
-                slurm: if scontrol_ok { cfg.slurm } else { defaults.slurm.clone() },
+                slurm: if slurm_ok { cfg.slurm } else { defaults.slurm.clone() },
                 log: cfg.log,
                 ..defaults
             };
         }
+        debug_assert!(cfg.validate().is_ok(), "salvage gave an invalid config");
         cfg
     }
 
@@ -696,6 +701,8 @@ mod tests {
             ("runtime_dir = \"/var/run/gm\"\n[mps]\nquit_timeout_ms = 0", "/var/run/gm", true),
             ("runtime_dir = \"relative\"\n[log]\nsyslog = false", "/run/slurm-gpu-mode", false),
             ("this is not toml [", "/run/slurm-gpu-mode", true),
+            // Found by the config fuzz target: a relative gres_conf was kept.
+            ("runtime_dir = \"/var/run/gm\"\nx = 1\n[slurm]\ngres_conf = \"res.conf\"", "/var/run/gm", true),
         ];
         for (text, runtime, syslog) in cases {
             assert!(parse(text).is_err(), "{text:?} must be invalid for the test to mean anything");

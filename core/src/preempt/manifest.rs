@@ -299,6 +299,23 @@ mod tests {
         }
     }
 
+    /// Found by the manifest fuzz target: serde_json's default float parser
+    /// read `1e73` one ulp off, so a manifest's own text did not read back
+    /// equal (the workspace enables `float_roundtrip`).
+    #[test]
+    fn floats_read_back_exactly() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut m = sample(dir.path());
+        for ms in [1e73, 0.1, 640.25, 1.7976931348623157e308, 5e-324] {
+            m.timings.total_ms = ms;
+            let text = serde_json::to_vec(&m).unwrap();
+            assert_eq!(Manifest::parse(&text, "m").unwrap(), m, "{ms}");
+        }
+        let literal = br#"{"x": 1e73}"#;
+        let v: serde_json::Value = serde_json::from_slice(literal).unwrap();
+        assert_eq!(v["x"].as_f64(), Some(1e73));
+    }
+
     #[test]
     fn changed_missing_or_swapped_files_are_caught() {
         let dir = tempfile::tempdir().unwrap();
