@@ -36,9 +36,11 @@ fn compute() -> impl Strategy<Value = ComputeModeSetting> {
 
 /// `[mig.layouts]`: names the option grammar takes, lists of valid profiles.
 fn layouts() -> impl Strategy<Value = std::collections::BTreeMap<String, String>> {
-    let profile = (prop::sample::select(vec![1u8, 2, 3, 4, 7]), 1u32..=200, 1u8..=7)
-        .prop_map(|(s, m, n)| if n == 1 { format!("{s}g.{m}gb") } else { format!("{s}g.{m}gbx{n}") });
-    prop::collection::btree_map("[a-zA-Z0-9_-]{1,16}", prop::collection::vec(profile, 1..3).prop_map(|v| v.join(",")), 0..3)
+    // Each profile once (a repeat must be written with a count).
+    let profile = (prop::sample::select(vec![1u8, 2, 3, 4, 7]), 1u32..=200).prop_map(|(s, m)| format!("{s}g.{m}gb"));
+    let list = prop::collection::btree_map(profile, 1u8..=7, 1..3)
+        .prop_map(|m| m.into_iter().map(|(p, n)| if n == 1 { p } else { format!("{p}x{n}") }).collect::<Vec<_>>().join(","));
+    prop::collection::btree_map("[a-zA-Z0-9_-]{1,16}", list, 0..3)
 }
 
 /// Valid configs, built as values (every section touched).
