@@ -6,7 +6,7 @@ use crate::fsutil::require_absolute;
 use crate::gpu::{ComputeModeSetting, MigInstanceSetting, MigModeSetting};
 /// `[health]` is the node checker's own section (health/config.rs).
 pub use crate::health::config::{DeepConfig, HealthConfig, Severity};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -16,7 +16,7 @@ pub const MAX_MARGIN_MIB: u64 = 1 << 20;
 /// Where the helpers look when no `--config` / `config=` is given.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/slurm-gpu-mode/config.toml";
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// The file this config was read from (`None`: the defaults), so helpers
@@ -39,7 +39,7 @@ pub struct Config {
 }
 
 /// `[mps]`: the per-job MPS daemons.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MpsConfig {
     /// Absolute path of nvidia-cuda-mps-control (no PATH under slurmd).
@@ -66,7 +66,7 @@ impl Default for MpsConfig {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SlurmConfig {
     /// Absolute path of scontrol: helpers run with no PATH.
@@ -79,7 +79,7 @@ pub struct SlurmConfig {
     pub drain_on_node_fault: bool,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogConfig {
     /// Send each action line to syslog (the journal on systemd hosts).
@@ -88,14 +88,14 @@ pub struct LogConfig {
     pub stderr: bool,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct NvmlConfig {
     /// libnvidia-ml to load; empty means the system's (`libnvidia-ml.so.1`).
     pub library: Option<PathBuf>,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MigConfig {
     /// Named layouts for `--gpu-mode=mig:@<name>`: name → profile list in the
@@ -175,13 +175,13 @@ impl MigConfig {
 
 /// Which GPU settings the helpers may change. Each has a "leave" value that
 /// never changes it (e.g. on shared machines where only reads are allowed).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct GpuConfig {
-    /// Compute mode the prolog sets on an MPS job's GPUs.
+    /// Compute mode the prolog sets on an MPS job's GPUs. The epilog puts
+    /// back the mode each GPU had before (the MPS registry records it), so
+    /// there is no setting for that: see [`REMOVED_KEYS`].
     pub mps_compute_mode: ComputeModeSetting,
-    /// Compute mode the epilog sets back after a job.
-    pub restore_compute_mode: ComputeModeSetting,
     /// Whether MIG mode may be switched on or off for jobs.
     pub mig_mode: MigModeSetting,
     /// Whether MIG instances may be created and destroyed for jobs.
@@ -192,14 +192,13 @@ impl Default for GpuConfig {
     fn default() -> Self {
         GpuConfig {
             mps_compute_mode: ComputeModeSetting::ExclusiveProcess,
-            restore_compute_mode: ComputeModeSetting::Default,
             mig_mode: MigModeSetting::Switch,
             mig_instances: MigInstanceSetting::Manage,
         }
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CheckpointConfig {
     /// How long cuCheckpointProcessLock waits for a process's GPU work to drain.
@@ -385,20 +384,37 @@ impl Config {
             // here, the rest stays at its default.
             let defaults = Config::default();
             let runtime_ok = require_absolute("runtime_dir", &cfg.runtime_dir).is_ok();
-            let scontrol_ok = require_absolute("slurm.scontrol", &cfg.slurm.scontrol).is_ok();
+            // Every path of [slurm], not only scontrol: the config fuzz
+            // target found a relative gres_conf kept (salvage must give a
+            // config that is itself valid).
+            let slurm_ok = require_absolute("slurm.scontrol", &cfg.slurm.scontrol).is_ok()
+                && require_absolute("slurm.gres_conf", &cfg.slurm.gres_conf).is_ok();
             cfg = Config {
                 runtime_dir: if runtime_ok { cfg.runtime_dir } else { defaults.runtime_dir.clone() },
-                slurm: if scontrol_ok { cfg.slurm } else { defaults.slurm.clone() },
+                slurm: if slurm_ok { cfg.slurm } else { defaults.slurm.clone() },
                 log: cfg.log,
                 ..defaults
             };
         }
+        debug_assert!(cfg.validate().is_ok(), "salvage gave an invalid config");
         cfg
+    }
+
+    /// The config as TOML with every key written out: its canonical form.
+    /// Parsing it gives the same config back (a property test holds it to
+    /// that), so `gpu-mode-node-checker` and the fuzzer can compare what a
+    /// file means rather than how it is spelt.
+    pub fn canonical(&self) -> String {
+        // Serializing plain data (no maps with non-string keys) cannot fail.
+        toml::to_string(self).unwrap_or_else(|e| format!("# cannot write the config as TOML: {e}\n"))
     }
 
     /// Parses and validates config text; `path` is only used in messages.
     pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
         let invalid = |detail: String| ConfigError::Invalid { path: path.to_path_buf(), detail };
+        if let Some(why) = removed_key(text) {
+            return Err(invalid(why));
+        }
         let cfg: Config = toml::from_str(text).map_err(|e| invalid(e.to_string().trim().replace('\n', " ")))?;
         cfg.validate().map_err(invalid)?;
         Ok(cfg)
@@ -463,6 +479,21 @@ impl Config {
     pub fn nvml_library(&self) -> Option<PathBuf> {
         self.nvml.library.clone()
     }
+}
+
+/// Keys that existed once, with why they went: a site's old config gets
+/// this instead of serde's bare "unknown field".
+pub const REMOVED_KEYS: &[(&str, &str, &str)] = &[(
+    "gpu",
+    "restore_compute_mode",
+    "the epilog puts back the compute mode each GPU had before the job (the prolog records it), so the key was never read and is removed: delete it",
+)];
+
+fn removed_key(text: &str) -> Option<String> {
+    let table = text.parse::<toml::Table>().ok()?;
+    REMOVED_KEYS.iter().find_map(|(section, key, why)| {
+        table.get(*section)?.as_table()?.get(*key).map(|_| format!("{section}.{key}: {why}"))
+    })
 }
 
 /// When running as root, the config must be root's and writable by root
@@ -599,17 +630,19 @@ mod tests {
     #[test]
     fn every_gpu_setter_can_be_left_alone() {
         let cfg = parse(
-            "[gpu]\nmps_compute_mode = \"leave\"\nrestore_compute_mode = \"leave\"\n\
+            "[gpu]\nmps_compute_mode = \"leave\"\n\
              mig_mode = \"leave\"\nmig_instances = \"leave\"",
         )
         .unwrap();
         assert_eq!(cfg.gpu.mps_compute_mode, ComputeModeSetting::Leave);
-        assert_eq!(cfg.gpu.restore_compute_mode, ComputeModeSetting::Leave);
         assert_eq!(cfg.gpu.mig_mode, MigModeSetting::Leave);
         assert_eq!(cfg.gpu.mig_instances, MigInstanceSetting::Leave);
         let err = parse("[gpu]\nmps_compute_mode = \"exclusive\"").unwrap_err();
         assert!(err.contains("unknown variant `exclusive`") && err.contains("exclusive_process"), "{err}");
         assert!(parse("[gpu]\nmig = \"leave\"").unwrap_err().contains("unknown field `mig`"));
+        // Removed, with the reason: the epilog restores each GPU's own earlier mode.
+        let err = parse("[gpu]\nrestore_compute_mode = \"default\"").unwrap_err();
+        assert!(err.contains("gpu.restore_compute_mode: the epilog puts back the compute mode each GPU had before the job"), "{err}");
     }
 
     #[test]
@@ -668,6 +701,8 @@ mod tests {
             ("runtime_dir = \"/var/run/gm\"\n[mps]\nquit_timeout_ms = 0", "/var/run/gm", true),
             ("runtime_dir = \"relative\"\n[log]\nsyslog = false", "/run/slurm-gpu-mode", false),
             ("this is not toml [", "/run/slurm-gpu-mode", true),
+            // Found by the config fuzz target: a relative gres_conf was kept.
+            ("runtime_dir = \"/var/run/gm\"\nx = 1\n[slurm]\ngres_conf = \"res.conf\"", "/var/run/gm", true),
         ];
         for (text, runtime, syslog) in cases {
             assert!(parse(text).is_err(), "{text:?} must be invalid for the test to mean anything");

@@ -9,6 +9,7 @@
 
 use crate::fsutil;
 use std::fs::{File, OpenOptions};
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -53,7 +54,15 @@ impl GpuLocks {
 
 fn lock_one(path: &Path, gpu: u32, deadline: Instant, timeout: Duration) -> Result<File, LockError> {
     let io = |source| LockError::Io { path: path.to_path_buf(), source };
-    let file = OpenOptions::new().create(true).truncate(false).write(true).open(path).map_err(io)?;
+    // O_NOFOLLOW: only root writes the 0700 lock directory, but a link
+    // left there must not make root open (and create) whatever it names.
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(io)?;
     loop {
         // SAFETY: flock on a descriptor we own.
         if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {

@@ -35,7 +35,22 @@ pub fn parse_versioned<T: serde::de::DeserializeOwned>(text: &[u8], path: &Path,
     if found != expected as u64 {
         return Err(StateError::Version { path: path.to_path_buf(), found, expected });
     }
-    serde_json::from_value(value).map_err(|e| corrupt(e.to_string()))
+    from_value_named(value).map_err(corrupt)
+}
+
+/// `serde_json::from_value`, with the failing field's path in the error
+/// (`grant.gpus[0].uuid: invalid type: null, expected a string`): from a
+/// `Value` serde_json has no line or column to give, and an admin looking
+/// at a corrupt file needs to know where.
+pub fn from_value_named<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> Result<T, String> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        if path == "." {
+            e.into_inner().to_string()
+        } else {
+            format!("{path}: {}", e.into_inner())
+        }
+    })
 }
 
 /// Writes a state value as pretty JSON, atomically, mode 0600: state files

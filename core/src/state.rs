@@ -82,6 +82,8 @@ impl JobState {
         // pipe directories through it. The job states are root's alone.
         fsutil::ensure_private_dir(runtime_dir, owner, group, 0o755).map_err(io)?;
         fsutil::ensure_private_dir(&jobs_dir(runtime_dir), owner, group, 0o700).map_err(io)?;
+        // Dates the records of this boot (runtime::clear_previous_boot).
+        crate::runtime::stamp_boot_if_absent(runtime_dir);
         write_json(&path, self)?;
         Ok(path)
     }
@@ -96,7 +98,7 @@ impl JobState {
             }
             Err(source) => return Err(StateError::Io { path, source }),
         };
-        Self::from_json(&text, &path, job_id)
+        Self::parse(&text, &path, job_id)
     }
 
     /// Loads a job's state if present; `Ok(None)` when the job has none.
@@ -108,7 +110,11 @@ impl JobState {
         }
     }
 
-    fn from_json(text: &[u8], path: &Path, job_id: u32) -> Result<JobState, StateError> {
+    /// Parses the text of job `job_id`'s state file (`path` names it in
+    /// errors): version 2, or version 1 converted. Public for the fuzzer
+    /// and the round-trip properties: it is what every reader runs on bytes
+    /// a crash or a disk fault may have mangled.
+    pub fn parse(text: &[u8], path: &Path, job_id: u32) -> Result<JobState, StateError> {
         let state: JobState = match parse_versioned(text, path, STATE_VERSION) {
             Err(StateError::Version { found: 1, .. }) => {
                 let mut v1: serde_json::Value = parse_versioned(text, path, 1)?;
@@ -121,7 +127,7 @@ impl JobState {
                     };
                     obj.insert("grant".into(), grant);
                 }
-                serde_json::from_value(v1).map_err(|e| StateError::Corrupt { path: path.to_path_buf(), detail: e.to_string() })?
+                crate::persist::from_value_named(v1).map_err(|detail| StateError::Corrupt { path: path.to_path_buf(), detail })?
             }
             other => other?,
         };
@@ -203,7 +209,10 @@ mod tests {
             (with("version", 3.into()), "format version 3"),
             (with("status", "done".into()), "unknown variant"),
             (with("job_id", 10.into()), "names job 10, expected job 9"),
-            (with("gpus", "0,1".into()), "is corrupt"),
+            (with("gpus", "0,1".into()), "is corrupt: gpus: invalid type: string"),
+            // The field is named (found by tests/state_properties.rs: a
+            // mistyped field gave only "invalid type: null, expected a string").
+            (with("node", serde_json::Value::Null), "is corrupt: node: invalid type: null"),
             (with("extra", 1.into()), "unknown field"),
         ];
         for (bytes, needle) in cases {

@@ -67,6 +67,29 @@ fn a_job_gets_its_layout_one_device_per_task_and_the_epilog_removes_it() {
     assert_eq!(epilog::run(&cfg, &env).unwrap().outcome, Outcome::Skipped);
 }
 
+/// Regression (tests/tests/fault_prolog_race.rs): the job that switched MIG
+/// on ends first, while another job's instance is still there; the other
+/// job's epilog, the last one out, switches MIG off.
+#[test]
+fn mig_is_switched_off_by_the_last_epilog_whichever_job_switched_it_on() {
+    let node = SimNode::new("node-1x-h200.toml");
+    let (_d, cfg) = setup(&node);
+    let (a, b) = (job(20, 1000, &[0], "mig:3g.71gb"), job(21, 1001, &[0], "mig:3g.71gb"));
+    prolog::run(&cfg, &a).unwrap();
+    prolog::run(&cfg, &b).unwrap();
+    let enabled = |id| match JobState::load(&cfg.runtime_dir, id).unwrap().grant {
+        GrantRecord::Mig(g) => g.gpus[0].enabled_mig,
+        other => panic!("{other:?}"),
+    };
+    assert!(enabled(20) && !enabled(21), "job 20 switched MIG on");
+    epilog::run(&cfg, &a).unwrap();
+    assert!(mig_on(&node, 0) && instances(&node, 0).len() == 1, "job 21 still has its instance");
+    let out = epilog::run(&cfg, &b).unwrap();
+    assert!(out.detail.unwrap().contains("MIG switched off"), "the last epilog switches MIG off");
+    assert!(!mig_on(&node, 0) && instances(&node, 0).is_empty());
+    assert!(std::fs::read_dir(cfg.runtime_dir.join("mig")).unwrap().next().is_none(), "no journal or mark left");
+}
+
 #[test]
 fn a_layout_that_does_not_fit_is_refused_before_anything_changes() {
     let node = SimNode::new("node-1x-h100.toml");

@@ -157,6 +157,9 @@ fn plan_all(cfg: &Config, c: &Choice) -> Result<ExitCode, Fail> {
 
 fn apply_cmd(cfg: &Config, config_error: Option<String>, c: &Choice, boot: bool, node: Option<&str>) -> ExitCode {
     let node = if boot { tool::node_name(node) } else { None };
+    if boot {
+        clear_previous_boot(cfg);
+    }
     let line = ActionLine::new("mig-baseline").field("verb", "apply");
     let result = match config_error {
         Some(e) => Err(Fail(EXIT_USAGE, e)),
@@ -187,6 +190,19 @@ fn apply_cmd(cfg: &Config, config_error: Option<String>, c: &Choice, boot: bool,
             line.outcome(Outcome::Failed).emit(&cfg.log);
             fail(Fail(code, msg))
         }
+    }
+}
+
+/// At boot, before anything reads the runtime directory: the records of
+/// jobs an earlier boot ended go, so the baseline sees no job holding a GPU
+/// and a late epilog finds nothing (core::runtime::clear_previous_boot).
+/// A failure is logged, not fatal: the baseline still applies.
+fn clear_previous_boot(cfg: &Config) {
+    let line = ActionLine::new("boot-records").field("runtime_dir", cfg.runtime_dir.display().to_string());
+    match gpu_mode_core::runtime::clear_previous_boot(&cfg.runtime_dir, &gpu_mode_core::runtime::current_boot_id()) {
+        Ok(r) if r.removed.is_empty() => line.field("detail", r.kept_because.unwrap_or_default()).outcome(Outcome::Skipped).emit(&cfg.log),
+        Ok(r) => line.field("removed", r.removed.join(",")).outcome(Outcome::Ok).emit(&cfg.log),
+        Err(e) => line.field("detail", e.to_string()).outcome(Outcome::Failed).emit(&cfg.log),
     }
 }
 

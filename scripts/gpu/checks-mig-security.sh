@@ -36,7 +36,7 @@ say "2. per-job MIG plan: real table vs simulated $MODEL"
 LAYOUTS="mig:3g.40gbx2 mig:4g.40gb,2g.20gb,1g.10gb mig:1g.10gbx7 mig:3g.40gb,2g.20gbx2 mig:7g.80gb mig:3g.40gbx3 mig:1g.10gb+mex2 mig:2g.20gbx3,1g.20gb mig:4g.40gb,3g.40gb mig:2g.20gbx4
  mig:3g.71gb,2g.35gbx2 mig:3g.71gbx2 mig:1g.18gbx3 mig:3g.71gbx3 mig:7g.141gb mig:1g.18gbx2,3g.71gb mig:1g.18gbx7 mig:4g.71gb,3g.71gb"
 W=$(mktemp -d)
-printf 'runtime_dir = "%s/run"\n[log]\nsyslog = false\n[gpu]\nmps_compute_mode = "leave"\nrestore_compute_mode = "leave"\nmig_mode = "leave"\nmig_instances = "leave"\n' "$W" > "$W/real.toml"
+printf 'runtime_dir = "%s/run"\n[log]\nsyslog = false\n[gpu]\nmps_compute_mode = "leave"\nmig_mode = "leave"\nmig_instances = "leave"\n' "$W" > "$W/real.toml"
 printf 'runtime_dir = "%s/simrun"\n[log]\nsyslog = false\n[nvml]\nlibrary = "%s/libnvml_sim.so"\n' "$W" "$A" > "$W/sim.toml"
 chmod 644 "$W"/*.toml
 N=$(nvidia-smi -L | grep -c '^GPU ')

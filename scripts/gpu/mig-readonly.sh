@@ -57,7 +57,6 @@ stderr = true
 $2
 [gpu]
 mps_compute_mode = "leave"
-restore_compute_mode = "leave"
 mig_mode = "leave"
 mig_instances = "leave"
 [mig]

@@ -64,6 +64,14 @@ impl Artifacts {
     }
 }
 
+impl SimArtifacts {
+    /// Another program of the simulation, built beside nvml-sim-ctl
+    /// (`cuda-sim-counter`, `cuda-sim-ctl`, `libcuda_sim.so`).
+    pub fn beside(&self, name: &str) -> PathBuf {
+        self.nvml_ctl.with_file_name(name)
+    }
+}
+
 /// Where the .deb puts them (packaging: spank-plugin/Cargo.toml).
 pub const INSTALLED_PLUGIN: &str = "/usr/lib/x86_64-linux-gnu/slurm-wlm/gpu_mode.so";
 pub const INSTALLED_LIBEXEC: &str = "/usr/libexec/slurm-gpu-mode";

@@ -10,8 +10,11 @@
 //! binary killed by a timeout cannot run its destructors).
 
 pub mod artifacts;
+pub mod churn;
 pub mod ckpt_jobs;
 pub mod conf;
+pub mod jobs;
+pub mod leftovers;
 pub mod netns;
 pub mod process;
 pub mod shared;
@@ -262,6 +265,26 @@ impl Cluster {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// Lets the test users' programs hold simulated GPU memory
+    /// (`cuda-sim-counter`): the simulated NVML state becomes writable by
+    /// all and the simulated CUDA driver's folder shared. Returns the line a
+    /// job script needs (`export GPU_MODE_SIM_STATE=...`).
+    pub fn share_sim_with_users(&self) -> Result<String> {
+        use std::os::unix::fs::PermissionsExt;
+        let state = self.dir.join("sim/nvml-state.json");
+        std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o666))?;
+        let cuda = self.dir.join("sim/nvml-state.json.cuda");
+        std::fs::create_dir_all(&cuda)?;
+        std::fs::set_permissions(&cuda, std::fs::Permissions::from_mode(0o1777))?;
+        Ok(format!("export GPU_MODE_SIM_STATE={}\n", state.display()))
+    }
+
+    /// A program of the simulation (`cuda-sim-counter`, `cuda-sim-ctl`).
+    pub fn sim_program(&self, name: &str) -> Result<PathBuf> {
+        let sim = self.spec.artifacts.sim.as_ref().ok_or_else(|| anyhow!("no simulated GPUs in this cluster"))?;
+        Ok(sim.beside(name))
+    }
+
     /// A simulated GPU's compute mode as NVML numbers it (0 default,
     /// 3 exclusive process).
     pub fn sim_compute_mode(&self, gpu: usize) -> Result<u64> {
@@ -313,6 +336,41 @@ impl Cluster {
             })
             .collect::<Vec<_>>()
             .join("\n")
+    }
+
+    /// Stops slurmd (SIGTERM, as systemd would; the jobs' slurmstepds run
+    /// on) and waits until it is gone.
+    pub fn stop_slurmd(&self) -> Result<()> {
+        let pid_file = self.dir.join("slurmd.pid");
+        let pid: i32 = std::fs::read_to_string(&pid_file)?.trim().parse()?;
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM)?;
+        let start = Instant::now();
+        while std::path::Path::new(&format!("/proc/{pid}")).exists() && !is_zombie(pid) {
+            if start.elapsed() > Duration::from_secs(30) {
+                bail!("slurmd {pid} did not stop");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    }
+
+    /// Starts slurmd again (after [`Cluster::stop_slurmd`]) and waits until
+    /// the node answers: idle, mixed or allocated (jobs may be running).
+    pub fn start_slurmd(&self) -> Result<()> {
+        let conf = self.dir.join("slurm.conf");
+        self.daemon(&self.install.sbin("slurmd"), &["-N", &self.spec.node_name, "-f", conf.to_str().unwrap()])?;
+        let start = Instant::now();
+        loop {
+            if let Ok((state, _)) = self.node_state() {
+                if !state.contains("DOWN") && !state.contains("NOT_RESPONDING") && !state.contains('*') {
+                    return Ok(());
+                }
+            }
+            if start.elapsed() > Duration::from_secs(60) {
+                bail!("slurmd did not come back\n{}", self.logs_tail());
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
     }
 
     /// Cancels every job, then stops slurmd, slurmctld and munged.
@@ -486,8 +544,14 @@ impl ClientCommand {
     }
 }
 
-fn unique_suffix() -> String {
+pub(crate) fn unique_suffix() -> String {
     use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(0);
     format!("{}-{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst))
+}
+
+fn is_zombie(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| s.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z')))
+        .unwrap_or(true)
 }

@@ -3,8 +3,8 @@
 use anyhow::{anyhow, bail, Context, Result};
 use std::process::Command;
 
-/// The non-root users the tests submit as.
-pub const TEST_USERS: &[&str] = &["gmtest1", "gmtest2"];
+/// The non-root users the tests submit as (the churn uses all four).
+pub const TEST_USERS: &[&str] = &["gmtest1", "gmtest2", "gmtest3", "gmtest4"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct User {

@@ -14,13 +14,11 @@
 //! --gpu-reset -i <bus ids>` resets the simulated GPUs (`nvml-sim-ctl reset`
 //! refuses while a client holds one).
 
-use gpu_mode_tests::process::output_with_timeout;
 use gpu_mode_tests::Cluster;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::{Mutex, MutexGuard};
-use std::time::Duration;
 
 /// Both tests change the one node's GPUs: one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -122,15 +120,7 @@ fn service_changes(c: &Cluster) -> Vec<String> {
 }
 
 fn tool(c: &Cluster, args: &[&str]) -> Output {
-    let exe = c.spec.artifacts.prolog.with_file_name("gpu-mode-mig");
-    let mut cmd = Command::new(exe);
-    cmd.args(args)
-        .args(["--config", c.dir.join("gpu-mode.toml").to_str().unwrap()])
-        .env_clear()
-        .env("GPU_MODE_SIM_STATE", c.dir.join("sim/nvml-state.json"))
-        .env("SLURM_CONF", c.dir.join("slurm.conf"))
-        .envs(c.install.client_env());
-    output_with_timeout(cmd, Duration::from_secs(60)).unwrap()
+    c.mig_tool(args).unwrap()
 }
 
 fn text(o: &Output) -> String {
@@ -149,25 +139,13 @@ fn fails(c: &Cluster, args: &[&str], code: i32) -> String {
     text(&o)
 }
 
-/// (MIG on, [(profile id, start)] by start) of a simulated GPU.
 fn layout(c: &Cluster, gpu: usize) -> (bool, Vec<(u64, u64)>) {
-    let g = c.sim_gpu(gpu).unwrap();
-    let mut l: Vec<(u64, u64)> =
-        g["instances"].as_array().unwrap().iter().map(|i| (i["profile_id"].as_u64().unwrap(), i["start"].as_u64().unwrap())).collect();
-    l.sort_by_key(|x| x.1);
-    (g["mig_current"].as_bool().unwrap(), l)
+    c.sim_mig_layout(gpu).unwrap()
 }
 
 /// The node checker's stale-MIG results (status, message) for GPU 0 and 1.
 fn checker(c: &Cluster) -> Vec<(String, String)> {
-    let out = Command::new(&c.spec.artifacts.node_checker)
-        .args(["check", "--only", "mig", "--no-drain", "--json", "--config", c.dir.join("gpu-mode.toml").to_str().unwrap()])
-        .env_clear()
-        .env("GPU_MODE_SIM_STATE", c.dir.join("sim/nvml-state.json"))
-        .output()
-        .unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out)));
-    v["results"].as_array().unwrap().iter().map(|r| (r["status"].as_str().unwrap().to_string(), r["message"].as_str().unwrap().to_string())).collect()
+    c.check_results("mig").unwrap()
 }
 
 // H200 profile ids (sim/nvml/fixtures/h200-141gb.toml).

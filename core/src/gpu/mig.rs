@@ -47,7 +47,7 @@ pub struct MigInstance {
 }
 
 /// `[gpu] mig_instances`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum MigInstanceSetting {
     /// Create and destroy instances as jobs ask.

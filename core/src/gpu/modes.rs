@@ -40,8 +40,8 @@ pub enum MigModeChange {
     Pending { reason: String },
 }
 
-/// `[gpu] mps_compute_mode` / `restore_compute_mode`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+/// `[gpu] mps_compute_mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ComputeModeSetting {
     ExclusiveProcess,
@@ -52,7 +52,7 @@ pub enum ComputeModeSetting {
 }
 
 /// `[gpu] mig_mode`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum MigModeSetting {
     /// Enable/disable MIG as jobs ask.

@@ -91,10 +91,19 @@ impl NvmlMinors {
         if let Some(&(_, gpu)) = self.known.iter().find(|(minor, _)| *minor == device.minor) {
             return Ok(gpu);
         }
-        let unreadable =
-            if self.unreadable.is_empty() { String::new() } else { format!(" (unreadable: {})", self.unreadable.join("; ")) };
+        if !self.unreadable.is_empty() {
+            // The cause first: drain reasons are cut at Slurm's length, and
+            // "the GPU is lost" must survive the cut (docs/faults.md).
+            return Err(format!(
+                "{}: so Slurm GPU index {slurm} ({}, {} line {}) matches no GPU NVML can read",
+                self.unreadable.join("; "),
+                device.file,
+                path.display(),
+                device.line
+            ));
+        }
         Err(format!(
-            "Slurm GPU index {slurm} is {} ({} line {}) but no GPU with minor {} is visible to NVML{unreadable}",
+            "Slurm GPU index {slurm} is {} ({} line {}) but no GPU with minor {} is visible to NVML",
             device.file,
             path.display(),
             device.line,
@@ -166,7 +175,8 @@ mod tests {
         gpus.lost = vec![1];
         assert_eq!(map(text, &[0], &gpus), Ok(vec![0]));
         let err = map(text, &[1], &gpus).unwrap_err();
-        assert!(err.contains("no GPU with minor 1") && err.contains("unreadable: nvmlDeviceGetMinorNumber on GPU 1: the GPU is lost"), "{err}");
+        assert!(err.starts_with("nvmlDeviceGetMinorNumber on GPU 1: the GPU is lost"), "the cause comes first: {err}");
+        assert!(err.contains("so Slurm GPU index 1 (/dev/nvidia1, /etc/slurm/gres.conf line 2) matches no GPU NVML can read"), "{err}");
         let err = map_to_nvml(&order(text), &[0], || Err(GpuError::DriverNotLoaded { call: "nvmlInit_v2" })).unwrap_err();
         assert!(err.starts_with("NVML: nvmlInit_v2: the NVIDIA driver is not loaded"), "{err}");
     }

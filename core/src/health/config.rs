@@ -3,13 +3,13 @@
 //! check names and the checks need nothing of the rest of the config.
 
 use crate::fsutil::require_absolute;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// `[health]`: gpu-mode-node-checker's thresholds and files. Defaults follow
 /// DCGM/gpud practice (field notes section 7).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HealthConfig {
     /// GPUs this node must have; 0 means "do not compare with a number"
@@ -56,7 +56,7 @@ pub struct HealthConfig {
 }
 
 /// `[health.deep]`: the opt-in `--deep` CUDA checks.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DeepConfig {
     /// Time to the first CUDA context above this fails (a de-initialized GPU
@@ -81,7 +81,7 @@ impl Default for DeepConfig {
 }
 
 /// How bad a condition is where a site may choose.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Severity {
     Fail,

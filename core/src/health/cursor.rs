@@ -34,11 +34,36 @@ pub struct Cursor {
     pub xids: Vec<SeenXid>,
     /// GPU UUID → volatile uncorrectable ECC count accepted as normal.
     pub ecc_baseline: BTreeMap<String, u64>,
+    /// Kernel log records of this boot that were overwritten before a run
+    /// read them, until acknowledged (absent in files of older versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kmsg_lost: Option<LostRecords>,
+}
+
+/// Kernel log records nobody read: the ring buffer wrapped between two
+/// checks (or during one read), so the sequence numbers jump. An XID among
+/// them was never seen: the node checker cannot vouch for that time, and
+/// says so (a warning: the GPU may be fine, and draining for a busy log
+/// would let any chatty process drain nodes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LostRecords {
+    /// How many, this boot.
+    pub count: u64,
+    /// The lowest and highest lost sequence numbers.
+    pub first: u64,
+    pub last: u64,
 }
 
 impl Default for Cursor {
     fn default() -> Self {
-        Cursor { version: CURSOR_VERSION, boot_id: String::new(), kmsg_seq: None, xids: Vec::new(), ecc_baseline: BTreeMap::new() }
+        Cursor {
+            version: CURSOR_VERSION,
+            boot_id: String::new(),
+            kmsg_seq: None,
+            xids: Vec::new(),
+            ecc_baseline: BTreeMap::new(),
+            kmsg_lost: None,
+        }
     }
 }
 
@@ -71,6 +96,7 @@ impl Cursor {
             self.boot_id = boot_id.to_string();
             self.kmsg_seq = None;
             self.xids.clear();
+            self.kmsg_lost = None;
         }
     }
 
@@ -80,6 +106,12 @@ impl Cursor {
         self.start_boot(boot_id);
         let after = self.kmsg_seq;
         for r in records.iter().filter(|r| after.is_none_or(|s| r.seq > s)) {
+            // Sequence numbers are consecutive: a jump past the last one
+            // read is records overwritten unread. (The first run of a boot
+            // has nothing to compare with.)
+            if let Some(last) = self.kmsg_seq.filter(|last| r.seq > last + 1) {
+                self.note_lost(last + 1, r.seq - 1);
+            }
             self.kmsg_seq = Some(self.kmsg_seq.map_or(r.seq, |s| s.max(r.seq)));
             let Some(x) = kmsg::parse_xid(&r.text) else { continue };
             if !cfg.xid_fail.contains(&x.xid) && !cfg.xid_warn.contains(&x.xid) {
@@ -88,6 +120,14 @@ impl Cursor {
             let gpu = buses.iter().find(|(_, bus)| kmsg::same_device(bus, &x.pci)).map(|(i, _)| *i);
             self.xids.push(SeenXid { seq: r.seq, gpu, pci: x.pci, xid: x.xid });
         }
+    }
+
+    fn note_lost(&mut self, first: u64, last: u64) {
+        let n = last - first + 1;
+        self.kmsg_lost = Some(match self.kmsg_lost {
+            None => LostRecords { count: n, first, last },
+            Some(l) => LostRecords { count: l.count + n, first: l.first.min(first), last: l.last.max(last) },
+        });
     }
 
     /// Records a GPU's volatile count: a count below the baseline means the
@@ -105,6 +145,7 @@ impl Cursor {
     /// the current ECC counts (`current`: UUID → volatile count).
     pub fn acknowledge(&mut self, current: &BTreeMap<String, u64>) {
         self.xids.clear();
+        self.kmsg_lost = None;
         self.ecc_baseline.extend(current.iter().map(|(k, v)| (k.clone(), *v)));
     }
 }
@@ -133,6 +174,38 @@ mod tests {
         // A reboot forgets them; the new boot's log is read from the start.
         c.absorb("boot-b", &[rec(1, "NVRM: Xid (PCI:0000:99:00): 48, DBE")], &buses, &cfg);
         assert_eq!(c.xids.iter().map(|x| (x.seq, x.xid, x.gpu)).collect::<Vec<_>>(), vec![(1, 48, None)]);
+    }
+
+    #[test]
+    fn records_overwritten_between_checks_are_counted_until_acknowledged() {
+        let cfg = HealthConfig::default();
+        let mut c = Cursor::default();
+        // The first run of a boot starts wherever the buffer starts.
+        c.absorb("boot-a", &[rec(40, "a"), rec(41, "b")], &[], &cfg);
+        assert_eq!(c.kmsg_lost, None);
+        // Next run: 42..=99 were overwritten before anyone read them.
+        c.absorb("boot-a", &[rec(100, "c"), rec(101, "d")], &[], &cfg);
+        assert_eq!(c.kmsg_lost, Some(LostRecords { count: 58, first: 42, last: 99 }));
+        // A jump inside one read (EPIPE on /dev/kmsg) counts too.
+        c.absorb("boot-a", &[rec(101, "d"), rec(102, "e"), rec(110, "f")], &[], &cfg);
+        assert_eq!(c.kmsg_lost, Some(LostRecords { count: 65, first: 42, last: 109 }));
+        // Consecutive records lose nothing.
+        c.absorb("boot-a", &[rec(110, "f"), rec(111, "g")], &[], &cfg);
+        assert_eq!(c.kmsg_lost.unwrap().count, 65);
+        c.acknowledge(&BTreeMap::new());
+        assert_eq!(c.kmsg_lost, None);
+        c.absorb("boot-a", &[rec(200, "h")], &[], &cfg);
+        assert!(c.kmsg_lost.is_some());
+        c.absorb("boot-b", &[rec(5, "i")], &[], &cfg);
+        assert_eq!(c.kmsg_lost, None, "a new boot starts over");
+    }
+
+    #[test]
+    fn a_cursor_of_the_version_before_lost_records_still_loads() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = r#"{"version":1,"boot_id":"b","kmsg_seq":3,"xids":[],"ecc_baseline":{}}"#;
+        std::fs::write(cursor_path(dir.path()), old).unwrap();
+        assert_eq!(Cursor::load(dir.path()).unwrap().kmsg_lost, None);
     }
 
     #[test]

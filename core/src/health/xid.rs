@@ -4,7 +4,7 @@
 //! (63, 94) warn; application XIDs (13, 31, 43, 45, 68, 109) are the job's
 //! problem and are never counted.
 
-use super::cursor::SeenXid;
+use super::cursor::{LostRecords, SeenXid};
 use super::{Check, CheckResult, Ctx, Status};
 
 pub struct Xid;
@@ -27,6 +27,9 @@ impl Check for Xid {
         } else if out.is_empty() {
             out.push(CheckResult::new(NAME, None, Status::Ok, "no critical XIDs this boot"));
         }
+        if let Some(lost) = ctx.cursor.kmsg_lost {
+            out.push(CheckResult::new(NAME, None, Status::Warn, lost_message(lost)));
+        }
         out
     }
 }
@@ -45,6 +48,18 @@ fn judge(ctx: &Ctx, gpu: Option<u32>, seen: &[SeenXid]) -> CheckResult {
         (Status::Ok, "no critical XIDs this boot".to_string())
     };
     CheckResult::new(NAME, gpu, status, text)
+}
+
+/// The kernel log wrapped between checks: XIDs in the lost records went
+/// unseen. A warning with what to do, kept until `ack` or a reboot.
+fn lost_message(lost: LostRecords) -> String {
+    let which = if lost.first == lost.last { format!("record {}", lost.first) } else { format!("records {}-{}", lost.first, lost.last) };
+    format!(
+        "XIDs may have been missed: {} kernel log {} this boot were overwritten before a check read them \
+         (check the node's logs for that time; a larger log_buf_len or a shorter HealthCheckInterval helps; gpu-mode-node-checker ack clears this)",
+        lost.count,
+        if lost.count == 1 { which } else { format!("records ({which})") }
+    )
 }
 
 fn dedup(it: impl Iterator<Item = u64>) -> Vec<u64> {
@@ -83,6 +98,17 @@ mod tests {
                 assert!(r.message.starts_with(text), "{r:?}");
             }
         }
+    }
+
+    #[test]
+    fn records_lost_to_a_wrapped_log_warn_without_failing() {
+        let mut fx = Fixture::new(vec![healthy_gpu(0)]);
+        fx.cursor.kmsg_lost = Some(LostRecords { count: 58, first: 42, last: 99 });
+        let r = Xid.run(&fx.ctx());
+        assert_eq!(r.iter().map(|r| (r.gpu, r.status)).collect::<Vec<_>>(), vec![(Some(0), Status::Ok), (None, Status::Warn)]);
+        assert!(r[1].message.starts_with("XIDs may have been missed: 58 kernel log records (records 42-99) this boot"), "{}", r[1].message);
+        fx.cursor.kmsg_lost = Some(LostRecords { count: 1, first: 7, last: 7 });
+        assert!(Xid.run(&fx.ctx())[1].message.contains("1 kernel log record 7 this boot"));
     }
 
     #[test]

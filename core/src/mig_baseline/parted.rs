@@ -97,6 +97,18 @@ impl<'de> Deserialize<'de> for DevicesFile {
 /// Parses mig-parted config text and picks config `name`. `file` is only
 /// used in messages, which name the file, the config and the problem.
 pub fn parse(text: &str, file: &str, name: &str) -> Result<Baseline, String> {
+    parse_spec(text, file, name).map_err(|e| printable(&e))
+}
+
+/// `text` with control characters written as escapes (`\n`, `\u{7}`):
+/// messages quote names, keys and values from the file, and one from a
+/// root helper at boot must stay one line (found by the mig_parted fuzz
+/// target: a device-filter spanning lines gave a message spanning lines).
+pub fn printable(text: &str) -> String {
+    text.chars().map(|c| if c.is_control() { c.escape_debug().to_string() } else { c.to_string() }).collect()
+}
+
+fn parse_spec(text: &str, file: &str, name: &str) -> Result<Baseline, String> {
     let spec = read_spec(text, file)?;
     if spec.version != "v1" {
         return Err(format!("mig-parted config {file}: unknown version \"{}\" (only v1 exists)", spec.version));
@@ -106,7 +118,7 @@ pub fn parse(text: &str, file: &str, name: &str) -> Result<Baseline, String> {
         let known = if known.is_empty() { "none".to_string() } else { known.join(", ") };
         return Err(format!("mig-parted config {file}: no config named \"{name}\" (configs: {known})"));
     };
-    let source = format!("mig-parted config \"{name}\" in {file}");
+    let source = format!("mig-parted config \"{}\" in {file}", printable(name));
     if entries.is_empty() {
         return Err(format!("{source}: at least one entry is required"));
     }
@@ -116,7 +128,7 @@ pub fn parse(text: &str, file: &str, name: &str) -> Result<Baseline, String> {
 
 /// The config names in a file, for `plan --all`.
 pub fn config_names(text: &str, file: &str) -> Result<Vec<String>, String> {
-    Ok(read_spec(text, file)?.mig_configs.into_keys().collect())
+    Ok(read_spec(text, file).map_err(|e| printable(&e))?.mig_configs.into_keys().collect())
 }
 
 /// YAML to the file's shape. serde-saphyr's defaults are what we want:
@@ -253,7 +265,7 @@ pub fn export(name: &str, gpus: &[ExportGpu], total_gpus: usize) -> String {
             None => groups.push((g.mig_enabled, &g.instances, vec![g])),
         }
     }
-    let mut s = format!("version: v1\nmig-configs:\n  {}:\n", quote_key(name));
+    let mut s = header(name);
     if groups.is_empty() {
         s.push_str("    []\n");
     }
@@ -262,19 +274,57 @@ pub fn export(name: &str, gpus: &[ExportGpu], total_gpus: usize) -> String {
             let _ = writeln!(s, "    # GPU {}: {}", g.index, if g.placements.is_empty() { "no instances".into() } else { g.placements.join(" ") });
         }
         let devices = if groups.len() == 1 && members.len() == total_gpus {
-            "all".to_string()
+            Devices::All
         } else {
-            format!("[{}]", members.iter().map(|g| g.index.to_string()).collect::<Vec<_>>().join(", "))
+            Devices::Indices(members.iter().map(|g| g.index).collect())
         };
-        let _ = writeln!(s, "    - devices: {devices}\n      mig-enabled: {enabled}");
-        if *enabled {
-            s.push_str(if instances.is_empty() { "      mig-devices: {}\n" } else { "      mig-devices:\n" });
-            for (p, n) in instances.iter() {
-                let _ = writeln!(s, "        \"{p}\": {n}");
-            }
-        }
+        write_entry(&mut s, &Entry { devices, filter: vec![], mig_enabled: *enabled, instances: (*instances).clone() });
     }
     s
+}
+
+/// A baseline as a mig-parted file with one config, `name`: the canonical
+/// form, which [`parse`] reads back to the same entries (a property test
+/// holds it to that).
+pub fn write(name: &str, baseline: &Baseline) -> String {
+    let mut s = header(name);
+    if baseline.entries.is_empty() {
+        s.push_str("    []\n");
+    }
+    for e in &baseline.entries {
+        write_entry(&mut s, e);
+    }
+    s
+}
+
+fn header(name: &str) -> String {
+    format!("version: v1\nmig-configs:\n  {}:\n", quote_key(name))
+}
+
+fn write_entry(s: &mut String, e: &Entry) {
+    let devices = match &e.devices {
+        Devices::All => "all".to_string(),
+        Devices::Indices(list) => format!("[{}]", list.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")),
+    };
+    let _ = writeln!(s, "    - devices: {devices}");
+    if !e.filter.is_empty() {
+        let ids: Vec<String> = e
+            .filter
+            .iter()
+            .map(|f| match f.subsystem {
+                None => format!("\"0x{:08X}\"", f.device),
+                Some(sub) => format!("\"0x{:08X}:0x{sub:08X}\"", f.device),
+            })
+            .collect();
+        let _ = writeln!(s, "      device-filter: [{}]", ids.join(", "));
+    }
+    let _ = writeln!(s, "      mig-enabled: {}", e.mig_enabled);
+    if e.mig_enabled {
+        s.push_str(if e.instances.is_empty() { "      mig-devices: {}\n" } else { "      mig-devices:\n" });
+        for (p, n) in &e.instances {
+            let _ = writeln!(s, "        {}: {n}", yaml_quoted(p));
+        }
+    }
 }
 
 /// Config names are plain in practice; anything else is double-quoted.
@@ -282,8 +332,29 @@ fn quote_key(name: &str) -> String {
     if !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
         name.to_string()
     } else {
-        format!("{name:?}")
+        yaml_quoted(name)
     }
+}
+
+/// A YAML double-quoted scalar. Not Rust's `{:?}`: its `\u{1b}` is no YAML
+/// escape, so an exported name with a control character did not read back
+/// (found by tests/mig_parted_properties.rs). Line and paragraph separators
+/// and byte-order marks are escaped too: YAML folds or drops them.
+fn yaml_quoted(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() || matches!(c, '\u{2028}' | '\u{2029}' | '\u{feff}' | '\u{fffe}' | '\u{ffff}') => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
 }
 
 #[cfg(test)]
@@ -355,6 +426,14 @@ mod tests {
             assert!(err.contains(&file), "{name}: the message names the file: {err}");
             assert!(!err.contains('\n'), "{name}: one line: {err}");
         }
+        // Text from the file with line breaks or control characters in it
+        // is escaped: one line whatever the file holds.
+        let multi = "version: v1\nmig-configs:\n  a:\n    - devices: all\n      device-filter: \"0x\\r\\nzz\\u0007\"\n      mig-enabled: false\n";
+        let err = parse(multi, "m.yaml", "a").unwrap_err();
+        assert!(err.contains("device-filter \"0x\\r\\nzz\\u{7}\"") && !err.contains('\n'), "{err}");
+        let name = "a\nb";
+        let err = parse("version: v1\nmig-configs:\n  \"a\\nb\": []\n", "m.yaml", name).unwrap_err();
+        assert!(err.starts_with("mig-parted config \"a\\nb\" in m.yaml: at least one entry"), "{err}");
         let shapes = [
             ("bad-devices.yaml", "devices: \"some\" is not `all` or a list of GPU indices"),
             ("negative-index.yaml", "devices: -1 is not a GPU index"),
@@ -395,5 +474,11 @@ mod tests {
         let empty_mig = export("x y", &[ExportGpu::new(0, true, &[], &p)], 1);
         assert!(empty_mig.contains("\"x y\":") && empty_mig.contains("mig-devices: {}"), "{empty_mig}");
         assert!(parse(&empty_mig, "e", "x y").is_ok());
+        // Names Rust's {:?} escapes (a control character, an unprintable
+        // letter) were written as `\u{1b}`, which YAML cannot read.
+        for name in ["a\u{1b}b", "\u{1171f}", "tab\there \"q\" \\", "line\u{2028}sep"] {
+            let text = export(name, &gpus[..1], 1);
+            assert_eq!(config_names(&text, "e").unwrap(), [name], "{text}");
+        }
     }
 }

@@ -285,6 +285,77 @@ mod tests {
         assert!(ImageStore::seal(&again).unwrap_err().to_string().contains("not a regular file"));
     }
 
+    /// `program args...` run as nobody (no shell): its exit status and stderr.
+    fn as_nobody(program: &str, args: &[&Path]) -> (bool, String) {
+        use std::os::unix::process::CommandExt;
+        let out = std::process::Command::new(program).args(args).uid(65534).gid(65534).output().unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+
+    /// Threat-model boundary: another user cannot list, read or reach a
+    /// job's images (they hold the whole memory of its processes).
+    #[test]
+    fn another_user_cannot_list_or_read_images() {
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: needs root (the reader runs as nobody)");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        // The store root must be reachable for the test to mean anything.
+        fs::set_permissions(tmp.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let store = ImageStore::new(tmp.path().join("images"));
+        let run = store.prepare_run(7, 0).unwrap();
+        write(&run.join("pages-1.img"), 100);
+        ImageStore::seal(&run).unwrap();
+        for dir in [&store.root, &store.job_dir(7), &run] {
+            let (ok, err) = as_nobody("/bin/ls", &[dir]);
+            assert!(!ok && err.contains("Permission denied"), "nobody listed {}: {err}", dir.display());
+        }
+        let (ok, err) = as_nobody("/bin/cat", &[&run.join("pages-1.img")]);
+        assert!(!ok && err.contains("Permission denied"), "nobody read an image: {err}");
+        // Root can: the refusal is the permissions', not a missing file.
+        assert_eq!(fs::read(run.join("pages-1.img")).unwrap().len(), 100);
+    }
+
+    /// Threat-model boundary: a symlink or another user's directory planted
+    /// at the store, a job's or a run's directory is refused or replaced,
+    /// and what it points at is untouched.
+    #[test]
+    fn planted_image_directories_are_refused_not_followed() {
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: needs root (a directory of another owner)");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let victim = tmp.path().join("victim");
+        fs::create_dir(&victim).unwrap();
+        let untouched = || fs::read_dir(&victim).unwrap().count() == 0 && fs::metadata(&victim).unwrap().uid() == 0;
+        // The store root or a job directory as a symlink: refused.
+        let store = ImageStore::new(tmp.path().join("images"));
+        std::os::unix::fs::symlink(&victim, &store.root).unwrap();
+        let err = store.prepare_run(7, 0).unwrap_err().to_string();
+        assert!(err.contains("is not a directory (a symlink or file is in the way)"), "{err}");
+        fs::remove_file(&store.root).unwrap();
+        fs::create_dir(&store.root).unwrap();
+        std::os::unix::fs::symlink(&victim, store.job_dir(7)).unwrap();
+        assert!(store.prepare_run(7, 0).is_err());
+        // A job directory another user owns: refused.
+        let other = ImageStore::new(tmp.path().join("images2"));
+        fs::create_dir_all(other.job_dir(8)).unwrap();
+        std::os::unix::fs::chown(other.job_dir(8), Some(65534), Some(65534)).unwrap();
+        let err = other.prepare_run(8, 0).unwrap_err().to_string();
+        assert!(err.contains("is owned by uid 65534, expected uid 0"), "{err}");
+        // A run directory as a symlink: the link is removed, a fresh
+        // directory made, the target kept.
+        fs::remove_file(store.job_dir(7)).unwrap();
+        let run = store.run_dir(7, 1);
+        fs::create_dir_all(store.job_dir(7)).unwrap();
+        std::os::unix::fs::symlink(&victim, &run).unwrap();
+        let made = store.prepare_run(7, 1).unwrap();
+        assert!(fs::symlink_metadata(&made).unwrap().is_dir());
+        assert!(untouched(), "the victim directory was written to or changed");
+    }
+
     #[test]
     fn latest_skips_partial_and_consumed_and_cleanup_keeps_only_this_runs_image() {
         let tmp = tempfile::tempdir().unwrap();

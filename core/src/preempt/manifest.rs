@@ -124,13 +124,21 @@ impl Manifest {
         Self::parse(&bytes, &path)
     }
 
-    fn parse(bytes: &[u8], path: &str) -> Result<Manifest, ManifestError> {
+    /// Parses manifest text (`path` names it in errors): the version
+    /// first, so a future format is a version error, not a field error.
+    pub fn parse(bytes: &[u8], path: &str) -> Result<Manifest, ManifestError> {
         let corrupt = |e: serde_json::Error| ManifestError::Corrupt { path: path.to_string(), detail: e.to_string() };
         let header: Header = serde_json::from_slice(bytes).map_err(corrupt)?;
         if header.version != MANIFEST_VERSION {
             return Err(ManifestError::Version { path: path.to_string(), found: header.version });
         }
-        serde_json::from_slice(bytes).map_err(corrupt)
+        // The failing field is named (`cuda[0].pid: invalid type ...`).
+        let mut de = serde_json::Deserializer::from_slice(bytes);
+        serde_path_to_error::deserialize(&mut de).map_err(|e| {
+            let field = e.path().to_string();
+            let detail = if field == "." { e.into_inner().to_string() } else { format!("{field}: {}", e.into_inner()) };
+            ManifestError::Corrupt { path: path.to_string(), detail }
+        })
     }
 
     /// Writes it durably (temporary file, fsync, rename, fsync directory),
@@ -278,9 +286,10 @@ mod tests {
 
     #[test]
     fn versions_and_corruption_are_named() {
-        let cases: [(&[u8], &str); 4] = [
+        let cases: [(&[u8], &str); 5] = [
             (br#"{"version": 2, "job": 7}"#, "format version 2; this gpu-mode reads version 1"),
-            (br#"{"version": 1, "job": 7}"#, "is corrupt: missing field"),
+            (br#"{"version": 1, "job": 7}"#, "is corrupt: missing field `restart_count`"),
+            (br#"{"version": 1, "job": "7"}"#, "is corrupt: job: invalid type: string \"7\", expected u32"),
             (b"{\"version\": 1, \"job\"", "is corrupt"),
             (b"", "is corrupt"),
         ];
@@ -288,6 +297,23 @@ mod tests {
             let err = Manifest::parse(bytes, "/img/7/0/manifest.json").unwrap_err().to_string();
             assert!(err.contains(needle), "{}: {err}", String::from_utf8_lossy(bytes));
         }
+    }
+
+    /// Found by the manifest fuzz target: serde_json's default float parser
+    /// read `1e73` one ulp off, so a manifest's own text did not read back
+    /// equal (the workspace enables `float_roundtrip`).
+    #[test]
+    fn floats_read_back_exactly() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut m = sample(dir.path());
+        for ms in [1e73, 0.1, 640.25, 1.7976931348623157e308, 5e-324] {
+            m.timings.total_ms = ms;
+            let text = serde_json::to_vec(&m).unwrap();
+            assert_eq!(Manifest::parse(&text, "m").unwrap(), m, "{ms}");
+        }
+        let literal = br#"{"x": 1e73}"#;
+        let v: serde_json::Value = serde_json::from_slice(literal).unwrap();
+        assert_eq!(v["x"].as_f64(), Some(1e73));
     }
 
     #[test]

@@ -82,6 +82,39 @@ impl MigJournal {
     }
 }
 
+/// `<runtime>/mig/gpu-<N>.mig-on`: slurm-gpu-mode switched MIG on for
+/// jobs on GPU N. The job that switched it on may end before another that
+/// made instances on the same GPU meanwhile; its epilog cannot switch MIG
+/// off then, so the duty stays with the GPU: whichever epilog leaves it
+/// without instances switches MIG off and removes the mark. (Found by
+/// tests/tests/fault_prolog_race.rs: two jobs' epilogs in that order left
+/// MIG on.)
+fn switched_on_path(runtime_dir: &Path, gpu: u32) -> PathBuf {
+    journal_dir(runtime_dir).join(format!("gpu-{gpu}.mig-on"))
+}
+
+/// Marks GPU `gpu` as switched to MIG by slurm-gpu-mode (before the switch).
+pub fn mark_switched_on(runtime_dir: &Path, gpu: u32, job_id: u32) -> Result<(), StateError> {
+    let dir = journal_dir(runtime_dir);
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    crate::fsutil::ensure_private_dir(runtime_dir, uid, gid, 0o755)
+        .and_then(|()| crate::fsutil::ensure_private_dir(&dir, uid, gid, 0o700))
+        .map_err(|source| StateError::Io { path: dir.clone(), source })?;
+    let path = switched_on_path(runtime_dir, gpu);
+    crate::fsutil::write_atomic(&path, format!("switched on for job {job_id}\n").as_bytes(), 0o600)
+        .map_err(|source| StateError::Io { path, source })
+}
+
+/// Whether slurm-gpu-mode switched GPU `gpu` to MIG and nobody switched it back.
+pub fn switched_on(runtime_dir: &Path, gpu: u32) -> bool {
+    std::fs::symlink_metadata(switched_on_path(runtime_dir, gpu)).is_ok()
+}
+
+pub fn clear_switched_on(runtime_dir: &Path, gpu: u32) -> Result<(), StateError> {
+    let path = switched_on_path(runtime_dir, gpu);
+    crate::fsutil::remove_if_present(&path).map(|_| ()).map_err(|source| StateError::Io { path, source })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

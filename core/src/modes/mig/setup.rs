@@ -179,6 +179,8 @@ fn apply(cfg: &Config, plans: &[GpuPlan], ops: &dyn GpuOps, journal: &mut MigJou
         journal.grant.gpus.push(MigGpuGrant { gpu: plan.gpu, gpu_uuid: plan.uuid.clone(), instances: plan.reuse.clone(), enabled_mig: plan.switch_on });
         if plan.switch_on {
             save(journal)?;
+            super::journal::mark_switched_on(&cfg.runtime_dir, plan.gpu, journal.job_id)
+                .map_err(|e| Failure::Node(format!("saving the MIG mark: {e}")))?;
             if let MigModeChange::Pending { reason } = ops.set_mig_mode(plan.gpu, true).map_err(gpu_err)? {
                 return Err(Failure::Job(format!(
                     "GPU {} ({}) is not in MIG mode and cannot be switched now: {reason}; an admin enables it with `nvidia-smi -i {} -mig 1`",

@@ -105,9 +105,16 @@ fn undo_gpu(
             }
         }
     }
-    if g.enabled_mig && mig_on && ops.mig_instances(g.gpu)?.is_empty() {
+    // This job switched MIG on, or an earlier job did and left the duty to
+    // the GPU (journal::mark_switched_on): the last one out switches it off.
+    let ours = g.enabled_mig || super::journal::switched_on(&cfg.runtime_dir, g.gpu);
+    let clear = || super::journal::clear_switched_on(&cfg.runtime_dir, g.gpu).map_err(|e| GpuUndo::Failed(e.to_string()));
+    if ours && mig_on && ops.mig_instances(g.gpu)?.is_empty() {
         ops.set_mig_mode(g.gpu, false)?;
         done.switched_off.push(g.gpu_uuid.clone());
+        clear()?;
+    } else if !mig_on {
+        clear()?;
     }
     Ok(())
 }

@@ -152,6 +152,9 @@ pub struct StopOutcome {
     /// Ended processes that wait for their parent to reap them, with the
     /// parent: (zombie pid, parent pid).
     pub unreaped: Vec<(i32, i32)>,
+    /// Nothing of the daemon was running when the stop began (it was
+    /// killed or crashed during the job): said in the epilog's line.
+    pub already_gone: bool,
 }
 
 /// Stops a daemon and its servers: `quit` through the control socket, then
@@ -159,6 +162,7 @@ pub struct StopOutcome {
 pub fn stop(control: &Control, daemon: Option<ProcId>, quit_timeout: Duration, kill_timeout: Duration) -> StopOutcome {
     let of = DaemonId { daemon, uid: control.who.uid, pipe_dir: control.pipe_dir };
     let mut tracked: Vec<ProcInfo> = processes(of, &procfs::all());
+    let already_gone = daemon.is_some() && tracked.iter().all(|p| !still_present(p));
     let _ = control.send(&["quit".to_string()], quit_timeout);
     let mut zombies = Vec::new();
     let quit_worked = wait_gone(&mut tracked, &mut zombies, of, quit_timeout);
@@ -180,7 +184,7 @@ pub fn stop(control: &Control, daemon: Option<ProcId>, quit_timeout: Duration, k
     // Zombies init will reap are nobody's leftovers; the others wait for a
     // parent of the user's that does not reap.
     let unreaped = zombies.iter().filter_map(|z| procfs::find(z.id()).map(|p| (p.pid, p.ppid))).filter(|&(_, ppid)| ppid != 1).collect();
-    StopOutcome { survivors: tracked, quit_worked, signalled, unreaped }
+    StopOutcome { survivors: tracked, quit_worked, signalled, unreaped, already_gone }
 }
 
 /// Waits until every tracked process is gone; keeps tracking servers that

@@ -75,8 +75,12 @@ fn describe(out: TeardownOutcome) -> Released {
     match out {
         TeardownOutcome::NoDaemon => Released::nothing(),
         TeardownOutcome::Released { key, remaining } => Released::did(format!("mps daemon {key} kept for job(s) {remaining:?}")),
-        TeardownOutcome::Stopped { key, quit_worked, signalled, unreaped } => {
-            let mut text = if quit_worked {
+        TeardownOutcome::Stopped { key, quit_worked, signalled, unreaped, already_gone } => {
+            let mut text = if already_gone {
+                // Killed or crashed mid-job: the admin should know, but it
+                // held nothing any more (docs/faults.md).
+                format!("mps daemon {key} was already gone (killed or crashed during the job); its directories and record removed")
+            } else if quit_worked {
                 format!("mps daemon {key} stopped")
             } else {
                 format!("mps daemon {key} ignored quit; signalled pids {signalled:?}")

@@ -68,7 +68,10 @@ pub fn daemon_dir(runtime_dir: &Path, key: &str) -> PathBuf {
 pub fn create_daemon_dirs(runtime_dir: &Path, key: &str, uid: u32, gid: u32) -> std::io::Result<(PathBuf, PathBuf)> {
     let parent = daemons_parent(runtime_dir);
     let (root_uid, root_gid) = unsafe { (libc::geteuid(), libc::getegid()) };
-    // Users must reach their own pipe directory through it: 0755, root's.
+    // Users must reach their own pipe directory through it: 0755, root's;
+    // and so must the runtime directory above it, checked first (it is
+    // never followed if it is a symlink: tests/planted_paths.rs).
+    crate::fsutil::ensure_private_dir(runtime_dir, root_uid, root_gid, 0o755)?;
     crate::fsutil::ensure_private_dir(&parent, root_uid, root_gid, 0o755)?;
     crate::fsutil::create_user_tree(&parent, key, &["pipe", "log"], uid, gid, 0o700)?;
     let dir = daemon_dir(runtime_dir, key);
@@ -83,8 +86,12 @@ impl DaemonRecord {
     pub fn save(&self, runtime_dir: &Path) -> Result<(), StateError> {
         let dir = registry_dir(runtime_dir);
         let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
-        // Root-only: the records name users' daemons and directories.
-        crate::fsutil::ensure_private_dir(&dir, uid, gid, 0o700)
+        // Root-only: the records name users' daemons and directories. The
+        // runtime directory is checked first, as the job state and the MIG
+        // journal do: without it, a runtime directory that was a symlink
+        // got the registry written through it (tests/planted_paths.rs).
+        crate::fsutil::ensure_private_dir(runtime_dir, uid, gid, 0o755)
+            .and_then(|()| crate::fsutil::ensure_private_dir(&dir, uid, gid, 0o700))
             .map_err(|source| StateError::Io { path: dir.clone(), source })?;
         write_json(&record_path(runtime_dir, &self.key), self)
     }

@@ -21,7 +21,9 @@ pub enum TeardownOutcome {
     /// The job was the last: the daemon is stopped and everything undone.
     /// `unreaped`: (zombie, parent) pairs its processes left, ended and
     /// holding nothing, waiting for a parent that is not ours to reap them.
-    Stopped { key: String, quit_worked: bool, signalled: Vec<i32>, unreaped: Vec<(i32, i32)> },
+    /// `already_gone`: nothing of it was running any more (killed or
+    /// crashed during the job); only its files and record were left.
+    Stopped { key: String, quit_worked: bool, signalled: Vec<i32>, unreaped: Vec<(i32, i32)>, already_gone: bool },
 }
 
 /// Drops `job_id` from its daemon and stops the daemon if it was the last
@@ -54,7 +56,13 @@ pub fn teardown(cfg: &Config, job_id: u32, key: Option<&str>) -> Result<Teardown
         Some(&gpus)
     };
     let out = dismantle(cfg, &rec, job_id, ops)?;
-    Ok(TeardownOutcome::Stopped { key: rec.key, quit_worked: out.quit_worked, signalled: out.signalled, unreaped: out.unreaped })
+    Ok(TeardownOutcome::Stopped {
+        key: rec.key,
+        quit_worked: out.quit_worked,
+        signalled: out.signalled,
+        unreaped: out.unreaped,
+        already_gone: out.already_gone,
+    })
 }
 
 fn find_record(cfg: &Config, job_id: u32, key: Option<&str>) -> Result<Option<DaemonRecord>, crate::persist::StateError> {

@@ -300,3 +300,64 @@ fn the_socket_is_the_users_and_answers_hello_and_stop() {
     assert_eq!(ask(&Request::Stop), Response::Stopping);
     assert_eq!(server.join().unwrap(), ExitReason::Stopped);
 }
+
+/// Set (to the socket's path) in the child that connects as another user.
+const CONNECT_CHILD: &str = "GPU_MODE_AGENT_CONNECT_TEST_SOCKET";
+
+/// Threat-model boundary: another user cannot reach a job's agent socket
+/// (the kernel refuses the connect: the socket is the job user's, 0600);
+/// the job's own user can (the control that makes the test mean something).
+#[test]
+fn another_user_cannot_connect_to_the_agent_socket() {
+    if let Some(path) = std::env::var_os(CONNECT_CHILD) {
+        let code = match std::os::unix::net::UnixStream::connect(path) {
+            Ok(_) => 0,
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => 13,
+            Err(_) => 1,
+        };
+        std::process::exit(code);
+    }
+    if !root_or_skip() {
+        return;
+    }
+    let fx = fixture();
+    let dir = fx.agent.settings.socket_dir.clone();
+    // The fixture's temporary directory must be passable for the test to mean anything.
+    std::fs::set_permissions(dir.parent().unwrap(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let _listener = listen(&dir, 7, 1001, 1001).unwrap();
+    let socket = crate::preempt::socket_path(&dir, 7);
+    let connect_as = |uid: u32| {
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        let test = "preempt::agent::tests::another_user_cannot_connect_to_the_agent_socket";
+        cmd.args(["--exact", test, "--test-threads=1"]).env(CONNECT_CHILD, &socket).uid(uid).gid(uid);
+        cmd.status().unwrap().code()
+    };
+    assert_eq!(connect_as(NOBODY), Some(13), "another user connected to the agent socket");
+    assert_eq!(connect_as(1001), Some(0), "the job's user could not connect");
+    // Nor can another user list the directory of sockets (0711).
+    let out = Command::new("/bin/ls").arg(&dir).uid(NOBODY).gid(NOBODY).output().unwrap();
+    assert!(!out.status.success(), "nobody listed {}", dir.display());
+}
+
+/// Threat-model boundary: a planted socket directory (a symlink, another
+/// user's directory) is refused; what it points at is untouched.
+#[test]
+fn a_planted_socket_directory_is_refused() {
+    if !root_or_skip() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let victim = tmp.path().join("victim");
+    std::fs::create_dir(&victim).unwrap();
+    let link = tmp.path().join("sock");
+    std::os::unix::fs::symlink(&victim, &link).unwrap();
+    let err = listen(&link, 7, 1001, 1001).unwrap_err().to_string();
+    assert!(err.contains("is not a directory (a symlink or file is in the way)"), "{err}");
+    assert_eq!(std::fs::read_dir(&victim).unwrap().count(), 0, "a socket was made through the link");
+    let foreign = tmp.path().join("sock2");
+    std::fs::create_dir(&foreign).unwrap();
+    std::os::unix::fs::chown(&foreign, Some(NOBODY), Some(NOBODY)).unwrap();
+    let err = listen(&foreign, 7, 1001, 1001).unwrap_err().to_string();
+    assert!(err.contains("is owned by uid 65534, expected uid 0"), "{err}");
+    assert_eq!(std::fs::read_dir(&foreign).unwrap().count(), 0);
+}

@@ -1,0 +1,572 @@
+//! The churn: many short jobs of every mode from four users on a simulated
+//! 8-GPU node of a real Slurm, some cancelled at random moments, then a
+//! count of everything that must be zero (leaks, wrong drains, unexplained
+//! failures) and the hooks' times. `gpu-mode-churn` (a bench binary) prints
+//! it at 500 jobs; `tests/tests/churn.rs` runs 100 in CI.
+
+use crate::leftovers::Leftovers;
+use crate::{Artifacts, Cluster, ClusterSpec};
+use anyhow::{bail, Result};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub jobs: usize,
+    pub seed: u64,
+    /// Percent of jobs cancelled at a random moment.
+    pub cancel_percent: u32,
+    /// Longest job body, seconds (each draws 0..this).
+    pub max_secs: f64,
+    /// Bound on the whole run.
+    pub timeout: Duration,
+}
+
+impl Options {
+    pub fn with_jobs(jobs: usize) -> Options {
+        Options { jobs, seed: 12, cancel_percent: 12, max_secs: 1.5, timeout: Duration::from_secs(120 + 3 * jobs as u64) }
+    }
+}
+
+pub const USERS: &[&str] = &["gmtest1", "gmtest2", "gmtest3", "gmtest4"];
+pub const GPUS: u32 = 8;
+
+/// The modes drawn, with weights: none, MPS with and without limits, MIG
+/// layouts of the simulated H200 (every one fits a whole GPU), checkpoint.
+const MODES: &[(Option<&str>, u32)] = &[
+    (None, 18),
+    (Some("mps"), 10),
+    (Some("mps:threads=25"), 5),
+    (Some("mps:threads=50,mem=8G"), 5),
+    (Some("mig:1g.18gbx2"), 6),
+    (Some("mig:2g.35gb"), 4),
+    (Some("mig:3g.71gb"), 4),
+    (Some("mig:4g.71gb"), 3),
+    (Some("mig:7g.141gb"), 3),
+    (Some("mig:1g.18gb,2g.35gb,3g.71gb"), 4),
+    (Some("mig:@half"), 3),
+    (Some("checkpoint"), 15),
+];
+
+/// A cluster spec fit for the churn: 8 simulated GPUs, CPUs enough for a
+/// job per GPU, timed hooks (the harness keeps images in the cluster's
+/// directory and starts each checkpoint job's agent).
+pub fn spec(name: &str, artifacts: Artifacts) -> ClusterSpec {
+    let mut spec = ClusterSpec::new(name, GPUS, artifacts);
+    spec.cpus = 16;
+    spec.time_hooks = true;
+    spec
+}
+
+/// xorshift64*: reproducible draws without a dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kind {
+    /// A batch script whose body runs in the batch step.
+    Batch,
+    /// A batch script that runs its body as `srun` steps.
+    BatchSteps,
+    /// The job is an `srun` itself (no batch script).
+    Srun,
+}
+
+#[derive(Debug, Clone)]
+struct Planned {
+    name: String,
+    user: &'static str,
+    mode: Option<&'static str>,
+    gpus: u32,
+    kind: Kind,
+    secs: f64,
+    cancel: Option<CancelAt>,
+}
+
+/// When a cancelled job is cancelled: as soon as its prolog is seen
+/// running, a moment into its body, or as soon as its epilog is seen.
+#[derive(Debug, Clone, Copy)]
+enum CancelAt {
+    Prolog,
+    MidJob(f64),
+    Epilog,
+}
+
+fn plan(o: &Options) -> Vec<Planned> {
+    let mut rng = Rng(o.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let total: u32 = MODES.iter().map(|(_, w)| w).sum();
+    (0..o.jobs)
+        .map(|i| {
+            let mut pick = rng.below(total.into()) as u32;
+            let mode = MODES.iter().find(|(_, w)| if pick < *w { true } else { pick -= w; false }).unwrap().0;
+            let kind = match rng.below(10) {
+                // A checkpoint job is a batch job (it must be requeueable).
+                0 if mode != Some("checkpoint") => Kind::Srun,
+                0..=3 => Kind::BatchSteps,
+                _ => Kind::Batch,
+            };
+            let secs = (rng.unit() * o.max_secs * 10.0).round() / 10.0;
+            let cancel = (rng.below(100) < o.cancel_percent.into()).then(|| match rng.below(3) {
+                0 => CancelAt::Prolog,
+                1 => CancelAt::MidJob(rng.unit() * secs),
+                _ => CancelAt::Epilog,
+            });
+            Planned {
+                name: format!("churn-{i}"),
+                user: USERS[rng.below(USERS.len() as u64) as usize],
+                mode,
+                gpus: if rng.below(8) == 0 { 2 } else { 1 },
+                kind,
+                secs,
+                cancel,
+            }
+        })
+        .collect()
+}
+
+/// Percentiles of the hooks' wall times, ms.
+#[derive(Debug, Clone, Default)]
+pub struct Times {
+    pub count: usize,
+    pub p50: u64,
+    pub p99: u64,
+    pub max: u64,
+}
+
+impl Times {
+    fn of(mut v: Vec<u64>) -> Times {
+        v.sort_unstable();
+        let at = |q: f64| v.get(((v.len() as f64 * q).ceil() as usize).saturating_sub(1)).copied().unwrap_or(0);
+        Times { count: v.len(), p50: at(0.50), p99: at(0.99), max: v.last().copied().unwrap_or(0) }
+    }
+}
+
+/// What a churn found. `problems()` lists every figure that is not zero.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    pub jobs: usize,
+    pub wall: Duration,
+    pub by_mode: BTreeMap<String, usize>,
+    pub by_kind: BTreeMap<String, usize>,
+    /// Cancels by the moment they hit: pending, prolog, mid-job, epilog, ended.
+    pub cancels: BTreeMap<String, usize>,
+    /// Final states.
+    pub outcomes: BTreeMap<String, usize>,
+    /// Jobs that ended otherwise than their plan says, with why.
+    pub unexpected: Vec<String>,
+    pub drains: Vec<String>,
+    pub leftovers: Leftovers,
+    pub prolog: Times,
+    pub epilog: Times,
+    /// The same by mode family (none, mps, mig, checkpoint): (prolog, epilog).
+    pub by_family: BTreeMap<String, (Times, Times)>,
+    /// Hook runs that exited non-zero.
+    pub hook_failures: Vec<String>,
+}
+
+impl Report {
+    pub fn problems(&self) -> Vec<String> {
+        let mut p = Vec::new();
+        if !self.leftovers.is_clean() {
+            p.push(format!("left behind:\n{}", self.leftovers.summary()));
+        }
+        if !self.drains.is_empty() {
+            p.push(format!("wrong drains: {:?}", self.drains));
+        }
+        if !self.unexpected.is_empty() {
+            p.push(format!("jobs failed for a reason not injected: {:#?}", self.unexpected));
+        }
+        if !self.hook_failures.is_empty() {
+            p.push(format!("hooks that failed: {:?}", self.hook_failures));
+        }
+        p
+    }
+
+    /// The figures, one per line.
+    pub fn text(&self) -> String {
+        let l = &self.leftovers;
+        let map = |m: &BTreeMap<String, usize>| m.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", ");
+        format!(
+            "churn: {} jobs in {:.0} s on {GPUS} simulated GPUs, {} users\n\
+             modes: {}\nkinds: {}\ncancelled: {}\nfinal states: {}\n\
+             MPS daemons left: {}\nMPS records left: {}\nMIG instances not in the baseline: {}\n\
+             job state files left: {}\nMIG journals left: {}\ncheckpoint images of finished jobs: {}\n\
+             checkpoint records left: {}\nagent sockets left: {}\nlocks held: {}\nwrong drains: {}\n\
+             jobs failed for a reason other than the ones injected: {}\nhook runs that failed: {}\n\
+             prolog ms: p50 {} p99 {} max {} ({} runs)\nepilog ms: p50 {} p99 {} max {} ({} runs)\n{}",
+            self.jobs,
+            self.wall.as_secs_f64(),
+            USERS.len(),
+            map(&self.by_mode),
+            map(&self.by_kind),
+            map(&self.cancels),
+            map(&self.outcomes),
+            l.mps_processes.len(),
+            l.mps_records.len(),
+            l.mig_instances.len(),
+            l.state_files.len(),
+            l.mig_journals.len(),
+            l.images.len(),
+            l.checkpoint_records.len(),
+            l.agent_sockets.len(),
+            l.locks_held.len(),
+            self.drains.len(),
+            self.unexpected.len(),
+            self.hook_failures.len(),
+            self.prolog.p50,
+            self.prolog.p99,
+            self.prolog.max,
+            self.prolog.count,
+            self.epilog.p50,
+            self.epilog.p99,
+            self.epilog.max,
+            self.epilog.count,
+            self.by_family
+                .iter()
+                .map(|(f, (p, e))| format!("  {f}: prolog p50 {} p99 {} / epilog p50 {} p99 {} ms ({} jobs)", p.p50, p.p99, e.p50, e.p99, p.count))
+                .collect::<Vec<_>>()
+                .join("\n"),
+        )
+    }
+}
+
+/// Runs the churn on `c` (started from [`spec`]).
+pub fn run(c: &Cluster, o: &Options) -> Result<Report> {
+    let jobs = plan(o);
+    let start = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let drains = Arc::new(Mutex::new(Vec::new()));
+    let cancels = Arc::new(Mutex::new(BTreeMap::new()));
+    std::thread::scope(|s| -> Result<()> {
+        let watch = s.spawn(|| watch_drains(c, &stop, &drains));
+        let sruns = Arc::new(Semaphore::new(6));
+        for j in &jobs {
+            submit(s, c, j, &sruns, &cancels)?;
+        }
+        let done = wait_all_ended(c, start, o.timeout);
+        stop.store(true, Ordering::SeqCst);
+        let _ = watch.join();
+        done
+    })?;
+    let mut report = Report { jobs: jobs.len(), wall: start.elapsed(), ..Report::default() };
+    for j in &jobs {
+        *report.by_mode.entry(j.mode.unwrap_or("none").to_string()).or_default() += 1;
+        *report.by_kind.entry(format!("{:?}", j.kind)).or_default() += 1;
+    }
+    let cancelled = cancels.lock().unwrap().clone();
+    for moment in cancelled.values() {
+        *report.cancels.entry(moment.clone()).or_default() += 1;
+    }
+    judge(c, &jobs, &cancelled, &mut report)?;
+    report.drains = drains.lock().unwrap().clone();
+    report.leftovers = c.leftovers(Some(&c.dir.join("images")));
+    hook_times(c, &mut report);
+    Ok(report)
+}
+
+/// A counting semaphore for the blocking `srun` jobs (each holds a client
+/// process until its job ends).
+struct Semaphore {
+    free: Mutex<usize>,
+    cv: std::sync::Condvar,
+}
+
+impl Semaphore {
+    fn new(n: usize) -> Semaphore {
+        Semaphore { free: Mutex::new(n), cv: std::sync::Condvar::new() }
+    }
+    fn take(&self) {
+        let mut f = self.cv.wait_while(self.free.lock().unwrap(), |f| *f == 0).unwrap();
+        *f -= 1;
+    }
+    fn give(&self) {
+        *self.free.lock().unwrap() += 1;
+        self.cv.notify_one();
+    }
+}
+
+type Cancels = Arc<Mutex<BTreeMap<String, String>>>;
+
+fn args_of(j: &Planned) -> Vec<String> {
+    let mut a = vec![format!("--job-name={}", j.name), format!("--gres=gpu:{}", j.gpus)];
+    if let Some(m) = j.mode {
+        a.push(format!("--gpu-mode={m}"));
+    }
+    if j.mode == Some("checkpoint") {
+        // What the submission check asks of a checkpoint job.
+        a.extend(["--signal=B:USR1@60".to_string(), "--requeue".to_string()]);
+    }
+    a
+}
+
+fn submit<'s>(s: &'s std::thread::Scope<'s, '_>, c: &'s Cluster, j: &'s Planned, sruns: &Arc<Semaphore>, cancels: &'s Cancels) -> Result<()> {
+    let body = format!("sleep {}", j.secs);
+    match j.kind {
+        Kind::Batch | Kind::BatchSteps => {
+            let script = if j.kind == Kind::Batch {
+                format!("#!/bin/sh\n{body}\n")
+            } else {
+                format!("#!/bin/sh\nsrun -n1 {body}\nsrun -n1 printenv SLURM_JOB_ID >/dev/null\n")
+            };
+            let args = args_of(j);
+            let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+            c.sbatch(Some(j.user), &argv, &script)?;
+        }
+        Kind::Srun => {
+            sruns.take();
+            let sruns = Arc::clone(sruns);
+            s.spawn(move || {
+                let mut args = args_of(j);
+                args.extend(["/bin/sleep".to_string(), j.secs.to_string()]);
+                let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+                let _ = c.client("srun", &argv).timeout(Duration::from_secs(600)).run_as(Some(j.user));
+                sruns.give();
+            });
+        }
+    }
+    if let Some(at) = j.cancel {
+        s.spawn(move || {
+            let moment = cancel_at(c, &j.name, at, j.mode.is_some());
+            cancels.lock().unwrap().insert(j.name.clone(), moment);
+        });
+    }
+    Ok(())
+}
+
+/// squeue shows a job RUNNING while its (PrologFlags=Alloc) prolog runs,
+/// so the prolog is caught by its first step instead: the job state file
+/// saved `preparing` before the prolog takes a lock (jobs with a mode).
+/// `None` when the prolog was not caught (it finished first).
+fn cancel_in_prolog(c: &Cluster, name: &str) -> Option<String> {
+    let start = Instant::now();
+    let id = loop {
+        let out = c.client("squeue", &["-h", "-n", name, "-o", "%i"]).run_as_root().ok()?;
+        if let Ok(id) = String::from_utf8_lossy(&out.stdout).trim().parse::<u32>() {
+            break id;
+        }
+        if start.elapsed() > Duration::from_secs(300) {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let run = c.runtime_dir();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while Instant::now() < deadline {
+        match gpu_mode_core::state::JobState::load(&run, id) {
+            Ok(s) if s.status == gpu_mode_core::state::JobStatus::Preparing => {
+                let _ = c.client("scancel", &[&id.to_string()]).run_as_root();
+                return Some("prolog".into());
+            }
+            Ok(_) => return None,
+            // Not started, or already over (the epilog removed it).
+            Err(_) if c.hook_log_lines(id).iter().any(|l| l.contains("action=prolog")) => return None,
+            Err(_) => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
+    None
+}
+
+/// The job's state as squeue names it; empty once Slurm no longer lists it.
+fn queue_state(c: &Cluster, name: &str) -> String {
+    c.client("squeue", &["-h", "-n", name, "-o", "%T"])
+        .run_as_root()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+/// Waits for the moment `at` names (polling squeue), cancels the job by
+/// name, and returns the moment it was really in.
+fn cancel_at(c: &Cluster, name: &str, at: CancelAt, has_mode: bool) -> String {
+    let wanted: &[&str] = match at {
+        CancelAt::Prolog => &["CONFIGURING", "RUNNING"],
+        CancelAt::MidJob(_) => &["RUNNING"],
+        CancelAt::Epilog => &["COMPLETING"],
+    };
+    let start = Instant::now();
+    if let (CancelAt::Prolog, true) = (at, has_mode) {
+        if let Some(moment) = cancel_in_prolog(c, name) {
+            return moment;
+        }
+    }
+    let mut state = queue_state(c, name);
+    // A job not yet listed (an srun still starting) is waited for too.
+    while !wanted.contains(&state.as_str()) && start.elapsed() < Duration::from_secs(300) {
+        if state.is_empty() && start.elapsed() > Duration::from_secs(5) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        state = queue_state(c, name);
+    }
+    if let CancelAt::MidJob(secs) = at {
+        std::thread::sleep(Duration::from_secs_f64(secs));
+        state = queue_state(c, name);
+    }
+    let _ = c.client("scancel", &["-n", name]).run_as_root();
+    match state.as_str() {
+        "PENDING" => "pending",
+        "CONFIGURING" => "prolog",
+        "RUNNING" => "mid-job",
+        "COMPLETING" => "epilog",
+        "" => "after the end",
+        _ => "other",
+    }
+    .to_string()
+}
+
+/// Polls the node; a drain is recorded and resumed so the churn goes on.
+fn watch_drains(c: &Cluster, stop: &AtomicBool, drains: &Mutex<Vec<String>>) {
+    while !stop.load(Ordering::SeqCst) {
+        if let Ok((state, reason)) = c.node_state() {
+            if state.contains("DRAIN") {
+                drains.lock().unwrap().push(reason);
+                let _ = c.resume_node();
+            }
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// Waits until Slurm has no job left (COMPLETING ones wait for their epilog).
+fn wait_all_ended(c: &Cluster, start: Instant, timeout: Duration) -> Result<()> {
+    std::thread::sleep(Duration::from_secs(1));
+    loop {
+        let out = c.client("squeue", &["-h", "-o", "%i %T %r"]).run_as_root()?;
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        if out.status.success() && text.trim().is_empty() {
+            return Ok(());
+        }
+        if start.elapsed() > timeout {
+            bail!("jobs still queued after {timeout:?}:\n{text}\n{}", c.logs_tail());
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// Every job's end against its plan: a job not cancelled must complete
+/// with exit 0; a cancelled one may be CANCELLED or, cancelled after its
+/// end, COMPLETED. Anything else is unexpected.
+fn judge(c: &Cluster, jobs: &[Planned], cancelled: &BTreeMap<String, String>, r: &mut Report) -> Result<()> {
+    let out = c.client("scontrol", &["show", "job", "-o"]).run_as_root()?;
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let mut ended: BTreeMap<String, crate::jobs::JobInfo> = BTreeMap::new();
+    for line in text.lines() {
+        let name = line.split_whitespace().find_map(|w| w.strip_prefix("JobName=")).unwrap_or("").to_string();
+        ended.insert(name, crate::jobs::JobInfo::parse(line));
+    }
+    for j in jobs {
+        let Some(info) = ended.get(&j.name) else {
+            r.unexpected.push(format!("{} ({:?}, {:?}): not known to Slurm", j.name, j.mode, j.kind));
+            continue;
+        };
+        *r.outcomes.entry(info.state.clone()).or_default() += 1;
+        let ok = match cancelled.get(&j.name) {
+            None => info.state == "COMPLETED" && info.exit_code == "0:0",
+            Some(_) => info.state == "CANCELLED" || (info.state == "COMPLETED" && info.exit_code == "0:0"),
+        };
+        if !ok {
+            let id = info.raw.split_whitespace().find_map(|w| w.strip_prefix("JobId=")).unwrap_or("?");
+            let output = std::fs::read_to_string(c.dir.join("out").join(format!("{id}.out"))).unwrap_or_default();
+            r.unexpected.push(format!(
+                "{} job {id} {} (user {}, mode {:?}, {:?}, cancelled: {:?}): {} exit {} reason {}; output: {}",
+                j.name,
+                j.secs,
+                j.user,
+                j.mode,
+                j.kind,
+                cancelled.get(&j.name),
+                info.state,
+                info.exit_code,
+                info.reason,
+                output.trim()
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn hook_times(c: &Cluster, r: &mut Report) {
+    let family = families(c);
+    let text = std::fs::read_to_string(c.dir.join("log/hook-times.log")).unwrap_or_default();
+    let (mut prolog, mut epilog) = (Vec::new(), Vec::new());
+    let mut by: BTreeMap<String, (Vec<u64>, Vec<u64>)> = BTreeMap::new();
+    for line in text.lines() {
+        let field = |k: &str| line.split_whitespace().find_map(|w| w.strip_prefix(k)).unwrap_or("");
+        let ms: u64 = field("ms=").parse().unwrap_or(0);
+        let f = family.get(field("job=")).cloned().unwrap_or_else(|| "none".into());
+        match field("hook=") {
+            "prolog" => {
+                prolog.push(ms);
+                by.entry(f).or_default().0.push(ms);
+            }
+            "epilog" => {
+                epilog.push(ms);
+                by.entry(f).or_default().1.push(ms);
+            }
+            _ => {}
+        }
+        if field("rc=") != "0" {
+            r.hook_failures.push(line.to_string());
+        }
+    }
+    r.prolog = Times::of(prolog);
+    r.epilog = Times::of(epilog);
+    r.by_family = by.into_iter().map(|(f, (p, e))| (f, (Times::of(p), Times::of(e)))).collect();
+}
+
+/// Job id → mode family, from the prologs' log lines (`mode=mig:...`).
+fn families(c: &Cluster) -> BTreeMap<String, String> {
+    let text = std::fs::read_to_string(c.dir.join("log/hooks.log")).unwrap_or_default();
+    text.lines()
+        .filter(|l| l.contains("action=prolog"))
+        .filter_map(|l| {
+            let field = |k: &str| l.split_whitespace().find_map(|w| w.strip_prefix(k)).map(|v| v.trim_matches('"').to_string());
+            let mode = field("mode=").unwrap_or_else(|| "none".into());
+            let family = mode.split(':').next().unwrap_or("none").to_string();
+            Some((field("job=")?, family))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plans_are_reproducible_and_mix_everything() {
+        let o = Options::with_jobs(500);
+        let (a, b) = (plan(&o), plan(&o));
+        assert_eq!(a.iter().map(|j| (&j.name, j.mode, j.user)).collect::<Vec<_>>(), b.iter().map(|j| (&j.name, j.mode, j.user)).collect::<Vec<_>>());
+        for (m, _) in MODES {
+            assert!(a.iter().any(|j| j.mode == *m), "{m:?} never drawn");
+        }
+        for k in [Kind::Batch, Kind::BatchSteps, Kind::Srun] {
+            assert!(a.iter().any(|j| j.kind == k), "{k:?} never drawn");
+        }
+        assert!(USERS.iter().all(|u| a.iter().any(|j| j.user == *u)));
+        let cancelled = a.iter().filter(|j| j.cancel.is_some()).count();
+        assert!((30..=90).contains(&cancelled), "{cancelled}");
+    }
+
+    #[test]
+    fn percentiles() {
+        let t = Times::of((1..=100).collect());
+        assert_eq!((t.p50, t.p99, t.max, t.count), (50, 99, 100, 100));
+        assert_eq!(Times::of(vec![]).p99, 0);
+    }
+}

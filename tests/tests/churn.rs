@@ -1,0 +1,22 @@
+//! The churn in CI (issue 12): 100 jobs of four users in every mode on a
+//! simulated 8-GPU node, some cancelled at random moments; nothing may be
+//! left, nothing drained, no job may fail for a reason not injected. The
+//! figures are printed (`--nocapture`); `gpu-mode-churn` runs the 500-job
+//! version (docs/faults.md has both).
+
+use gpu_mode_tests::churn::{self, Options};
+use gpu_mode_tests::{Artifacts, Cluster};
+
+#[test]
+fn a_hundred_jobs_of_every_mode_leave_nothing_and_drain_nothing() {
+    gpu_mode_tests::users::ensure_test_users().unwrap();
+    let cluster = Cluster::start(churn::spec("churn", Artifacts::locate().unwrap())).unwrap();
+    let report = churn::run(&cluster, &Options::with_jobs(100)).unwrap();
+    println!("{}", report.text());
+    let problems = report.problems();
+    assert!(problems.is_empty(), "{}\n{}", report.text(), problems.join("\n"));
+    // The run must have exercised what it claims to.
+    assert!(report.by_mode.len() >= 10 && report.cancels.values().sum::<usize>() >= 5, "{}", report.text());
+    assert!(report.prolog.count >= 80 && report.epilog.count >= 80, "{}", report.text());
+    cluster.stop();
+}
