@@ -597,7 +597,14 @@ fn gpu_mode_config(spec: &ClusterSpec, install: &SlurmInstall, sim: Option<&SimP
             s.mps_control.display(),
             bin.join("libcuda_sim.so").display(),
             s.nvml_state.display(),
-        ),
+        ) + if spec.preemption.is_some() {
+            // Each driver call well inside the 60 s GraceTime, as
+            // docs/checkpoint.md asks of sites (the simulated calls take
+            // milliseconds): a hanging one fails the checkpoint in time.
+            "call_timeout_ms = 8000\n"
+        } else {
+            ""
+        },
         None => format!(
             "[gpu]\nmps_compute_mode = \"leave\"\nmig_mode = \"leave\"\nmig_instances = \"leave\"\n\n{checkpoint}"
         ),

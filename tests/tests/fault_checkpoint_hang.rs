@@ -5,9 +5,10 @@
 //! `[checkpoint] call_timeout_ms`, fails naming it, leaves the process it
 //! could not vouch for alone (locked, not rolled back blindly), and drains
 //! nothing; once the driver answers again, `restore` recovers the process
-//! and the job finishes with its count intact. The preemption path (the
-//! agent requeueing the job to start over, draining only for a GPU that is
-//! really stuck) comes with the prolog/epilog wiring.
+//! and the job finishes with its count intact. The same hang on the
+//! preemption path (the agent's dump: the job requeued to start over, no
+//! drain, the record removed by the epilog) is
+//! `preempt_checkpoint.rs::a_hanging_driver_call_on_preemption_...`.
 
 use gpu_mode_tests::shared::cluster_with;
 use gpu_mode_tests::Cluster;

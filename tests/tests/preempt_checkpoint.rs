@@ -253,6 +253,44 @@ fn a_killed_agent_requeues_the_job_to_start_over() {
     failed_checkpoint_starts_over("agentless", counter, kill_agent, "cannot reach the checkpoint agent at ");
 }
 
+/// Fault matrix (docs/faults.md): a driver call that hangs on the
+/// preemption path (`cuda-sim-ctl hang lock --pid <app>`: the agent's
+/// cuCheckpointProcessLock never returns, as with a GPU stuck in the
+/// kernel). The agent's watchdog bounds it (`[checkpoint] call_timeout_ms`,
+/// 8 s here, inside the 60 s GraceTime), the wrapper kills the application
+/// and requeues the job to start over with the reason on its output, and
+/// since the kill did end the application the GPU is not stuck: the epilog
+/// removes the checkpoint record the hung call left, and drains nothing.
+#[test]
+fn a_hanging_driver_call_on_preemption_requeues_the_job_to_start_over_without_a_drain() {
+    let Some(c) = c() else { return };
+    let _turn = serial();
+    let sim = c.dir.join("sim/nvml-state.json");
+    let ctl = |args: &[&str]| {
+        let out = std::process::Command::new(c.sim_program("cuda-sim-ctl").unwrap()).args(args).env("GPU_MODE_SIM_STATE", &sim).output().unwrap();
+        assert!(out.status.success(), "cuda-sim-ctl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    let records = c.runtime_dir().join("checkpoint");
+    let mut app = 0;
+    let hang = |c: &Cluster, _job: u32| {
+        let ready = c.dir.join("out").join(format!("hang-{}.ready", std::process::id()));
+        app = std::fs::read_to_string(ready).unwrap().trim().parse().unwrap();
+        ctl(&["hang", "lock", "--pid", &app.to_string()]);
+    };
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        failed_checkpoint_starts_over("hang", counter, hang, ") did not return within 10 s")
+    }));
+    ctl(&["clear"]);
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+    // The record the hung call left named the application, now gone.
+    let left: Vec<_> = std::fs::read_dir(&records).into_iter().flatten().flatten().map(|e| e.file_name()).collect();
+    assert!(!left.iter().any(|f| f.to_string_lossy() == format!("pid-{app}.json")), "record of pid {app} left: {left:?}");
+    let hooks = std::fs::read_to_string(c.dir.join("log/hooks.log")).unwrap_or_default();
+    assert!(hooks.contains(&format!("stale checkpoint records removed: pid-{app}")), "no epilog line removing the record:\n{hooks}");
+}
+
 /// The manifest of run 0 is spoiled while the job waits: the requeued run
 /// fails with one line naming why, nothing is restored, and the image is
 /// kept — so that, once the manifest is put back, `scontrol requeue`

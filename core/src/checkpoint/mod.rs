@@ -25,6 +25,7 @@ mod parallel;
 pub mod procs;
 pub mod record;
 mod restore;
+pub mod settle;
 mod state;
 #[cfg(test)]
 mod tests;
@@ -38,6 +39,7 @@ pub use bounded::BoundedDriver;
 pub use record::{CheckpointRecord, Footprint, ProcessPhase, ProcessRecord, RecordStatus, RECORD_VERSION};
 pub use checkpoint::CheckpointReport;
 pub use restore::RestoreReport;
+pub use settle::{settle_records, Settled, StuckProcess};
 pub use state::{ProcessStateReport, StateReport};
 
 use std::path::PathBuf;

@@ -87,7 +87,9 @@ impl ModeDriver for CheckpointDriver {
 /// Stops the agent and tidies the images: those of this run unless it
 /// completed a checkpoint (`restart_count` known), then the limits. With no
 /// state (`None`) only the agent is stopped: whether an image is wanted is
-/// unknown, and the sweep's limits bound what stays.
+/// unknown, and the sweep's limits bound what stays. Last, the checkpoint
+/// records whose processes are gone are removed; a process of the job that
+/// outlived it inside a driver call drains the node.
 fn finish(cfg: &Config, job_id: u32, restart_count: Option<u32>) -> Result<Released, Failure> {
     let _step = watchdog::step("checkpoint: agent stop");
     let stopped = preempt::stop_agent(cfg, job_id, AGENT_STOP).unwrap_or_else(|e| {
@@ -113,6 +115,17 @@ fn finish(cfg: &Config, job_id: u32, restart_count: Option<u32>) -> Result<Relea
         Ok(swept) if !swept.is_empty() => parts.push(format!("swept images of jobs {swept:?}")),
         Ok(_) => {}
         Err(e) => parts.push(format!("sweep failed: {e}")),
+    }
+    let settled = {
+        let _step = watchdog::step("checkpoint: records");
+        let dir = crate::checkpoint::Settings::from_config(cfg).record_dir;
+        crate::checkpoint::settle_records(&dir, &crate::checkpoint::ProcFs::default(), job_id)
+    };
+    parts.extend(settled.summary());
+    if let Some(stuck) = settled.stuck.first() {
+        // The only checkpoint outcome that needs the node looked at: a
+        // process the job's end could not remove (checkpoint::settle).
+        return Err(Failure::Node(stuck.to_string()));
     }
     Ok(Released { found: stopped || restart_count.is_some(), detail: Some(format!("checkpoint: {}", parts.join("; "))) })
 }

@@ -77,7 +77,7 @@ impl Agent {
         let cuda = match ckpt.checkpoint(&target) {
             Ok(r) => Some(r),
             Err(CheckpointError::NoCudaProcesses { .. }) => None,
-            Err(e) => return Err(format!("CUDA checkpoint failed, the application runs on: {e}")),
+            Err(e) => return Err(format!("CUDA checkpoint failed: {e}")),
         };
         let gpu_free_ms = now_ms();
         let criu_start = Instant::now();
