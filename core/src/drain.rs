@@ -114,6 +114,11 @@ impl Scontrol {
         self.run(&["update", &format!("NodeName={node}"), "State=RESUME"]).map(|_| ())
     }
 
+    /// `scontrol requeue <job>` (see crate::skipped_prolog).
+    pub fn requeue(&self, job: u32) -> Result<(), DrainError> {
+        self.run(&["requeue", &job.to_string()]).map(|_| ())
+    }
+
     /// `scontrol show node <node>`, raw text.
     pub fn show_node(&self, node: &str) -> Result<String, DrainError> {
         self.run(&["show", "node", node])

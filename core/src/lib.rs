@@ -27,6 +27,7 @@ pub mod preempt;
 pub mod privdrop;
 pub mod procfs;
 pub mod runtime;
+pub mod skipped_prolog;
 pub mod state;
 pub mod watchdog;
 

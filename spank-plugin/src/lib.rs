@@ -103,8 +103,8 @@ fn task_init_privileged(spank: &mut Spank) -> Result<(), Box<dyn Error>> {
 fn task_init(spank: &mut Spank) -> Result<(), Box<dyn Error>> {
     match spank.context()? {
         Context::Remote => {
-            let pending = with_state(|s| std::mem::take(&mut s.pending));
-            remote::task_init(spank, &pending)
+            let (args, pending) = with_state(|s| (s.args.clone(), std::mem::take(&mut s.pending)));
+            remote::task_init(spank, &args, &pending)
         }
         _ => Ok(()),
     }

@@ -10,6 +10,8 @@ use crate::args::PluginArgs;
 use crate::options;
 use gpu_mode_core::config::Config;
 use gpu_mode_core::job_env::JOB_MODE_VAR;
+use gpu_mode_core::drain::Scontrol;
+use gpu_mode_core::skipped_prolog;
 use gpu_mode_core::state::{JobState, JobStatus, StateError};
 use crate::spank::Spank;
 use std::error::Error;
@@ -22,6 +24,8 @@ pub enum Pending {
     NotAsked,
     Apply(Box<JobState>),
     Fail(String),
+    /// No job state (the prolog did not run); `batch`: in the batch step.
+    Missing { message: String, batch: bool },
 }
 
 /// As root: reads the job's state if the job asked for a mode.
@@ -43,8 +47,28 @@ pub fn task_init_privileged(spank: &mut Spank, args: &PluginArgs) -> Result<Pend
             }
             Pending::Apply(Box::new(state))
         }
+        Err(e @ StateError::Missing { .. }) => {
+            Pending::Missing { message: e.to_string(), batch: spank.step_id().is_ok_and(|s| s == crate::spank::BATCH_STEP_ID) }
+        }
         Err(e) => Pending::Fail(e.to_string()),
     })
+}
+
+/// No state: the prolog did not run for this job here. A requeued batch
+/// job that Slurm restarted without its prolog is requeued once more
+/// (gpu_mode_core::skipped_prolog), as the job's user (owners may requeue
+/// their jobs; the restart count is in the task's environment only from
+/// here on, and the SPANK item reads 0 for a batch step on 22.05); anything
+/// else fails with `message`.
+fn missing_state(spank: &Spank, args: &PluginArgs, message: &str, batch: bool) -> String {
+    let restart = spank.getenv("SLURM_RESTART_COUNT").ok().flatten().and_then(|v| v.parse().ok());
+    match (spank.job_id(), restart) {
+        (Ok(job_id), Some(r)) if skipped_prolog::should_requeue(Some(r), batch) => {
+            let scontrol = Config::load_or_salvage(args.config.as_deref()).0.slurm.scontrol;
+            skipped_prolog::requeue(&Scontrol::new(&scontrol), job_id, r, message)
+        }
+        _ => message.to_string(),
+    }
 }
 
 /// Where the job states are: the plugstack argument, else the site config
@@ -57,10 +81,11 @@ fn runtime_dir(args: &PluginArgs) -> std::path::PathBuf {
 }
 
 /// As the user, just before exec: sets the task's variables or fails it.
-pub fn task_init(spank: &mut Spank, pending: &Pending) -> Result<(), Box<dyn Error>> {
+pub fn task_init(spank: &mut Spank, args: &PluginArgs, pending: &Pending) -> Result<(), Box<dyn Error>> {
     let state = match pending {
         Pending::NotAsked => return Ok(()),
         Pending::Fail(msg) => return Err(msg.clone().into()),
+        Pending::Missing { message, batch } => return Err(missing_state(spank, args, message, *batch).into()),
         Pending::Apply(state) => state,
     };
     // Slurm sets the task's node-local id before this callback.

@@ -214,6 +214,22 @@ impl Spank {
     }
 }
 
+/// `SLURM_BATCH_SCRIPT` of slurm.h: the batch step's step id (slurm.h is
+/// not in the bindings, only spank.h).
+pub const BATCH_STEP_ID: u32 = 0xffff_fffb;
+
+impl Spank {
+    /// The step id (remote context); [`BATCH_STEP_ID`] for the batch step.
+    pub fn step_id(&self) -> Result<u32, SpankError> {
+        let mut id: u32 = 0;
+        // SAFETY: S_JOB_STEPID takes one uint32_t* (spank.h).
+        match unsafe { sys::spank_get_item(self.raw, sys::S_JOB_STEPID, &mut id as *mut u32) } {
+            sys::ESPANK_SUCCESS => Ok(id),
+            e => Err(api_error("spank_get_item(S_JOB_STEPID)", e)),
+        }
+    }
+}
+
 /// A plugin option, as C strings that live as long as the plugin.
 pub struct OptionSpec {
     pub name: &'static CStr,

@@ -247,6 +247,13 @@ impl Cluster {
         panic!("timed out waiting for {what}\n{}", self.logs_tail());
     }
 
+    /// Makes slurmd's next prolog on this cluster exit 0 at once without
+    /// running gpu-mode-prolog (the hook wrapper removes the request).
+    pub fn skip_next_prolog(&self) -> Result<()> {
+        std::fs::write(self.dir.join("hooks/prolog-skip-once"), "")?;
+        Ok(())
+    }
+
     /// The gpu-mode runtime directory the helpers use.
     pub fn runtime_dir(&self) -> PathBuf {
         self.dir.join("run")

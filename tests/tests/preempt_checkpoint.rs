@@ -291,6 +291,32 @@ fn a_hanging_driver_call_on_preemption_requeues_the_job_to_start_over_without_a_
     assert!(hooks.contains(&format!("stale checkpoint records removed: pid-{app}")), "no epilog line removing the record:\n{hooks}");
 }
 
+/// Slurm 22.05 at times starts a requeued run without its prolog (seen in
+/// the churn under load: gpu_mode_core::skipped_prolog). Here slurmd's next
+/// prolog does nothing (the harness's one-shot skip) after the checkpoint
+/// signal was sent by hand (`scancel --signal=USR1 --batch`: the wrapper's
+/// path for a preemption). The plugin requeues that run instead of failing
+/// it, and the run after it restores the image: every step once, the
+/// application's exit code, the image gone at the end.
+#[test]
+fn a_requeued_run_that_slurm_starts_without_its_prolog_is_requeued_again_and_then_restored() {
+    let Some(c) = c() else { return };
+    let _turn = serial();
+    let (job, _ready) = start_counter(c, job_user(), "noprolog", 5);
+    c.skip_next_prolog().unwrap();
+    let sent = c.client("scancel", &["--signal=USR1", "--batch", &job.to_string()]).run_as_root().unwrap();
+    assert!(sent.status.success(), "{}", String::from_utf8_lossy(&sent.stderr));
+    let end = wait_finished(c, job);
+    let out = c.job_output(job);
+    assert!(out.contains(&format!("Slurm started run 1 of job {job} on this node without its prolog")), "{out}\n{}", c.logs_tail());
+    assert!(out.contains("the job is requeued to start again with its prolog"), "{out}");
+    assert!(out.contains(&format!("job {job} run 2: restoring the checkpoint taken in run 0")), "{out}");
+    assert_eq!((end.get("ExitCode"), end.restarts()), (format!("{EXIT}:0").as_str(), 2), "{out}");
+    assert_counted_once(&out);
+    assert_images_removed(c, job);
+    assert_nothing_stuck(c, job);
+}
+
 /// The manifest of run 0 is spoiled while the job waits: the requeued run
 /// fails with one line naming why, nothing is restored, and the image is
 /// kept — so that, once the manifest is put back, `scontrol requeue`
