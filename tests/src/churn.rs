@@ -3,9 +3,20 @@
 //! count of everything that must be zero (leaks, wrong drains, unexplained
 //! failures) and the hooks' times. `gpu-mode-churn` (a bench binary) prints
 //! it at 500 jobs; `tests/tests/churn.rs` runs 100 in CI.
+//!
+//! The cluster has preemption ([`crate::Preemption`]): checkpoint jobs are
+//! real ones ([`crate::ckpt_jobs`]: `gpu-mode-run` running
+//! `cuda-sim-counter` on partition `low`, CRIU included), and for some of
+//! them a high-priority job is submitted once they reach a drawn step. Slurm
+//! preempts a `low` job only when the node has no free GPU, and not always
+//! the one that reached its step: the report counts what really happened
+//! (restarts, and the counters' "checkpointed"/"restored" lines) and checks
+//! that every checkpoint job counted each step exactly once. `debug` (the
+//! other jobs) has PreemptMode=OFF: a requeue of one of its jobs is a failure.
 
+use crate::ckpt_jobs::{self, Who};
 use crate::leftovers::Leftovers;
-use crate::{Artifacts, Cluster, ClusterSpec};
+use crate::{Artifacts, Cluster, ClusterSpec, Preemption};
 use anyhow::{bail, Result};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,13 +31,16 @@ pub struct Options {
     pub cancel_percent: u32,
     /// Longest job body, seconds (each draws 0..this).
     pub max_secs: f64,
+    /// Percent of checkpoint jobs for which a preemptor is submitted once
+    /// they reach a drawn step.
+    pub preempt_percent: u32,
     /// Bound on the whole run.
     pub timeout: Duration,
 }
 
 impl Options {
     pub fn with_jobs(jobs: usize) -> Options {
-        Options { jobs, seed: 12, cancel_percent: 12, max_secs: 1.5, timeout: Duration::from_secs(120 + 3 * jobs as u64) }
+        Options { jobs, seed: 12, cancel_percent: 12, max_secs: 1.5, preempt_percent: 40, timeout: Duration::from_secs(120 + 3 * jobs as u64) }
     }
 }
 
@@ -50,13 +64,18 @@ const MODES: &[(Option<&str>, u32)] = &[
     (Some("checkpoint"), 15),
 ];
 
+/// Steps of a checkpoint job's counter: 100 ms each, drawn from this range.
+pub const CKPT_STEPS: std::ops::RangeInclusive<u64> = 15..=25;
+
 /// A cluster spec fit for the churn: 8 simulated GPUs, CPUs enough for a
-/// job per GPU, timed hooks (the harness keeps images in the cluster's
-/// directory and starts each checkpoint job's agent).
+/// job per GPU (and a preemptor), timed hooks, preemption (the harness
+/// keeps images in the cluster's directory and starts each checkpoint
+/// job's agent).
 pub fn spec(name: &str, artifacts: Artifacts) -> ClusterSpec {
     let mut spec = ClusterSpec::new(name, GPUS, artifacts);
     spec.cpus = 16;
     spec.time_hooks = true;
+    spec.preemption = Some(Preemption::default());
     spec
 }
 
@@ -97,6 +116,27 @@ struct Planned {
     kind: Kind,
     secs: f64,
     cancel: Option<CancelAt>,
+    /// Checkpoint jobs: the counter's steps.
+    steps: u64,
+    /// Checkpoint jobs: a preemptor is submitted once the job's counter
+    /// reached this step.
+    preempt: Option<Preemptor>,
+}
+
+#[derive(Debug, Clone)]
+struct Preemptor {
+    at_step: u64,
+    user: &'static str,
+    secs: f64,
+}
+
+impl Planned {
+    fn is_ckpt(&self) -> bool {
+        self.mode == Some("checkpoint")
+    }
+    fn preemptor_name(&self) -> String {
+        format!("{}-preemptor", self.name)
+    }
 }
 
 /// When a cancelled job is cancelled: as soon as its prolog is seen
@@ -116,26 +156,30 @@ fn plan(o: &Options) -> Vec<Planned> {
             let mut pick = rng.below(total.into()) as u32;
             let mode = MODES.iter().find(|(_, w)| if pick < *w { true } else { pick -= w; false }).unwrap().0;
             let kind = match rng.below(10) {
-                // A checkpoint job is a batch job (it must be requeueable).
-                0 if mode != Some("checkpoint") => Kind::Srun,
-                0..=3 => Kind::BatchSteps,
+                // A checkpoint job is a batch job whose shell is gpu-mode-run.
+                _ if mode == Some("checkpoint") => Kind::Batch,
+                0 => Kind::Srun,
+                1..=3 => Kind::BatchSteps,
                 _ => Kind::Batch,
             };
-            let secs = (rng.unit() * o.max_secs * 10.0).round() / 10.0;
+            let ckpt = mode == Some("checkpoint");
+            // A checkpoint job's body is its counter: steps of 100 ms.
+            let steps = if ckpt { CKPT_STEPS.start() + rng.below(CKPT_STEPS.end() - CKPT_STEPS.start() + 1) } else { 0 };
+            let secs = if ckpt { steps as f64 / 10.0 } else { (rng.unit() * o.max_secs * 10.0).round() / 10.0 };
             let cancel = (rng.below(100) < o.cancel_percent.into()).then(|| match rng.below(3) {
                 0 => CancelAt::Prolog,
                 1 => CancelAt::MidJob(rng.unit() * secs),
                 _ => CancelAt::Epilog,
             });
-            Planned {
-                name: format!("churn-{i}"),
+            let user = USERS[rng.below(USERS.len() as u64) as usize];
+            let gpus = if rng.below(8) == 0 && !ckpt { 2 } else { 1 };
+            let preempt = (ckpt && rng.below(100) < o.preempt_percent.into()).then(|| Preemptor {
+                // Early enough that the job is still running when Slurm acts.
+                at_step: 2 + rng.below(steps - 6),
                 user: USERS[rng.below(USERS.len() as u64) as usize],
-                mode,
-                gpus: if rng.below(8) == 0 { 2 } else { 1 },
-                kind,
-                secs,
-                cancel,
-            }
+                secs: 0.5 + rng.below(16) as f64 / 10.0,
+            });
+            Planned { name: format!("churn-{i}"), user, mode, gpus, kind, secs, cancel, steps, preempt }
         })
         .collect()
 }
