@@ -3,9 +3,20 @@
 //! count of everything that must be zero (leaks, wrong drains, unexplained
 //! failures) and the hooks' times. `gpu-mode-churn` (a bench binary) prints
 //! it at 500 jobs; `tests/tests/churn.rs` runs 100 in CI.
+//!
+//! The cluster has preemption ([`crate::Preemption`]): checkpoint jobs are
+//! real ones ([`crate::ckpt_jobs`]: `gpu-mode-run` running
+//! `cuda-sim-counter` on partition `low`, CRIU included), and for some of
+//! them a high-priority job is submitted once they reach a drawn step. Slurm
+//! preempts a `low` job only when the node has no free GPU, and not always
+//! the one that reached its step: the report counts what really happened
+//! (restarts, and the counters' "checkpointed"/"restored" lines) and checks
+//! that every checkpoint job counted each step exactly once. `debug` (the
+//! other jobs) has PreemptMode=OFF: a requeue of one of its jobs is a failure.
 
+use crate::ckpt_jobs::{self, Who};
 use crate::leftovers::Leftovers;
-use crate::{Artifacts, Cluster, ClusterSpec};
+use crate::{Artifacts, Cluster, ClusterSpec, Preemption};
 use anyhow::{bail, Result};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,13 +31,16 @@ pub struct Options {
     pub cancel_percent: u32,
     /// Longest job body, seconds (each draws 0..this).
     pub max_secs: f64,
+    /// Percent of checkpoint jobs for which a preemptor is submitted once
+    /// they reach a drawn step.
+    pub preempt_percent: u32,
     /// Bound on the whole run.
     pub timeout: Duration,
 }
 
 impl Options {
     pub fn with_jobs(jobs: usize) -> Options {
-        Options { jobs, seed: 12, cancel_percent: 12, max_secs: 1.5, timeout: Duration::from_secs(120 + 3 * jobs as u64) }
+        Options { jobs, seed: 12, cancel_percent: 12, max_secs: 1.5, preempt_percent: 40, timeout: Duration::from_secs(120 + 3 * jobs as u64) }
     }
 }
 
@@ -50,13 +64,18 @@ const MODES: &[(Option<&str>, u32)] = &[
     (Some("checkpoint"), 15),
 ];
 
+/// Steps of a checkpoint job's counter: 100 ms each, drawn from this range.
+pub const CKPT_STEPS: std::ops::RangeInclusive<u64> = 15..=25;
+
 /// A cluster spec fit for the churn: 8 simulated GPUs, CPUs enough for a
-/// job per GPU, timed hooks (the harness keeps images in the cluster's
-/// directory and starts each checkpoint job's agent).
+/// job per GPU (and a preemptor), timed hooks, preemption (the harness
+/// keeps images in the cluster's directory and starts each checkpoint
+/// job's agent).
 pub fn spec(name: &str, artifacts: Artifacts) -> ClusterSpec {
     let mut spec = ClusterSpec::new(name, GPUS, artifacts);
     spec.cpus = 16;
     spec.time_hooks = true;
+    spec.preemption = Some(Preemption::default());
     spec
 }
 
@@ -97,6 +116,27 @@ struct Planned {
     kind: Kind,
     secs: f64,
     cancel: Option<CancelAt>,
+    /// Checkpoint jobs: the counter's steps.
+    steps: u64,
+    /// Checkpoint jobs: a preemptor is submitted once the job's counter
+    /// reached this step.
+    preempt: Option<Preemptor>,
+}
+
+#[derive(Debug, Clone)]
+struct Preemptor {
+    at_step: u64,
+    user: &'static str,
+    secs: f64,
+}
+
+impl Planned {
+    fn is_ckpt(&self) -> bool {
+        self.mode == Some("checkpoint")
+    }
+    fn preemptor_name(&self) -> String {
+        format!("{}-preemptor", self.name)
+    }
 }
 
 /// When a cancelled job is cancelled: as soon as its prolog is seen
@@ -116,26 +156,30 @@ fn plan(o: &Options) -> Vec<Planned> {
             let mut pick = rng.below(total.into()) as u32;
             let mode = MODES.iter().find(|(_, w)| if pick < *w { true } else { pick -= w; false }).unwrap().0;
             let kind = match rng.below(10) {
-                // A checkpoint job is a batch job (it must be requeueable).
-                0 if mode != Some("checkpoint") => Kind::Srun,
-                0..=3 => Kind::BatchSteps,
+                // A checkpoint job is a batch job whose shell is gpu-mode-run.
+                _ if mode == Some("checkpoint") => Kind::Batch,
+                0 => Kind::Srun,
+                1..=3 => Kind::BatchSteps,
                 _ => Kind::Batch,
             };
-            let secs = (rng.unit() * o.max_secs * 10.0).round() / 10.0;
+            let ckpt = mode == Some("checkpoint");
+            // A checkpoint job's body is its counter: steps of 100 ms.
+            let steps = if ckpt { CKPT_STEPS.start() + rng.below(CKPT_STEPS.end() - CKPT_STEPS.start() + 1) } else { 0 };
+            let secs = if ckpt { steps as f64 / 10.0 } else { (rng.unit() * o.max_secs * 10.0).round() / 10.0 };
             let cancel = (rng.below(100) < o.cancel_percent.into()).then(|| match rng.below(3) {
                 0 => CancelAt::Prolog,
                 1 => CancelAt::MidJob(rng.unit() * secs),
                 _ => CancelAt::Epilog,
             });
-            Planned {
-                name: format!("churn-{i}"),
+            let user = USERS[rng.below(USERS.len() as u64) as usize];
+            let gpus = if rng.below(8) == 0 && !ckpt { 2 } else { 1 };
+            let preempt = (ckpt && rng.below(100) < o.preempt_percent.into()).then(|| Preemptor {
+                // Early enough that the job is still running when Slurm acts.
+                at_step: 2 + rng.below(steps - 6),
                 user: USERS[rng.below(USERS.len() as u64) as usize],
-                mode,
-                gpus: if rng.below(8) == 0 { 2 } else { 1 },
-                kind,
-                secs,
-                cancel,
-            }
+                secs: 0.5 + rng.below(16) as f64 / 10.0,
+            });
+            Planned { name: format!("churn-{i}"), user, mode, gpus, kind, secs, cancel, steps, preempt }
         })
         .collect()
 }
@@ -178,10 +222,43 @@ pub struct Report {
     pub by_family: BTreeMap<String, (Times, Times)>,
     /// Hook runs that exited non-zero.
     pub hook_failures: Vec<String>,
+    /// High-priority jobs submitted to preempt checkpoint jobs.
+    pub preemptors: usize,
+    /// Checkpoint jobs that were preempted (requeued) and restored from
+    /// their checkpoint at least once.
+    pub preempted_restored: usize,
+    /// Checkpoints taken and restores done, in all (a job may be preempted
+    /// more than once).
+    pub checkpoints: usize,
+    pub restores: usize,
+    /// Requeued runs of checkpoint jobs for which Slurm never ran the
+    /// Prolog (see [`PROLOG_SKIPPED`]): the run fails at its first task.
+    pub prolog_skipped: Vec<String>,
+    /// Images kept, as docs/checkpoint.md says, of jobs that ended after a
+    /// checkpoint without a run that could restore it (cancelled while
+    /// requeued, or a run whose Prolog Slurm skipped): the sweep's age and
+    /// size limits remove them. Not counted as left behind.
+    pub images_kept_by_design: Vec<String>,
 }
+
+/// What the SPANK plugin says when a run of a job that asked for a mode has
+/// no state: on a requeued run, Slurm 22.05 did not run the Prolog (seen in
+/// the churn: the batch launch reached slurmd before the prolog launch, and
+/// slurmd took the job for one whose Prolog had run).
+pub const PROLOG_SKIPPED: &str = "the gpu-mode prolog did not prepare this job on this node";
 
 impl Report {
     pub fn problems(&self) -> Vec<String> {
+        let mut p = self.problems_but_prolog_skips();
+        if !self.prolog_skipped.is_empty() {
+            p.push(format!("requeued runs whose Prolog Slurm skipped: {:#?}", self.prolog_skipped));
+        }
+        p
+    }
+
+    /// [`Report::problems`] without the runs whose Prolog Slurm 22.05
+    /// skipped (docs/faults.md, churn: found, not fixed yet).
+    pub fn problems_but_prolog_skips(&self) -> Vec<String> {
         let mut p = Vec::new();
         if !self.leftovers.is_clean() {
             p.push(format!("left behind:\n{}", self.leftovers.summary()));
@@ -207,7 +284,9 @@ impl Report {
              modes: {}\nkinds: {}\ncancelled: {}\nfinal states: {}\n\
              MPS daemons left: {}\nMPS records left: {}\nMIG instances not in the baseline: {}\n\
              job state files left: {}\nMIG journals left: {}\ncheckpoint images of finished jobs: {}\n\
-             checkpoint records left: {}\nagent sockets left: {}\nlocks held: {}\nwrong drains: {}\n\
+             checkpoint records left: {}\nagent sockets left: {}\nlocks held: {}\n\
+             preemptors: {}\ncheckpoint jobs preempted and restored: {} ({} checkpoints taken, {} restores)\n\
+             requeued runs whose Prolog Slurm skipped: {}\nimages kept for the sweep (job ended after its checkpoint, not restored): {}\nwrong drains: {}\n\
              jobs failed for a reason other than the ones injected: {}\nhook runs that failed: {}\n\
              prolog ms: p50 {} p99 {} max {} ({} runs)\nepilog ms: p50 {} p99 {} max {} ({} runs)\n{}",
             self.jobs,
@@ -226,6 +305,12 @@ impl Report {
             l.checkpoint_records.len(),
             l.agent_sockets.len(),
             l.locks_held.len(),
+            self.preemptors,
+            self.preempted_restored,
+            self.checkpoints,
+            self.restores,
+            self.prolog_skipped.len(),
+            self.images_kept_by_design.len(),
             self.drains.len(),
             self.unexpected.len(),
             self.hook_failures.len(),
@@ -253,29 +338,42 @@ pub fn run(c: &Cluster, o: &Options) -> Result<Report> {
     let stop = Arc::new(AtomicBool::new(false));
     let drains = Arc::new(Mutex::new(Vec::new()));
     let cancels = Arc::new(Mutex::new(BTreeMap::new()));
+    let preemptors = Mutex::new(Vec::new());
+    let shared = Shared { c, cancels: &cancels, stop: &stop, preemptors: &preemptors, who: ckpt_jobs::job_user() };
     std::thread::scope(|s| -> Result<()> {
         let watch = s.spawn(|| watch_drains(c, &stop, &drains));
         let sruns = Arc::new(Semaphore::new(6));
         for j in &jobs {
-            submit(s, c, j, &sruns, &cancels)?;
+            submit(s, &shared, j, &sruns)?;
         }
         let done = wait_all_ended(c, start, o.timeout);
         stop.store(true, Ordering::SeqCst);
         let _ = watch.join();
         done
     })?;
+    // A preemptor submitted as the last jobs ended runs now.
+    wait_all_ended(c, start, o.timeout)?;
     let mut report = Report { jobs: jobs.len(), wall: start.elapsed(), ..Report::default() };
     for j in &jobs {
         *report.by_mode.entry(j.mode.unwrap_or("none").to_string()).or_default() += 1;
         *report.by_kind.entry(format!("{:?}", j.kind)).or_default() += 1;
     }
     let cancelled = cancels.lock().unwrap().clone();
-    for moment in cancelled.values() {
-        *report.cancels.entry(moment.clone()).or_default() += 1;
+    for cancel in cancelled.values() {
+        *report.cancels.entry(cancel.moment.clone()).or_default() += 1;
     }
-    judge(c, &jobs, &cancelled, &mut report)?;
+    let preemptors = preemptors.into_inner().unwrap();
+    report.preemptors = preemptors.iter().filter(|p| p.is_ok()).count();
+    report.unexpected.extend(preemptors.iter().filter_map(|p| p.clone().err()));
+    let kept_jobs = judge(c, &jobs, &cancelled, &preemptors, &mut report)?;
     report.drains = drains.lock().unwrap().clone();
     report.leftovers = c.leftovers(Some(&c.dir.join("images")));
+    // An image of a job that ended after a checkpoint no run restored is
+    // kept until the sweep (docs/checkpoint.md): listed apart.
+    let (by_design, left): (Vec<String>, Vec<String>) =
+        std::mem::take(&mut report.leftovers.images).into_iter().partition(|p| kept_jobs.contains(&p.rsplit('/').next().unwrap_or("").to_string()));
+    report.leftovers.images = left;
+    report.images_kept_by_design = by_design;
     hook_times(c, &mut report);
     Ok(report)
 }
@@ -301,7 +399,27 @@ impl Semaphore {
     }
 }
 
-type Cancels = Arc<Mutex<BTreeMap<String, String>>>;
+/// A cancel: the moment it hit, and for a checkpoint job its restarts just
+/// before (a checkpoint job that runs again after its cancel was requeued
+/// despite it).
+#[derive(Debug, Clone)]
+struct Cancelled {
+    moment: String,
+    restarts_before: Option<u32>,
+}
+
+type Cancels = Arc<Mutex<BTreeMap<String, Cancelled>>>;
+
+/// What the submitting threads share.
+struct Shared<'a> {
+    c: &'a Cluster,
+    cancels: &'a Cancels,
+    stop: &'a AtomicBool,
+    /// Preemptors submitted (their job names), or why one could not be.
+    preemptors: &'a Mutex<Vec<Result<String, String>>>,
+    /// Who runs checkpoint jobs here ([`ckpt_jobs::job_user`]).
+    who: Who,
+}
 
 fn args_of(j: &Planned) -> Vec<String> {
     let mut a = vec![format!("--job-name={}", j.name), format!("--gres=gpu:{}", j.gpus)];
@@ -315,9 +433,25 @@ fn args_of(j: &Planned) -> Vec<String> {
     a
 }
 
-fn submit<'s>(s: &'s std::thread::Scope<'s, '_>, c: &'s Cluster, j: &'s Planned, sruns: &Arc<Semaphore>, cancels: &'s Cancels) -> Result<()> {
+fn submit<'s>(s: &'s std::thread::Scope<'s, '_>, sh: &'s Shared<'s>, j: &'s Planned, sruns: &Arc<Semaphore>) -> Result<()> {
+    let c = sh.c;
     let body = format!("sleep {}", j.secs);
+    let mut id = None;
     match j.kind {
+        _ if j.is_ckpt() => {
+            // As ckpt_jobs submits them: the counter under gpu-mode-run on
+            // `low`, by the drawn user where root may dump other users' trees.
+            let who = match sh.who {
+                Who::User(_) => Who::User(j.user),
+                Who::CaplessRoot => Who::CaplessRoot,
+            };
+            let app = ckpt_jobs::counter_of(c, j.steps, 0, None);
+            let job = ckpt_jobs::try_submit_low(c, who, &j.name, &app)?;
+            id = Some(job);
+            if let Some(p) = &j.preempt {
+                s.spawn(move || preempt_when_reached(sh, j, job, p));
+            }
+        }
         Kind::Batch | Kind::BatchSteps => {
             let script = if j.kind == Kind::Batch {
                 format!("#!/bin/sh\n{body}\n")
@@ -342,11 +476,35 @@ fn submit<'s>(s: &'s std::thread::Scope<'s, '_>, c: &'s Cluster, j: &'s Planned,
     }
     if let Some(at) = j.cancel {
         s.spawn(move || {
-            let moment = cancel_at(c, &j.name, at, j.mode.is_some());
-            cancels.lock().unwrap().insert(j.name.clone(), moment);
+            let cancel = cancel_at(c, &j.name, at, j.mode.is_some(), id);
+            sh.cancels.lock().unwrap().insert(j.name.clone(), cancel);
         });
     }
     Ok(())
+}
+
+/// Waits until checkpoint job `job` has counted to `p.at_step`, then submits
+/// a high-priority job of `p.user` for one GPU. Gives up when the job ends
+/// or is cancelled first.
+fn preempt_when_reached(sh: &Shared, j: &Planned, job: u32, p: &Preemptor) {
+    loop {
+        if sh.stop.load(Ordering::SeqCst) || sh.cancels.lock().unwrap().contains_key(&j.name) {
+            return;
+        }
+        let out = sh.c.job_output(job);
+        if out.contains("DONE count=") {
+            return;
+        }
+        if ckpt_jobs::steps(&out).last().is_some_and(|s| s.0 >= p.at_step) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let name = j.preemptor_name();
+    let args = [format!("--job-name={name}"), "-p".into(), "high".into(), format!("--gres=gpu:{}", preemptor_gpus(sh.c))];
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let submitted = sh.c.sbatch(Some(p.user), &argv, &format!("#!/bin/sh\nsleep {}\n", p.secs));
+    sh.preemptors.lock().unwrap().push(submitted.map(|_| name).map_err(|e| format!("{}: preemptor not submitted: {e:#}", j.name)));
 }
 
 /// squeue shows a job RUNNING while its (PrologFlags=Alloc) prolog runs,
@@ -390,9 +548,37 @@ fn queue_state(c: &Cluster, name: &str) -> String {
         .unwrap_or_default()
 }
 
+/// How many GPUs a preemptor asks for: one more than the GPUs held by jobs
+/// that cannot be preempted (`debug`, `high`, and jobs completing), so it
+/// fits only by preempting every running `low` job once one of those ends.
+/// A preemptor of one GPU never preempted in the churn (4 of 4 in the
+/// 100-job run): Slurm 22.05 started it on the next GPU an epilog freed,
+/// within 0.4 s, before any pass found the node full.
+fn preemptor_gpus(c: &Cluster) -> u32 {
+    let allocated = c
+        .client("scontrol", &["show", "node", "-o", &c.spec.node_name])
+        .run_as_root()
+        .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+        .unwrap_or_default()
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("AllocTRES="))
+        .and_then(|t| t.split(',').find_map(|kv| kv.strip_prefix("gres/gpu=")))
+        .and_then(|n| n.parse::<u32>().ok())
+        .unwrap_or(GPUS);
+    // Checkpoint jobs hold one GPU each.
+    let low: u32 = c
+        .client("squeue", &["-h", "-p", "low", "-t", "RUNNING", "-o", "%i"])
+        .run_as_root()
+        .map(|o| String::from_utf8_lossy(&o.stdout).lines().count() as u32)
+        .unwrap_or(0);
+    (GPUS - allocated.saturating_sub(low).min(GPUS) + 1).min(GPUS)
+}
+
 /// Waits for the moment `at` names (polling squeue), cancels the job by
-/// name, and returns the moment it was really in.
-fn cancel_at(c: &Cluster, name: &str, at: CancelAt, has_mode: bool) -> String {
+/// name, and returns the moment it was really in (and, given the job's id,
+/// its restarts just before).
+fn cancel_at(c: &Cluster, name: &str, at: CancelAt, has_mode: bool, id: Option<u32>) -> Cancelled {
+    let restarts = || id.and_then(|id| c.job_info(id).ok()).map(|i| i.restarts);
     let wanted: &[&str] = match at {
         CancelAt::Prolog => &["CONFIGURING", "RUNNING"],
         CancelAt::MidJob(_) => &["RUNNING"],
@@ -400,8 +586,9 @@ fn cancel_at(c: &Cluster, name: &str, at: CancelAt, has_mode: bool) -> String {
     };
     let start = Instant::now();
     if let (CancelAt::Prolog, true) = (at, has_mode) {
+        let before = restarts();
         if let Some(moment) = cancel_in_prolog(c, name) {
-            return moment;
+            return Cancelled { moment, restarts_before: before };
         }
     }
     let mut state = queue_state(c, name);
@@ -417,16 +604,17 @@ fn cancel_at(c: &Cluster, name: &str, at: CancelAt, has_mode: bool) -> String {
         std::thread::sleep(Duration::from_secs_f64(secs));
         state = queue_state(c, name);
     }
+    let before = restarts();
     let _ = c.client("scancel", &["-n", name]).run_as_root();
-    match state.as_str() {
+    let moment = match state.as_str() {
         "PENDING" => "pending",
         "CONFIGURING" => "prolog",
         "RUNNING" => "mid-job",
         "COMPLETING" => "epilog",
         "" => "after the end",
         _ => "other",
-    }
-    .to_string()
+    };
+    Cancelled { moment: moment.to_string(), restarts_before: before }
 }
 
 /// Polls the node; a drain is recorded and resumed so the churn goes on.
@@ -460,8 +648,17 @@ fn wait_all_ended(c: &Cluster, start: Instant, timeout: Duration) -> Result<()> 
 
 /// Every job's end against its plan: a job not cancelled must complete
 /// with exit 0; a cancelled one may be CANCELLED or, cancelled after its
-/// end, COMPLETED. Anything else is unexpected.
-fn judge(c: &Cluster, jobs: &[Planned], cancelled: &BTreeMap<String, String>, r: &mut Report) -> Result<()> {
+/// end, COMPLETED. A checkpoint job that completed must have counted every
+/// step exactly once, whatever preemptions it went through, with no failed
+/// checkpoint or restore and no warning of its wrapper; one cancelled while
+/// running must not have run again. Only checkpoint jobs may be requeued
+/// (`debug` has PreemptMode=OFF). Every preemptor must complete. Anything
+/// else is unexpected.
+///
+/// Returns the job ids whose image is kept by design: ended (cancelled, or a
+/// run whose Prolog Slurm skipped) after their last run completed a checkpoint.
+fn judge(c: &Cluster, jobs: &[Planned], cancelled: &BTreeMap<String, Cancelled>, preemptors: &[Result<String, String>], r: &mut Report) -> Result<Vec<String>> {
+    let mut kept = Vec::new();
     let out = c.client("scontrol", &["show", "job", "-o"]).run_as_root()?;
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     let mut ended: BTreeMap<String, crate::jobs::JobInfo> = BTreeMap::new();
@@ -469,35 +666,89 @@ fn judge(c: &Cluster, jobs: &[Planned], cancelled: &BTreeMap<String, String>, r:
         let name = line.split_whitespace().find_map(|w| w.strip_prefix("JobName=")).unwrap_or("").to_string();
         ended.insert(name, crate::jobs::JobInfo::parse(line));
     }
+    let id_of = |info: &crate::jobs::JobInfo| info.raw.split_whitespace().find_map(|w| w.strip_prefix("JobId=")).unwrap_or("?").to_string();
+    let output_of = |id: &str| std::fs::read_to_string(c.dir.join("out").join(format!("{id}.out"))).unwrap_or_default();
     for j in jobs {
         let Some(info) = ended.get(&j.name) else {
             r.unexpected.push(format!("{} ({:?}, {:?}): not known to Slurm", j.name, j.mode, j.kind));
             continue;
         };
         *r.outcomes.entry(info.state.clone()).or_default() += 1;
-        let ok = match cancelled.get(&j.name) {
-            None => info.state == "COMPLETED" && info.exit_code == "0:0",
-            Some(_) => info.state == "CANCELLED" || (info.state == "COMPLETED" && info.exit_code == "0:0"),
+        let id = id_of(info);
+        let output = output_of(&id);
+        let cancel = cancelled.get(&j.name);
+        let completed = info.state == "COMPLETED" && info.exit_code == "0:0";
+        let mut why = match cancel {
+            None if !completed => Some("not COMPLETED with exit 0".to_string()),
+            Some(_) if !completed && info.state != "CANCELLED" => Some("neither CANCELLED nor COMPLETED with exit 0".to_string()),
+            _ => None,
         };
-        if !ok {
-            let id = info.raw.split_whitespace().find_map(|w| w.strip_prefix("JobId=")).unwrap_or("?");
-            let output = std::fs::read_to_string(c.dir.join("out").join(format!("{id}.out"))).unwrap_or_default();
+        if j.is_ckpt() {
+            r.checkpoints += output.lines().filter(|l| l.starts_with(&format!("gpu-mode-run: job {id} checkpointed:"))).count();
+            let restores = output.lines().filter(|l| l.starts_with(&format!("gpu-mode-run: job {id} restored (pid"))).count();
+            r.restores += restores;
+            if info.restarts > 0 && restores > 0 {
+                r.preempted_restored += 1;
+            }
+            let checkpointed = output.lines().filter(|l| l.starts_with(&format!("gpu-mode-run: job {id} checkpointed:"))).count();
+            if info.restarts > 0 && output.contains(PROLOG_SKIPPED) {
+                r.prolog_skipped.push(format!("{} job {id}: run {} ({} {})", j.name, info.restarts, info.state, info.exit_code));
+                if checkpointed > restores {
+                    kept.push(id.clone());
+                }
+                continue;
+            }
+            if info.state == "CANCELLED" && checkpointed > restores {
+                kept.push(id.clone());
+            }
+            let wrapper_trouble = output.lines().find(|l| {
+                l.starts_with("gpu-mode-run: warning")
+                    || l.starts_with(&format!("gpu-mode-run: checkpoint of job {id} failed"))
+                    || l.starts_with(&format!("gpu-mode-run: cannot restore job {id}"))
+                    || l.starts_with("gpu-mode-run: lost the checkpoint agent")
+            });
+            if let Some(l) = wrapper_trouble {
+                why.get_or_insert(format!("the wrapper says: {l}"));
+            }
+            if completed {
+                if let Err(e) = ckpt_jobs::counted_once(&output, j.steps) {
+                    why.get_or_insert(e);
+                }
+            }
+            if let Some(Cancelled { moment, restarts_before: Some(before) }) = cancel {
+                if completed && info.restarts > *before && ["prolog", "mid-job"].contains(&moment.as_str()) {
+                    why.get_or_insert(format!("requeued after its cancel ({moment}, restarts {before} before it)"));
+                }
+            }
+        } else if info.restarts > 0 {
+            why.get_or_insert(format!("requeued {} times, though `debug` has PreemptMode=OFF", info.restarts));
+        }
+        if let Some(why) = why {
             r.unexpected.push(format!(
-                "{} job {id} {} (user {}, mode {:?}, {:?}, cancelled: {:?}): {} exit {} reason {}; output: {}",
+                "{} job {id} {} s (user {}, mode {:?}, {:?}, cancelled: {:?}, preemptor: {:?}): {why}: {} exit {} reason {} restarts {}; output: {}",
                 j.name,
                 j.secs,
                 j.user,
                 j.mode,
                 j.kind,
-                cancelled.get(&j.name),
+                cancel,
+                j.preempt,
                 info.state,
                 info.exit_code,
                 info.reason,
+                info.restarts,
                 output.trim()
             ));
         }
     }
-    Ok(())
+    for name in preemptors.iter().flatten() {
+        match ended.get(name) {
+            Some(info) if info.state == "COMPLETED" && info.exit_code == "0:0" => {}
+            Some(info) => r.unexpected.push(format!("preemptor {name} job {}: {} exit {} reason {}", id_of(info), info.state, info.exit_code, info.reason)),
+            None => r.unexpected.push(format!("preemptor {name}: not known to Slurm")),
+        }
+    }
+    Ok(kept)
 }
 
 fn hook_times(c: &Cluster, r: &mut Report) {
@@ -561,6 +812,16 @@ mod tests {
         assert!(USERS.iter().all(|u| a.iter().any(|j| j.user == *u)));
         let cancelled = a.iter().filter(|j| j.cancel.is_some()).count();
         assert!((30..=90).contains(&cancelled), "{cancelled}");
+        // Checkpoint jobs: batch, one GPU, a counter, some with a preemptor
+        // at a step the counter reaches, some of those cancelled too.
+        let ckpt: Vec<&Planned> = a.iter().filter(|j| j.is_ckpt()).collect();
+        assert!(ckpt.iter().all(|j| j.kind == Kind::Batch && j.gpus == 1 && CKPT_STEPS.contains(&j.steps)));
+        let preempted: Vec<&&Planned> = ckpt.iter().filter(|j| j.preempt.is_some()).collect();
+        assert!((15..=45).contains(&preempted.len()), "{}", preempted.len());
+        assert!(preempted.iter().all(|j| (2..j.steps - 3).contains(&j.preempt.as_ref().unwrap().at_step)));
+        assert!(preempted.iter().any(|j| j.cancel.is_some()));
+        let ci = plan(&Options::with_jobs(100));
+        assert!(ci.iter().filter(|j| j.preempt.is_some()).count() >= 3);
     }
 
     #[test]

@@ -46,17 +46,30 @@ pub fn submitter(who: Who) -> Option<&'static str> {
 
 /// The counter's arguments (its pid goes to `ready` after step 1).
 pub fn counter(c: &Cluster, ready: &Path) -> Vec<String> {
+    counter_of(c, STEPS, EXIT, Some(ready))
+}
+
+/// A counter of `steps` steps of 100 ms holding 8 MiB of simulated GPU
+/// memory, which exits with `exit` (its pid goes to `ready` after step 1).
+pub fn counter_of(c: &Cluster, steps: u64, exit: i32, ready: Option<&Path>) -> Vec<String> {
     let mut a = vec![bin(c, "cuda-sim-counter")];
-    for w in ["--steps", &STEPS.to_string(), "--interval-ms", "100", "--mib", "8", "--exit-code", &EXIT.to_string(), "--ready"] {
+    for w in ["--steps", &steps.to_string(), "--interval-ms", "100", "--mib", "8", "--exit-code", &exit.to_string()] {
         a.push(w.to_string());
     }
-    a.push(ready.display().to_string());
+    if let Some(r) = ready {
+        a.extend(["--ready".to_string(), r.display().to_string()]);
+    }
     a
 }
 
 /// Submits a checkpoint job on `low` whose batch shell is `gpu-mode-run app`,
 /// as the user submits it (docs/checkpoint.md "What users do").
 pub fn submit_low(c: &Cluster, who: Who, name: &str, app: &[String]) -> u32 {
+    try_submit_low(c, who, name, app).unwrap()
+}
+
+/// [`submit_low`], with sbatch's refusal as an error.
+pub fn try_submit_low(c: &Cluster, who: Who, name: &str, app: &[String]) -> anyhow::Result<u32> {
     let mut words: Vec<String> = vec!["exec".into()];
     if who == Who::CaplessRoot {
         // Root without capabilities stands in for a user (module docs).
@@ -68,7 +81,7 @@ pub fn submit_low(c: &Cluster, who: Who, name: &str, app: &[String]) -> u32 {
     // exec: the wrapper must be the batch shell, which --signal=B: reaches.
     let script = format!("#!/bin/sh\n{}\n", words.join(" "));
     let args = ["-J", name, "-p", "low", "--gpu-mode=checkpoint", "--signal=B:USR1@60", "--requeue", "--open-mode=append", "--gres=gpu:1"];
-    c.submit(submitter(who), &args, &script, &c.sim_job_env()).unwrap()
+    c.submit(submitter(who), &args, &script, &c.sim_job_env())
 }
 
 /// Submits the counter as `name` ([`submit_low`]) and waits for its first
@@ -82,8 +95,22 @@ pub fn start_counter(c: &Cluster, who: Who, name: &str, n: u64) -> (u32, PathBuf
 
 /// Every step 1..=STEPS exactly once, in order, and the final check passed.
 pub fn assert_counted_once(out: &str) {
-    assert_eq!(steps(out).iter().map(|s| s.0).collect::<Vec<_>>(), (1..=STEPS).collect::<Vec<_>>(), "every step exactly once:\n{out}");
-    assert!(out.contains(&format!("DONE count={STEPS}")) && !out.contains("MISMATCH"), "{out}");
+    if let Err(e) = counted_once(out, STEPS) {
+        panic!("{e}:\n{out}");
+    }
+}
+
+/// Whether a counter of `n` steps counted every step 1..=n exactly once, in
+/// order, and its final check passed; what is wrong when not.
+pub fn counted_once(out: &str, n: u64) -> Result<(), String> {
+    let counted: Vec<u64> = steps(out).iter().map(|s| s.0).collect();
+    if counted != (1..=n).collect::<Vec<_>>() {
+        return Err(format!("not every step exactly once: {counted:?}"));
+    }
+    if !out.contains(&format!("DONE count={n}")) || out.contains("MISMATCH") {
+        return Err(format!("no `DONE count={n}`, or a MISMATCH"));
+    }
+    Ok(())
 }
 
 /// A high-priority job taking `gpus` GPUs (all of a node's: it must

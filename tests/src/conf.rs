@@ -61,7 +61,9 @@ pub struct ClusterSpec {
 
 /// Preemption as docs/checkpoint.md "Site set-up" asks (Slurm 22.05, field
 /// notes §8): preempt/partition_prio with PreemptMode=REQUEUE, `low`
-/// (PriorityTier=1, GraceTime) preempted by `high` (PriorityTier=2), the
+/// (PriorityTier=1, GraceTime) preempted by `high` (PriorityTier=2) and
+/// `debug` with PreemptMode=OFF (else it takes REQUEUE and `high` preempts
+/// its jobs too: seen on 22.05.8), the
 /// job's `--signal` sent instead of the first SIGTERM
 /// (preempt_send_user_signal), and a short credential lifetime: a requeued
 /// job cannot start again until its old credential expires (cred_expire + 1
@@ -386,6 +388,9 @@ fn slurm_conf(spec: &ClusterSpec, install: &SlurmInstall, gpus: usize) -> String
     let cred_expire = spec.preemption.as_ref().map(|p| format!(",cred_expire={}", p.cred_expire_s)).unwrap_or_default();
     let nodes = spec.node_names().join(",");
     let preemption = spec.preemption.as_ref().map(|p| preemption_conf(&nodes, p)).unwrap_or_default();
+    // `debug` shares PriorityTier=1 with `low`: without its own PreemptMode
+    // it takes the cluster's REQUEUE and `high` jobs preempt its jobs too.
+    let debug_preempt = if spec.preemption.is_some() { " PreemptMode=OFF" } else { "" };
     let (ctld_host, slurmd_files, node_lines) = match spec.node_net() {
         // %n: each node's own spool, pid and log file.
         Some(net) => (
@@ -435,7 +440,7 @@ PlugStackConfig={plugstack}
 MinJobAge=600
 KillWait=5
 InactiveLimit=0
-{node_lines}PartitionName=debug Nodes={nodes} Default=YES MaxTime=INFINITE State=UP
+{node_lines}PartitionName=debug Nodes={nodes} Default=YES MaxTime=INFINITE State=UP{debug_preempt}
 {preemption}",
         ctld = spec.ctld_port,
         slurmd = spec.slurmd_port,
