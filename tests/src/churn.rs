@@ -231,34 +231,24 @@ pub struct Report {
     /// more than once).
     pub checkpoints: usize,
     pub restores: usize,
-    /// Requeued runs of checkpoint jobs for which Slurm never ran the
-    /// Prolog (see [`PROLOG_SKIPPED`]): the run fails at its first task.
+    /// Requeued runs of checkpoint jobs that Slurm started without their
+    /// Prolog (see [`PROLOG_SKIPPED`]), which the plugin requeued again.
     pub prolog_skipped: Vec<String>,
     /// Images kept, as docs/checkpoint.md says, of jobs that ended after a
     /// checkpoint without a run that could restore it (cancelled while
-    /// requeued, or a run whose Prolog Slurm skipped): the sweep's age and
+    /// requeued): the sweep's age and
     /// size limits remove them. Not counted as left behind.
     pub images_kept_by_design: Vec<String>,
 }
 
-/// What the SPANK plugin says when a run of a job that asked for a mode has
-/// no state: on a requeued run, Slurm 22.05 did not run the Prolog (seen in
-/// the churn: the batch launch reached slurmd before the prolog launch, and
-/// slurmd took the job for one whose Prolog had run).
-pub const PROLOG_SKIPPED: &str = "the gpu-mode prolog did not prepare this job on this node";
+/// What the SPANK plugin says when Slurm 22.05 started a requeued run
+/// without its Prolog (seen in the churn: the batch launch reached slurmd
+/// before the prolog launch): it requeues the job again
+/// (gpu_mode_core::skipped_prolog), and the next run must restore.
+pub const PROLOG_SKIPPED: &str = "without its prolog (slurmd skips it at times for a requeued job): the job is requeued to start again with its prolog";
 
 impl Report {
     pub fn problems(&self) -> Vec<String> {
-        let mut p = self.problems_but_prolog_skips();
-        if !self.prolog_skipped.is_empty() {
-            p.push(format!("requeued runs whose Prolog Slurm skipped: {:#?}", self.prolog_skipped));
-        }
-        p
-    }
-
-    /// [`Report::problems`] without the runs whose Prolog Slurm 22.05
-    /// skipped (docs/faults.md, churn: found, not fixed yet).
-    pub fn problems_but_prolog_skips(&self) -> Vec<String> {
         let mut p = Vec::new();
         if !self.leftovers.is_clean() {
             p.push(format!("left behind:\n{}", self.leftovers.summary()));
@@ -286,7 +276,7 @@ impl Report {
              job state files left: {}\nMIG journals left: {}\ncheckpoint images of finished jobs: {}\n\
              checkpoint records left: {}\nagent sockets left: {}\nlocks held: {}\n\
              preemptors: {}\ncheckpoint jobs preempted and restored: {} ({} checkpoints taken, {} restores)\n\
-             requeued runs whose Prolog Slurm skipped: {}\nimages kept for the sweep (job ended after its checkpoint, not restored): {}\nwrong drains: {}\n\
+             requeued runs Slurm started without their Prolog (requeued again by the plugin): {}\nimages kept for the sweep (job ended after its checkpoint, not restored): {}\nwrong drains: {}\n\
              jobs failed for a reason other than the ones injected: {}\nhook runs that failed: {}\n\
              prolog ms: p50 {} p99 {} max {} ({} runs)\nepilog ms: p50 {} p99 {} max {} ({} runs)\n{}",
             self.jobs,
@@ -655,8 +645,8 @@ fn wait_all_ended(c: &Cluster, start: Instant, timeout: Duration) -> Result<()> 
 /// (`debug` has PreemptMode=OFF). Every preemptor must complete. Anything
 /// else is unexpected.
 ///
-/// Returns the job ids whose image is kept by design: ended (cancelled, or a
-/// run whose Prolog Slurm skipped) after their last run completed a checkpoint.
+/// Returns the job ids whose image is kept by design: cancelled after their
+/// last run completed a checkpoint.
 fn judge(c: &Cluster, jobs: &[Planned], cancelled: &BTreeMap<String, Cancelled>, preemptors: &[Result<String, String>], r: &mut Report) -> Result<Vec<String>> {
     let mut kept = Vec::new();
     let out = c.client("scontrol", &["show", "job", "-o"]).run_as_root()?;
@@ -691,12 +681,9 @@ fn judge(c: &Cluster, jobs: &[Planned], cancelled: &BTreeMap<String, Cancelled>,
                 r.preempted_restored += 1;
             }
             let checkpointed = output.lines().filter(|l| l.starts_with(&format!("gpu-mode-run: job {id} checkpointed:"))).count();
-            if info.restarts > 0 && output.contains(PROLOG_SKIPPED) {
-                r.prolog_skipped.push(format!("{} job {id}: run {} ({} {})", j.name, info.restarts, info.state, info.exit_code));
-                if checkpointed > restores {
-                    kept.push(id.clone());
-                }
-                continue;
+            let skipped = output.matches(PROLOG_SKIPPED).count();
+            if skipped > 0 {
+                r.prolog_skipped.push(format!("{} job {id}: {skipped} run(s) of {} ({} {})", j.name, info.restarts + 1, info.state, info.exit_code));
             }
             if info.state == "CANCELLED" && checkpointed > restores {
                 kept.push(id.clone());
@@ -707,7 +694,9 @@ fn judge(c: &Cluster, jobs: &[Planned], cancelled: &BTreeMap<String, Cancelled>,
                     || l.starts_with(&format!("gpu-mode-run: cannot restore job {id}"))
                     || l.starts_with("gpu-mode-run: lost the checkpoint agent")
             });
-            if let Some(l) = wrapper_trouble {
+            // A cancel that lands during a checkpoint fails the dump (Slurm
+            // kills the tree CRIU is working on): the injected fault's doing.
+            if let Some(l) = wrapper_trouble.filter(|_| cancel.is_none() || info.state != "CANCELLED") {
                 why.get_or_insert(format!("the wrapper says: {l}"));
             }
             if completed {

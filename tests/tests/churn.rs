@@ -19,14 +19,8 @@ fn a_hundred_jobs_of_every_mode_leave_nothing_and_drain_nothing() {
     let cluster = Cluster::start(churn::spec("churn", Artifacts::locate().unwrap())).unwrap();
     let report = churn::run(&cluster, &Options::with_jobs(100)).unwrap();
     println!("{}", report.text());
-    // Requeued runs whose Prolog Slurm 22.05 skipped fail at their first
-    // task (docs/faults.md, churn: found, not fixed yet): printed, and not
-    // failing this test until the product handles them.
-    let problems = report.problems_but_prolog_skips();
+    let problems = report.problems();
     assert!(problems.is_empty(), "{}\n{}", report.text(), problems.join("\n"));
-    if !report.prolog_skipped.is_empty() {
-        println!("NOT FIXED YET: requeued runs whose Prolog Slurm skipped: {:?}", report.prolog_skipped);
-    }
     // The run must have exercised what it claims to.
     assert!(report.by_mode.len() >= 10 && report.cancels.values().sum::<usize>() >= 5, "{}", report.text());
     assert!(report.prolog.count >= 80 && report.epilog.count >= 80, "{}", report.text());

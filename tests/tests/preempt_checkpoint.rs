@@ -253,6 +253,38 @@ fn a_killed_agent_requeues_the_job_to_start_over() {
     failed_checkpoint_starts_over("agentless", counter, kill_agent, "cannot reach the checkpoint agent at ");
 }
 
+/// `cuda-sim-ctl ARGS`: faults of the simulated CUDA driver.
+fn cuda_ctl(c: &Cluster, args: &[&str]) {
+    let sim = c.dir.join("sim/nvml-state.json");
+    let out = std::process::Command::new(c.sim_program("cuda-sim-ctl").unwrap()).args(args).env("GPU_MODE_SIM_STATE", &sim).output().unwrap();
+    assert!(out.status.success(), "cuda-sim-ctl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// The application ends on its own while it is being checkpointed (seen in
+/// the churn: CRIU then fails, its process gone): the job ends with the
+/// application's status, not requeued to start over. Forced here: the
+/// agent's Lock waits 5 s in the simulated driver while the counter runs
+/// its last steps; the signal is sent by hand (`scancel --signal=USR1
+/// --batch`, the wrapper's path for a preemption).
+#[test]
+fn an_application_that_ends_during_its_checkpoint_ends_the_job_with_its_own_status() {
+    let Some(c) = c() else { return };
+    let _turn = serial();
+    let (job, ready) = start_counter(c, job_user(), "endsduring", STEPS - 10);
+    let app = std::fs::read_to_string(&ready).unwrap().trim().to_string();
+    cuda_ctl(c, &["delay", "lock", "5000", "--pid", &app]);
+    let sent = c.client("scancel", &["--signal=USR1", "--batch", &job.to_string()]).run_as_root().unwrap();
+    let end = wait_finished(c, job);
+    cuda_ctl(c, &["clear"]);
+    assert!(sent.status.success(), "{}", String::from_utf8_lossy(&sent.stderr));
+    let out = c.job_output(job);
+    assert!(out.contains(&format!("job {job}: the application ended (status {EXIT}) while it was being checkpointed")), "{out}");
+    assert_eq!((end.get("ExitCode"), end.restarts()), (format!("{EXIT}:0").as_str(), 0), "{out}");
+    assert_counted_once(&out);
+    assert_images_removed(c, job);
+    assert_nothing_stuck(c, job);
+}
+
 /// Fault matrix (docs/faults.md): a driver call that hangs on the
 /// preemption path (`cuda-sim-ctl hang lock --pid <app>`: the agent's
 /// cuCheckpointProcessLock never returns, as with a GPU stuck in the
@@ -265,11 +297,7 @@ fn a_killed_agent_requeues_the_job_to_start_over() {
 fn a_hanging_driver_call_on_preemption_requeues_the_job_to_start_over_without_a_drain() {
     let Some(c) = c() else { return };
     let _turn = serial();
-    let sim = c.dir.join("sim/nvml-state.json");
-    let ctl = |args: &[&str]| {
-        let out = std::process::Command::new(c.sim_program("cuda-sim-ctl").unwrap()).args(args).env("GPU_MODE_SIM_STATE", &sim).output().unwrap();
-        assert!(out.status.success(), "cuda-sim-ctl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    };
+    let ctl = |args: &[&str]| cuda_ctl(c, args);
     let records = c.runtime_dir().join("checkpoint");
     let mut app = 0;
     let hang = |c: &Cluster, _job: u32| {
@@ -278,7 +306,15 @@ fn a_hanging_driver_call_on_preemption_requeues_the_job_to_start_over_without_a_
         ctl(&["hang", "lock", "--pid", &app.to_string()]);
     };
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        failed_checkpoint_starts_over("hang", counter, hang, ") did not return within 10 s")
+        // Steps of 300 ms: the application must outlive the 10 s bound (one
+        // that ends meanwhile ends the job with its own status instead).
+        let slow = |c: &Cluster, r: &Path| {
+            let mut a = counter(c, r);
+            let i = a.iter().position(|w| w == "--interval-ms").unwrap();
+            a[i + 1] = "300".into();
+            a
+        };
+        failed_checkpoint_starts_over("hang", slow, hang, ") did not return within 10 s")
     }));
     ctl(&["clear"]);
     if let Err(e) = result {

@@ -14,7 +14,9 @@
 //!   requeue` (a script that exits within the grace time may otherwise end
 //!   COMPLETED), then it waits for Slurm to end the job. When the checkpoint
 //!   fails, the application is killed and the job requeued to start over,
-//!   with the reason on the job's stderr. The requeue is skipped when Slurm
+//!   with the reason on the job's stderr; unless the application ended on
+//!   its own meanwhile (the dump then fails for want of it), whose status
+//!   then ends the job. The requeue is skipped when Slurm
 //!   is already ending the job (a cancel during the dump): requeueing then
 //!   would bring a cancelled job back.
 //! * Every other signal (TERM, INT, HUP, QUIT, USR2) is passed on to the
@@ -300,6 +302,16 @@ impl Wrapper<'_> {
                 0
             }
             Err(e) => {
+                // The application may have ended on its own while it was being
+                // dumped (CRIU then fails, the process gone): its end stands,
+                // and the job ends with its status instead of starting over.
+                if let Some(status) = self.ended_meanwhile() {
+                    say(&format!(
+                        "job {}: the application ended (status {status}) while it was being checkpointed ({e}); not requeued",
+                        self.o.job
+                    ));
+                    return status;
+                }
                 say(&format!("checkpoint of job {} failed: {e}. The job is requeued and will start over from the beginning.", self.o.job));
                 unsafe { libc::kill(-self.root, libc::SIGKILL) };
                 EXIT_FAILED
@@ -309,6 +321,23 @@ impl Wrapper<'_> {
         self.requeue();
         self.linger();
         status
+    }
+
+    /// The application's status if it has ended: our child reaped, or, for
+    /// a restored tree, the agent's report of its end, if already sent.
+    fn ended_meanwhile(&mut self) -> Option<i32> {
+        if !self.restored {
+            return self.reap();
+        }
+        match self.rx.recv_timeout(Duration::from_millis(200)) {
+            Ok(Event::Agent(Response::Exited(info))) => Some(self.ended(info)),
+            Ok(other) => {
+                // Not an end: keep it for whoever reads next.
+                let _ = self.tx.send(other);
+                None
+            }
+            Err(_) => None,
+        }
     }
 
     /// `scontrol requeue <job>` as the user (owners may requeue their jobs),
