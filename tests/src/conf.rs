@@ -251,6 +251,19 @@ impl SlurmInstall {
     }
 }
 
+/// Every parent of the munge socket must be reachable by non-root
+/// submitters: those below /tmp get 0755, never /tmp itself (Path::starts_with
+/// compares components, so "/tmp" starts with "/tmp/": that once turned /tmp
+/// to 0755, and every job's TMPDIR unwritable).
+fn open_parents_below_tmp(dir: &Path) -> Result<()> {
+    for p in dir.ancestors().skip(1) {
+        if p.starts_with("/tmp") && p != Path::new("/tmp") {
+            fs::set_permissions(p, fs::Permissions::from_mode(0o755))?;
+        }
+    }
+    Ok(())
+}
+
 /// Writes every file of the cluster under `spec.dir`.
 pub fn write_all(spec: &ClusterSpec, install: &SlurmInstall) -> Result<()> {
     let d = &spec.dir;
@@ -261,14 +274,7 @@ pub fn write_all(spec: &ClusterSpec, install: &SlurmInstall) -> Result<()> {
         fs::create_dir_all(&p)?;
         fs::set_permissions(&p, fs::Permissions::from_mode(mode))?;
     }
-    // Every parent of the munge socket must be reachable by non-root submitters.
-    let mut parent = d.parent();
-    while let Some(p) = parent {
-        if p.starts_with("/tmp/") {
-            fs::set_permissions(p, fs::Permissions::from_mode(0o755))?;
-        }
-        parent = p.parent();
-    }
+    open_parents_below_tmp(d)?;
     write_munge_key(&d.join("munge/munge.key"))?;
     let gpu_files = match &spec.gpu_device_files {
         Some(files) => files.clone(),
@@ -684,4 +690,23 @@ fn prepare_cgroup_v2() -> Result<()> {
     let _ = fs::write("/sys/fs/cgroup/cgroup.subtree_control", "+cpuset +cpu +memory +pids");
     fs::create_dir_all("/sys/fs/cgroup/system.slice").context("creating /sys/fs/cgroup/system.slice")?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_parents_below_tmp_are_opened_and_tmp_itself_is_left_alone() {
+        let base = Path::new("/tmp").join(format!("gm-parents-{}", std::process::id()));
+        let dir = base.join("a/cluster");
+        fs::create_dir_all(&dir).unwrap();
+        fs::set_permissions(&base, fs::Permissions::from_mode(0o700)).unwrap();
+        let tmp_before = fs::metadata("/tmp").unwrap().permissions().mode();
+        open_parents_below_tmp(&dir).unwrap();
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode(&base), 0o755);
+        assert_eq!(fs::metadata("/tmp").unwrap().permissions().mode(), tmp_before, "/tmp's mode changed");
+        fs::remove_dir_all(&base).unwrap();
+    }
 }
