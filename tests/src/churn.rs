@@ -704,7 +704,11 @@ fn judge(c: &Cluster, jobs: &[Planned], cancelled: &BTreeMap<String, Cancelled>,
                     why.get_or_insert(e);
                 }
             }
-            if let Some(Cancelled { moment, restarts_before: Some(before) }) = cancel {
+            // A cancel that reaches Slurm after the wrapper asked for the
+            // requeue (its `requeueing` line comes first) loses: Slurm keeps
+            // the requeue and the job runs again (seen at 500 jobs).
+            let requeue_first = output.find("; requeueing").zip(output.find(" CANCELLED AT ")).is_some_and(|(r, k)| r < k);
+            if let Some(Cancelled { moment, restarts_before: Some(before) }) = cancel.filter(|_| !requeue_first) {
                 if completed && info.restarts > *before && ["prolog", "mid-job"].contains(&moment.as_str()) {
                     why.get_or_insert(format!("requeued after its cancel ({moment}, restarts {before} before it)"));
                 }
