@@ -79,6 +79,10 @@ pub enum DrainError {
     Failed { path: PathBuf, args: String, status: String, stderr: String },
 }
 
+/// Job states Slurm never leaves (a requeued job goes back to PENDING).
+const FINAL_JOB_STATES: &[&str] =
+    &["COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "DEADLINE", "BOOT_FAIL", "PREEMPTED"];
+
 /// Runs scontrol by absolute path with an argument vector (no shell).
 #[derive(Debug, Clone)]
 pub struct Scontrol {
@@ -119,6 +123,30 @@ impl Scontrol {
         self.run(&["requeue", &job.to_string()]).map(|_| ())
     }
 
+    /// Whether Slurm has finished `job` for good: a final state, or no
+    /// longer known (purged after MinJobAge). A pending, requeued, held or
+    /// running job has not; an error (no controller) is an error, never
+    /// taken as an end.
+    pub fn job_has_ended(&self, job: u32) -> Result<bool, DrainError> {
+        let mut cmd = Command::new(&self.path);
+        cmd.args(["show", "job", "-o", &job.to_string()]);
+        let out = run_with_timeout(cmd, None, SCONTROL_TIMEOUT).map_err(DrainError::Run)?;
+        let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+        if !out.status.success() {
+            if text.contains("Invalid job id specified") {
+                return Ok(true);
+            }
+            return Err(DrainError::Failed {
+                path: self.path.clone(),
+                args: format!("show job -o {job}"),
+                status: out.status.to_string(),
+                stderr: text.trim().to_string(),
+            });
+        }
+        let state = text.split_whitespace().find_map(|w| w.strip_prefix("JobState=")).unwrap_or("");
+        Ok(FINAL_JOB_STATES.contains(&state))
+    }
+
     /// `scontrol show node <node>`, raw text.
     pub fn show_node(&self, node: &str) -> Result<String, DrainError> {
         self.run(&["show", "node", node])
@@ -144,6 +172,25 @@ impl Scontrol {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_job_has_ended_in_a_final_state_or_once_slurm_forgot_it_and_an_error_is_no_answer() {
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("scontrol");
+        let cases: [(&str, Option<bool>); 6] = [
+            ("echo 'JobId=7 JobName=x JobState=CANCELLED Reason=None'", Some(true)),
+            ("echo 'JobId=7 JobName=x JobState=COMPLETED Reason=None'", Some(true)),
+            ("echo 'JobId=7 JobName=x JobState=PENDING Reason=BeginTime'", Some(false)),
+            ("echo 'JobId=7 JobName=x JobState=RUNNING Reason=None'", Some(false)),
+            ("echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1", Some(true)),
+            ("echo 'slurm_load_jobs error: Unable to contact slurm controller' >&2; exit 1", None),
+        ];
+        for (body, want) in cases {
+            std::fs::write(&script, format!("#!/bin/sh\n{body}\n")).unwrap();
+            std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+            assert_eq!(Scontrol::new(&script).job_has_ended(7).ok(), want, "{body}");
+        }
+    }
 
     #[test]
     fn reasons_carry_the_prefix_and_are_sanitised() {

@@ -75,7 +75,7 @@ pub fn spec(name: &str, artifacts: Artifacts) -> ClusterSpec {
     let mut spec = ClusterSpec::new(name, GPUS, artifacts);
     spec.cpus = 16;
     spec.time_hooks = true;
-    spec.preemption = Some(Preemption::default());
+    spec.preemption = Some(Preemption { call_timeout_ms: 45_000, ..Preemption::default() });
     spec
 }
 

@@ -111,7 +111,9 @@ fn finish(cfg: &Config, job_id: u32, restart_count: Option<u32>) -> Result<Relea
         }
     }
     let live: Vec<u32> = live_jobs(cfg);
-    match preempt::sweep_images(&store, Limits::from_config(&cfg.checkpoint), &live) {
+    let scontrol = crate::drain::Scontrol::new(&cfg.slurm.scontrol);
+    let ended = |job: u32| scontrol.job_has_ended(job).unwrap_or(false);
+    match preempt::sweep_images(&store, Limits::from_config(&cfg.checkpoint), &live, &ended) {
         Ok(swept) if !swept.is_empty() => parts.push(format!("swept images of jobs {swept:?}")),
         Ok(_) => {}
         Err(e) => parts.push(format!("sweep failed: {e}")),

@@ -235,10 +235,13 @@ fn measure(path: &Path, into: &mut JobImages) {
     }
 }
 
-/// Applies [`plan_sweep`] to the image directory; returns the jobs removed.
-/// Safe to run from several nodes at once on shared storage (a directory
-/// already gone is not an error).
-pub fn sweep_images(store: &ImageStore, limits: Limits, protect: &[u32]) -> io::Result<Vec<u32>> {
+/// Applies [`plan_sweep`] to the image directory, after removing the images
+/// of jobs `ended` says Slurm has finished for good (a job cancelled while
+/// it waited, requeued, to be restored: no epilog of its runs comes to
+/// remove them); returns the jobs removed. Protected jobs are never asked
+/// about. Safe to run from several nodes at once on shared storage (a
+/// directory already gone is not an error).
+pub fn sweep_images(store: &ImageStore, limits: Limits, protect: &[u32], ended: &dyn Fn(u32) -> bool) -> io::Result<Vec<u32>> {
     let Ok(dir) = fs::read_dir(&store.root) else { return Ok(Vec::new()) };
     let mut entries = Vec::new();
     for e in dir.flatten() {
@@ -248,7 +251,9 @@ pub fn sweep_images(store: &ImageStore, limits: Limits, protect: &[u32]) -> io::
         entries.push(j);
     }
     let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let chosen = plan_sweep(&entries, limits, now, protect);
+    let (over, kept): (Vec<JobImages>, Vec<JobImages>) = entries.into_iter().partition(|e| !protect.contains(&e.job) && ended(e.job));
+    let mut chosen: Vec<u32> = over.iter().map(|e| e.job).collect();
+    chosen.extend(plan_sweep(&kept, limits, now, protect));
     for job in &chosen {
         fsutil::remove_tree_if_present(&store.job_dir(*job))?;
     }
@@ -430,8 +435,30 @@ mod tests {
             write(&run.join("pages-1.img"), 1000);
         }
         fs::create_dir(tmp.path().join("not-a-job")).unwrap();
-        let removed = sweep_images(&store, Limits { max_bytes: 1500, max_age: Duration::ZERO }, &[2]).unwrap();
+        let removed = sweep_images(&store, Limits { max_bytes: 1500, max_age: Duration::ZERO }, &[2], &|_| false).unwrap();
         assert_eq!(removed, vec![1]);
         assert!(!store.job_dir(1).exists() && store.job_dir(2).exists() && tmp.path().join("not-a-job").exists());
+    }
+
+    #[test]
+    fn images_of_jobs_slurm_has_ended_go_whatever_the_limits_and_protected_ones_are_not_asked_about() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = ImageStore::new(tmp.path());
+        for job in [1, 2, 3] {
+            write(&store.prepare_run(job, 0).unwrap().join("pages-1.img"), 10);
+        }
+        let asked = std::sync::Mutex::new(Vec::new());
+        let ended = |job: u32| {
+            asked.lock().unwrap().push(job);
+            job != 3
+        };
+        let no_limits = Limits { max_bytes: 0, max_age: Duration::ZERO };
+        let mut removed = sweep_images(&store, no_limits, &[2], &ended).unwrap();
+        removed.sort();
+        assert_eq!(removed, vec![1]);
+        assert!(!store.job_dir(1).exists() && store.job_dir(2).exists() && store.job_dir(3).exists());
+        let mut asked = asked.into_inner().unwrap();
+        asked.sort();
+        assert_eq!(asked, vec![1, 3], "job 2 runs here: never asked about");
     }
 }
