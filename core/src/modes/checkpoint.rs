@@ -182,6 +182,8 @@ pub(crate) mod stand_in {
                 let mut out = stream.try_clone().unwrap();
                 if let Ok(Some(Request::Stop)) = protocol::receive::<Request>(&mut BufReader::new(stream)) {
                     let _ = protocol::send(&mut out, &Response::Stopping);
+                    // As the agent does on its way out.
+                    let _ = std::fs::remove_file(&socket);
                     return;
                 }
             }

@@ -124,7 +124,18 @@ pub fn stop_agent(cfg: &Config, job: u32, wait: Duration) -> Result<bool, String
     let mut out = stream.try_clone().map_err(|e| e.to_string())?;
     protocol::send(&mut out, &Request::Stop).map_err(|e| format!("{}: {e}", socket.display()))?;
     match protocol::receive::<Response>(&mut BufReader::new(stream)) {
-        Ok(Some(Response::Stopping)) => Ok(true),
+        Ok(Some(Response::Stopping)) => {
+            // The agent removes its socket as it exits. Wait for that (the
+            // epilog must leave nothing, and a requeued run's new agent
+            // must not have its socket removed by the old one), then remove
+            // it if the agent was too slow.
+            let deadline = Instant::now() + wait;
+            while socket.exists() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = crate::fsutil::remove_if_present(&socket);
+            Ok(true)
+        }
         Ok(other) => Err(format!("job {job}'s agent answered {other:?} to stop")),
         Err(e) => Err(format!("job {job}'s agent: {e}")),
     }
@@ -133,6 +144,41 @@ pub fn stop_agent(cfg: &Config, job: u32, wait: Duration) -> Result<bool, String
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A stand-in agent on job 5's socket: acks `stop`, then removes its
+    /// socket after `remove_after` (never when `None`).
+    fn agent(cfg: &Config, remove_after: Option<Duration>) -> PathBuf {
+        let socket = socket_path(&cfg.checkpoint.agent_socket_dir(&cfg.runtime_dir), 5);
+        std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
+        let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        let path = socket.clone();
+        std::thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            let mut out = stream.try_clone().unwrap();
+            let _ = protocol::receive::<Request>(&mut BufReader::new(stream));
+            protocol::send(&mut out, &Response::Stopping).unwrap();
+            if let Some(d) = remove_after {
+                std::thread::sleep(d);
+                std::fs::remove_file(&path).unwrap();
+            }
+        });
+        socket
+    }
+
+    #[test]
+    fn stop_returns_once_the_agent_removed_its_socket_or_removes_it_itself() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = Config::default();
+        cfg.runtime_dir = dir.path().join("run");
+        let socket = agent(&cfg, Some(Duration::from_millis(300)));
+        let start = Instant::now();
+        assert_eq!(stop_agent(&cfg, 5, Duration::from_secs(5)), Ok(true));
+        assert!(!socket.exists() && start.elapsed() >= Duration::from_millis(300), "{:?}", start.elapsed());
+        // An agent too slow to go: the socket is removed all the same.
+        let socket = agent(&cfg, None);
+        assert_eq!(stop_agent(&cfg, 5, Duration::from_millis(200)), Ok(true));
+        assert!(!socket.exists());
+    }
 
     #[test]
     fn the_agent_gets_an_argument_vector() {
