@@ -34,10 +34,28 @@ fn seen(output: &str) -> Seen {
     Seen { per_task, all }
 }
 
+/// [`TASKS`] once the other job (`other`) runs too: both hold their GPU at
+/// once (else, on a loaded machine, the second may start after the first
+/// ended, on the same GPU, and get the same instance ids).
+fn at_once(me: &str, other: &str) -> String {
+    let d = c().dir.join("out");
+    let (mine, theirs) = (d.join(format!("mig-{me}.here")), d.join(format!("mig-{other}.here")));
+    format!(
+        "#!/bin/sh\n: > {}\ni=0\nwhile [ ! -e {} ] && [ $i -lt 1200 ]; do sleep 0.1; i=$((i + 1)); done\n{}",
+        mine.display(),
+        theirs.display(),
+        TASKS.trim_start_matches("#!/bin/sh\n")
+    )
+}
+
 #[test]
 fn two_users_jobs_get_their_own_layouts_and_devices_at_once() {
-    let a = std::thread::spawn(|| c().sbatch_wait(Some("gmtest1"), &["-n2", "--gres=gpu:1", "--gpu-mode=mig:3g.71gbx2"], TASKS));
-    let b = std::thread::spawn(|| c().sbatch_wait(Some("gmtest2"), &["-n2", "--gres=gpu:1", "--gpu-mode=mig:1g.18gbx3"], TASKS));
+    for who in ["a", "b"] {
+        let _ = std::fs::remove_file(c().dir.join("out").join(format!("mig-{who}.here")));
+    }
+    let (script_a, script_b) = (at_once("a", "b"), at_once("b", "a"));
+    let a = std::thread::spawn(move || c().sbatch_wait(Some("gmtest1"), &["-n2", "--gres=gpu:1", "--gpu-mode=mig:3g.71gbx2"], &script_a));
+    let b = std::thread::spawn(move || c().sbatch_wait(Some("gmtest2"), &["-n2", "--gres=gpu:1", "--gpu-mode=mig:1g.18gbx3"], &script_b));
     let (a, b) = (a.join().unwrap().unwrap(), b.join().unwrap().unwrap());
     assert_eq!((a.exit_code, b.exit_code), (0, 0), "{}\n{}\n{}", a.output, b.output, c().logs_tail());
     let (sa, sb) = (seen(&a.output), seen(&b.output));
