@@ -8,7 +8,7 @@
 //! 1 when it cannot start or listen.
 
 use gpu_mode_core::log::{ActionLine, Outcome};
-use gpu_mode_core::preempt::agent::{gpu_facts, listen, real_backends, AgentSettings};
+use gpu_mode_core::preempt::agent::{gpu_facts, listen, node_gpus, real_backends, AgentSettings};
 use gpu_mode_core::preempt::{socket_path, Agent, AgentParams, NodeFacts};
 use gpu_mode_core::Config;
 use std::path::PathBuf;
@@ -79,7 +79,7 @@ fn main() {
     };
     let settings = AgentSettings::from_config(&cfg);
     let socket_dir = settings.socket_dir.clone();
-    let agent = Arc::new(Agent::new(params, settings, NodeFacts { driver_version, cuda_version }, backends));
+    let agent = Arc::new(Agent::new(params, settings, NodeFacts { driver_version, cuda_version, node_gpus: node_gpus(&cfg) }, backends));
     let listener =
         listen(&socket_dir, a.job, a.uid, a.gid).unwrap_or_else(|e| fail(1, format!("cannot listen in {}: {e}", socket_dir.display())));
     line().field("detail", "listening").outcome(Outcome::Ok).emit(&cfg.log);

@@ -42,6 +42,28 @@ impl DeviceMap {
         self.pairs.iter().find(|p| p.old == gpu).map_or(gpu, |p| p.new)
     }
 
+    /// `self` completed into a one-to-one map of the dumping node's GPUs
+    /// (`old_node`) onto this node's (`new_node`): the GPUs the map leaves
+    /// out are paired, in node order, with the targets left free. The driver
+    /// wants a pair for *every* GPU the process was checkpointed with, not
+    /// only those holding its memory: seen on 2×H200, driver 580, a process
+    /// on GPU0 (even with CUDA_VISIBLE_DEVICES=0) restores onto GPU1 with
+    /// `GPU0=GPU1,GPU1=GPU0` but `GPU0=GPU1` alone is CUDA_ERROR_INVALID_VALUE.
+    /// Left as it is when the nodes' GPU counts differ or either is unknown.
+    pub fn completed(&self, old_node: &[GpuUuid], new_node: &[GpuUuid]) -> DeviceMap {
+        if self.is_empty() || old_node.len() != new_node.len() {
+            return self.clone();
+        }
+        let mut pairs = self.pairs.clone();
+        let free_old = old_node.iter().filter(|g| !self.pairs.iter().any(|p| p.old == **g));
+        let mut free_new = new_node.iter().filter(|g| !self.pairs.iter().any(|p| p.new == **g));
+        for old in free_old {
+            let Some(new) = free_new.next() else { return self.clone() };
+            pairs.push(GpuPair { old: *old, new: *new });
+        }
+        DeviceMap { pairs }
+    }
+
     /// The driver needs a pair for every GPU a process was checkpointed on.
     pub fn covers(&self, gpu: GpuUuid) -> bool {
         self.is_empty() || self.pairs.iter().any(|p| p.old == gpu)
@@ -73,6 +95,25 @@ mod tests {
             let err = DeviceMap::parse(&text).unwrap_err();
             assert!(err.contains(needle), "{text}: {err}");
         }
+    }
+
+    #[test]
+    fn a_map_is_completed_into_one_of_the_whole_node() {
+        let g = |n: u8| GpuUuid([n; 16]);
+        let map = |pairs: &[(u8, u8)]| DeviceMap { pairs: pairs.iter().map(|&(o, n)| GpuPair { old: g(o), new: g(n) }).collect() };
+        let node2 = [g(0), g(1)];
+        // The failing real case: the job moved from GPU0 to GPU1 on one node.
+        assert_eq!(map(&[(0, 1)]).completed(&node2, &node2), map(&[(0, 1), (1, 0)]));
+        // 4 GPUs, two of the job's moved onto the two others.
+        let node4 = [g(0), g(1), g(2), g(3)];
+        assert_eq!(map(&[(0, 2), (1, 3)]).completed(&node4, &node4), map(&[(0, 2), (1, 3), (2, 0), (3, 1)]));
+        // Another node: its GPUs pair with ours in order.
+        let other = [g(10), g(11)];
+        assert_eq!(map(&[(0, 11)]).completed(&node2, &other), map(&[(0, 11), (1, 10)]));
+        // Unknown or different node sizes: left as it is; an empty map stays empty.
+        assert_eq!(map(&[(0, 1)]).completed(&[], &node2), map(&[(0, 1)]));
+        assert_eq!(map(&[(0, 1)]).completed(&node2, &node4), map(&[(0, 1)]));
+        assert!(DeviceMap::default().completed(&node2, &node2).is_empty());
     }
 
     #[test]

@@ -78,6 +78,9 @@ pub struct Manifest {
     /// Its CUDA processes with their GPU footprints.
     pub cuda: Vec<ProcessRecord>,
     pub gpus: Vec<GpuFacts>,
+    /// Every GPU of the node that dumped it (absent in older manifests).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub node_gpus: Vec<GpuUuid>,
     /// NVML's driver version ("580.159.04"): a CUDA checkpoint restores only
     /// on the same driver.
     pub driver_version: String,
@@ -259,6 +262,7 @@ mod tests {
                 unanswered: None,
             }],
             gpus: vec![GpuFacts { uuid: gpu, name: "NVIDIA H200".into() }],
+            node_gpus: vec![gpu],
             driver_version: "580.159.04".into(),
             cuda_version: 13000,
             criu_version: "4.1.1".into(),

@@ -49,6 +49,10 @@ struct Mem {
     busy: u32,
     /// Device ordinal → GPU UUID (a restore with pairs moves them).
     devices: Vec<String>,
+    /// Every GPU of the node at cuInit, CUDA_VISIBLE_DEVICES or not: what the
+    /// real driver counts as the process's checkpointed GPUs (seen on
+    /// 2×H200: a map must name each of them, see `restore`).
+    node: Vec<String>,
     allocs: Vec<Alloc>,
 }
 
@@ -81,7 +85,7 @@ impl Context {
         }
         let pid = std::process::id() as i32;
         files::shared_dir(&sim.proc_dir(pid))?;
-        let mem = Mem { state: state::RUNNING, busy: 0, devices, allocs: Vec::new() };
+        let mem = Mem { state: state::RUNNING, busy: 0, devices, node: gpus::all()?, allocs: Vec::new() };
         let shared = Arc::new(Shared { sim, pid, mem: Mutex::new(mem), cv: Condvar::new() });
         let (tx, rx) = std::sync::mpsc::channel();
         let s = Arc::clone(&shared);
@@ -276,8 +280,10 @@ fn checkpoint(s: &Shared) -> u32 {
 }
 
 /// Host memory → the GPU it came from or the one `pairs` maps it to. Every
-/// GPU must be mapped when pairs are given (a driver rule); a GPU without room
-/// leaves the process checkpointed.
+/// GPU of the node the process started on must be mapped when pairs are
+/// given, not only those holding its memory (the real driver's rule, seen on
+/// 2×H200 with driver 580: CUDA_ERROR_INVALID_VALUE otherwise); a GPU without
+/// room leaves the process checkpointed.
 fn restore(s: &Shared, pairs: &[(String, String)]) -> u32 {
     let mut m = s.lock();
     if m.state != state::CHECKPOINTED {
@@ -289,6 +295,9 @@ fn restore(s: &Shared, pairs: &[(String, String)]) -> u32 {
         }
         pairs.iter().find(|(old, _)| old == gpu).map(|(_, new)| new.clone())
     };
+    if !pairs.is_empty() && m.node.iter().any(|g| target(g).is_none()) {
+        return codes::INVALID_VALUE;
+    }
     let mut allocs = Vec::new();
     for a in &m.allocs {
         let Some(new) = target(&a.gpu) else { return codes::INVALID_VALUE };
@@ -316,6 +325,7 @@ fn restore(s: &Shared, pairs: &[(String, String)]) -> u32 {
         }
     }
     m.devices = devices;
+    m.node = m.node.iter().map(|g| target(g).unwrap_or_else(|| g.clone())).collect();
     for (i, gpu, path, file) in placed {
         m.allocs[i].gpu = gpu;
         m.allocs[i].place = Place::Device { path, file: Arc::new(file) };

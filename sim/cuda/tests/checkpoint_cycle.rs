@@ -100,8 +100,16 @@ fn checkpoint_restore_onto_another_gpu_and_faults() {
     let mut wrong = [RawGpuPair { old_uuid: uuid_bytes(&gpus[1]), new_uuid: uuid_bytes(&gpus[0]) }];
     let mut args = RestoreArgs { gpu_pairs: wrong.as_mut_ptr(), gpu_pairs_count: 1, reserved: [0; 44], reserved1: 0 };
     assert_eq!(unsafe { cuCheckpointProcessRestore(pid, &mut args) }, codes::INVALID_VALUE);
-    let mut pairs = [RawGpuPair { old_uuid: uuid_bytes(&gpus[0]), new_uuid: uuid_bytes(&gpus[1]) }];
-    let mut args = RestoreArgs { gpu_pairs: pairs.as_mut_ptr(), gpu_pairs_count: 1, reserved: [0; 44], reserved1: 0 };
+    // So is one that names only the GPU holding its memory: the real driver
+    // wants every GPU of the node (seen on 2×H200, driver 580).
+    let mut one_way = [RawGpuPair { old_uuid: uuid_bytes(&gpus[0]), new_uuid: uuid_bytes(&gpus[1]) }];
+    let mut args = RestoreArgs { gpu_pairs: one_way.as_mut_ptr(), gpu_pairs_count: 1, reserved: [0; 44], reserved1: 0 };
+    assert_eq!(unsafe { cuCheckpointProcessRestore(pid, &mut args) }, codes::INVALID_VALUE);
+    let mut pairs = [
+        RawGpuPair { old_uuid: uuid_bytes(&gpus[0]), new_uuid: uuid_bytes(&gpus[1]) },
+        RawGpuPair { old_uuid: uuid_bytes(&gpus[1]), new_uuid: uuid_bytes(&gpus[0]) },
+    ];
+    let mut args = RestoreArgs { gpu_pairs: pairs.as_mut_ptr(), gpu_pairs_count: 2, reserved: [0; 44], reserved1: 0 };
     assert_eq!(unsafe { cuCheckpointProcessRestore(pid, &mut args) }, 0);
     assert_eq!(state(pid), Ok(1));
     assert_eq!(nvml_processes(&state_file), vec![(gpus[1].clone(), pid as u32, 2)]);

@@ -147,6 +147,7 @@ impl Agent {
             pids: pids.to_vec(),
             cuda: cuda.map(|r| r.processes.clone()).unwrap_or_default(),
             gpus: p.gpus.clone(),
+            node_gpus: self.facts.node_gpus.clone(),
             driver_version: self.facts.driver_version.clone(),
             cuda_version: self.facts.cuda_version,
             criu_version: self.criu_status.clone().unwrap_or_default(),

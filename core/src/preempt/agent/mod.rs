@@ -22,13 +22,13 @@ mod spawn;
 #[cfg(test)]
 mod tests;
 
-pub use real::{gpu_facts, real_backends};
+pub use real::{gpu_facts, node_gpus, real_backends};
 pub use server::{listen, ExitReason};
 pub use spawn::{spawn_agent, stop_agent, AgentLaunch};
 
 use super::images::ImageStore;
 use super::manifest::GpuFacts;
-use crate::checkpoint::{CheckpointDriver, Checkpointer, GpuInfo, ProcessHost};
+use crate::checkpoint::{CheckpointDriver, Checkpointer, GpuInfo, GpuUuid, ProcessHost};
 use crate::config::LogConfig;
 use crate::criu::Criu;
 use std::collections::BTreeMap;
@@ -56,6 +56,9 @@ pub struct AgentParams {
 pub struct NodeFacts {
     pub driver_version: String,
     pub cuda_version: i32,
+    /// Every GPU of this node (NVML order): a restore onto other GPUs must
+    /// map every GPU the process was checkpointed with (checkpoint::device_map).
+    pub node_gpus: Vec<GpuUuid>,
 }
 
 #[derive(Debug, Clone)]

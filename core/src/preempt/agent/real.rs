@@ -55,6 +55,14 @@ pub fn real_backends(cfg: &Config) -> Result<(Backends, i32), String> {
 }
 
 /// The GPUs with these NVML indices (UUID, model), and the driver version.
+/// Every GPU's UUID on this node, in NVML order; empty when NVML cannot
+/// tell (a restore then maps the job's GPUs only).
+pub fn node_gpus(cfg: &Config) -> Vec<GpuUuid> {
+    let Ok(nvml) = NvmlGpus::from_config(cfg) else { return Vec::new() };
+    let count = crate::gpu::GpuOps::count(&nvml).unwrap_or(0);
+    (0..count).filter_map(|i| GpuUuid::parse(&nvml.inventory(i).ok()?.uuid).ok()).collect()
+}
+
 pub fn gpu_facts(cfg: &Config, indices: &[u32]) -> Result<(Vec<GpuFacts>, String), String> {
     let nvml = NvmlGpus::from_config(cfg).map_err(|e| e.to_string())?;
     let driver = nvml.driver().map_err(|e| e.to_string())?.driver;

@@ -74,7 +74,14 @@ impl Agent {
             criu_restore_ms: criu_ms,
             cuda_restore_ms: cuda_ms,
             total_ms: ms(start),
-            device_map: map.pairs().iter().map(|p| (p.old.to_string(), p.new.to_string())).collect(),
+            // The job's own GPUs; the pairs that complete the map for the
+            // driver (device_map) are of no interest to the user.
+            device_map: map
+                .pairs()
+                .iter()
+                .filter(|p| manifest.gpus.iter().any(|g| g.uuid == p.old))
+                .map(|p| (p.old.to_string(), p.new.to_string()))
+                .collect(),
         };
         Ok((pid, summary))
     }
@@ -123,7 +130,9 @@ impl Agent {
         if self.facts.cuda_version < 13000 {
             return Err(format!("restoring onto other GPUs needs driver r580 / CUDA 13.0; this node's CUDA is {}", self.facts.cuda_version));
         }
-        DeviceMap::parse(&pairs.join(","))
+        // Every GPU the dump node had, not only the job's (the driver's rule):
+        // manifests from before node_gpus was recorded map the job's only.
+        Ok(DeviceMap::parse(&pairs.join(","))?.completed(&m.node_gpus, &self.facts.node_gpus))
     }
 
     /// CRIU restore into `cgroup`, then the checks that need the processes:

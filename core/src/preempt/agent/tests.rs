@@ -96,7 +96,7 @@ fn fixture() -> Fx {
     };
     let criu = Arc::new(RecordingCriu::default());
     let backends = Backends { criu: criu.clone(), driver: Arc::new(NoCuda), host: Arc::new(ProcFs::default()), gpus: Arc::new(RoomyGpus) };
-    let facts = NodeFacts { driver_version: "580.159.04".into(), cuda_version: 13000 };
+    let facts = NodeFacts { driver_version: "580.159.04".into(), cuda_version: 13000, node_gpus: vec![GpuUuid::parse(GPU_A).unwrap()] };
     Fx { _dir: dir, agent: Arc::new(Agent::new(params, settings, facts, backends)), criu }
 }
 
