@@ -148,9 +148,14 @@ if [ "$PART" = all ] || [ "$PART" = e2e ]; then
     GPU_MODE_GPU_DEVICES=$(seq -s, -f /dev/nvidia%g 0 $((N - 1))) "$B/gpu-mode-cluster" up --name real --gpus "$N" --preempt \
         || { tail -n 30 "$D"/log/*.log; exit 1; }
     say "jobs run as $JOBUSER"
-    preempt_case ckpt-1gib 1 1
-    preempt_case ckpt-16gib 16 1
-    [ "$N" -ge 2 ] && preempt_case ckpt-2ranks 1 2
+    # E2E_CASES picks some (default all): 1gib 16gib 2ranks.
+    for c in ${E2E_CASES:-1gib 16gib 2ranks}; do
+        case $c in
+            1gib) preempt_case ckpt-1gib 1 1 ;;
+            16gib) preempt_case ckpt-16gib 16 1 ;;
+            2ranks) [ "$N" -ge 2 ] && preempt_case ckpt-2ranks 1 2 ;;
+        esac
+    done
     say "== prolog/epilog lines"; cat "$D/log/hooks.log"
     cp "$D/log/hooks.log" "$D/log/slurmctld.log" "$D/log/slurmd.log" "$OUT/" 2>/dev/null
     "$B/gpu-mode-cluster" down --name real
