@@ -168,8 +168,7 @@ mod tests {
     #[test]
     fn stop_returns_once_the_agent_removed_its_socket_or_removes_it_itself() {
         let dir = tempfile::tempdir().unwrap();
-        let mut cfg = Config::default();
-        cfg.runtime_dir = dir.path().join("run");
+        let cfg = Config { runtime_dir: dir.path().join("run"), ..Config::default() };
         let socket = agent(&cfg, Some(Duration::from_millis(300)));
         let start = Instant::now();
         assert_eq!(stop_agent(&cfg, 5, Duration::from_secs(5)), Ok(true));
