@@ -13,6 +13,13 @@ fn c() -> &'static Cluster {
     cluster_with("mig_mode", 2, |_| {})
 }
 
+/// One test at a time: each checks the GPUs its jobs used (instances gone,
+/// MIG off), which another test's job on the same GPU would upset.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// Each task prints its local id, its CUDA_VISIBLE_DEVICES and the job's list.
 const TASKS: &str = "#!/bin/sh\nsrun -n2 sh -c 'echo task=$SLURM_LOCALID cvd=$CUDA_VISIBLE_DEVICES all=$SLURM_GPU_MODE_MIG_UUIDS'\n";
 
@@ -50,6 +57,7 @@ fn at_once(me: &str, other: &str) -> String {
 
 #[test]
 fn two_users_jobs_get_their_own_layouts_and_devices_at_once() {
+    let _turn = serial();
     for who in ["a", "b"] {
         let _ = std::fs::remove_file(c().dir.join("out").join(format!("mig-{who}.here")));
     }
@@ -75,6 +83,7 @@ fn two_users_jobs_get_their_own_layouts_and_devices_at_once() {
 
 #[test]
 fn a_layout_that_does_not_fit_is_refused_before_any_instance_is_made() {
+    let _turn = serial();
     let job = c().sbatch_wait(Some("gmtest1"), &["--gres=gpu:1", "--gpu-mode=mig:3g.71gbx3"], "#!/bin/sh\necho ran\n").unwrap();
     assert_ne!(job.exit_code, 0);
     assert!(!job.output.contains("ran"), "{}", job.output);
@@ -86,6 +95,7 @@ fn a_layout_that_does_not_fit_is_refused_before_any_instance_is_made() {
 
 #[test]
 fn a_named_layout_comes_from_the_site_config() {
+    let _turn = serial();
     let job = c().sbatch_wait(Some("gmtest2"), &["-n2", "--gres=gpu:1", "--gpu-mode=mig:@half"], TASKS).unwrap();
     assert_eq!(job.exit_code, 0, "{}", job.output);
     assert_eq!(seen(&job.output).all.len(), 2);
@@ -95,6 +105,7 @@ fn a_named_layout_comes_from_the_site_config() {
 
 #[test]
 fn the_epilog_kills_a_leftover_process_on_the_jobs_instance_and_twice_is_safe() {
+    let _turn = serial();
     let cl = c();
     let out = cl
         .client("sbatch", &["--parsable", "--gres=gpu:1", "--gpu-mode=mig:7g.141gb", "--wrap", "sleep 4"])

@@ -253,6 +253,13 @@ fn a_killed_agent_requeues_the_job_to_start_over() {
     failed_checkpoint_starts_over("agentless", counter, kill_agent, "cannot reach the checkpoint agent at ");
 }
 
+/// The checkpoint signal to the job's batch shell, as a preemption sends
+/// it (`scancel --signal=USR1 --batch`), without a preemptor holding GPUs.
+fn send_checkpoint_signal(c: &Cluster, job: u32) -> Result<(), String> {
+    let sent = c.client("scancel", &["--signal=USR1", "--batch", &job.to_string()]).run_as_root().map_err(|e| e.to_string())?;
+    sent.status.success().then_some(()).ok_or_else(|| String::from_utf8_lossy(&sent.stderr).into_owned())
+}
+
 /// `cuda-sim-ctl ARGS`: faults of the simulated CUDA driver.
 fn cuda_ctl(c: &Cluster, args: &[&str]) {
     let sim = c.dir.join("sim/nvml-state.json");
@@ -273,10 +280,10 @@ fn an_application_that_ends_during_its_checkpoint_ends_the_job_with_its_own_stat
     let (job, ready) = start_counter(c, job_user(), "endsduring", STEPS - 10);
     let app = std::fs::read_to_string(&ready).unwrap().trim().to_string();
     cuda_ctl(c, &["delay", "lock", "5000", "--pid", &app]);
-    let sent = c.client("scancel", &["--signal=USR1", "--batch", &job.to_string()]).run_as_root().unwrap();
+    let sent = send_checkpoint_signal(c, job);
     let end = wait_finished(c, job);
     cuda_ctl(c, &["clear"]);
-    assert!(sent.status.success(), "{}", String::from_utf8_lossy(&sent.stderr));
+    sent.unwrap();
     let out = c.job_output(job);
     assert!(out.contains(&format!("job {job}: the application ended (status {EXIT}) while it was being checkpointed")), "{out}");
     assert_eq!((end.get("ExitCode"), end.restarts()), (format!("{EXIT}:0").as_str(), 0), "{out}");
@@ -340,8 +347,7 @@ fn a_requeued_run_that_slurm_starts_without_its_prolog_is_requeued_again_and_the
     let _turn = serial();
     let (job, _ready) = start_counter(c, job_user(), "noprolog", 5);
     c.skip_next_prolog().unwrap();
-    let sent = c.client("scancel", &["--signal=USR1", "--batch", &job.to_string()]).run_as_root().unwrap();
-    assert!(sent.status.success(), "{}", String::from_utf8_lossy(&sent.stderr));
+    send_checkpoint_signal(c, job).unwrap();
     let end = wait_finished(c, job);
     let out = c.job_output(job);
     assert!(out.contains(&format!("Slurm started run 1 of job {job} on this node without its prolog")), "{out}\n{}", c.logs_tail());
