@@ -128,23 +128,14 @@ impl Scontrol {
     /// running job has not; an error (no controller) is an error, never
     /// taken as an end.
     pub fn job_has_ended(&self, job: u32) -> Result<bool, DrainError> {
-        let mut cmd = Command::new(&self.path);
-        cmd.args(["show", "job", "-o", &job.to_string()]);
-        let out = run_with_timeout(cmd, None, SCONTROL_TIMEOUT).map_err(DrainError::Run)?;
-        let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-        if !out.status.success() {
-            if text.contains("Invalid job id specified") {
-                return Ok(true);
+        match self.run(&["show", "job", "-o", &job.to_string()]) {
+            Ok(text) => {
+                let state = text.split_whitespace().find_map(|w| w.strip_prefix("JobState=")).unwrap_or("");
+                Ok(FINAL_JOB_STATES.contains(&state))
             }
-            return Err(DrainError::Failed {
-                path: self.path.clone(),
-                args: format!("show job -o {job}"),
-                status: out.status.to_string(),
-                stderr: text.trim().to_string(),
-            });
+            Err(DrainError::Failed { stderr, .. }) if stderr.contains("Invalid job id specified") => Ok(true),
+            Err(e) => Err(e),
         }
-        let state = text.split_whitespace().find_map(|w| w.strip_prefix("JobState=")).unwrap_or("");
-        Ok(FINAL_JOB_STATES.contains(&state))
     }
 
     /// `scontrol show node <node>`, raw text.

@@ -674,13 +674,13 @@ fn judge(c: &Cluster, jobs: &[Planned], cancelled: &BTreeMap<String, Cancelled>,
             _ => None,
         };
         if j.is_ckpt() {
-            r.checkpoints += output.lines().filter(|l| l.starts_with(&format!("gpu-mode-run: job {id} checkpointed:"))).count();
+            let checkpointed = output.lines().filter(|l| l.starts_with(&format!("gpu-mode-run: job {id} checkpointed:"))).count();
+            r.checkpoints += checkpointed;
             let restores = output.lines().filter(|l| l.starts_with(&format!("gpu-mode-run: job {id} restored (pid"))).count();
             r.restores += restores;
             if info.restarts > 0 && restores > 0 {
                 r.preempted_restored += 1;
             }
-            let checkpointed = output.lines().filter(|l| l.starts_with(&format!("gpu-mode-run: job {id} checkpointed:"))).count();
             let skipped = output.matches(PROLOG_SKIPPED).count();
             if skipped > 0 {
                 r.prolog_skipped.push(format!("{} job {id}: {skipped} run(s) of {} ({} {})", j.name, info.restarts + 1, info.state, info.exit_code));

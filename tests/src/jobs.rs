@@ -53,12 +53,7 @@ impl Cluster {
         all.push(&path_arg);
         let out = self.client("sbatch", &all).run_as(user)?;
         let stdout = String::from_utf8_lossy(&out.stdout);
-        stdout
-            .lines()
-            .next()
-            .and_then(|l| l.split(';').next())
-            .and_then(|s| s.trim().parse().ok())
-            .ok_or_else(|| anyhow!("sbatch gave no job id: {stdout}{}", String::from_utf8_lossy(&out.stderr)))
+        parsable_job_id(&stdout).ok_or_else(|| anyhow!("sbatch gave no job id: {stdout}{}", String::from_utf8_lossy(&out.stderr)))
     }
 
     /// `scontrol show job <id>`.
@@ -230,4 +225,9 @@ impl Cluster {
             .envs(self.install.client_env());
         crate::process::output_with_timeout(cmd, Duration::from_secs(60))
     }
+}
+
+/// The job id `sbatch --parsable` prints (`<id>` or `<id>;<cluster>`).
+pub fn parsable_job_id(stdout: &str) -> Option<u32> {
+    stdout.lines().next()?.split(';').next()?.trim().parse().ok()
 }

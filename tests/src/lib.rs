@@ -467,11 +467,7 @@ impl Cluster {
         }
         let out = cmd.run_as(user)?;
         let stdout = String::from_utf8_lossy(&out.stdout);
-        stdout
-            .lines()
-            .next()
-            .and_then(|l| l.split(';').next())
-            .and_then(|s| s.trim().parse().ok())
+        jobs::parsable_job_id(&stdout)
             .ok_or_else(|| anyhow!("sbatch {} failed: {}{}", args.join(" "), stdout, String::from_utf8_lossy(&out.stderr)))
     }
 
