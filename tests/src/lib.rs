@@ -272,6 +272,19 @@ impl Cluster {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// `cuda-sim-ctl ARGS`: faults of the simulated CUDA driver (hang, fail,
+    /// delay a call; clear).
+    pub fn cuda_sim_ctl(&self, args: &[&str]) -> Result<String> {
+        let out = Command::new(self.sim_program("cuda-sim-ctl")?)
+            .args(args)
+            .env("GPU_MODE_SIM_STATE", self.dir.join("sim/nvml-state.json"))
+            .output()?;
+        if !out.status.success() {
+            bail!("cuda-sim-ctl {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
     /// Lets the test users' programs hold simulated GPU memory
     /// (`cuda-sim-counter`): the simulated NVML state becomes writable by
     /// all and the simulated CUDA driver's folder shared. Returns the line a

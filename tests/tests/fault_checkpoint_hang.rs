@@ -48,12 +48,7 @@ fn checkpoint_tool(verb: &str, pid: i32) -> (i32, String, Duration) {
 }
 
 fn cuda_ctl(args: &[&str]) {
-    let out = Command::new(c().sim_program("cuda-sim-ctl").unwrap())
-        .args(args)
-        .env("GPU_MODE_SIM_STATE", c().dir.join("sim/nvml-state.json"))
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "cuda-sim-ctl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    c().cuda_sim_ctl(args).unwrap();
 }
 
 #[test]

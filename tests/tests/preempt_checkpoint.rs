@@ -260,12 +260,6 @@ fn send_checkpoint_signal(c: &Cluster, job: u32) -> Result<(), String> {
     sent.status.success().then_some(()).ok_or_else(|| String::from_utf8_lossy(&sent.stderr).into_owned())
 }
 
-/// `cuda-sim-ctl ARGS`: faults of the simulated CUDA driver.
-fn cuda_ctl(c: &Cluster, args: &[&str]) {
-    let sim = c.dir.join("sim/nvml-state.json");
-    let out = std::process::Command::new(c.sim_program("cuda-sim-ctl").unwrap()).args(args).env("GPU_MODE_SIM_STATE", &sim).output().unwrap();
-    assert!(out.status.success(), "cuda-sim-ctl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-}
 
 /// The application ends on its own while it is being checkpointed (seen in
 /// the churn: CRIU then fails, its process gone): the job ends with the
@@ -279,10 +273,10 @@ fn an_application_that_ends_during_its_checkpoint_ends_the_job_with_its_own_stat
     let _turn = serial();
     let (job, ready) = start_counter(c, job_user(), "endsduring", STEPS - 10);
     let app = std::fs::read_to_string(&ready).unwrap().trim().to_string();
-    cuda_ctl(c, &["delay", "lock", "5000", "--pid", &app]);
+    c.cuda_sim_ctl(&["delay", "lock", "5000", "--pid", &app]).unwrap();
     let sent = send_checkpoint_signal(c, job);
     let end = wait_finished(c, job);
-    cuda_ctl(c, &["clear"]);
+    c.cuda_sim_ctl(&["clear"]).unwrap();
     sent.unwrap();
     let out = c.job_output(job);
     assert!(out.contains(&format!("job {job}: the application ended (status {EXIT}) while it was being checkpointed")), "{out}");
@@ -304,7 +298,7 @@ fn an_application_that_ends_during_its_checkpoint_ends_the_job_with_its_own_stat
 fn a_hanging_driver_call_on_preemption_requeues_the_job_to_start_over_without_a_drain() {
     let Some(c) = c() else { return };
     let _turn = serial();
-    let ctl = |args: &[&str]| cuda_ctl(c, args);
+    let ctl = |args: &[&str]| c.cuda_sim_ctl(args).unwrap();
     let records = c.runtime_dir().join("checkpoint");
     let mut app = 0;
     let hang = |c: &Cluster, _job: u32| {
