@@ -233,6 +233,9 @@ pub struct CheckpointConfig {
     /// Image directory limits for the epilog's sweep; 0: no limit.
     pub images_max_gib: u64,
     pub images_max_age_hours: u64,
+    /// Start writing the image to disk while CRIU dumps it (see
+    /// preempt/writeback.rs); off: all of it at the seal.
+    pub early_writeback: bool,
 }
 
 impl Default for CheckpointConfig {
@@ -254,6 +257,7 @@ impl Default for CheckpointConfig {
             site_signal: false,
             images_max_gib: 0,
             images_max_age_hours: 168,
+            early_writeback: true,
         }
     }
 }

@@ -137,7 +137,15 @@ fn preempted_job_is_restored(by: Option<&'static str>, other_gpu: bool) {
     for needle in [
         format!("gpu-mode-run: SIGUSR1 received: checkpointing job {job}"),
         "GPU memory free".to_string(),
+        // The timeline of each, phase by phase (issue 17).
+        format!("gpu-mode-run: job {job} checkpoint phases: request "),
+        ", cuda-checkpoint ".to_string(),
+        ", criu-dump ".to_string(),
+        ", seal ".to_string(),
         format!("gpu-mode-run: job {job} run 1: restoring the checkpoint taken in run 0"),
+        format!("gpu-mode-run: job {job} restore phases: manifest "),
+        ", criu-restore ".to_string(),
+        ", cuda-restore ".to_string(),
         format!("gpu-mode-run: job {job} restored (pid {app}"),
     ] {
         assert!(out.contains(&needle), "missing {needle:?} in:\n{out}");

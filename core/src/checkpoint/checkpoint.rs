@@ -9,6 +9,12 @@ use super::record::{CheckpointRecord, Footprint, ProcessPhase, ProcessRecord, Re
 use super::{CheckpointError, Checkpointer, Target};
 use std::collections::BTreeSet;
 use std::path::PathBuf;
+use std::time::Instant;
+
+/// When each step of a checkpoint ran (`scan`, `record`, `cuda-lock`,
+/// `cuda-checkpoint`, `verify`), for the caller's timeline. The GPU memory is
+/// free when `cuda-checkpoint` ends.
+pub type StepMarks = Vec<(&'static str, Instant, Instant)>;
 
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct CheckpointReport {
@@ -18,6 +24,8 @@ pub struct CheckpointReport {
     pub phases: Vec<Phase>,
     pub total_ms: f64,
     pub record: PathBuf,
+    #[serde(skip)]
+    pub marks: StepMarks,
 }
 
 impl CheckpointReport {
@@ -29,21 +37,41 @@ impl CheckpointReport {
 impl Checkpointer<'_> {
     pub fn checkpoint(&self, target: &Target) -> Result<CheckpointReport, CheckpointError> {
         let (scope, found_by) = self.scope(target)?;
-        let holders = self.holders(target, &scope)?;
+        self.checkpoint_scope(target, &scope, found_by)
+    }
+
+    /// [`Self::checkpoint`] of a scope the caller has just read (the agent
+    /// reads the tree for its own checks): /proc is not walked twice
+    /// between the signal and the driver call. The check after the
+    /// checkpoint still re-reads the scope.
+    pub fn checkpoint_scope(&self, target: &Target, scope: &[i32], found_by: FoundBy) -> Result<CheckpointReport, CheckpointError> {
+        let mut marks = StepMarks::new();
+        let t = Instant::now();
+        let holders = self.holders(target, scope)?;
         if holders.is_empty() {
             return Err(CheckpointError::NoCudaProcesses { target: target.clone() });
         }
-        self.refuse_unready(&holders)?;
         let pids: Vec<i32> = holders.iter().map(|(p, _)| *p).collect();
-        let mut record = self.make_record(target, &pids)?;
+        // NVML's footprints and the driver's states are independent reads:
+        // they run side by side.
+        let (ready, record) = std::thread::scope(|s| {
+            let record = s.spawn(|| self.make_record(target, &pids));
+            let ready = self.refuse_unready(&holders);
+            (ready, record.join().unwrap_or_else(|_| Err(CheckpointError::Footprint("NVML query thread panicked".into()))))
+        });
+        ready?;
+        let mut record = record?;
+        marks.push(("scan", t, Instant::now()));
+        let t = Instant::now();
         // Before the first lock: from here on, whatever stops this run, the
         // record on disk names every process that may be locked.
         record.mark(&pids, ProcessPhase::Locking);
         let path = record
             .save(&self.settings.record_dir)
             .map_err(|e| self.record_error(&record, format!("cannot write it: {e}; nothing was locked")))?;
-        let start = std::time::Instant::now();
-        let phases = self.lock_and_checkpoint(target, &pids, &mut record)?;
+        marks.push(("record", t, Instant::now()));
+        let start = Instant::now();
+        let phases = self.lock_and_checkpoint(target, &pids, &mut record, &mut marks)?;
         Ok(CheckpointReport {
             target: target.to_string(),
             found_by,
@@ -51,6 +79,7 @@ impl Checkpointer<'_> {
             phases,
             total_ms: super::ms(start.elapsed()),
             record: path,
+            marks,
         })
     }
 
@@ -166,7 +195,9 @@ impl Checkpointer<'_> {
         target: &Target,
         pids: &[i32],
         record: &mut CheckpointRecord,
+        marks: &mut StepMarks,
     ) -> Result<Vec<Phase>, CheckpointError> {
+        let t = Instant::now();
         let lock = self.lock_all(pids);
         record.settle(&lock, ProcessPhase::Locked, ProcessPhase::Found);
         if !lock.failures().is_empty() {
@@ -174,18 +205,23 @@ impl Checkpointer<'_> {
             return Err(CheckpointError::Lock { failures: lock.failures(), rollback });
         }
         self.advance(record, |r| r.mark(pids, ProcessPhase::Checkpointing), "nothing was checkpointed")?;
+        marks.push(("cuda-lock", t, Instant::now()));
+        let t = Instant::now();
         let ckpt = run_all(Step::Checkpoint, pids, |pid| self.driver.checkpoint(pid));
+        marks.push(("cuda-checkpoint", t, Instant::now()));
         record.settle(&ckpt, ProcessPhase::Checkpointed, ProcessPhase::Locked);
         if !ckpt.failures().is_empty() {
             let rollback = self.roll_back(record);
             return Err(CheckpointError::Checkpoint { failures: ckpt.failures(), rollback });
         }
+        let t = Instant::now();
         let blocked = self.leftover_files(target, pids);
         if !blocked.is_empty() {
             let rollback = self.roll_back(record);
             return Err(CheckpointError::HandlesRemain { blocked, rollback });
         }
         self.advance(record, |r| r.status = RecordStatus::Complete, "the checkpoint was undone")?;
+        marks.push(("verify", t, Instant::now()));
         Ok(vec![lock, ckpt])
     }
 

@@ -37,7 +37,7 @@ pub use parallel::{Phase, Step, StepRun};
 pub use procs::{FoundBy, NvidiaFile, ProcFs, ProcessHost};
 pub use bounded::BoundedDriver;
 pub use record::{CheckpointRecord, Footprint, ProcessPhase, ProcessRecord, RecordStatus, RECORD_VERSION};
-pub use checkpoint::CheckpointReport;
+pub use checkpoint::{CheckpointReport, StepMarks};
 pub use restore::RestoreReport;
 pub use settle::{settle_records, Settled, StuckProcess};
 pub use state::{ProcessStateReport, StateReport};

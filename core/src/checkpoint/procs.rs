@@ -36,6 +36,10 @@ pub enum FoundBy {
 pub trait ProcessHost: Sync {
     /// Every process of Slurm job `job` on this node, except the caller.
     fn job_processes(&self, job: u32) -> Result<(Vec<i32>, FoundBy), String>;
+    /// Whether `pid` is one of [`Self::job_processes`].
+    fn is_job_process(&self, pid: i32, job: u32) -> Result<bool, String> {
+        self.job_processes(job).map(|(pids, _)| pids.contains(&pid))
+    }
     /// `pid` and all its descendants (a child forked without exec keeps the
     /// parent's GPU mappings, so it belongs to the checkpoint's scope).
     fn with_descendants(&self, pid: i32) -> Vec<i32>;
@@ -111,6 +115,16 @@ impl ProcessHost for ProcFs {
             ));
         }
         Ok((by_env, FoundBy::Environ))
+    }
+
+    /// The process's own cgroup first (one file, where the full answer reads
+    /// every process's): a process in the job's cgroup is one of
+    /// `job_processes` whatever the others are. Otherwise the full answer.
+    fn is_job_process(&self, pid: i32, job: u32) -> Result<bool, String> {
+        if self.read(pid, "cgroup").is_some_and(|c| cgroup_is_job(&String::from_utf8_lossy(&c), job)) {
+            return Ok(true);
+        }
+        self.job_processes(job).map(|(pids, _)| pids.contains(&pid))
     }
 
     fn with_descendants(&self, pid: i32) -> Vec<i32> {
@@ -274,5 +288,31 @@ mod tests {
         assert!(fs.start_time(me).is_some());
         // A job id no process carries finds nothing.
         assert_eq!(fs.job_processes(4_000_000_123).unwrap().0, Vec::<i32>::new());
+    }
+
+    /// The one-file answer agrees with the full scan in every case: the
+    /// process in the job's cgroup, one outside it while others are in it
+    /// (its environment names the job: not enough), and the environment
+    /// fallback where no process of the job sits in a cgroup.
+    #[test]
+    fn is_job_process_agrees_with_the_full_scan() {
+        let root = tempfile::tempdir().unwrap();
+        let proc = |pid: i32, cgroup: &str, environ: &[u8]| {
+            let d = root.path().join(pid.to_string());
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("cgroup"), cgroup).unwrap();
+            std::fs::write(d.join("environ"), environ).unwrap();
+            std::fs::write(d.join("status"), "Uid:\t1000\t1000\t1000\t1000\n").unwrap();
+        };
+        proc(10, "0::/system.slice/slurmstepd.scope/job_7/step_batch/user/task_0\n", b"");
+        proc(11, "0::/user.slice\n", b"SLURM_JOB_ID=7\0");
+        proc(12, "0::/user.slice\n", b"SLURM_JOB_ID=9\0");
+        let fs = ProcFs { root: root.path().to_path_buf(), ..ProcFs::default() };
+        let cases = [(10, 7, true), (11, 7, false), (12, 7, false), (12, 9, true), (10, 9, false), (99, 7, false)];
+        for (pid, job, want) in cases {
+            let full = fs.job_processes(job).unwrap().0.contains(&pid);
+            assert_eq!(full, want, "full scan: pid {pid} job {job}");
+            assert_eq!(fs.is_job_process(pid, job).unwrap(), want, "pid {pid} job {job}");
+        }
     }
 }

@@ -13,6 +13,7 @@
 use crate::checkpoint::record::ProcessRecord;
 use crate::checkpoint::GpuUuid;
 use crate::fsutil;
+use crate::preempt::timeline::Timeline;
 use serde::{Deserialize, Serialize};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
@@ -49,17 +50,24 @@ pub struct ImageFile {
     pub sampled: bool,
 }
 
-/// Where the time of a dump went, ms.
+/// Where the time of a dump went, ms: the summary figures of its
+/// [`Timeline`] (which has every phase).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct DumpTimings {
-    /// From the preemption signal (as the wrapper saw it) to GPU memory free.
+    /// From the preemption signal (as the wrapper saw it) to GPU memory free:
+    /// the driver's checkpoint call has returned.
     pub signal_to_gpu_free_ms: Option<f64>,
     pub cuda_lock_ms: f64,
     pub cuda_checkpoint_ms: f64,
     pub criu_dump_ms: f64,
     /// fsync of every image file, checksums, modes.
     pub seal_ms: f64,
+    /// From the request to the durable manifest (in the manifest itself: to
+    /// the end of the seal).
     pub total_ms: f64,
+    /// From the signal to the durable image (absent in older manifests).
+    #[serde(default)]
+    pub signal_to_durable_ms: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -91,6 +99,9 @@ pub struct Manifest {
     pub images: Vec<ImageFile>,
     pub image_bytes: u64,
     pub timings: DumpTimings,
+    /// Every phase of the dump up to the seal (absent in older manifests).
+    #[serde(default)]
+    pub timeline: Timeline,
 }
 
 /// Why a manifest cannot be used; every variant keeps the image.
@@ -270,6 +281,7 @@ mod tests {
             image_bytes: 4,
             images,
             timings: DumpTimings::default(),
+            timeline: Timeline::default(),
         }
     }
 

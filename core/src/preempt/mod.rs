@@ -29,8 +29,10 @@ pub mod images;
 pub mod manifest;
 pub mod protocol;
 pub mod submit;
+pub mod timeline;
 pub mod tree;
 pub mod wrapper;
+pub mod writeback;
 
 pub use agent::{spawn_agent, stop_agent, Agent, AgentLaunch, AgentParams, NodeFacts};
 pub use images::{cleanup_after_job, discard_job_images, sweep_images, Cleanup, ImageStore, Limits};
@@ -78,6 +80,31 @@ pub fn socket_path(socket_dir: &std::path::Path, job: u32) -> PathBuf {
 
 /// Milliseconds since the epoch (wall clock: compared across processes of
 /// one node, e.g. signal received → GPU memory free).
+/// `f` over `items` on up to `threads` threads at once, results in the
+/// items' order. (std's scoped threads; rayon would be a dependency for one
+/// loop.)
+pub fn parallel_map<T: Sync, R: Send>(items: &[T], threads: usize, f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let next = AtomicUsize::new(0);
+    let mut out: Vec<(usize, R)> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads.clamp(1, items.len().max(1)))
+            .map(|_| {
+                s.spawn(|| {
+                    let mut done = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::SeqCst);
+                        let Some(item) = items.get(i) else { return done };
+                        done.push((i, f(item)));
+                    }
+                })
+            })
+            .collect();
+        workers.into_iter().flat_map(|w| w.join().expect("a parallel_map worker panicked")).collect()
+    });
+    out.sort_by_key(|(i, _)| *i);
+    out.into_iter().map(|(_, r)| r).collect()
+}
+
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
@@ -85,6 +112,22 @@ pub fn now_ms() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parallel_map_keeps_the_order_and_runs_every_item_once() {
+        let items: Vec<u32> = (0..100).collect();
+        let calls = std::sync::atomic::AtomicUsize::new(0);
+        for threads in [0, 1, 3, 8, 500] {
+            calls.store(0, std::sync::atomic::Ordering::SeqCst);
+            let out = parallel_map(&items, threads, |i| {
+                calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                i * 2
+            });
+            assert_eq!(out, items.iter().map(|i| i * 2).collect::<Vec<_>>(), "{threads} threads");
+            assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 100);
+        }
+        assert!(parallel_map(&Vec::<u32>::new(), 4, |i| *i).is_empty());
+    }
 
     #[test]
     fn signals_by_name_or_number() {

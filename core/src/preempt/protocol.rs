@@ -60,6 +60,9 @@ pub struct CheckpointSummary {
     pub gpu_bytes: u64,
     pub cuda_processes: usize,
     pub timings: super::manifest::DumpTimings,
+    /// Every phase, from the signal to the durable manifest.
+    #[serde(default)]
+    pub timeline: super::timeline::Timeline,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -73,6 +76,9 @@ pub struct RestoreSummary {
     pub total_ms: f64,
     /// Old GPU → new GPU, when the job moved.
     pub device_map: Vec<(String, String)>,
+    /// Every phase, from the request to the unlocked processes.
+    #[serde(default)]
+    pub timeline: super::timeline::Timeline,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

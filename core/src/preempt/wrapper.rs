@@ -210,6 +210,9 @@ impl Wrapper<'_> {
                     summary.criu_restore_ms / 1e3,
                     summary.cuda_restore_ms / 1e3
                 ));
+                if !summary.timeline.phases.is_empty() {
+                    say(&format!("job {} restore phases: {}", self.o.job, summary.timeline.render()));
+                }
                 let tx = self.tx.clone();
                 std::thread::spawn(move || {
                     let ev = match protocol::receive::<Response>(&mut reader) {
@@ -292,13 +295,10 @@ impl Wrapper<'_> {
         };
         let status = match result {
             Ok(s) => {
-                let free = s.timings.signal_to_gpu_free_ms.map_or(String::new(), |ms| format!(", GPU memory free {:.1} s after the signal", ms / 1e3));
-                say(&format!(
-                    "job {} checkpointed: {:.2} GiB image in {:.1} s{free}; requeueing",
-                    self.o.job,
-                    s.image_bytes as f64 / (1u64 << 30) as f64,
-                    s.timings.total_ms / 1e3
-                ));
+                say(&checkpointed_line(self.o.job, &s));
+                if !s.timeline.phases.is_empty() {
+                    say(&format!("job {} checkpoint phases: {}", self.o.job, s.timeline.render()));
+                }
                 0
             }
             Err(e) => {
@@ -387,6 +387,22 @@ impl Wrapper<'_> {
     }
 }
 
+/// `job 7 checkpointed: 8.58 GiB image durable 12.1 s after the signal, GPU
+/// memory free 3.9 s after the signal; requeueing` (without a signal time:
+/// `... image in 12.0 s; requeueing`).
+fn checkpointed_line(job: u32, s: &protocol::CheckpointSummary) -> String {
+    let gib = s.image_bytes as f64 / (1u64 << 30) as f64;
+    let t = &s.timings;
+    match (t.signal_to_durable_ms, t.signal_to_gpu_free_ms) {
+        (Some(durable), Some(free)) => format!(
+            "job {job} checkpointed: {gib:.2} GiB image durable {:.1} s after the signal, GPU memory free {:.1} s after the signal; requeueing",
+            durable / 1e3,
+            free / 1e3
+        ),
+        _ => format!("job {job} checkpointed: {gib:.2} GiB image in {:.1} s; requeueing", t.total_ms / 1e3),
+    }
+}
+
 /// `JobState=...` of `scontrol show job -o` output.
 fn job_state_of(text: &str) -> Option<String> {
     text.split_whitespace().find_map(|w| w.strip_prefix("JobState=")).map(String::from)
@@ -395,6 +411,26 @@ fn job_state_of(text: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_checkpoint_line_says_when_the_gpu_was_free_and_the_image_durable() {
+        let mut s = protocol::CheckpointSummary {
+            image_dir: "/img/7/0".into(),
+            image_bytes: 9_215_479_287,
+            gpu_bytes: 8 << 30,
+            cuda_processes: 1,
+            timings: Default::default(),
+            timeline: Default::default(),
+        };
+        s.timings.total_ms = 12_000.0;
+        assert_eq!(checkpointed_line(7, &s), "job 7 checkpointed: 8.58 GiB image in 12.0 s; requeueing");
+        s.timings.signal_to_durable_ms = Some(12_100.0);
+        s.timings.signal_to_gpu_free_ms = Some(3_900.0);
+        assert_eq!(
+            checkpointed_line(7, &s),
+            "job 7 checkpointed: 8.58 GiB image durable 12.1 s after the signal, GPU memory free 3.9 s after the signal; requeueing"
+        );
+    }
 
     #[test]
     fn the_job_state_is_read_from_scontrol() {

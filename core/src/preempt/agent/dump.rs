@@ -3,49 +3,103 @@
 //! and the manifest written last. Success is reported only after the
 //! manifest is durable; a failure leaves no manifest and removes the run
 //! directory.
+//!
+//! Between the signal and the driver's checkpoint call stands only what the
+//! driver needs or what guards it: the caller's and the tree's checks, the
+//! scan of the tree's GPU holders and the record. The image directory is
+//! made while the driver works, and the disk writes the image while CRIU
+//! dumps it (writeback.rs). Every phase lands in the timeline (timeline.rs).
 
 use super::server::Peer;
 use super::{Agent, RootState};
 use crate::checkpoint::record::CheckpointRecord;
-use crate::checkpoint::{CheckpointError, CheckpointReport, DeviceMap, Step, Target};
+use crate::checkpoint::{CheckpointError, CheckpointReport, DeviceMap, FoundBy, Target};
 use crate::criu::DumpRequest;
 use crate::preempt::images::ImageStore;
 use crate::preempt::manifest::{DumpTimings, Manifest, MANIFEST_VERSION};
 use crate::preempt::protocol::CheckpointSummary;
+use crate::preempt::timeline::{Stopwatch, Timeline};
+use crate::preempt::writeback::Writeback;
 use crate::preempt::{now_ms, tree};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-fn ms(since: Instant) -> f64 {
-    since.elapsed().as_secs_f64() * 1000.0
-}
-
-fn phase_ms(r: &Option<CheckpointReport>, step: Step) -> f64 {
-    r.as_ref().and_then(|r| r.phases.iter().find(|p| p.step == step)).map_or(0.0, |p| p.wall_ms)
-}
+/// The CUDA checkpoint's outcome: its report, or none when the tree holds
+/// no GPU files.
+type CudaOutcome = Result<Option<CheckpointReport>, String>;
 
 impl Agent {
     pub(super) fn checkpoint(&self, peer: Peer, root: i32, signal_at_ms: Option<u64>) -> Result<CheckpointSummary, String> {
+        let lead_ms = signal_at_ms.map(|at| now_ms().saturating_sub(at) as f64);
+        let mut sw = Stopwatch::new("request", lead_ms);
         let _op = self.exclusive()?;
         self.criu_status.clone().map_err(|e| format!("cannot checkpoint: {e}"))?;
+        let t = Instant::now();
         self.check_root(peer, root)?;
         let pids = self.host.with_descendants(root);
         tree::check_owned(&pids, self.params.uid)?;
-        let (job, restart) = (self.params.job, self.params.restart_count);
-        let run = self.settings.images.prepare_run(job, restart).map_err(|e| format!("cannot prepare the image directory: {e}"))?;
+        sw.since("checks", t);
         let was = self.root_state(root);
         if was.is_some() {
             self.set_root(root, Some(RootState::Dumping));
         }
-        let result = self.dump_into(&run, root, &pids, signal_at_ms);
-        if result.is_err() {
-            // Never leave a partial image, and never one that claims success.
-            let _ = crate::fsutil::remove_tree_if_present(&run);
-        }
+        let result = self.dump_tree(root, &pids, signal_at_ms.is_some(), &mut sw);
         if was.is_some() {
             self.set_root(root, Some(if result.is_ok() { RootState::Dumped } else { RootState::Running }));
         }
         result
+    }
+
+    /// CUDA checkpoint (with the run directory made meanwhile), then CRIU;
+    /// a failure removes the run directory: never a partial image, and
+    /// never one that claims success.
+    fn dump_tree(&self, root: i32, pids: &[i32], from_signal: bool, sw: &mut Stopwatch) -> Result<CheckpointSummary, String> {
+        let target = Target::Pids(vec![root]);
+        let (run, cuda) = self.cuda_checkpoint_and_run_dir(&target, pids, sw);
+        let run = match (run, &cuda) {
+            (Ok(run), Ok(_)) => run,
+            (Ok(run), Err(e)) => {
+                let _ = crate::fsutil::remove_tree_if_present(&run);
+                return Err(e.clone());
+            }
+            (Err(e), cuda) => {
+                let undo = self.roll_back(matches!(cuda, Ok(Some(_))), &target);
+                return Err(format!("cannot prepare the image directory: {e}; {undo}"));
+            }
+        };
+        let result = self.dump_into(&run, root, pids, cuda.unwrap_or(None), from_signal, sw);
+        if result.is_err() {
+            let _ = crate::fsutil::remove_tree_if_present(&run);
+        }
+        result
+    }
+
+    /// The driver's checkpoint of the tree and the image directory's
+    /// preparation (which may remove a failed attempt's leftovers), side by
+    /// side: neither needs the other.
+    fn cuda_checkpoint_and_run_dir(&self, target: &Target, pids: &[i32], sw: &mut Stopwatch) -> (std::io::Result<PathBuf>, CudaOutcome) {
+        let (job, restart) = (self.params.job, self.params.restart_count);
+        let (run, cuda) = std::thread::scope(|s| {
+            let prep = s.spawn(|| {
+                let t = Instant::now();
+                (self.settings.images.prepare_run(job, restart), t, Instant::now())
+            });
+            let cuda = match self.checkpointer().checkpoint_scope(target, pids, FoundBy::Pid) {
+                Ok(r) => Ok(Some(r)),
+                Err(CheckpointError::NoCudaProcesses { .. }) => Ok(None),
+                Err(e) => Err(format!("CUDA checkpoint failed: {e}")),
+            };
+            let run = prep.join().unwrap_or_else(|_| (Err(std::io::Error::other("panicked")), Instant::now(), Instant::now()));
+            (run, cuda)
+        });
+        let (run, t0, t1) = run;
+        sw.record("image-dir", t0, t1);
+        if let Ok(Some(report)) = &cuda {
+            for (name, a, b) in &report.marks {
+                sw.record(name, *a, *b);
+            }
+        }
+        (run, cuda)
     }
 
     /// The root must be the caller's own descendant or a tree this agent
@@ -63,54 +117,54 @@ impl Agent {
 
     /// Another job of the same user on this node must not use this agent.
     pub(super) fn peer_in_job(&self, peer: Peer) -> Result<(), String> {
-        match self.host.job_processes(self.params.job) {
-            Ok((pids, _)) if pids.contains(&peer.pid) => Ok(()),
-            Ok(_) => Err(format!("the caller (pid {}) is not a process of job {}: refused", peer.pid, self.params.job)),
+        match self.host.is_job_process(peer.pid, self.params.job) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(format!("the caller (pid {}) is not a process of job {}: refused", peer.pid, self.params.job)),
             Err(e) => Err(format!("cannot tell the processes of job {}: {e}", self.params.job)),
         }
     }
 
-    fn dump_into(&self, run: &Path, root: i32, pids: &[i32], signal_at_ms: Option<u64>) -> Result<CheckpointSummary, String> {
-        let start = Instant::now();
-        let ckpt = self.checkpointer();
+    fn dump_into(
+        &self,
+        run: &Path,
+        root: i32,
+        pids: &[i32],
+        cuda: Option<CheckpointReport>,
+        from_signal: bool,
+        sw: &mut Stopwatch,
+    ) -> Result<CheckpointSummary, String> {
         let target = Target::Pids(vec![root]);
-        let cuda = match ckpt.checkpoint(&target) {
-            Ok(r) => Some(r),
-            Err(CheckpointError::NoCudaProcesses { .. }) => None,
-            Err(e) => return Err(format!("CUDA checkpoint failed: {e}")),
-        };
-        let gpu_free_ms = now_ms();
-        let criu_start = Instant::now();
         let req = DumpRequest { pid: root, images_dir: run.to_path_buf(), tcp_established: self.settings.tcp_established };
-        if let Err(e) = self.criu.dump(&req) {
+        // Best effort: without it the seal writes everything, as before.
+        let writeback = self.settings.early_writeback.then(|| Writeback::start(run).ok()).flatten();
+        let t = Instant::now();
+        let dumped = self.criu.dump(&req);
+        sw.since("criu-dump", t);
+        if let Some(w) = writeback {
+            w.finish();
+            sw.since("writeback", t);
+        }
+        if let Err(e) = dumped {
             return Err(format!("{e}; {}", self.roll_back(cuda.is_some(), &target)));
         }
-        let criu_ms = ms(criu_start);
-        let key = target.key();
-        let _ = CheckpointRecord::remove(&self.settings.checkpoint.record_dir, &key);
+        let _ = CheckpointRecord::remove(&self.settings.checkpoint.record_dir, &target.key());
         // From here on the tree is gone: a failure means starting over.
-        let seal_start = Instant::now();
-        let images = ImageStore::seal(run).map_err(|e| format!("cannot seal the images in {}: {e}", run.display()))?;
-        let timings = DumpTimings {
-            signal_to_gpu_free_ms: signal_at_ms.map(|s| gpu_free_ms.saturating_sub(s) as f64),
-            cuda_lock_ms: phase_ms(&cuda, Step::Lock),
-            cuda_checkpoint_ms: phase_ms(&cuda, Step::Checkpoint),
-            criu_dump_ms: criu_ms,
-            seal_ms: ms(seal_start),
-            total_ms: 0.0,
-        };
-        let mut manifest = self.manifest(root, pids, cuda.as_ref(), images, timings);
-        manifest.timings.total_ms = ms(start);
+        let images = sw.time("seal", || ImageStore::seal(run)).map_err(|e| format!("cannot seal the images in {}: {e}", run.display()))?;
+        let manifest = self.manifest(root, pids, cuda.as_ref(), images, sw.timeline(), from_signal);
+        let t = Instant::now();
         manifest.save(run).map_err(|e| format!("cannot write the manifest in {}: {e}", run.display()))?;
         self.settings.images.sync_parents(self.params.job).map_err(|e| format!("cannot sync the image directory: {e}"))?;
+        sw.since("manifest", t);
         // Older images of this job (restored already) are of no more use.
         let _ = self.settings.images.remove_other_runs(self.params.job, Some(self.params.restart_count));
+        let timeline = sw.timeline().clone();
         Ok(CheckpointSummary {
             image_dir: run.display().to_string(),
             image_bytes: manifest.image_bytes,
             gpu_bytes: cuda.as_ref().map_or(0, |r| r.bytes()),
             cuda_processes: manifest.cuda.len(),
-            timings: manifest.timings,
+            timings: timings_of(&timeline, from_signal),
+            timeline,
         })
     }
 
@@ -132,7 +186,8 @@ impl Agent {
         pids: &[i32],
         cuda: Option<&CheckpointReport>,
         images: Vec<crate::preempt::manifest::ImageFile>,
-        timings: DumpTimings,
+        timeline: &Timeline,
+        from_signal: bool,
     ) -> Manifest {
         let p = &self.params;
         Manifest {
@@ -154,7 +209,27 @@ impl Agent {
             tcp_established: self.settings.tcp_established,
             image_bytes: images.iter().map(|f| f.bytes).sum(),
             images,
-            timings,
+            timings: timings_of(timeline, from_signal),
+            timeline: timeline.clone(),
         }
+    }
+}
+
+/// The summary figures of a dump's timeline (see [`DumpTimings`]). The GPU
+/// memory is free when the driver's checkpoint returns (or, for a tree
+/// without GPU memory, when the checks are done).
+fn timings_of(t: &Timeline, from_signal: bool) -> DumpTimings {
+    let len = |name: &str| t.phase(name).map_or(0.0, |p| p.ms);
+    let gpu_free = t.end_of("cuda-checkpoint").or_else(|| t.end_of("checks")).unwrap_or(0.0);
+    let durable = t.end_ms();
+    let lead = if from_signal { t.phase("request").map_or(0.0, |p| p.ms) } else { 0.0 };
+    DumpTimings {
+        signal_to_gpu_free_ms: from_signal.then_some(gpu_free),
+        cuda_lock_ms: len("cuda-lock"),
+        cuda_checkpoint_ms: len("cuda-checkpoint"),
+        criu_dump_ms: len("criu-dump"),
+        seal_ms: len("seal"),
+        total_ms: durable - lead,
+        signal_to_durable_ms: from_signal.then_some(durable),
     }
 }

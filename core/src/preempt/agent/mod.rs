@@ -67,6 +67,8 @@ pub struct AgentSettings {
     pub images: ImageStore,
     pub checkpoint: crate::checkpoint::Settings,
     pub tcp_established: bool,
+    /// `checkpoint.early_writeback`.
+    pub early_writeback: bool,
     /// How long a restore waits for the image's pids to be free.
     pub pid_wait: Duration,
     pub idle_exit: Duration,
@@ -83,6 +85,7 @@ impl AgentSettings {
             images: ImageStore::new(&cfg.checkpoint.image_dir),
             checkpoint: crate::checkpoint::Settings::from_config(cfg),
             tcp_established: true,
+            early_writeback: cfg.checkpoint.early_writeback,
             pid_wait: Duration::from_secs(10),
             idle_exit: Duration::from_secs(30),
             start_grace: Duration::from_secs(600),

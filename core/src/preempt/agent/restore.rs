@@ -11,6 +11,7 @@ use crate::criu::{RestoreRequest, TargetCgroup};
 use crate::preempt::images::ImageStore;
 use crate::preempt::manifest::Manifest;
 use crate::preempt::protocol::RestoreSummary;
+use crate::preempt::timeline::Stopwatch;
 use crate::preempt::tree;
 use crate::procfs;
 use std::path::Path;
@@ -22,18 +23,18 @@ fn ms(since: Instant) -> f64 {
 
 impl Agent {
     pub(super) fn restore(&self, peer: Peer) -> Result<(i32, RestoreSummary), String> {
+        let mut sw = Stopwatch::new("request", None);
         let _op = self.exclusive()?;
         self.criu_status.clone().map_err(|e| format!("cannot restore: {e}"))?;
         if peer.uid != 0 {
             self.peer_in_job(peer)?;
         }
-        let start = Instant::now();
         let (restart, dir) = self
             .settings
             .images
             .latest(self.params.job)
             .ok_or_else(|| format!("no checkpoint image of job {} in {}", self.params.job, self.settings.images.root.display()))?;
-        let result = self.restore_image(peer, restart, &dir, start);
+        let result = self.restore_image(peer, restart, &dir, &mut sw);
         if let Err(e) = &result {
             // The epilog of this run would otherwise remove the image that
             // the message promises to keep (it keeps only what a run
@@ -45,35 +46,39 @@ impl Agent {
         result
     }
 
-    fn restore_image(&self, peer: Peer, restart: u32, dir: &Path, start: Instant) -> Result<(i32, RestoreSummary), String> {
+    fn restore_image(&self, peer: Peer, restart: u32, dir: &Path, sw: &mut Stopwatch) -> Result<(i32, RestoreSummary), String> {
         let dir = dir.to_path_buf();
-        let (manifest, map) = self.vet(&dir).map_err(|e| format!("{e}; the image is kept"))?;
+        let t = Instant::now();
+        let (manifest, map) = self.vet(&dir, sw).map_err(|e| format!("{e}; the image is kept"))?;
         let cgroup = TargetCgroup::of_pid(peer.pid)?;
-        let check_ms = ms(start);
-        let criu_start = Instant::now();
+        let check_ms = ms(t);
+        let t = Instant::now();
         let pid = self.criu_restore(&dir, &manifest, cgroup)?;
-        let criu_ms = ms(criu_start);
-        let cuda_start = Instant::now();
+        sw.since("criu-restore", t);
+        let t = Instant::now();
         if !manifest.cuda.is_empty() {
             if let Err(e) = self.checkpointer().restore_processes(&manifest.cuda, &map) {
                 self.kill_restored(&manifest);
                 return Err(format!("CUDA restore failed: {e}; the restored processes were killed, the image is kept"));
             }
+            sw.since("cuda-restore", t);
         }
-        let cuda_ms = ms(cuda_start);
+        let t = Instant::now();
         if let Err(e) = ImageStore::consume(&dir) {
             // It runs; only a second restore of this image is at risk.
             self.log("restore-consume", crate::log::Outcome::Failed, &format!("{}: {e}", dir.display()));
         }
+        sw.since("consume", t);
         self.set_root(pid, Some(RootState::Running));
+        let timeline = sw.timeline().clone();
         let summary = RestoreSummary {
             from_restart: restart,
             from_node: manifest.node.clone(),
             image_bytes: manifest.image_bytes,
             check_ms,
-            criu_restore_ms: criu_ms,
-            cuda_restore_ms: cuda_ms,
-            total_ms: ms(start),
+            criu_restore_ms: timeline.phase("criu-restore").map_or(0.0, |p| p.ms),
+            cuda_restore_ms: timeline.phase("cuda-restore").map_or(0.0, |p| p.ms),
+            total_ms: timeline.end_ms(),
             // The job's own GPUs; the pairs that complete the map for the
             // driver (device_map) are of no interest to the user.
             device_map: map
@@ -82,18 +87,28 @@ impl Agent {
                 .filter(|p| manifest.gpus.iter().any(|g| g.uuid == p.old))
                 .map(|p| (p.old.to_string(), p.new.to_string()))
                 .collect(),
+            timeline,
         };
         Ok((pid, summary))
     }
 
-    /// Everything that can refuse the image, without changing anything.
-    fn vet(&self, dir: &Path) -> Result<(Manifest, DeviceMap), String> {
-        let m = Manifest::load(dir).map_err(|e| e.to_string())?;
-        m.check_owner(dir, self.params.job, self.params.uid).map_err(|e| e.to_string())?;
-        m.check_files(dir).map_err(|e| e.to_string())?;
-        let map = self.device_map(&m)?;
-        self.checkpointer().check_restore_room(&m.cuda, &map).map_err(|e| e.to_string())?;
-        tree::wait_pids_free(&m.pids, self.settings.pid_wait)?;
+    /// Everything that can refuse the image, without changing anything. The
+    /// image's pages are read ahead meanwhile (an image not in the page
+    /// cache, e.g. on shared storage, is then read while the checks run).
+    fn vet(&self, dir: &Path, sw: &mut Stopwatch) -> Result<(Manifest, DeviceMap), String> {
+        let m = sw.time("manifest", || -> Result<Manifest, String> {
+            let m = Manifest::load(dir).map_err(|e| e.to_string())?;
+            m.check_owner(dir, self.params.job, self.params.uid).map_err(|e| e.to_string())?;
+            Ok(m)
+        })?;
+        read_ahead(dir, &m);
+        sw.time("checksums", || m.check_files(dir)).map_err(|e| e.to_string())?;
+        let map = sw.time("gpu-room", || -> Result<DeviceMap, String> {
+            let map = self.device_map(&m)?;
+            self.checkpointer().check_restore_room(&m.cuda, &map).map_err(|e| e.to_string())?;
+            Ok(map)
+        })?;
+        sw.time("pids-free", || tree::wait_pids_free(&m.pids, self.settings.pid_wait))?;
         Ok((m, map))
     }
 
@@ -166,4 +181,24 @@ impl Agent {
         tree::kill_all(&ids);
         let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(m.root_pid), None);
     }
+}
+
+/// Starts reading the image's files into the page cache on a thread of its
+/// own (posix_fadvise WILLNEED), largest first, and returns at once. Opened
+/// through the directory's descriptor without following symlinks, as the
+/// checks open them; a file that cannot be opened is left to the checks.
+fn read_ahead(dir: &Path, m: &Manifest) {
+    let Ok(dir_fd) = crate::fsutil::open_dir_nofollow(dir) else { return };
+    let mut names: Vec<(u64, String)> = m.images.iter().map(|f| (f.bytes, f.name.clone())).collect();
+    names.sort_unstable_by(|a, b| b.cmp(a));
+    let _ = std::thread::Builder::new().name("image-read-ahead".into()).spawn(move || {
+        use nix::fcntl::{openat, OFlag};
+        use std::os::fd::AsRawFd;
+        for (bytes, name) in names {
+            let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK;
+            let Ok(fd) = openat(&dir_fd, name.as_str(), flags, nix::sys::stat::Mode::empty()) else { continue };
+            // SAFETY: a plain syscall on a descriptor we own.
+            unsafe { libc::posix_fadvise(fd.as_raw_fd(), 0, bytes as libc::off_t, libc::POSIX_FADV_WILLNEED) };
+        }
+    });
 }

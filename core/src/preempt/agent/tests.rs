@@ -79,6 +79,7 @@ fn fixture() -> Fx {
             call_timeout: Duration::from_secs(5),
         },
         tcp_established: false,
+        early_writeback: true,
         pid_wait: Duration::from_secs(2),
         idle_exit: Duration::from_secs(3600),
         start_grace: Duration::from_secs(3600),
@@ -146,6 +147,14 @@ fn a_dump_writes_its_manifest_last_with_the_job_and_user() {
     assert_eq!(names, ["core-1.img", "dump.log", "pages-1.img", "pstree.img"]);
     assert!(m.cuda.is_empty(), "sleep holds no GPU");
     assert!(m.timings.signal_to_gpu_free_ms.is_some());
+    // The timeline, from the signal: every phase up to the seal, in order,
+    // none before its predecessor began; the summary figures agree with it.
+    let names: Vec<&str> = m.timeline.phases.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["request", "checks", "image-dir", "criu-dump", "writeback", "seal"], "{:?}", m.timeline);
+    assert!(m.timeline.phases.windows(2).all(|w| w[1].start_ms + 1e-9 >= w[0].start_ms), "{:?}", m.timeline);
+    assert_eq!(m.timings.criu_dump_ms, m.timeline.phase("criu-dump").unwrap().ms);
+    assert_eq!(m.timings.signal_to_gpu_free_ms, m.timeline.end_of("checks"), "no GPU memory: free once checked");
+    assert_eq!(m.timings.signal_to_durable_ms, Some(m.timeline.end_ms()));
     match &fx.criu.calls()[..] {
         [CriuCall::Check, CriuCall::Dump(d)] => assert_eq!((d.pid, &d.images_dir), (child.id() as i32, &run)),
         other => panic!("{other:?}"),

@@ -1,0 +1,56 @@
+#!/bin/sh
+# The host side of the preemption benchmark (issue 17) on a machine without
+# GPUs: gpu-mode-preempt-bench, ours and the plain sequence side by side
+# with real CRIU, on the simulated driver and NVML (sim/), for
+#   - a real framework process (JAX on the CPU, checkpoint/bench/framework_app.py:
+#     its threads, libraries, allocator and data, dumped by CRIU), and
+#   - the simulated CUDA counter (GPU memory through the simulated driver).
+# Measures what the simulation can tell: CRIU dump, writeback, seal, the
+# disk, restore. The GPU's own times come from the GPU machines
+# (scripts/gpu/preempt-real.sh). Run as root after `cargo build --release
+# --workspace`:   sh scripts/bench-preempt-host.sh [CASES] [APP]
+#   CASES  e.g. 1x1,4x1 (default 1x1,4x1,1x4)     APP  jax | counter | both (default both)
+set -eu
+cd "$(dirname "$0")/.."
+CASES=${1:-1x1,4x1,1x4}
+APP=${2:-both}
+B=$PWD/target/release
+W=${GPU_MODE_BENCH_DIR:-/var/tmp/gm-preempt-bench-host}
+CRIU=$(command -v criu || echo /usr/local/sbin/criu)
+rm -rf "$W"
+mkdir -p "$W/run"
+chmod 755 "$W"
+GPU_MODE_SIM_STATE=$W/nvml-state.json
+export GPU_MODE_SIM_STATE
+"$B/nvml-sim-ctl" init sim/nvml/fixtures/node-1x-h100.toml
+chmod 666 "$GPU_MODE_SIM_STATE"
+cat > "$W/config.toml" <<EOF
+runtime_dir = "$W/run"
+[log]
+syslog = false
+[nvml]
+library = "$B/libnvml_sim.so"
+[checkpoint]
+cuda_library = "$B/libcuda_sim.so"
+criu = "$CRIU"
+criu_timeout_ms = 600000
+memory_margin_mib = 0
+device_paths = ["/dev/nvidia", "$GPU_MODE_SIM_STATE.cuda/gpus/"]
+EOF
+# Root without CAP_SYS_RESOURCE (containers) cannot dump another user's
+# processes: then the programs run as root without capabilities (--uid 0).
+cap=$(sed -n 's/^CapEff:[[:space:]]*//p' /proc/self/status)
+if [ $(( 0x$cap >> 24 & 1 )) = 1 ]; then uid=65534; else uid=0; fi
+bench() { "$B/gpu-mode-preempt-bench" --config "$W/config.toml" --uid "$uid" --workdir "$W/bench" --cases "$CASES" "$@"; }
+echo "== $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, kernel $(uname -r), images under $W ($(df -h "$W" | awk 'NR==2 {print $1}'))"
+if [ "$APP" = jax ] || [ "$APP" = both ]; then
+    PY=${GPU_MODE_BENCH_PYTHON:-python3}
+    "$PY" -c 'import jax' 2>/dev/null || { echo "error: $PY has no jax (pip install 'jax[cpu]', or GPU_MODE_BENCH_PYTHON=...)" >&2; exit 1; }
+    echo "== JAX on the CPU (framework_app.py), $CASES"
+    bench --app "$(command -v "$PY")" \
+        --app-args "$PWD/checkpoint/bench/framework_app.py --framework jax --gib {gib} --device cpu --seed {i} --ready {ready} --go {go}"
+fi
+if [ "$APP" = counter ] || [ "$APP" = both ]; then
+    echo "== simulated CUDA counter (sim/cuda), $CASES"
+    bench --app "$B/cuda-sim-counter" --app-args "--steps 200 --interval-ms 20 --mib {mib} --device {device} --ready {ready}"
+fi
