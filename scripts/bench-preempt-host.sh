@@ -10,6 +10,7 @@
 # (scripts/gpu/preempt-real.sh). Run as root after `cargo build --release
 # --workspace`:   sh scripts/bench-preempt-host.sh [CASES] [APP]
 #   CASES  e.g. 1x1,4x1 (default 1x1,4x1,1x4)     APP  jax | counter | both (default both)
+#   EARLY_WRITEBACK=false: the agent writes the image at the seal only (A/B).
 set -eu
 cd "$(dirname "$0")/.."
 CASES=${1:-1x1,4x1,1x4}
@@ -36,6 +37,7 @@ criu = "$CRIU"
 criu_timeout_ms = 600000
 memory_margin_mib = 0
 device_paths = ["/dev/nvidia", "$GPU_MODE_SIM_STATE.cuda/gpus/"]
+early_writeback = ${EARLY_WRITEBACK:-true}
 EOF
 # Root without CAP_SYS_RESOURCE (containers) cannot dump another user's
 # processes: then the programs run as root without capabilities (--uid 0).

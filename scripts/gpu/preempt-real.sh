@@ -8,8 +8,13 @@
 #          high-priority job, checkpointed, requeued, restored onto the other
 #          GPU(s) (a second high job holds the first ones; the 2-rank job moves
 #          only with 4 GPUs), and its pattern verified.
-#   bench: gpu-mode-preempt-bench, ours and the seed's sequence side by side
-#          (cases GiBxprocesses, default 1x1,8x1,8x2,32x1,8x4).
+#   bench: gpu-mode-preempt-bench, ours and the plain sequence (driver toggle,
+#          criu dump, sync; criu restore, driver restore) side by side, with
+#          the disk's fsync bandwidth and the ratios of issue 17's targets
+#          (cases GiBxprocesses, default 8x1,32x1,4x4). BENCH_APP picks the
+#          program: torch (default: a real PyTorch process,
+#          checkpoint/bench/framework_app.py), jax, or testprog
+#          (gpu-mode-ckpt-testprog, the bare pattern holder).
 # Usage (repo root of the GPU machine):
 #   bash scripts/gpu/preempt-real.sh CARRY [all|e2e|bench] [CASES]
 # CARRY is the folder scripts/gpu/preempt-carry.sh made (.dev-carry/preempt).
@@ -21,7 +26,8 @@
 set -u
 CARRY=${1:?usage: preempt-real.sh CARRY [all|e2e|bench] [CASES]}
 PART=${2:-all}
-CASES=${3:-1x1,8x1,8x2,32x1,8x4}
+CASES=${3:-8x1,32x1,4x4}
+BENCH_APP=${BENCH_APP:-torch}
 A=$(cd "$CARRY" && pwd)
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${OUT:-/tmp/preempt-out}
@@ -163,20 +169,25 @@ if [ "$PART" = all ] || [ "$PART" = e2e ]; then
 fi
 
 if [ "$PART" = all ] || [ "$PART" = bench ]; then
-    say "== bench (ours vs the seed's sequence), within $(left) s"
+    say "== bench ($BENCH_APP: ours vs the plain sequence), within $(left) s"
     W=/tmp/gm-preempt-bench; rm -rf "$W"; mkdir -p "$W"
     printf 'runtime_dir = "%s/run"\n[log]\nsyslog = false\nstderr = true\n[checkpoint]\nlock_timeout_ms = 5000\n' "$W" > "$W/config.toml"
     BUID=0; [ "$JOBUSER" = gmtest1 ] && BUID=$(id -u gmtest1 2>/dev/null || echo 0)
     SKIPPED=""
     for c in ${CASES//,/ }; do
         g=${c%x*} n=${c#*x}
-        # About 7 s per GiB in all for both sequences (H100: dump 0.8 GiB/s), plus start-up.
-        est=$(( g * n * 7 + 20 ))
+        # About 9 s per GiB in all for both sequences and the disk probe (H100: dump 0.8 GiB/s), plus start-up.
+        est=$(( g * n * 9 + 30 ))
         if [ "$est" -gt "$(left)" ]; then say "bench $c skipped: estimated $est s, $(left) s left"; SKIPPED="$SKIPPED,$c"; continue; fi
-        timeout "$(left)" "$B/gpu-mode-preempt-bench" --config "$W/config.toml" --app "$B/gpu-mode-ckpt-testprog" \
-            --app-args "--gib {gib} --device {device} --seed {i} --ready {ready} --go {go}" \
+        if [ "$BENCH_APP" = testprog ]; then
+            app=$B/gpu-mode-ckpt-testprog; args="--gib {gib} --device {device} --seed {i} --ready {ready} --go {go}"
+        else
+            app=$(command -v python3)
+            args="$REPO/checkpoint/bench/framework_app.py --framework $BENCH_APP --gib {gib} --device {device} --seed {i} --ready {ready} --go {go}"
+        fi
+        timeout "$(left)" "$B/gpu-mode-preempt-bench" --config "$W/config.toml" --app "$app" --app-args "$args" \
             --cases "$c" --gpus "$N" --uid "$BUID" --workdir "$W" 2>&1 | tee -a "$OUT/bench.txt"
-        rm -rf "$W/images" "$W/seed-images"
+        rm -rf "$W/images" "$W/plain-images"
     done
     [ -n "$SKIPPED" ] && say "not run (time bound): bash scripts/gpu/preempt-real.sh $CARRY bench ${SKIPPED#,}"
 fi

@@ -88,8 +88,14 @@ enum Event {
     AgentLost(String),
 }
 
+/// One line on the job's stderr, in one write: the application writes to the
+/// same file, and `eprintln!` writes a line in pieces, between which a line
+/// of the application's can land (seen: a restored counter's `step 16` line
+/// split ours in two, and the test lost the step).
 fn say(text: &str) {
-    eprintln!("gpu-mode-run: {text}");
+    use std::io::Write;
+    let line = format!("gpu-mode-run: {text}\n");
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
 /// The signals the wrapper takes itself; blocked in every thread and
