@@ -392,9 +392,10 @@ fn print_ratios(case: &str, c: &CheckpointSummary, r: &RestoreSummary, p: &Plain
     let durable = t.signal_to_durable_ms.unwrap_or(t.total_ms);
     let limit = disk.map(|bw| p.driver_ms + c.image_bytes as f64 / GIB / bw * 1e3);
     let vs_limit = limit.map_or("n/a".to_string(), |l| format!("{:.2} (limit {:.3} s at {:.2} GiB/s)", durable / l, l / 1e3, disk.unwrap_or(0.0)));
+    // Programs without GPU memory (a framework on the CPU): no driver time.
+    let vs_driver = if p.driver_ms < 1.0 { "n/a (no GPU memory)".to_string() } else { format!("{:.2}", free / p.driver_ms) };
     println!(
-        "{case:<7} ratios GPU free/driver {:.2} (≤1.05)  durable/plain {:.2} (≤1.0)  durable/serial limit {vs_limit} (≤1.1)  restore/plain {:.2} (≤0.9)",
-        free / p.driver_ms.max(f64::MIN_POSITIVE),
+        "{case:<7} ratios GPU free/driver {vs_driver} (≤1.05)  durable/plain {:.2} (≤1.0)  durable/serial limit {vs_limit} (≤1.1)  restore/plain {:.2} (≤0.9)",
         durable / p.durable_ms(),
         r.total_ms / p.restore_ms().max(f64::MIN_POSITIVE),
     );

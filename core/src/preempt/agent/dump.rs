@@ -141,7 +141,7 @@ impl Agent {
         let dumped = self.criu.dump(&req);
         sw.since("criu-dump", t);
         if let Some(w) = writeback {
-            w.finish();
+            w.stop();
             sw.since("writeback", t);
         }
         if let Err(e) = dumped {
