@@ -56,18 +56,21 @@ impl Agent {
     fn dump_tree(&self, root: i32, pids: &[i32], from_signal: bool, sw: &mut Stopwatch) -> Result<CheckpointSummary, String> {
         let target = Target::Pids(vec![root]);
         let (run, cuda) = self.cuda_checkpoint_and_run_dir(&target, pids, sw);
-        let run = match (run, &cuda) {
-            (Ok(run), Ok(_)) => run,
-            (Ok(run), Err(e)) => {
-                let _ = crate::fsutil::remove_tree_if_present(&run);
-                return Err(e.clone());
+        let (run, cuda) = match (run, cuda) {
+            (Ok(run), Ok(cuda)) => (run, cuda),
+            // The checkpointer has rolled its own failure back.
+            (run, Err(e)) => {
+                if let Ok(run) = run {
+                    let _ = crate::fsutil::remove_tree_if_present(&run);
+                }
+                return Err(e);
             }
-            (Err(e), cuda) => {
-                let undo = self.roll_back(matches!(cuda, Ok(Some(_))), &target);
+            (Err(e), Ok(cuda)) => {
+                let undo = self.roll_back(cuda.is_some(), &target);
                 return Err(format!("cannot prepare the image directory: {e}; {undo}"));
             }
         };
-        let result = self.dump_into(&run, root, pids, cuda.unwrap_or(None), from_signal, sw);
+        let result = self.dump_into(&run, root, pids, cuda, from_signal, sw);
         if result.is_err() {
             let _ = crate::fsutil::remove_tree_if_present(&run);
         }

@@ -180,6 +180,26 @@ fn a_failed_dump_leaves_nothing_that_claims_success_and_the_app_runs_on() {
     child.wait().unwrap();
 }
 
+/// The image directory is made while the driver works (issue 17): when it
+/// cannot be made, nothing is dumped and the application runs on.
+#[test]
+fn an_image_directory_that_cannot_be_made_fails_the_checkpoint_and_the_app_runs_on() {
+    if !root_or_skip() {
+        return;
+    }
+    let fx = fixture();
+    // A file where the store's root should be: made by root here, it stands
+    // for any failure to make the directory.
+    std::fs::write(&fx.agent.settings.images.root, b"not a directory").unwrap();
+    let mut child = app();
+    let err = fx.agent.checkpoint(me(), child.id() as i32, None).unwrap_err();
+    assert!(err.starts_with("cannot prepare the image directory") && err.ends_with("the application runs on"), "{err}");
+    assert!(matches!(&fx.criu.calls()[..], [CriuCall::Check]), "CRIU never ran: {:?}", fx.criu.calls());
+    assert_eq!(child.try_wait().unwrap(), None, "the application still runs");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
 #[test]
 fn only_the_callers_own_tree_of_the_users_processes_is_dumped() {
     if !root_or_skip() {
