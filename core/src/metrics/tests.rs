@@ -56,6 +56,12 @@ fn the_textfile_has_help_type_and_the_recorded_values() {
         "gpu_mode_jobs{mode=\"mps\"} 0",
         "gpu_mode_checkpoint_images{state=\"complete\"} 0",
         "gpu_mode_problems 0",
+        "gpu_mode_checkpoint_images_bytes 0",
+        // Known series exist at 0 before their first event (rate() misses a first increment otherwise).
+        "gpu_mode_prolog_runs_total{mode=\"checkpoint\",outcome=\"failed\"} 0",
+        "gpu_mode_restores_total{outcome=\"failed\"} 0",
+        "gpu_mode_restore_phase_duration_seconds_count{phase=\"cuda_restore\"} 0",
+        "gpu_mode_restore_phase_duration_seconds_count{phase=\"criu_restore\"} 1",
     ] {
         assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
     }

@@ -62,7 +62,7 @@ pub struct CheckpointSummary {
     pub timings: super::manifest::DumpTimings,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RestoreSummary {
     pub from_restart: u32,
     pub from_node: String,
