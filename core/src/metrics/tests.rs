@@ -169,3 +169,19 @@ fn the_textfile_key_is_checked() {
         }
     }
 }
+
+/// The shipped Grafana dashboard queries only metrics this code writes.
+#[test]
+fn the_dashboard_queries_only_families_we_write() {
+    let dash: serde_json::Value = serde_json::from_str(include_str!("../../../packaging/grafana/gpu-mode-dashboard.json")).unwrap();
+    let mut seen = 0;
+    for target in dash["panels"].as_array().unwrap().iter().flat_map(|p| p["targets"].as_array().unwrap()) {
+        let expr = target["expr"].as_str().unwrap();
+        for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).filter(|w| w.starts_with("gpu_mode_")) {
+            let name = ["_bucket", "_sum", "_count"].iter().find_map(|s| word.strip_suffix(s).filter(|n| family(n).is_some())).unwrap_or(word);
+            assert!(family(name).is_some(), "the dashboard queries {word}, which no family writes: {expr}");
+            seen += 1;
+        }
+    }
+    assert!(seen >= 15, "only {seen} metric references found");
+}
