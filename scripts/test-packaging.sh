@@ -53,7 +53,8 @@ expect "$out/deb.list" \
     /usr/share/man/man8/gpu-mode.8.gz /usr/share/man/man8/gpu-mode-prolog.8.gz \
     /usr/share/man/man8/gpu-mode-epilog.8.gz /usr/share/man/man8/gpu-mode-node-checker.8.gz \
     /usr/share/man/man8/gpu-mode-checkpoint.8.gz \
-    /usr/sbin/gpu-mode-status /usr/share/man/man8/gpu-mode-status.8.gz
+    /usr/sbin/gpu-mode-status /usr/share/man/man8/gpu-mode-status.8.gz \
+    /usr/share/doc/slurm-gpu-mode/examples/gpu-mode-dashboard.json
 dpkg-deb -I "$deb" conffiles | grep -qx /etc/slurm-gpu-mode/config.toml || die "config.toml is not a conffile"
 dpkg-deb -I "$deb" postinst | grep -q 'ln -s "$snippet" "$link"' || die "postinst does not link the plugstack snippet"
 dpkg-deb -f "$deb" Depends | sed 's/^/   Depends: /'
