@@ -180,6 +180,13 @@ pub fn phases_of(timings: &impl Serialize) -> Vec<(String, f64)> {
         .collect()
 }
 
+/// Every phase a timings record can have: its `<phase>_ms` fields, also
+/// those without a value (`None`) in `record`.
+pub fn phase_names(record: &impl Serialize) -> Vec<String> {
+    let Ok(serde_json::Value::Object(map)) = serde_json::to_value(record) else { return Vec::new() };
+    map.into_iter().filter(|(_, v)| v.is_number() || v.is_null()).filter_map(|(k, _)| Some(k.strip_suffix("_ms")?.to_string())).collect()
+}
+
 /// One histogram observation per phase.
 pub fn phase_events(family: &'static str, phases: &[(String, f64)]) -> Vec<Event> {
     phases.iter().map(|(p, s)| Event::Observe { family, labels: vec![("phase", p.clone())], value: *s }).collect()

@@ -76,13 +76,13 @@ fn zero_series(family: &str) -> BTreeMap<String, f64> {
 fn zero_histograms(family: &str, bounds: usize) -> BTreeMap<String, HistogramState> {
     use crate::preempt::manifest::DumpTimings;
     let phases = match family {
-        super::CHECKPOINT_PHASE => super::phases_of(&DumpTimings { signal_to_gpu_free_ms: Some(0.0), ..Default::default() }),
-        super::RESTORE_PHASE => super::phases_of(&crate::preempt::protocol::RestoreSummary::default()),
+        super::CHECKPOINT_PHASE => super::phase_names(&DumpTimings::default()),
+        super::RESTORE_PHASE => super::phase_names(&crate::preempt::protocol::RestoreSummary::default()),
         _ => Vec::new(),
     };
     phases
         .into_iter()
-        .map(|(phase, _)| {
+        .map(|phase| {
             let labels = vec![("phase".to_string(), phase)];
             let key = label_set(&[("phase", labels[0].1.clone())]);
             (key, HistogramState { labels, counts: vec![0; bounds + 1], sum: 0.0 })
