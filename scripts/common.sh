@@ -24,8 +24,9 @@ ensure_packages() {
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
     fi
     # The Debian packages start no daemons here, but stop any that did: the
-    # project's cluster uses its own private ports and directories.
-    for svc in slurmd slurmctld munge; do
+    # project's cluster uses its own private ports and directories (and
+    # test.sh installs prometheus only for promtool, not its server).
+    for svc in slurmd slurmctld munge prometheus; do
         if command -v systemctl >/dev/null && systemctl is-active -q "$svc" 2>/dev/null; then
             systemctl stop "$svc" || true
         fi

@@ -52,7 +52,9 @@ expect "$out/deb.list" \
     /usr/lib/systemd/system/nvidia-persistenced.service.d/50-slurm-gpu-mode.conf \
     /usr/share/man/man8/gpu-mode.8.gz /usr/share/man/man8/gpu-mode-prolog.8.gz \
     /usr/share/man/man8/gpu-mode-epilog.8.gz /usr/share/man/man8/gpu-mode-node-checker.8.gz \
-    /usr/share/man/man8/gpu-mode-checkpoint.8.gz
+    /usr/share/man/man8/gpu-mode-checkpoint.8.gz \
+    /usr/sbin/gpu-mode-status /usr/share/man/man8/gpu-mode-status.8.gz \
+    /usr/share/doc/slurm-gpu-mode/examples/gpu-mode-dashboard.json
 dpkg-deb -I "$deb" conffiles | grep -qx /etc/slurm-gpu-mode/config.toml || die "config.toml is not a conffile"
 dpkg-deb -I "$deb" postinst | grep -q 'ln -s "$snippet" "$link"' || die "postinst does not link the plugstack snippet"
 dpkg-deb -f "$deb" Depends | sed 's/^/   Depends: /'
@@ -66,7 +68,8 @@ expect "$out/rpm.list" \
     /usr/libexec/slurm-gpu-mode/gpu-mode-node-checker /usr/sbin/gpu-mode-checkpoint \
     /usr/sbin/gpu-mode-mig /usr/libexec/slurm-gpu-mode/gpu-mode-ckpt-agent /usr/bin/gpu-mode-run \
     /usr/lib/systemd/system/gpu-mode-mig-baseline.service /etc/default/gpu-mode-mig-baseline \
-    /usr/lib/systemd/system/nvidia-persistenced.service.d/50-slurm-gpu-mode.conf /usr/share/man/man8/gpu-mode.8
+    /usr/lib/systemd/system/nvidia-persistenced.service.d/50-slurm-gpu-mode.conf /usr/share/man/man8/gpu-mode.8 \
+    /usr/sbin/gpu-mode-status
 rpm -qcp "$rpm" 2>/dev/null | grep -qx /etc/slurm/plugstack.conf.d/gpu-mode.conf || die "the rpm's plugstack snippet is not %config"
 rpm -qp --requires "$rpm" 2>/dev/null | grep '^slurm' | sed 's/^/   Requires: /'
 

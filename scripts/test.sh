@@ -11,7 +11,12 @@ cd "$(dirname "$0")/.."
 . scripts/common.sh
 # Every Debian package of every part at once: the parts started in the
 # background below must not race for apt's lock.
-prepare lintian rpm systemd debootstrap python3-venv python3-apt
+prepare lintian rpm systemd debootstrap python3-venv python3-apt prometheus
+
+# promtool (Debian package prometheus) lints the rendered metrics textfile
+# (core::metrics tests); here it must run, not skip.
+GPU_MODE_REQUIRE_PROMTOOL=1
+export GPU_MODE_REQUIRE_PROMTOOL
 
 # CRIU 4.1.1 for --gpu-mode=checkpoint (built from Debian trixie's source;
 # skipped when a working one is installed). Its tests must then run.

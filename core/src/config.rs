@@ -36,6 +36,8 @@ pub struct Config {
     pub checkpoint: CheckpointConfig,
     pub mps: MpsConfig,
     pub health: HealthConfig,
+    /// `[metrics]`: the Prometheus textfile (docs/metrics.md).
+    pub metrics: crate::metrics::MetricsConfig,
 }
 
 /// `[mps]`: the per-job MPS daemons.
@@ -300,6 +302,7 @@ impl Default for Config {
             checkpoint: CheckpointConfig::default(),
             mps: MpsConfig::default(),
             health: HealthConfig::default(),
+            metrics: crate::metrics::MetricsConfig::default(),
         }
     }
 }
@@ -452,6 +455,7 @@ impl Config {
         }
         self.checkpoint.validate_preemption()?;
         self.health.validate()?;
+        self.metrics.validate(self.health.prometheus_textfile.as_ref())?;
         if self.checkpoint.lock_timeout_ms == 0 {
             return Err("checkpoint.lock_timeout_ms must be at least 1".into());
         }
@@ -540,6 +544,7 @@ mod tests {
         assert_eq!(cfg.runtime_dir, PathBuf::from("/run/slurm-gpu-mode"));
         assert_eq!(cfg.health, HealthConfig::default(), "etc/config.toml documents the [health] defaults");
         assert_eq!(cfg.mig, MigConfig::default(), "etc/config.toml documents the [mig] defaults");
+        assert_eq!(cfg.metrics, crate::metrics::MetricsConfig::default(), "etc/config.toml documents the [metrics] defaults");
     }
 
     #[test]

@@ -28,6 +28,43 @@ pub fn drain_reason(detail: &str) -> String {
     reason
 }
 
+/// The last drain this project set on the node, for `gpu-mode status`:
+/// `<runtime_dir>/last-drain.json` (root-only; replaced at each drain).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LastDrain {
+    pub version: u32,
+    /// The whole reason as set (`gpu-mode: ...`).
+    pub reason: String,
+    pub unix: u64,
+}
+
+const LAST_DRAIN_VERSION: u32 = 1;
+
+fn last_drain_path(runtime_dir: &Path) -> PathBuf {
+    runtime_dir.join("last-drain.json")
+}
+
+/// Remembers a drain just set (`reason` as given to scontrol, prefix included).
+pub fn remember(runtime_dir: &Path, reason: &str) -> Result<(), crate::persist::StateError> {
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    crate::fsutil::ensure_private_dir(runtime_dir, uid, gid, 0o755)
+        .map_err(|source| crate::persist::StateError::Io { path: runtime_dir.to_path_buf(), source })?;
+    let unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let record = LastDrain { version: LAST_DRAIN_VERSION, reason: reason.to_string(), unix };
+    crate::persist::write_json(&last_drain_path(runtime_dir), &record)
+}
+
+/// The last drain we set, if any since the runtime directory was made.
+pub fn last_drain(runtime_dir: &Path) -> Result<Option<LastDrain>, String> {
+    let path = last_drain_path(runtime_dir);
+    match std::fs::read(&path) {
+        Ok(text) => crate::persist::parse_versioned(&text, &path, LAST_DRAIN_VERSION).map(Some).map_err(|e| e.to_string()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("{}: {e}", path.display())),
+    }
+}
+
 /// What [`Scontrol::drain_unless_drained`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DrainAction {

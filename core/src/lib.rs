@@ -18,6 +18,7 @@ pub mod hostlist;
 pub mod job_env;
 pub mod lifecycle;
 pub mod log;
+pub mod metrics;
 pub mod mig_baseline;
 pub mod mode;
 pub mod modes;
@@ -29,6 +30,7 @@ pub mod procfs;
 pub mod runtime;
 pub mod skipped_prolog;
 pub mod state;
+pub mod status;
 pub mod watchdog;
 
 pub use config::Config;

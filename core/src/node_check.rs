@@ -116,6 +116,8 @@ pub fn check_node(config: &Config, opts: &CheckOptions) -> NodeOutcome {
             ActionLine::new("node-check").field("prometheus", e).outcome(Outcome::Failed).emit(&config.log);
         }
     }
+    // The gauges (jobs, daemons, images) change between hook runs too.
+    crate::metrics::refresh(config);
     log(config, &report);
     NodeOutcome { report }
 }
@@ -130,7 +132,9 @@ fn apply(config: &Config, node: &str, results: &[CheckResult]) -> (Option<Action
     let action = decide(&status, results);
     let done = match &action {
         Action::Drain { .. } => match fail_detail(results) {
-            Some(detail) => scontrol.drain(node, &detail),
+            Some(detail) => scontrol.drain(node, &detail).inspect(|()| {
+                crate::metrics::drain_set(config, "node-checker", &crate::drain::drain_reason(&detail));
+            }),
             None => Ok(()),
         },
         Action::Resume => scontrol.resume(node),

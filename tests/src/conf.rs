@@ -274,7 +274,7 @@ fn open_parents_below_tmp(dir: &Path) -> Result<()> {
 pub fn write_all(spec: &ClusterSpec, install: &SlurmInstall) -> Result<()> {
     let d = &spec.dir;
     for (sub, mode) in [("", 0o755), ("munge", 0o755), ("log", 0o755), ("state", 0o700), ("spool", 0o755),
-        ("hooks", 0o755), ("dev", 0o755), ("out", 0o1777)]
+        ("hooks", 0o755), ("dev", 0o755), ("out", 0o1777), ("textfile", 0o755)]
     {
         let p = d.join(sub);
         fs::create_dir_all(&p)?;
@@ -634,11 +634,15 @@ stderr = true
 [mig.layouts]
 half = \"3g.71gbx2\"
 
+[metrics]
+textfile = \"{textfile}\"
+
 {gpu_side}
 {extra}",
         run = spec.dir.join("run").display(),
         scontrol = install.bin("scontrol").display(),
         gres_conf = spec.dir.join("gres.conf").display(),
+        textfile = spec.dir.join("textfile/gpu-mode.prom").display(),
         extra = spec.extra_gpu_mode_config,
     )
 }

@@ -215,7 +215,13 @@ impl Cluster {
 
     /// `gpu-mode-mig <args> --config <this cluster's>` on the simulated GPUs.
     pub fn mig_tool(&self, args: &[&str]) -> Result<std::process::Output> {
-        let exe = self.spec.artifacts.prolog.with_file_name("gpu-mode-mig");
+        self.tool("gpu-mode-mig", args)
+    }
+
+    /// `<program> <args> --config <this cluster's>`, a tool built beside the
+    /// prolog, on the simulated GPUs, with this cluster's scontrol.
+    pub fn tool(&self, program: &str, args: &[&str]) -> Result<std::process::Output> {
+        let exe = self.spec.artifacts.prolog.with_file_name(program);
         let mut cmd = std::process::Command::new(exe);
         cmd.args(args)
             .args(["--config", self.dir.join("gpu-mode.toml").to_str().unwrap()])

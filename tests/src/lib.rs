@@ -259,6 +259,11 @@ impl Cluster {
         self.dir.join("run")
     }
 
+    /// The Prometheus textfile the helpers render (`[metrics] textfile`).
+    pub fn metrics_textfile(&self) -> PathBuf {
+        self.dir.join("textfile/gpu-mode.prom")
+    }
+
     /// Runs `nvml-sim-ctl` on this cluster's simulated GPUs.
     pub fn sim_ctl(&self, args: &[&str]) -> Result<String> {
         let sim = self.spec.artifacts.sim.as_ref().ok_or_else(|| anyhow!("no simulated GPUs in this cluster"))?;

@@ -44,51 +44,69 @@ pub struct Report {
 /// Exit code slurmd sees for a node fault.
 pub const EXIT_NODE_FAULT: i32 = 1;
 
-/// Logs the verb's line, drains on a node fault, and returns the exit code.
-pub fn finish(verb: &str, cfg: &Config, env: &JobEnv, result: Result<Report, Failure>) -> i32 {
+/// Logs the verb's line, drains on a node fault, counts the run (metrics)
+/// and returns the exit code.
+pub fn finish(verb: &'static str, cfg: &Config, env: &JobEnv, result: Result<Report, Failure>) -> i32 {
     let line = ActionLine::new(verb)
         .field("job", env.job_id)
         .field("node", &env.node)
         .field("user", &env.user)
         .field("uid", env.uid)
         .field("gpu", format_gpu_list(&env.slurm_gpus));
-    match result {
+    let (code, outcome) = match result {
         Ok(report) => {
             let mut line = line.field("mode", report.mode.as_deref().unwrap_or("none"));
             if let Some(d) = &report.detail {
                 line = line.field("detail", d);
             }
             line.outcome(report.outcome).emit(&cfg.log);
-            0
+            (0, report.outcome)
         }
         Err(Failure::Job(msg)) => {
             // A verb that returns Failure::Job has already recorded the refusal.
             line.field("detail", &msg).outcome(Outcome::Refused).emit(&cfg.log);
-            0
+            (0, Outcome::Refused)
         }
         Err(Failure::Node(msg)) => {
             line.field("detail", &msg).outcome(Outcome::Failed).emit(&cfg.log);
-            drain_for(cfg, &env.node, &format!("{verb}: {msg}"));
-            EXIT_NODE_FAULT
+            drain_for(cfg, verb, &env.node, &format!("{verb}: {msg}"));
+            (EXIT_NODE_FAULT, Outcome::Failed)
         }
         Err(Failure::Drain(reason)) => {
             line.field("detail", &reason).outcome(Outcome::Failed).emit(&cfg.log);
-            drain_for(cfg, &env.node, &reason);
-            EXIT_NODE_FAULT
+            drain_for(cfg, verb, &env.node, &reason);
+            (EXIT_NODE_FAULT, Outcome::Failed)
         }
-    }
+    };
+    count_run(verb, cfg, env, outcome);
+    code
+}
+
+/// `gpu_mode_{prolog,epilog}_runs_total{mode,outcome}`, for jobs with a mode
+/// only: jobs without one must stay as cheap as they are.
+fn count_run(verb: &'static str, cfg: &Config, env: &JobEnv, outcome: Outcome) {
+    let Some(value) = &env.mode_value else { return };
+    let family = if verb == Verb::Epilog.name() { crate::metrics::EPILOG_RUNS } else { crate::metrics::PROLOG_RUNS };
+    // The kind of a mode that parses; user text never becomes a label.
+    let mode = crate::mode::GpuMode::parse(value).map_or("invalid".to_string(), |m| crate::status::records::mode_kind(&m.to_string()).to_string());
+    let labels = vec![("mode", mode), ("outcome", outcome.as_str().to_string())];
+    crate::metrics::record(cfg, &[crate::metrics::Event::count(family, labels)]);
 }
 
 /// Drains the node with `gpu-mode: <reason>` (when the config allows) and
-/// logs that action too.
-pub fn drain_for(cfg: &Config, node: &str, reason: &str) {
+/// logs that action too; a drain set is remembered and counted under `source`.
+pub fn drain_for(cfg: &Config, source: &'static str, node: &str, reason: &str) {
     if !cfg.slurm.drain_on_node_fault {
         return;
     }
     let result = Scontrol::new(&cfg.slurm.scontrol).drain_unless_drained(node, reason);
-    let line = ActionLine::new("drain").field("node", node).field("reason", crate::drain::drain_reason(reason));
+    let full_reason = crate::drain::drain_reason(reason);
+    let line = ActionLine::new("drain").field("node", node).field("reason", &full_reason);
     match result {
-        Ok(DrainAction::Drained) => line.outcome(Outcome::Ok).emit(&cfg.log),
+        Ok(DrainAction::Drained) => {
+            line.outcome(Outcome::Ok).emit(&cfg.log);
+            crate::metrics::drain_set(cfg, source, &full_reason);
+        }
         Ok(DrainAction::AlreadyDrained { reason }) => {
             line.field("detail", format!("already drained: {reason}")).outcome(Outcome::Skipped).emit(&cfg.log)
         }
@@ -128,6 +146,8 @@ mod tests {
         let mut cfg = Config::default();
         cfg.slurm.scontrol = script;
         cfg.log.syslog = false;
+        // A drain set is remembered there: never in the machine's own /run.
+        cfg.runtime_dir = dir.join("run");
         (cfg, log)
     }
 
@@ -145,6 +165,38 @@ mod tests {
             argv.lines().collect::<Vec<_>>(),
             vec!["show node n9", "update NodeName=n9 State=DRAIN Reason=gpu-mode: prolog: disk full"]
         );
+        let last = crate::drain::last_drain(&cfg.runtime_dir).unwrap().expect("the drain is remembered for gpu-mode status");
+        assert_eq!(last.reason, "gpu-mode: prolog: disk full");
+    }
+
+    /// Each run of a job with a mode is counted by mode kind and outcome;
+    /// jobs without a mode are not (and user text never becomes a label).
+    #[test]
+    fn runs_are_counted_by_mode_kind_and_outcome() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut cfg, _) = cfg_with_fake_scontrol(dir.path());
+        cfg.metrics.textfile = Some(dir.path().join("gpu-mode.prom"));
+        let ok = || Ok(Report { outcome: Outcome::Ok, mode: Some("mps".into()), detail: None });
+        let with_mode = |m: Option<&str>| JobEnv { mode_value: m.map(String::from), ..env() };
+        finish("prolog", &cfg, &with_mode(Some("mps:threads=30")), ok());
+        finish("prolog", &cfg, &with_mode(Some("mps")), ok());
+        finish("prolog", &cfg, &with_mode(Some("mig:1g.10gb")), Err(Failure::Job("no such profile".into())));
+        finish("epilog", &cfg, &with_mode(Some("mig:1g.10gb")), Err(Failure::Node("teardown".into())));
+        finish("prolog", &cfg, &with_mode(Some("$(evil)")), Err(Failure::Job("bad value".into())));
+        finish("prolog", &cfg, &with_mode(None), ok());
+        let text = std::fs::read_to_string(dir.path().join("gpu-mode.prom")).unwrap();
+        let counted = |l: &&str| (l.starts_with("gpu_mode_prolog_runs_total") || l.starts_with("gpu_mode_epilog_runs_total")) && !l.ends_with(" 0");
+        let runs: Vec<&str> = text.lines().filter(counted).collect();
+        assert_eq!(
+            runs,
+            [
+                "gpu_mode_prolog_runs_total{mode=\"invalid\",outcome=\"refused\"} 1",
+                "gpu_mode_prolog_runs_total{mode=\"mig\",outcome=\"refused\"} 1",
+                "gpu_mode_prolog_runs_total{mode=\"mps\",outcome=\"ok\"} 2",
+                "gpu_mode_epilog_runs_total{mode=\"mig\",outcome=\"failed\"} 1",
+            ]
+        );
+        assert!(text.lines().any(|l| l == "gpu_mode_drains_total{source=\"epilog\",reason=\"teardown\"} 1"), "{text}");
     }
 
     #[test]

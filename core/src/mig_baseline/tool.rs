@@ -137,8 +137,12 @@ pub fn drain_after_failure(cfg: &Config, node: Option<&str>, detail: &str) -> St
         return "not drained ([slurm] drain_on_node_fault = false)".into();
     }
     let Some(node) = node else { return "not drained: no node name (pass --node)".into() };
-    match Scontrol::new(&cfg.slurm.scontrol).drain_unless_drained(node, &format!("{DRAIN_DETAIL_PREFIX}: {detail}")) {
-        Ok(crate::drain::DrainAction::Drained) => format!("node {node} drained"),
+    let reason = format!("{DRAIN_DETAIL_PREFIX}: {detail}");
+    match Scontrol::new(&cfg.slurm.scontrol).drain_unless_drained(node, &reason) {
+        Ok(crate::drain::DrainAction::Drained) => {
+            crate::metrics::drain_set(cfg, "mig-baseline", &crate::drain::drain_reason(&reason));
+            format!("node {node} drained")
+        }
         Ok(crate::drain::DrainAction::AlreadyDrained { reason }) => format!("node {node} was already drained ({reason})"),
         Err(e) => format!("node {node} not drained: {e}"),
     }

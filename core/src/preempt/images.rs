@@ -119,6 +119,35 @@ impl ImageStore {
         fs::write(&path, format!("{reason}\n"))
     }
 
+    /// The jobs with a directory in the store, ascending.
+    pub fn jobs(&self) -> Vec<u32> {
+        let Ok(dir) = fs::read_dir(&self.root) else { return Vec::new() };
+        let mut jobs: Vec<u32> = dir.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect();
+        jobs.sort_unstable();
+        jobs
+    }
+
+    /// The run directories of `job`, by restart count.
+    pub fn runs_of(&self, job: u32) -> Vec<(u32, PathBuf)> {
+        runs(&self.job_dir(job))
+    }
+
+    /// The runs of `job` whose restore was refused, with the reason each recorded.
+    pub fn refusals(&self, job: u32) -> Vec<(u32, String)> {
+        let Ok(dir) = fs::read_dir(self.job_dir(job)) else { return Vec::new() };
+        let mut out: Vec<(u32, String)> = dir
+            .flatten()
+            .filter_map(|e| {
+                let run = e.file_name().to_str()?.strip_prefix(REFUSED_PREFIX)?.parse().ok()?;
+                // Root-written, one line; bounded anyway.
+                let text = fs::read_to_string(e.path()).unwrap_or_default();
+                Some((run, text.lines().next().unwrap_or_default().chars().take(300).collect()))
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
     /// Removes every run directory of `job` except `keep`.
     pub fn remove_other_runs(&self, job: u32, keep: Option<u32>) -> io::Result<()> {
         for (restart, dir) in runs(&self.job_dir(job)) {
@@ -240,6 +269,25 @@ fn measure(path: &Path, into: &mut JobImages) {
             measure(&e.path(), into);
         }
     }
+}
+
+/// `complete` (a manifest: restorable), `consumed` (restored once) or
+/// `partial` (no manifest: an interrupted dump, never restored).
+pub fn run_state(run: &Path) -> &'static str {
+    if run.join(MANIFEST_FILE).is_file() {
+        "complete"
+    } else if run.join(CONSUMED_FILE).is_file() {
+        "consumed"
+    } else {
+        "partial"
+    }
+}
+
+/// Bytes of the files under `path` (not following symlinks).
+pub fn tree_bytes(path: &Path) -> u64 {
+    let mut j = JobImages { job: 0, bytes: 0, newest_unix: 0 };
+    measure(path, &mut j);
+    j.bytes
 }
 
 /// Applies [`plan_sweep`] to the image directory, after removing the images

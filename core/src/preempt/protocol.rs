@@ -65,7 +65,7 @@ pub struct CheckpointSummary {
     pub timeline: super::timeline::Timeline,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RestoreSummary {
     pub from_restart: u32,
     pub from_node: String,

@@ -90,21 +90,41 @@ impl ModeDriver for MigDriver<'_> {
         };
         let _step = watchdog::step("mig: setup");
         let journal = setup::setup(ctx.cfg, ctx.env, ctx.gpus, request, ops)?;
+        count_made(ctx.cfg, crate::metrics::MIG_CREATED, &journal.grant);
         Ok(grant_of(journal.grant))
     }
 
     fn release(&self, cfg: &Config, job_id: u32, grant: &GrantRecord) -> Result<Released, Failure> {
         let GrantRecord::Mig(grant) = grant else { return Ok(Released::nothing()) };
         let journal = MigJournal { version: journal::JOURNAL_VERSION, job_id, grant: grant.clone(), pending: None };
-        with_nvml(cfg, |ops| teardown::release_locked(cfg, &journal, ops)).map(describe)
+        let done = with_nvml(cfg, |ops| teardown::release_locked(cfg, &journal, ops))?;
+        count_made(cfg, crate::metrics::MIG_DESTROYED, &journal.grant);
+        Ok(describe(done))
     }
 
     fn release_lost(&self, cfg: &Config, job_id: u32) -> Result<Released, Failure> {
         let journal = MigJournal::load(&cfg.runtime_dir, job_id).map_err(|e| Failure::Node(format!("mig: {e}")))?;
         match journal {
             None => Ok(Released::nothing()),
-            Some(j) => with_nvml(cfg, |ops| teardown::release_locked(cfg, &j, ops)).map(describe),
+            Some(j) => {
+                let done = with_nvml(cfg, |ops| teardown::release_locked(cfg, &j, ops))?;
+                count_made(cfg, crate::metrics::MIG_DESTROYED, &j.grant);
+                Ok(describe(done))
+            }
         }
+    }
+}
+
+/// Counts the instances made for the job (not those found there) by profile.
+fn count_made(cfg: &Config, family: &'static str, grant: &MigGrant) {
+    let mut by_profile: std::collections::BTreeMap<&str, f64> = Default::default();
+    for i in grant.gpus.iter().flat_map(|g| &g.instances).filter(|i| i.made) {
+        *by_profile.entry(i.profile.as_str()).or_default() += 1.0;
+    }
+    let events: Vec<_> =
+        by_profile.into_iter().map(|(p, n)| crate::metrics::Event::Add { family, labels: vec![("profile", p.to_string())], by: n }).collect();
+    if !events.is_empty() {
+        crate::metrics::record(cfg, &events);
     }
 }
 

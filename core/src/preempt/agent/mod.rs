@@ -76,6 +76,9 @@ pub struct AgentSettings {
     /// How long a finished dump may take to be reported to a waiting restore.
     pub dump_wait: Duration,
     pub log: LogConfig,
+    /// The site config when `[metrics] textfile` is set: checkpoints and
+    /// restores are counted (crate::metrics). `None`: nothing is kept.
+    pub metrics: Option<Box<crate::Config>>,
 }
 
 impl AgentSettings {
@@ -91,6 +94,7 @@ impl AgentSettings {
             start_grace: Duration::from_secs(600),
             dump_wait: Duration::from_millis(cfg.checkpoint.criu_timeout_ms) + Duration::from_secs(60),
             log: cfg.log.clone(),
+            metrics: cfg.metrics.textfile.is_some().then(|| Box::new(cfg.clone())),
         }
     }
 }
@@ -167,6 +171,12 @@ impl Agent {
     /// rather than queued (the grace time is short).
     fn exclusive(&self) -> Result<std::sync::MutexGuard<'_, ()>, String> {
         self.op.try_lock().map_err(|_| format!("a checkpoint or restore of job {} is already running", self.params.job))
+    }
+
+    fn count(&self, events: &[crate::metrics::Event]) {
+        if let Some(cfg) = &self.settings.metrics {
+            crate::metrics::record(cfg, events);
+        }
     }
 
     fn log(&self, action: &str, outcome: crate::log::Outcome, detail: &str) {

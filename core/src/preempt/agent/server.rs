@@ -7,6 +7,7 @@
 use super::{Agent, RootState};
 use crate::fsutil;
 use crate::log::Outcome;
+use crate::metrics::{self, Event};
 use crate::preempt::protocol::{self, ExitInfo, ImageInfo, Request, Response};
 use crate::preempt::socket_path;
 use std::io::BufReader;
@@ -180,15 +181,22 @@ impl Agent {
         }
     }
 
-    fn checkpoint_request(&self, peer: Peer, root: i32, signal_at_ms: Option<u64>) -> Response {
+    pub(super) fn checkpoint_request(&self, peer: Peer, root: i32, signal_at_ms: Option<u64>) -> Response {
         match self.checkpoint(peer, root, signal_at_ms) {
             Ok(summary) => {
                 let detail = format!("{} bytes in {:.0} ms", summary.image_bytes, summary.timings.total_ms);
                 self.log("checkpoint", Outcome::Ok, &detail);
+                let mut events = vec![
+                    Event::count(metrics::CHECKPOINTS, vec![("outcome", "ok".into())]),
+                    Event::Add { family: metrics::CHECKPOINT_BYTES, labels: vec![], by: summary.image_bytes as f64 },
+                ];
+                events.extend(metrics::phase_events(metrics::CHECKPOINT_PHASE, &metrics::phases_of(&summary.timings)));
+                self.count(&events);
                 Response::Checkpointed(summary)
             }
             Err(message) => {
                 self.log("checkpoint", Outcome::Failed, &message);
+                self.count(&failure_events(metrics::CHECKPOINTS, metrics::CHECKPOINT_FAILURES, &message));
                 Response::Error { message }
             }
         }
@@ -201,11 +209,16 @@ impl Agent {
             Ok(r) => r,
             Err(message) => {
                 self.log("restore", Outcome::Failed, &message);
+                self.count(&failure_events(metrics::RESTORES, metrics::RESTORE_FAILURES, &message));
                 let _ = protocol::send(out, &Response::Error { message });
                 return;
             }
         };
         self.log("restore", Outcome::Ok, &format!("pid {pid} from restart {}", summary.from_restart));
+        let mut events = vec![Event::count(metrics::RESTORES, vec![("outcome", "ok".into())])];
+        // The summary's `<phase>_ms` fields (check, criu_restore, cuda_restore, total).
+        events.extend(metrics::phase_events(metrics::RESTORE_PHASE, &metrics::phases_of(&summary)));
+        self.count(&events);
         let _ = protocol::send(out, &Response::Restored { pid, summary });
         let end = self.wait_restored(pid);
         let _ = protocol::send(out, &end);
@@ -236,4 +249,9 @@ impl Agent {
             Response::Exited(info)
         }
     }
+}
+
+/// A failed checkpoint or restore: counted as failed, and by reason.
+fn failure_events(total: &'static str, failures: &'static str, message: &str) -> Vec<Event> {
+    vec![Event::count(total, vec![("outcome", "failed".into())]), Event::count(failures, vec![("reason", metrics::reason_label(message))])]
 }

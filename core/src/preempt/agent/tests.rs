@@ -67,6 +67,11 @@ fn root_or_skip() -> bool {
 }
 
 fn fixture() -> Fx {
+    fixture_with(false)
+}
+
+/// `counting`: with `[metrics] textfile` at `<dir>/gpu-mode.prom`.
+fn fixture_with(counting: bool) -> Fx {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path();
     let settings = AgentSettings {
@@ -85,6 +90,15 @@ fn fixture() -> Fx {
         start_grace: Duration::from_secs(3600),
         dump_wait: Duration::from_secs(5),
         log: LogConfig { syslog: false, stderr: false },
+        metrics: counting.then(|| {
+            let mut cfg = crate::Config::default();
+            cfg.runtime_dir = p.join("run");
+            cfg.checkpoint.image_dir = p.join("images");
+            cfg.checkpoint.agent_socket_dir = Some(p.join("sock"));
+            cfg.metrics.textfile = Some(p.join("gpu-mode.prom"));
+            cfg.log = LogConfig { syslog: false, stderr: false };
+            Box::new(cfg)
+        }),
     };
     let params = AgentParams {
         job: 7,
@@ -389,4 +403,38 @@ fn a_planted_socket_directory_is_refused() {
     let err = listen(&foreign, 7, 1001, 1001).unwrap_err().to_string();
     assert!(err.contains("is owned by uid 65534, expected uid 0"), "{err}");
     assert_eq!(std::fs::read_dir(&foreign).unwrap().count(), 0);
+}
+
+/// Checkpoints are counted: a success with its bytes and one observation
+/// per phase of the manifest's timings, a refusal by reason.
+#[test]
+fn checkpoints_are_counted_in_the_metrics() {
+    if !root_or_skip() {
+        return;
+    }
+    let fx = fixture_with(true);
+    let textfile = fx._dir.path().join("gpu-mode.prom");
+    let mut child = app();
+    let pid = child.id() as i32;
+    *fx.criu.on_dump.lock().unwrap() = Some(Box::new(move |_| unsafe {
+        libc::kill(pid, libc::SIGKILL);
+    }));
+    let Response::Checkpointed(summary) = fx.agent.checkpoint_request(me(), pid, None) else { panic!("the dump failed") };
+    let _ = child.wait();
+    // pid 1 is nobody's descendant here: refused.
+    assert!(matches!(fx.agent.checkpoint_request(me(), 1, None), Response::Error { .. }));
+    let text = std::fs::read_to_string(&textfile).unwrap();
+    for line in [
+        "gpu_mode_checkpoints_total{outcome=\"ok\"} 1".to_string(),
+        "gpu_mode_checkpoints_total{outcome=\"failed\"} 1".to_string(),
+        "gpu_mode_checkpoint_failures_total{reason=\"refused\"} 1".to_string(),
+        format!("gpu_mode_checkpoint_written_bytes_total {}", summary.image_bytes),
+        "gpu_mode_checkpoint_phase_duration_seconds_count{phase=\"criu_dump\"} 1".to_string(),
+        "gpu_mode_checkpoint_phase_duration_seconds_count{phase=\"total\"} 1".to_string(),
+        "gpu_mode_checkpoint_images{state=\"complete\"} 1".to_string(),
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
+    }
+    let unobserved = "gpu_mode_checkpoint_phase_duration_seconds_count{phase=\"signal_to_gpu_free\"} 0";
+    assert!(text.lines().any(|l| l == unobserved), "no signal time given: that phase did not happen\n{text}");
 }

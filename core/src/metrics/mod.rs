@@ -1,0 +1,196 @@
+//! Prometheus metrics for node_exporter's textfile collector (docs/metrics.md).
+//!
+//! The prolog, the epilog, the checkpoint agent and the node checker are
+//! short-lived or separate processes, so counters live in a root-only state
+//! file ([`store`]), updated under a flock; after each update the whole
+//! textfile is rendered (counters, plus gauges read from the node's records:
+//! [`crate::status::records`]) and replaced atomically in `[metrics] textfile`.
+//! Nothing is recorded when that key is unset. A failure to record is
+//! logged, never turned into a job or node failure: metrics must not take
+//! a node out of service.
+
+pub mod exposition;
+pub mod render;
+pub mod store;
+
+use crate::config::Config;
+use crate::log::{ActionLine, Outcome};
+use exposition::Kind;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+pub use store::Event;
+
+/// `[metrics]`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// The textfile written for node_exporter's textfile collector (a
+    /// `.prom` file in its `--collector.textfile.directory`); unset: no
+    /// metrics are kept.
+    pub textfile: Option<PathBuf>,
+}
+
+impl MetricsConfig {
+    pub fn validate(&self, health_textfile: Option<&PathBuf>) -> Result<(), String> {
+        if let Some(p) = &self.textfile {
+            crate::fsutil::require_absolute("metrics.textfile", p)?;
+            if p.extension().and_then(|e| e.to_str()) != Some("prom") {
+                return Err(format!("metrics.textfile = {}: node_exporter reads only files ending in .prom", p.display()));
+            }
+            if Some(p) == health_textfile {
+                return Err("metrics.textfile and health.prometheus_textfile name the same file: each writer would replace the other's".into());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One metric family: its name, type and help, and for histograms the
+/// bucket bounds. The one list; docs/metrics.md documents each (a test
+/// checks), the renderer writes HELP/TYPE from it.
+pub struct Family {
+    pub name: &'static str,
+    pub kind: Kind,
+    pub help: &'static str,
+    pub buckets: &'static [f64],
+}
+
+/// Seconds: checkpoint phases range from milliseconds (a lock) to minutes
+/// (CRIU writing tens of GiB).
+const PHASE_BUCKETS: &[f64] = &[0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0];
+
+const fn plain(name: &'static str, kind: Kind, help: &'static str) -> Family {
+    Family { name, kind, help, buckets: &[] }
+}
+
+pub const PROLOG_RUNS: &str = "gpu_mode_prolog_runs_total";
+pub const EPILOG_RUNS: &str = "gpu_mode_epilog_runs_total";
+pub const MIG_CREATED: &str = "gpu_mode_mig_instances_created_total";
+pub const MIG_DESTROYED: &str = "gpu_mode_mig_instances_destroyed_total";
+pub const CHECKPOINTS: &str = "gpu_mode_checkpoints_total";
+pub const CHECKPOINT_FAILURES: &str = "gpu_mode_checkpoint_failures_total";
+pub const CHECKPOINT_PHASE: &str = "gpu_mode_checkpoint_phase_duration_seconds";
+pub const CHECKPOINT_BYTES: &str = "gpu_mode_checkpoint_written_bytes_total";
+pub const RESTORES: &str = "gpu_mode_restores_total";
+pub const RESTORE_FAILURES: &str = "gpu_mode_restore_failures_total";
+pub const RESTORE_PHASE: &str = "gpu_mode_restore_phase_duration_seconds";
+pub const DRAINS: &str = "gpu_mode_drains_total";
+
+pub static FAMILIES: &[Family] = &[
+    plain(PROLOG_RUNS, Kind::Counter, "Prolog runs of jobs with a GPU mode, by mode kind and outcome (ok, refused: a job refusal, failed: a node fault)."),
+    plain(EPILOG_RUNS, Kind::Counter, "Epilog runs of jobs with a GPU mode, by mode kind and outcome."),
+    plain(MIG_CREATED, Kind::Counter, "MIG instances created for jobs, by profile."),
+    plain(MIG_DESTROYED, Kind::Counter, "MIG instances destroyed after jobs, by profile."),
+    plain(CHECKPOINTS, Kind::Counter, "Checkpoints (dumps) by the checkpoint agents, by outcome."),
+    plain(CHECKPOINT_FAILURES, Kind::Counter, "Failed checkpoints by reason."),
+    Family { name: CHECKPOINT_PHASE, kind: Kind::Histogram, help: "Duration of each phase of successful checkpoints (the manifest's timings).", buckets: PHASE_BUCKETS },
+    plain(CHECKPOINT_BYTES, Kind::Counter, "Bytes of checkpoint images written."),
+    plain(RESTORES, Kind::Counter, "Restores by the checkpoint agents, by outcome."),
+    plain(RESTORE_FAILURES, Kind::Counter, "Failed or refused restores by reason."),
+    Family { name: RESTORE_PHASE, kind: Kind::Histogram, help: "Duration of each phase of successful restores.", buckets: PHASE_BUCKETS },
+    plain(DRAINS, Kind::Counter, "Drains this project set on the node, by source (prolog, epilog, node-checker, mig-baseline) and reason."),
+    plain("gpu_mode_jobs", Kind::Gauge, "Jobs with a GPU mode on the node now, by mode kind."),
+    plain("gpu_mode_mps_daemons", Kind::Gauge, "MPS control daemons recorded now, by whether their process is running."),
+    plain("gpu_mode_mig_instances", Kind::Gauge, "MIG instances recorded in jobs' journals now."),
+    plain("gpu_mode_checkpoint_agents", Kind::Gauge, "Checkpoint agents listening (sockets) now."),
+    plain("gpu_mode_checkpoint_images", Kind::Gauge, "Checkpoint images in the image store, by state (complete, consumed, partial)."),
+    plain("gpu_mode_checkpoint_images_bytes", Kind::Gauge, "Bytes of the checkpoint images in the image store."),
+    plain("gpu_mode_problems", Kind::Gauge, "Records that need the admin (gpu-mode status lists them)."),
+];
+
+pub fn family(name: &str) -> Option<&'static Family> {
+    FAMILIES.iter().find(|f| f.name == name)
+}
+
+/// Records `events` and renders the textfile; a no-op without
+/// `[metrics] textfile`. Failures are logged (action `metrics`).
+pub fn record(cfg: &Config, events: &[Event]) {
+    let Some(textfile) = &cfg.metrics.textfile else { return };
+    if let Err(e) = record_and_render(cfg, textfile, events) {
+        ActionLine::new("metrics").field("detail", e).outcome(Outcome::Failed).emit(&cfg.log);
+    }
+}
+
+/// Renders the textfile again (gauges change without events: the node
+/// checker calls this on each run).
+pub fn refresh(cfg: &Config) {
+    record(cfg, &[]);
+}
+
+fn record_and_render(cfg: &Config, textfile: &std::path::Path, events: &[Event]) -> Result<(), String> {
+    let lock = store::StoreLock::acquire(&cfg.runtime_dir).map_err(|e| format!("cannot lock the counters: {e}"))?;
+    let (counters, error) = store::update(&lock, &cfg.runtime_dir, events);
+    let records = crate::status::records::gather(cfg);
+    // Rendered under the lock: a slower writer cannot put older numbers back.
+    let text = render::render(&counters, &records);
+    crate::fsutil::write_atomic(textfile, text.as_bytes(), 0o644).map_err(|e| format!("writing {}: {e}", textfile.display()))?;
+    error.map_or(Ok(()), Err)
+}
+
+/// A label for a drain or failure reason: a short fixed word, so a metric
+/// never gets one series per message (job ids, pids and paths vary).
+pub fn reason_label(detail: &str) -> String {
+    const KNOWN: &[(&str, &str)] = &[
+        ("did not finish within", "hang"),
+        ("MPS zombie", "mps_zombie"),
+        ("busy", "busy"),
+        ("already running", "busy"),
+        ("CUDA checkpoint failed", "cuda_checkpoint"),
+        ("CUDA restore failed", "cuda_restore"),
+        ("criu", "criu"),
+        ("CRIU", "criu"),
+        ("cannot seal", "seal"),
+        ("manifest", "manifest"),
+        ("no checkpoint image", "no_image"),
+        ("free", "gpu_memory"),
+        ("driver", "driver"),
+        ("refused", "refused"),
+    ];
+    if let Some((_, label)) = KNOWN.iter().find(|(needle, _)| detail.contains(needle)) {
+        return label.to_string();
+    }
+    // Else the text before the first colon, when it is a fixed phrase of
+    // our messages (lowercase words, no numbers or names in it).
+    let first = detail.split(':').next().unwrap_or_default().trim();
+    let phrase = !first.is_empty() && first.len() <= 32 && first.chars().all(|c| c.is_ascii_lowercase() || matches!(c, '_' | '-' | ' '));
+    if phrase { first.replace(' ', "_") } else { "other".to_string() }
+}
+
+/// A drain this project just set: remembered for `gpu-mode status` (always)
+/// and counted (with metrics on). `reason` is the whole reason set.
+pub fn drain_set(cfg: &Config, source: &'static str, reason: &str) {
+    if let Err(e) = crate::drain::remember(&cfg.runtime_dir, reason) {
+        ActionLine::new("metrics").field("detail", format!("cannot remember the drain: {e}")).outcome(Outcome::Failed).emit(&cfg.log);
+    }
+    let detail = reason.strip_prefix(crate::drain::DRAIN_PREFIX).unwrap_or(reason).trim();
+    // `<verb>: <detail>` from the hooks: the verb is the source already.
+    let detail = detail.strip_prefix(source).and_then(|d| d.strip_prefix(':')).unwrap_or(detail);
+    record(cfg, &[Event::count(DRAINS, vec![("source", source.to_string()), ("reason", reason_label(detail))])]);
+}
+
+/// The `<phase>_ms` numbers of a timings record (the manifest's
+/// `DumpTimings`, a restore summary) as `(phase, seconds)`. Read by field
+/// name, so a phase added to the record is measured without a change here;
+/// `total` is a phase too (the whole operation).
+pub fn phases_of(timings: &impl Serialize) -> Vec<(String, f64)> {
+    let Ok(serde_json::Value::Object(map)) = serde_json::to_value(timings) else { return Vec::new() };
+    map.into_iter()
+        .filter_map(|(k, v)| Some((k.strip_suffix("_ms")?.to_string(), v.as_f64()? / 1000.0)))
+        .filter(|(_, s)| s.is_finite() && *s >= 0.0)
+        .collect()
+}
+
+/// Every phase a timings record can have: its `<phase>_ms` fields, also
+/// those without a value (`None`) in `record`.
+pub fn phase_names(record: &impl Serialize) -> Vec<String> {
+    let Ok(serde_json::Value::Object(map)) = serde_json::to_value(record) else { return Vec::new() };
+    map.into_iter().filter(|(_, v)| v.is_number() || v.is_null()).filter_map(|(k, _)| Some(k.strip_suffix("_ms")?.to_string())).collect()
+}
+
+/// One histogram observation per phase.
+pub fn phase_events(family: &'static str, phases: &[(String, f64)]) -> Vec<Event> {
+    phases.iter().map(|(p, s)| Event::Observe { family, labels: vec![("phase", p.clone())], value: *s }).collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,135 @@
+//! The status as one screen of text, or as JSON (schema: docs/admin.md).
+
+use super::StatusReport;
+use std::fmt::Write as _;
+
+impl StatusReport {
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\": \"cannot serialize: {e}\"}}")) + "\n"
+    }
+
+    pub fn to_table(&self) -> String {
+        let mut s = String::new();
+        let node = self.node.as_deref().unwrap_or("(unknown node)");
+        let verdict = if self.healthy { "OK".to_string() } else { format!("NEEDS THE ADMIN ({} problem(s))", self.records.problems.len()) };
+        let _ = writeln!(s, "gpu-mode status of {node}: {verdict}");
+        let _ = match (&self.slurm, &self.slurm_error) {
+            (Some(n), _) if n.reason.is_empty() => writeln!(s, "slurm: {}", n.state),
+            (Some(n), _) => writeln!(s, "slurm: {} ({})", n.state, n.reason),
+            // scontrol's last line says why (the first ones are its retries).
+            (None, Some(e)) => writeln!(s, "slurm: unknown: {}", e.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or(e)),
+            (None, None) => Ok(()),
+        };
+        let _ = match &self.records.last_drain {
+            Some(d) => writeln!(s, "last drain we set: {} ({})", d.reason, ago(d.unix, super::records::now_unix())),
+            None => writeln!(s, "last drain we set: none since boot"),
+        };
+        self.gpu_section(&mut s);
+        self.record_sections(&mut s);
+        let _ = writeln!(s, "\nPROBLEMS");
+        if self.records.problems.is_empty() {
+            let _ = writeln!(s, "  (none)");
+        }
+        for p in &self.records.problems {
+            let _ = writeln!(s, "  - {p}");
+        }
+        s
+    }
+
+    fn gpu_section(&self, s: &mut String) {
+        let rows: Vec<Vec<String>> = self
+            .gpus
+            .iter()
+            .map(|r| {
+                let g = &r.gpu;
+                let jobs: Vec<String> = r.jobs.iter().map(|j| format!("{} {} ({})", j.job, j.mode, j.user)).collect();
+                vec![
+                    g.index.to_string(),
+                    g.name.clone(),
+                    g.uuid.clone(),
+                    g.compute_mode.clone().unwrap_or_else(|| "?".into()),
+                    g.mig.map_or("-".into(), |m| if m { "on".into() } else { "off".into() }),
+                    if jobs.is_empty() { "-".into() } else { jobs.join(", ") },
+                ]
+            })
+            .collect();
+        section(s, "GPUS", &["GPU", "NAME", "UUID", "COMPUTE", "MIG", "JOBS"], rows);
+        if let Some(e) = &self.gpu_error {
+            let _ = writeln!(s, "  NVML: {e}");
+        }
+    }
+
+    fn record_sections(&self, s: &mut String) {
+        let r = &self.records;
+        let list = |v: &[u32]| v.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+        let jobs = r
+            .jobs
+            .iter()
+            .map(|j| vec![j.job.to_string(), j.user.clone(), j.mode.clone(), j.status.clone(), list(&j.gpus), j.refusal.clone().unwrap_or_else(|| "-".into())])
+            .collect();
+        section(s, "JOBS", &["JOB", "USER", "MODE", "STATUS", "GPUS", "REFUSED"], jobs);
+        let mps = r
+            .mps_daemons
+            .iter()
+            .map(|d| vec![d.key.clone(), d.uid.to_string(), list(&d.gpus), d.pid.map_or("-".into(), |p| p.to_string()), d.running.to_string(), list(&d.jobs)])
+            .collect();
+        section(s, "MPS DAEMONS", &["KEY", "UID", "GPUS", "PID", "RUNNING", "JOBS"], mps);
+        let mig = r
+            .mig_instances
+            .iter()
+            .map(|m| vec![m.job.to_string(), m.gpu.to_string(), m.profile.clone(), m.uuid.clone(), if m.made { "made".into() } else { "found".into() }])
+            .collect();
+        section(s, "MIG INSTANCES", &["JOB", "GPU", "PROFILE", "UUID", "ORIGIN"], mig);
+        let agents = r.agents.iter().map(|a| vec![a.job.to_string(), a.socket.clone()]).collect();
+        section(s, "CHECKPOINT AGENTS", &["JOB", "SOCKET"], agents);
+        let images = r
+            .images
+            .iter()
+            .map(|i| {
+                let why = if i.kept_because.is_empty() { "-".to_string() } else { i.kept_because.join("; ") };
+                vec![i.job.to_string(), i.run.to_string(), i.state.clone(), i.bytes.to_string(), why]
+            })
+            .collect();
+        section(s, "CHECKPOINT IMAGES", &["JOB", "RUN", "STATE", "BYTES", "KEPT BECAUSE"], images);
+    }
+}
+
+/// A titled table with aligned columns, or `(none)`.
+fn section(s: &mut String, title: &str, header: &[&str], rows: Vec<Vec<String>>) {
+    let _ = writeln!(s, "\n{title}");
+    if rows.is_empty() {
+        let _ = writeln!(s, "  (none)");
+        return;
+    }
+    let widths: Vec<usize> = (0..header.len()).map(|c| rows.iter().map(|r| r[c].len()).chain([header[c].len()]).max().unwrap_or(0)).collect();
+    let line = |cells: Vec<&str>| {
+        let padded: Vec<String> = cells.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+        format!("  {}", padded.join("  ").trim_end())
+    };
+    let _ = writeln!(s, "{}", line(header.to_vec()));
+    for r in &rows {
+        let _ = writeln!(s, "{}", line(r.iter().map(String::as_str).collect()));
+    }
+}
+
+/// How long ago a Unix time was, e.g. `3h 12m ago`: what an admin at the
+/// node wants to know of a drain (JSON keeps the time itself).
+fn ago(unix: u64, now: u64) -> String {
+    let secs = now.saturating_sub(unix);
+    match secs {
+        0..=59 => format!("{secs}s ago"),
+        60..=3599 => format!("{}m ago", secs / 60),
+        3600..=86_399 => format!("{}h {}m ago", secs / 3600, secs / 60 % 60),
+        _ => format!("{}d {}h ago", secs / 86_400, secs / 3600 % 24),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn ages() {
+        for (secs, want) in [(0, "0s ago"), (59, "59s ago"), (60, "1m ago"), (3_600 + 120, "1h 2m ago"), (2 * 86_400 + 3 * 3600, "2d 3h ago")] {
+            assert_eq!(super::ago(1_000_000, 1_000_000 + secs), want);
+        }
+    }
+}

@@ -1,0 +1,28 @@
+//! `gpu-mode-status`: one screen for the admin (docs/admin.md). Thin: the
+//! gathering and rendering are `gpu_mode_core::status`.
+
+use clap::Parser;
+use gpu_mode_core::log::stderr_line;
+use gpu_mode_core::mig_baseline::tool::node_name;
+use gpu_mode_core::status::{gather, EXIT_USAGE};
+use gpu_mode_core::Config;
+use gpu_mode_status::cli::Cli;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let cfg = match Config::load(cli.config.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            stderr_line(&format!("gpu-mode-status: {e}"));
+            return ExitCode::from(EXIT_USAGE as u8);
+        }
+    };
+    if let Some(n) = cli.node.as_deref().filter(|n| node_name(Some(n)).is_none()) {
+        stderr_line(&format!("gpu-mode-status: --node {n:?} is not a Slurm node name (letters, digits, -_.)"));
+        return ExitCode::from(EXIT_USAGE as u8);
+    }
+    let report = gather(&cfg, node_name(cli.node.as_deref()));
+    print!("{}", if cli.json { report.to_json() } else { report.to_table() });
+    ExitCode::from(report.exit_code() as u8)
+}
