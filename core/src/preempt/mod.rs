@@ -22,7 +22,9 @@
 //! Files: `submit.rs` (the pure submission check the plugin calls),
 //! `manifest.rs` (what a dump promises), `images.rs` (layout, sealing,
 //! retention), `protocol.rs` (wrapper ↔ agent), `tree.rs` (who owns which
-//! process), `agent/` (the root side), `wrapper.rs` (the user side).
+//! process), `agent/` (the root side), `wrapper.rs` (the user side),
+//! `timeline.rs` (where each checkpoint's and restore's time went),
+//! `writeback.rs` (the image written to disk while CRIU dumps it).
 
 pub mod agent;
 pub mod images;
