@@ -25,6 +25,7 @@
 //! process), `agent/` (the root side), `wrapper.rs` (the user side).
 
 pub mod agent;
+pub mod held;
 pub mod images;
 pub mod manifest;
 pub mod protocol;

@@ -151,13 +151,23 @@ impl Agent {
         let check = if r.pid != m.root_pid {
             Err(format!("CRIU restored pid {}, but the image's root is pid {}", r.pid, m.root_pid))
         } else {
-            cgroup.verify(r.pid).and_then(|_| tree::check_owned(&[r.pid], self.params.uid))
+            cgroup.verify(r.pid).and_then(|_| self.check_stopped_tree(m))
         };
         if let Err(e) = check {
             self.kill_restored(m);
             return Err(format!("{e}; the restored processes were killed, the image is kept"));
         }
+        tree::resume_all(&m.pids);
         Ok(r.pid)
+    }
+
+    /// The tree CRIU left stopped (`--leave-stopped`), before it runs: every
+    /// process is the user's without capabilities, and holds only files
+    /// the user may hold (CRIU reopened them by path as root: held.rs).
+    fn check_stopped_tree(&self, m: &Manifest) -> Result<(), String> {
+        tree::check_owned(&m.pids, self.params.uid)?;
+        let who = crate::privdrop::Identity::of_user_or_bare(self.params.uid, self.params.gid);
+        crate::preempt::held::check_user_may_hold(&m.pids, &who)
     }
 
     /// Kills the image's pids (the tree CRIU just made) and reaps the root.
