@@ -83,6 +83,7 @@ fn fixture() -> Fx {
         idle_exit: Duration::from_secs(3600),
         start_grace: Duration::from_secs(3600),
         dump_wait: Duration::from_secs(5),
+        request_wait: Duration::from_secs(1),
         log: LogConfig { syslog: false, stderr: false },
     };
     let params = AgentParams {
@@ -360,4 +361,107 @@ fn a_planted_socket_directory_is_refused() {
     let err = listen(&foreign, 7, 1001, 1001).unwrap_err().to_string();
     assert!(err.contains("is owned by uid 65534, expected uid 0"), "{err}");
     assert_eq!(std::fs::read_dir(&foreign).unwrap().count(), 0);
+}
+
+/// The fixture's agent serving its socket (owned by nobody, the job's user,
+/// in a directory others may pass through).
+fn serving(fx: &Fx) -> (std::path::PathBuf, std::thread::JoinHandle<ExitReason>) {
+    let dir = fx.agent.settings.socket_dir.clone();
+    std::fs::set_permissions(dir.parent().unwrap(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let listener = listen(&dir, 7, NOBODY, NOBODY).unwrap();
+    let agent = Arc::clone(&fx.agent);
+    (crate::preempt::socket_path(&dir, 7), std::thread::spawn(move || agent.serve(listener).unwrap()))
+}
+
+/// Set (to the socket's path) in the child that floods the agent as nobody.
+const FLOOD_CHILD: &str = "GPU_MODE_AGENT_FLOOD_TEST_SOCKET";
+const FLOOD: usize = 64;
+
+/// In the flooding child: FLOOD silent connections, then one more that
+/// asks `hello`; prints how that one was answered, then holds everything
+/// open until stdin closes.
+fn flood(socket: &std::ffi::OsStr) -> ! {
+    use std::io::Read;
+    let held: Vec<_> = (0..FLOOD).map(|_| std::os::unix::net::UnixStream::connect(socket).unwrap()).collect();
+    let last = std::os::unix::net::UnixStream::connect(socket).unwrap();
+    last.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    protocol::send(&mut last.try_clone().unwrap(), &Request::Hello).unwrap();
+    match protocol::receive::<Response>(&mut std::io::BufReader::new(last)) {
+        Ok(Some(r)) => println!("answered {r:?}"),
+        other => println!("no answer: {other:?}"),
+    }
+    let _ = std::io::stdin().read(&mut [0u8; 1]);
+    drop(held);
+    std::process::exit(0);
+}
+
+/// Security review (issue 18), S2: a job's user opening connections that
+/// send nothing made the root agent start a thread for each, for as long
+/// as the user kept them (outside the job's cgroup and its pids limit).
+/// Beyond a bound, connections are refused at once; root (the epilog's
+/// `stop`) always gets through.
+#[test]
+fn a_flood_of_silent_connections_is_bounded_and_root_still_stops_the_agent() {
+    if let Some(socket) = std::env::var_os(FLOOD_CHILD) {
+        flood(&socket);
+    }
+    if !root_or_skip() {
+        return;
+    }
+    let fx = fixture();
+    let (socket, server) = serving(&fx);
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    let test = "preempt::agent::tests::a_flood_of_silent_connections_is_bounded_and_root_still_stops_the_agent";
+    cmd.args(["--exact", test, "--test-threads=1", "--nocapture"]).env(FLOOD_CHILD, &socket).uid(NOBODY).gid(NOBODY);
+    let mut child = cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).spawn().unwrap();
+    // The test harness prints its own lines first, and "test <name> ... "
+    // just before the child's answer, on the same line.
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while !(line.contains("answered") || line.contains("no answer")) {
+        line.clear();
+        assert_ne!(std::io::BufRead::read_line(&mut out, &mut line).unwrap(), 0, "the flooding child ended early");
+    }
+    let s = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    protocol::send(&mut s.try_clone().unwrap(), &Request::Stop).unwrap();
+    let stopped = protocol::receive::<Response>(&mut std::io::BufReader::new(s));
+    drop(child.stdin.take());
+    child.wait().unwrap();
+    assert!(line.contains("answered Error") && line.contains("connections"), "the connection past the bound: {line}");
+    assert_eq!(stopped.unwrap(), Some(Response::Stopping), "root's stop during the flood");
+    assert_eq!(server.join().unwrap(), ExitReason::Stopped);
+}
+
+/// Security review (issue 18), S2: a peer that trickles its request a byte
+/// at a time is cut off when the request's time is up (a read timeout
+/// alone restarts with every byte, so the thread was held for good).
+#[test]
+fn a_request_trickled_byte_by_byte_is_cut_off_in_time() {
+    if !root_or_skip() {
+        return;
+    }
+    let fx = fixture();
+    let (socket, server) = serving(&fx);
+    let s = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+    let mut w = s.try_clone().unwrap();
+    let start = std::time::Instant::now();
+    let trickle = std::thread::spawn(move || {
+        for b in b"{\"v\":1,\"op\":\"hello\"".iter().cycle().take(40) {
+            if std::io::Write::write_all(&mut w, &[*b]).is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let answer = protocol::receive::<Response>(&mut std::io::BufReader::new(s));
+    let took = start.elapsed();
+    trickle.join().unwrap();
+    assert!(took < Duration::from_millis(2500), "the trickling peer was served for {took:?} (request_wait is 1 s): {answer:?}");
+    assert!(matches!(answer, Ok(Some(Response::Error { .. })) | Ok(None)), "{answer:?}");
+    let stop = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+    protocol::send(&mut stop.try_clone().unwrap(), &Request::Stop).unwrap();
+    assert_eq!(protocol::receive::<Response>(&mut std::io::BufReader::new(stop)).unwrap(), Some(Response::Stopping));
+    assert_eq!(server.join().unwrap(), ExitReason::Stopped);
 }
