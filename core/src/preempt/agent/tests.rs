@@ -103,8 +103,12 @@ fn fixture() -> Fx {
 
 /// `sleep` as nobody, in a session of its own: the "application".
 fn app() -> Child {
+    app_with_env(&[])
+}
+
+fn app_with_env(vars: &[(&str, &str)]) -> Child {
     let mut cmd = Command::new("/bin/sleep");
-    cmd.arg("30");
+    cmd.arg("30").envs(vars.iter().copied());
     unsafe {
         cmd.pre_exec(|| {
             libc::setsid();
@@ -464,4 +468,33 @@ fn a_request_trickled_byte_by_byte_is_cut_off_in_time() {
     protocol::send(&mut stop.try_clone().unwrap(), &Request::Stop).unwrap();
     assert_eq!(protocol::receive::<Response>(&mut std::io::BufReader::new(stop)).unwrap(), Some(Response::Stopping));
     assert_eq!(server.join().unwrap(), ExitReason::Stopped);
+}
+
+/// Security review (issue 18), safe by design: a process of the job's user
+/// that is not a process of this job (another job of theirs on the node, a
+/// login session) may ask `hello` but neither checkpoint nor restore.
+#[test]
+fn the_users_processes_outside_the_job_cannot_checkpoint_or_restore() {
+    if !root_or_skip() {
+        return;
+    }
+    let fx = fixture();
+    let mut outsider = app();
+    let peer = Peer { pid: outsider.id() as i32, uid: NOBODY };
+    let err = fx.agent.checkpoint(peer, outsider.id() as i32, None).unwrap_err();
+    assert!(err.contains(&format!("the caller (pid {}) is not a process of job 7: refused", peer.pid)), "{err}");
+    let err = fx.agent.restore(peer).unwrap_err();
+    assert!(err.contains("is not a process of job 7"), "{err}");
+    assert!(!fx.criu.calls().iter().any(|c| matches!(c, CriuCall::Dump(_) | CriuCall::Restore(_))), "CRIU was never asked");
+    outsider.kill().unwrap();
+    outsider.wait().unwrap();
+    // The control: a process of job 7 (here, with no job cgroups, by its
+    // SLURM_JOB_ID) may.
+    let mut insider = app_with_env(&[("SLURM_JOB_ID", "7")]);
+    let pid = insider.id() as i32;
+    *fx.criu.on_dump.lock().unwrap() = Some(Box::new(move |_| unsafe {
+        libc::kill(pid, libc::SIGKILL);
+    }));
+    fx.agent.checkpoint(Peer { pid, uid: NOBODY }, pid, None).unwrap();
+    insider.wait().unwrap();
 }
