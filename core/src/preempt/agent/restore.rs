@@ -164,7 +164,7 @@ impl Agent {
     /// The tree CRIU left stopped (`--leave-stopped`), before it runs: every
     /// process is the user's without capabilities, and holds only files
     /// the user may hold (CRIU reopened them by path as root: held.rs).
-    fn check_stopped_tree(&self, m: &Manifest) -> Result<(), String> {
+    pub(super) fn check_stopped_tree(&self, m: &Manifest) -> Result<(), String> {
         tree::check_owned(&m.pids, self.params.uid)?;
         let who = crate::privdrop::Identity::of_user_or_bare(self.params.uid, self.params.gid);
         crate::preempt::held::check_user_may_hold(&m.pids, &who)

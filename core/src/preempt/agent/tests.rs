@@ -108,7 +108,9 @@ fn app() -> Child {
 
 fn app_with_env(vars: &[(&str, &str)]) -> Child {
     let mut cmd = Command::new("/bin/sleep");
-    cmd.arg("30").envs(vars.iter().copied());
+    // No inherited terminal: a restored tree's files are checked as its user (held.rs).
+    let null = std::process::Stdio::null;
+    cmd.arg("30").envs(vars.iter().copied()).stdin(null()).stdout(null()).stderr(null());
     unsafe {
         cmd.pre_exec(|| {
             libc::setsid();
@@ -497,4 +499,32 @@ fn the_users_processes_outside_the_job_cannot_checkpoint_or_restore() {
     }));
     fx.agent.checkpoint(Peer { pid, uid: NOBODY }, pid, None).unwrap();
     insider.wait().unwrap();
+}
+
+/// Security review (issue 18), S1: after a restore every process of the
+/// tree is checked before it runs, not only the root. The dump's own check
+/// is made before CRIU freezes the tree, so a child that execs a setuid
+/// program in between is in the image with root's credentials, which CRIU
+/// gives back.
+#[test]
+fn every_restored_process_is_checked_before_it_runs_not_only_the_root() {
+    if !root_or_skip() {
+        return;
+    }
+    let fx = fixture();
+    let (_child, run) = dumped(&fx);
+    let mut m = Manifest::load(&run).unwrap();
+    let mut root = app();
+    let mut rooted = Command::new("/bin/sleep").arg("30").spawn().unwrap();
+    m.root_pid = root.id() as i32;
+    m.pids = vec![root.id() as i32, rooted.id() as i32];
+    let err = fx.agent.check_stopped_tree(&m).unwrap_err();
+    assert!(err.contains(&format!("pid {}", rooted.id())) && err.contains("not only as the job's user"), "{err}");
+    // The control: the user's own tree passes.
+    m.pids = vec![root.id() as i32];
+    fx.agent.check_stopped_tree(&m).unwrap();
+    for c in [&mut root, &mut rooted] {
+        c.kill().unwrap();
+        c.wait().unwrap();
+    }
 }
