@@ -280,7 +280,14 @@ fn wait_bounded(child: nix::unistd::Pid, bound: Duration) -> Result<nix::sys::wa
         }
         if start.elapsed() >= bound {
             let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
-            let _ = waitpid(child, None);
+            // Reaped if it goes at once; a child stuck in the kernel (a hung
+            // network mount) must not hang the agent with it.
+            for _ in 0..100 {
+                if !matches!(waitpid(child, Some(WaitPidFlag::WNOHANG)), Ok(WaitStatus::StillAlive)) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
             return Err(format!("the check as the job's user did not finish within {} s", bound.as_secs()));
         }
         std::thread::sleep(Duration::from_millis(5));
@@ -323,6 +330,19 @@ pub fn check_user_may_hold(pids: &[i32], who: &Identity) -> Result<(), String> {
     }
 }
 
+/// Stops `pid` and waits until it is stopped, as CRIU leaves a restored
+/// tree: a process just exec'd is still mapping its libraries, and a check
+/// of it would race with that.
+#[cfg(test)]
+pub(crate) fn stop_for_check(pid: i32) {
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let start = std::time::Instant::now();
+    while !crate::procfs::read(pid).is_some_and(|p| p.state == 'T') {
+        assert!(start.elapsed() < Duration::from_secs(5), "pid {pid} did not stop");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -330,6 +350,17 @@ mod tests {
     use std::process::{Child, Command};
 
     const NOBODY: u32 = 65534;
+
+    #[test]
+    fn a_check_that_does_not_finish_is_killed_and_refuses() {
+        let child = Command::new("/bin/sleep").arg("30").spawn().unwrap();
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        let start = std::time::Instant::now();
+        let err = wait_bounded(pid, Duration::from_millis(200)).unwrap_err();
+        assert!(err.contains("did not finish within"), "{err}");
+        assert!(start.elapsed() < Duration::from_secs(2), "{:?}", start.elapsed());
+        assert!(crate::procfs::read(child.id() as i32).is_none(), "the check was killed and reaped");
+    }
 
     #[test]
     fn flags_and_map_lines_say_what_access_is_held() {
@@ -393,8 +424,8 @@ mod tests {
 
     /// The check of a holder of `file` (opened with `flags`) as nobody.
     fn check_holder(file: &std::path::Path, flags: i32) -> Result<(), String> {
-        // Spawn returns after the exec: fd 3 is held by then.
         let mut child = holder(file, flags);
+        stop_for_check(child.id() as i32);
         let result = check_user_may_hold(&[child.id() as i32], &nobody());
         child.kill().unwrap();
         child.wait().unwrap();

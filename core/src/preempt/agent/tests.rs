@@ -516,6 +516,7 @@ fn every_restored_process_is_checked_before_it_runs_not_only_the_root() {
     let mut m = Manifest::load(&run).unwrap();
     let mut root = app();
     let mut rooted = Command::new("/bin/sleep").arg("30").spawn().unwrap();
+    crate::preempt::held::stop_for_check(root.id() as i32);
     m.root_pid = root.id() as i32;
     m.pids = vec![root.id() as i32, rooted.id() as i32];
     let err = fx.agent.check_stopped_tree(&m).unwrap_err();
