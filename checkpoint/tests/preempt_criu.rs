@@ -514,10 +514,12 @@ fn a_file_swapped_for_a_symlink_between_dump_and_restore_is_not_reopened_as_root
     n.agent((&cfg_path, &cfg), job, 1, 0);
     let rout = n.dir.join("e-restore.out");
     let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 1, cgroup: None, out: &rout }, &app);
-    // Running (not stopped for the agent's check) with the victim open: leaked.
-    let running_with_victim = || gpu_mode_core::procfs::read(app_pid).is_some_and(|p| p.state != 'T') && holds(app_pid, &victim);
-    wait_for("the restore to end", Duration::from_secs(30), || matches!(w.try_wait(), Ok(Some(_))) || running_with_victim());
-    let leaked = running_with_victim();
+    // The restore ends in a refusal (the wrapper exits) or in the tree
+    // running (the wrapper says so); only then is what it holds looked at
+    // (during the restore CRIU itself holds the process).
+    let err_of = || read(&rout.with_extension("err"));
+    wait_for("the restore to end", Duration::from_secs(30), || matches!(w.try_wait(), Ok(Some(_))) || err_of().contains("restored (pid"));
+    let leaked = holds(app_pid, &victim);
     if leaked {
         let fd3 = std::fs::read(format!("/proc/{app_pid}/fd/3")).unwrap_or_default();
         unsafe { libc::kill(app_pid, libc::SIGKILL) };
