@@ -376,9 +376,9 @@ mod tests {
         assert_eq!(mapping_of_line(5, "7f00-7f80 rw-p 00000000 00:00 0"), None);
     }
 
-    /// `sleep` as nobody holding `file` as fd 3 with `flags`, opened as
+    /// `sleep` as `uid` holding `file` as fd 3 with `flags`, opened as
     /// root before the identity changes: what a CRIU restore produces.
-    fn holder(file: &std::path::Path, flags: i32) -> Child {
+    fn holder(file: &std::path::Path, flags: i32, uid: u32) -> Child {
         let path = CString::new(file.as_os_str().as_encoded_bytes()).unwrap();
         let mut cmd = Command::new("/bin/sleep");
         cmd.arg("30").stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
@@ -389,7 +389,7 @@ mod tests {
                 if fd < 0 || libc::dup2(fd, 3) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
-                if libc::setgroups(0, std::ptr::null()) != 0 || libc::setgid(NOBODY) != 0 || libc::setuid(NOBODY) != 0 {
+                if libc::setgroups(0, std::ptr::null()) != 0 || libc::setgid(uid) != 0 || libc::setuid(uid) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
                 Ok(())
@@ -424,7 +424,7 @@ mod tests {
 
     /// The check of a holder of `file` (opened with `flags`) as nobody.
     fn check_holder(file: &std::path::Path, flags: i32) -> Result<(), String> {
-        let mut child = holder(file, flags);
+        let mut child = holder(file, flags, NOBODY);
         stop_for_check(child.id() as i32);
         let result = check_user_may_hold(&[child.id() as i32], &nobody());
         child.kill().unwrap();
@@ -467,9 +467,12 @@ mod tests {
         let file = tmp.path().join("nobodys");
         file_with(&file, 0o600);
         std::os::unix::fs::chown(&file, Some(NOBODY), Some(NOBODY)).unwrap();
-        let _held = std::fs::File::open(&file).unwrap();
-        let me = std::process::id() as i32;
-        let err = check_user_may_hold(&[me], &Identity { uid: 0, gid: 0, groups: vec![0] }).unwrap_err();
-        assert!(err.contains(&file.display().to_string()), "{err}");
+        let mut child = holder(&file, libc::O_RDONLY, 0);
+        stop_for_check(child.id() as i32);
+        let result = check_user_may_hold(&[child.id() as i32], &Identity { uid: 0, gid: 0, groups: vec![0] });
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let err = result.unwrap_err();
+        assert!(err.contains(&format!("holding {} (fd 3, read)", file.display())), "{err}");
     }
 }

@@ -501,31 +501,69 @@ fn the_users_processes_outside_the_job_cannot_checkpoint_or_restore() {
     insider.wait().unwrap();
 }
 
-/// Security review (issue 18), S1: after a restore every process of the
-/// tree is checked before it runs, not only the root. The dump's own check
-/// is made before CRIU freezes the tree, so a child that execs a setuid
-/// program in between is in the image with root's credentials, which CRIU
-/// gives back.
+/// A tree as CRIU would restore one, stopped: `sh` as nobody whose child
+/// `sleep` holds `file` (opened as root, as CRIU reopens files) while the
+/// shell itself does not. Returns (shell, sleep).
+fn tree_holding(file: &std::path::Path) -> (Child, i32) {
+    let path = std::ffi::CString::new(file.as_os_str().as_encoded_bytes()).unwrap();
+    let null = std::process::Stdio::null;
+    let mut cmd = Command::new("/bin/sh");
+    cmd.args(["-c", "/bin/sleep 30 & exec 3<&-; echo $!; wait"]).stdin(null()).stdout(std::process::Stdio::piped()).stderr(null());
+    unsafe {
+        cmd.pre_exec(move || {
+            let fd = libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+            if fd < 0 || libc::dup2(fd, 3) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::setgroups(0, std::ptr::null()) != 0 || libc::setgid(NOBODY) != 0 || libc::setuid(NOBODY) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut shell = cmd.spawn().unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(shell.stdout.take().unwrap()), &mut line).unwrap();
+    let sleep: i32 = line.trim().parse().unwrap();
+    for pid in [shell.id() as i32, sleep] {
+        crate::preempt::held::stop_for_check(pid);
+    }
+    (shell, sleep)
+}
+
+/// Security review (issue 18), S1 and S4: after a restore every process of
+/// the restored tree is checked before it runs, not only the root, and not
+/// only the pids the manifest lists: those were listed before CRIU froze
+/// the tree, and a process forked in between is dumped and restored too
+/// (unchecked, it stayed stopped until its user sent it SIGCONT, holding
+/// what CRIU had opened for it as root).
 #[test]
-fn every_restored_process_is_checked_before_it_runs_not_only_the_root() {
+fn every_restored_process_is_checked_before_it_runs_even_one_the_manifest_does_not_list() {
     if !root_or_skip() {
         return;
     }
     let fx = fixture();
     let (_child, run) = dumped(&fx);
-    let mut m = Manifest::load(&run).unwrap();
-    let mut root = app();
-    let mut rooted = Command::new("/bin/sleep").arg("30").spawn().unwrap();
-    crate::preempt::held::stop_for_check(root.id() as i32);
-    m.root_pid = root.id() as i32;
-    m.pids = vec![root.id() as i32, rooted.id() as i32];
-    let err = fx.agent.check_stopped_tree(&m).unwrap_err();
-    assert!(err.contains(&format!("pid {}", rooted.id())) && err.contains("not only as the job's user"), "{err}");
-    // The control: the user's own tree passes.
-    m.pids = vec![root.id() as i32];
-    fx.agent.check_stopped_tree(&m).unwrap();
-    for c in [&mut root, &mut rooted] {
-        c.kill().unwrap();
-        c.wait().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let secret = tmp.path().join("root-only");
+    std::fs::write(&secret, b"root's").unwrap();
+    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let (mut shell, sleep) = tree_holding(&secret);
+    let root = shell.id() as i32;
+    // The image's root is the shell; the sleep was forked after the listing.
+    // (The list is left empty: the recording CRIU cannot make its pids free
+    // before the restore and taken after it.)
+    forge(&run, |v| {
+        v["root_pid"] = root.into();
+        v["pids"] = serde_json::json!([]);
+    });
+    *fx.criu.restored_pid.lock().unwrap() = root;
+    let result = fx.agent.restore(me());
+    for pid in [sleep, root] {
+        unsafe { libc::kill(pid, libc::SIGKILL) };
     }
+    let _ = shell.wait();
+    let err = result.map(|(pid, _)| pid).unwrap_err();
+    assert!(err.contains(&format!("pid {sleep} was restored holding {}", secret.display())), "{err}");
+    assert!(err.contains("the restored processes were killed, the image is kept"), "{err}");
 }
