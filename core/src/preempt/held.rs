@@ -337,7 +337,7 @@ pub fn check_user_may_hold(pids: &[i32], who: &Identity) -> Result<(), String> {
 pub(crate) fn stop_for_check(pid: i32) {
     unsafe { libc::kill(pid, libc::SIGSTOP) };
     let start = std::time::Instant::now();
-    while !crate::procfs::read(pid).is_some_and(|p| p.state == 'T') {
+    while crate::procfs::read(pid).is_none_or(|p| p.state != 'T') {
         assert!(start.elapsed() < Duration::from_secs(5), "pid {pid} did not stop");
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -352,6 +352,8 @@ mod tests {
     const NOBODY: u32 = 65534;
 
     #[test]
+    // wait_bounded kills and reaps the child itself.
+    #[allow(clippy::zombie_processes)]
     fn a_check_that_does_not_finish_is_killed_and_refuses() {
         let child = Command::new("/bin/sleep").arg("30").spawn().unwrap();
         let pid = nix::unistd::Pid::from_raw(child.id() as i32);
