@@ -453,3 +453,85 @@ fn a_restore_refuses_another_users_or_a_corrupt_image_and_other_users_cannot_rea
         stop_agent(&cfg, job, Duration::from_secs(10)).unwrap();
     }
 }
+
+/// Whether `pid` holds a descriptor on `file` (the inode, whatever the path).
+fn holds(pid: i32, file: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(want) = std::fs::metadata(file) else { return false };
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|fd| std::fs::metadata(fd.path()).is_ok_and(|m| (m.dev(), m.ino()) == (want.dev(), want.ino())))
+}
+
+/// Security review (issue 18), finding S1: CRIU reopens a restored
+/// process's files by path, as root, following symlinks, and checks only
+/// their size and mode. The job's user holds their own file open for
+/// writing, and between the dump and the restore swaps its path for a
+/// symlink to a file of another user with the same size and mode: the
+/// restore must not hand the process a descriptor on that file.
+#[test]
+fn a_file_swapped_for_a_symlink_between_dump_and_restore_is_not_reopened_as_root() {
+    let Some(n) = node() else { return };
+    let job = 9105;
+    let images = n.dir.join("images-e");
+    let (cfg_path, cfg) = n.config("e", &images);
+    let (uid, gid) = ids_of(n.who);
+    // Another user's private file, and the job user's bait of the same size and mode.
+    let secret = b"another user's secret\n";
+    let victim = n.dir.join("e-victim");
+    std::fs::write(&victim, secret).unwrap();
+    std::os::unix::fs::chown(&victim, Some(65534), Some(65534)).unwrap();
+    chmod(&victim, 0o600);
+    let home = n.dir.join("user").join("e-home");
+    std::fs::create_dir_all(&home).unwrap();
+    std::os::unix::fs::chown(&home, Some(uid), Some(gid)).unwrap();
+    chmod(&home, 0o755);
+    let bait = home.join("bait");
+    std::fs::write(&bait, vec![b'x'; secret.len()]).unwrap();
+    std::os::unix::fs::chown(&bait, Some(uid), Some(gid)).unwrap();
+    chmod(&bait, 0o600);
+    let ready = home.join("ready");
+    let script = format!("echo $$ > {}; exec 3<>{}; exec /bin/sleep 600", ready.display(), bait.display());
+    let app = ["/bin/bash", "-c", script.as_str()];
+    let out = n.dir.join("e.out");
+
+    n.agent((&cfg_path, &cfg), job, 0, 0);
+    let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 0, cgroup: None, out: &out }, &app);
+    wait_for("the application", Duration::from_secs(20), || read(&ready).trim().parse::<i32>().is_ok_and(|p| holds(p, &bait)));
+    let app_pid: i32 = read(&ready).trim().parse().unwrap();
+    signal(&w, libc::SIGUSR1);
+    assert_eq!(exit_code(&mut w, Duration::from_secs(60)), 0, "{}", read(&out.with_extension("err")));
+    stop_agent(&cfg, job, Duration::from_secs(10)).unwrap();
+    assert!(ImageStore::new(&images).run_dir(job, 0).join(MANIFEST_FILE).exists(), "{}", read(&out.with_extension("err")));
+
+    // The user's move while the job waits: the bait becomes a symlink.
+    std::fs::remove_file(&bait).unwrap();
+    std::os::unix::fs::symlink(&victim, &bait).unwrap();
+    std::os::unix::fs::lchown(&bait, Some(uid), Some(gid)).unwrap();
+
+    n.agent((&cfg_path, &cfg), job, 1, 0);
+    let rout = n.dir.join("e-restore.out");
+    let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 1, cgroup: None, out: &rout }, &app);
+    // The restore ends in a refusal (the wrapper exits) or in the tree
+    // running (the wrapper says so); only then is what it holds looked at
+    // (during the restore CRIU itself holds the process).
+    let err_of = || read(&rout.with_extension("err"));
+    wait_for("the restore to end", Duration::from_secs(30), || matches!(w.try_wait(), Ok(Some(_))) || err_of().contains("restored (pid"));
+    let leaked = holds(app_pid, &victim);
+    if leaked {
+        let fd3 = std::fs::read(format!("/proc/{app_pid}/fd/3")).unwrap_or_default();
+        unsafe { libc::kill(app_pid, libc::SIGKILL) };
+        let _ = exit_code(&mut w, Duration::from_secs(30));
+        stop_agent(&cfg, job, Duration::from_secs(10)).unwrap();
+        panic!("the restored process holds the other user's file: fd 3 reads {:?}", String::from_utf8_lossy(&fd3));
+    }
+    assert_eq!(exit_code(&mut w, Duration::from_secs(30)), 1);
+    let err = read(&rout.with_extension("err"));
+    assert!(err.contains("cannot restore job 9105") && err.contains(&victim.display().to_string()), "{err}");
+    assert!(err.contains("the restored processes were killed, the image is kept"), "{err}");
+    assert!(gpu_mode_core::procfs::read(app_pid).is_none(), "nothing restored runs on");
+    assert_eq!(std::fs::read(&victim).unwrap(), secret, "the victim is untouched");
+    stop_agent(&cfg, job, Duration::from_secs(10)).unwrap();
+}

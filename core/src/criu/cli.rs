@@ -30,11 +30,13 @@ pub fn dump_args(req: &DumpRequest) -> Vec<OsString> {
 }
 
 /// `criu restore`'s arguments: detached, as the caller's child (sibling of
-/// criu), cgroups left alone (criu already runs in the target cgroup).
+/// criu), cgroups left alone (criu already runs in the target cgroup), and
+/// stopped: the agent checks what CRIU reopened as root before the tree
+/// runs (preempt::held), then sends SIGCONT.
 pub fn restore_args(req: &RestoreRequest) -> Vec<OsString> {
     let mut a: Vec<OsString> = vec!["restore".into()];
     a.extend(common(&req.images_dir, RESTORE_LOG));
-    a.extend(["--restore-detached".into(), "--restore-sibling".into(), "--pidfile".into(), req.pidfile.clone().into()]);
+    a.extend(["--restore-detached".into(), "--restore-sibling".into(), "--leave-stopped".into(), "--pidfile".into(), req.pidfile.clone().into()]);
     if req.tcp_established {
         a.extend(["--tcp-established".into(), "--network-lock".into(), "nftables".into()]);
     }
@@ -173,7 +175,7 @@ mod tests {
         assert_eq!(
             text,
             "restore --images-dir /img/7/0 --log-file restore.log -v2 --file-locks --ext-unix-sk --manage-cgroups=ignore \
-             --restore-detached --restore-sibling --pidfile /run/x/pid"
+             --restore-detached --restore-sibling --leave-stopped --pidfile /run/x/pid"
         );
         assert!(!text.contains("--shell-job"));
     }

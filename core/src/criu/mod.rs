@@ -39,6 +39,9 @@
 //!   handling (which would tie the restore to the restoring shell's session).
 //! * the dump kills the tree (no `--leave-running`): the job is being
 //!   preempted; its memory now lives in the images.
+//! * `--leave-stopped` on restore: CRIU reopens the tree's files by path as
+//!   root; the tree must not run before the agent has checked that the
+//!   user may hold each of them (preempt::held, security review S1).
 
 mod cgroup;
 mod cli;

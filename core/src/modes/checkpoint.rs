@@ -21,6 +21,8 @@ pub const TASK_SOCKET_VAR: &str = "GPU_MODE_CKPT_SOCKET";
 const AGENT_START: Duration = Duration::from_secs(20);
 /// How long the epilog waits for the agent to acknowledge `stop`.
 const AGENT_STOP: Duration = Duration::from_secs(10);
+/// How long the sweep may spend asking Slurm which jobs have ended.
+const SWEEP_QUERIES: Duration = Duration::from_secs(20);
 
 pub struct CheckpointDriver;
 
@@ -110,10 +112,7 @@ fn finish(cfg: &Config, job_id: u32, restart_count: Option<u32>) -> Result<Relea
             Err(e) => return Err(Failure::Node(format!("checkpoint images of job {job_id}: {e}"))),
         }
     }
-    let live: Vec<u32> = live_jobs(cfg);
-    let scontrol = crate::drain::Scontrol::new(&cfg.slurm.scontrol);
-    let ended = |job: u32| scontrol.job_has_ended(job).unwrap_or(false);
-    match preempt::sweep_images(&store, Limits::from_config(&cfg.checkpoint), &live, &ended) {
+    match sweep(cfg, &store, SWEEP_QUERIES) {
         Ok(swept) if !swept.is_empty() => parts.push(format!("swept images of jobs {swept:?}")),
         Ok(_) => {}
         Err(e) => parts.push(format!("sweep failed: {e}")),
@@ -130,6 +129,20 @@ fn finish(cfg: &Config, job_id: u32, restart_count: Option<u32>) -> Result<Relea
         return Err(Failure::Node(stuck.to_string()));
     }
     Ok(Released { found: stopped || restart_count.is_some(), detail: Some(format!("checkpoint: {}", parts.join("; "))) })
+}
+
+/// The sweep: the image directory's limits, and the images of jobs Slurm
+/// has ended, asking Slurm for at most `queries` in all. Every job with an
+/// image anywhere in the (shared) directory costs an `scontrol` call, and a
+/// user can have hundreds of requeued jobs waiting: unbounded, that ran the
+/// epilog into its watchdog, which drains the node. Jobs not asked about
+/// this time are left to a later sweep and to the limits.
+fn sweep(cfg: &Config, store: &ImageStore, queries: Duration) -> std::io::Result<Vec<u32>> {
+    let live: Vec<u32> = live_jobs(cfg);
+    let scontrol = crate::drain::Scontrol::new(&cfg.slurm.scontrol);
+    let until = std::time::Instant::now() + queries;
+    let ended = |job: u32| std::time::Instant::now() < until && scontrol.job_has_ended(job).unwrap_or(false);
+    preempt::sweep_images(store, Limits::from_config(&cfg.checkpoint), &live, &ended)
 }
 
 /// Jobs live on this node (their images are never swept).
@@ -188,5 +201,42 @@ pub(crate) mod stand_in {
                 }
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Security review (issue 18), S3: every job with an image costs the
+    /// sweep an `scontrol` call, in every checkpoint job's epilog. A user's
+    /// many requeued jobs waiting with images (or a slow slurmctld) must not
+    /// run the epilog into its watchdog: the queries stop at their budget.
+    #[test]
+    fn the_sweeps_slurm_queries_are_bounded_in_time() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = Config { runtime_dir: dir.path().join("run"), ..Config::default() };
+        cfg.checkpoint.image_dir = dir.path().join("images");
+        cfg.checkpoint.images_max_gib = 0;
+        cfg.checkpoint.images_max_age_hours = 0;
+        let scontrol = dir.path().join("scontrol");
+        let state = dir.path().join("state");
+        std::fs::write(&state, "PENDING").unwrap();
+        std::fs::write(&scontrol, format!("#!/bin/sh\nsleep 0.2\necho \"JobId=$4 JobState=$(cat {})\"\n", state.display())).unwrap();
+        std::fs::set_permissions(&scontrol, std::fs::Permissions::from_mode(0o755)).unwrap();
+        cfg.slurm.scontrol = scontrol;
+        let store = ImageStore::new(&cfg.checkpoint.image_dir);
+        for job in 1..=20 {
+            std::fs::write(store.prepare_run(job, 0).unwrap().join("pages-1.img"), b"x").unwrap();
+        }
+        let start = std::time::Instant::now();
+        assert_eq!(sweep(&cfg, &store, Duration::from_secs(1)).unwrap(), Vec::<u32>::new(), "pending jobs keep their images");
+        let took = start.elapsed();
+        assert!(took < Duration::from_millis(2500), "20 queries of 0.2 s took {took:?} with a budget of 1 s");
+        // The control: jobs Slurm has ended lose their images (the queries are used).
+        std::fs::write(&state, "COMPLETED").unwrap();
+        let removed = sweep(&cfg, &store, Duration::from_secs(60)).unwrap();
+        assert_eq!(removed.len(), 20, "{removed:?}");
     }
 }

@@ -27,6 +27,7 @@
 //! `writeback.rs` (the image written to disk while CRIU dumps it).
 
 pub mod agent;
+pub mod held;
 pub mod images;
 pub mod manifest;
 pub mod protocol;

@@ -174,6 +174,18 @@ mod tests {
         assert_eq!(ExitInfo { code: None, signal: Some(9) }.shell_status(), 137);
     }
 
+    /// Security review (issue 18): a peer cannot make the agent hold more
+    /// than the bound in memory for one request.
+    #[test]
+    fn a_message_past_the_bound_is_refused_unread() {
+        let huge = vec![b'x'; (MAX_LINE as usize) * 2];
+        let mut r = std::io::BufReader::new(&huge[..]);
+        let err = receive::<Request>(&mut r).unwrap_err().to_string();
+        assert!(err.contains("message longer than 1048576 bytes"), "{err}");
+        // The rest was left unread.
+        assert_eq!(std::io::Read::bytes(r).count(), huge.len() - MAX_LINE as usize);
+    }
+
     #[test]
     fn other_versions_and_garbage_are_named() {
         let cases: [(&[u8], &str); 4] = [

@@ -84,6 +84,15 @@ pub fn wait_pids_free(pids: &[i32], timeout: Duration) -> Result<(), String> {
     }
 }
 
+/// SIGCONT to every process of `pids`: a restored tree runs only once it
+/// has been checked (CRIU leaves it stopped).
+pub fn resume_all(pids: &[i32]) {
+    let ids: Vec<procfs::ProcId> = pids.iter().filter_map(|p| procfs::read(*p)).map(|p| p.id()).collect();
+    for id in ids {
+        procfs::signal_exact(id, libc::SIGCONT);
+    }
+}
+
 /// SIGKILL to every process of `pids` that still has its recorded identity.
 pub fn kill_all(ids: &[procfs::ProcId]) {
     for id in ids {

@@ -33,7 +33,7 @@ use crate::config::LogConfig;
 use crate::criu::Criu;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -75,6 +75,8 @@ pub struct AgentSettings {
     pub start_grace: Duration,
     /// How long a finished dump may take to be reported to a waiting restore.
     pub dump_wait: Duration,
+    /// How long a connection may take to send its request, in all.
+    pub request_wait: Duration,
     pub log: LogConfig,
     /// The site config when `[metrics] textfile` is set: checkpoints and
     /// restores are counted (crate::metrics). `None`: nothing is kept.
@@ -93,6 +95,7 @@ impl AgentSettings {
             idle_exit: Duration::from_secs(30),
             start_grace: Duration::from_secs(600),
             dump_wait: Duration::from_millis(cfg.checkpoint.criu_timeout_ms) + Duration::from_secs(60),
+            request_wait: Duration::from_secs(30),
             log: cfg.log.clone(),
             metrics: cfg.metrics.textfile.is_some().then(|| Box::new(cfg.clone())),
         }
@@ -122,6 +125,8 @@ pub struct Agent {
     restored: Mutex<BTreeMap<i32, RootState>>,
     stop: AtomicBool,
     started: Instant,
+    /// Open connections of the job's user (server.rs bounds them).
+    connections: AtomicUsize,
 }
 
 /// The backends an agent drives: real ones in the binary, doubles in tests.
@@ -148,6 +153,7 @@ impl Agent {
             restored: Mutex::new(BTreeMap::new()),
             stop: AtomicBool::new(false),
             started: Instant::now(),
+            connections: AtomicUsize::new(0),
         }
     }
 

@@ -166,18 +166,34 @@ impl Agent {
         let check = if r.pid != m.root_pid {
             Err(format!("CRIU restored pid {}, but the image's root is pid {}", r.pid, m.root_pid))
         } else {
-            cgroup.verify(r.pid).and_then(|_| tree::check_owned(&[r.pid], self.params.uid))
+            cgroup.verify(r.pid).and_then(|_| self.check_stopped_tree(r.pid))
         };
         if let Err(e) = check {
             self.kill_restored(m);
             return Err(format!("{e}; the restored processes were killed, the image is kept"));
         }
+        tree::resume_all(&self.host.with_descendants(r.pid));
         Ok(r.pid)
     }
 
-    /// Kills the image's pids (the tree CRIU just made) and reaps the root.
+    /// The tree CRIU left stopped (`--leave-stopped`), before it runs: every
+    /// process is the user's without capabilities, and holds only files
+    /// the user may hold (CRIU reopened them by path as root: held.rs).
+    /// The tree as it is, from its root: the manifest's list was made before
+    /// CRIU froze the tree, which may have forked since (security review S4).
+    pub(super) fn check_stopped_tree(&self, root: i32) -> Result<(), String> {
+        let pids = self.host.with_descendants(root);
+        tree::check_owned(&pids, self.params.uid)?;
+        let who = crate::privdrop::Identity::of_user_or_bare(self.params.uid, self.params.gid);
+        crate::preempt::held::check_user_may_hold(&pids, &who)
+    }
+
+    /// Kills the tree CRIU just made (the image's pids and whatever descends
+    /// from its root) and reaps the root.
     fn kill_restored(&self, m: &Manifest) {
-        let ids: Vec<procfs::ProcId> = m.pids.iter().filter_map(|p| procfs::read(*p)).map(|p| p.id()).collect();
+        let mut pids = self.host.with_descendants(m.root_pid);
+        pids.extend(&m.pids);
+        let ids: Vec<procfs::ProcId> = pids.iter().filter_map(|p| procfs::read(*p)).map(|p| p.id()).collect();
         tree::kill_all(&ids);
         let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(m.root_pid), None);
     }

@@ -19,8 +19,12 @@ use std::time::{Duration, Instant};
 
 /// How often the agent looks at the job's processes.
 const LIFE_CHECK: Duration = Duration::from_secs(1);
-/// A connection must send its request within this.
-const REQUEST_WAIT: Duration = Duration::from_secs(30);
+/// Connections of the job's user served at once. The wrapper needs one or
+/// two (a restore keeps its own open until the tree ends); each is a thread
+/// of a root process outside the job's cgroup, so a flood is refused here
+/// rather than left to the node's thread limit. Root (the epilog) is not
+/// counted: its `stop` always gets through.
+const MAX_USER_CONNECTIONS: usize = 16;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExitReason {
@@ -79,6 +83,25 @@ pub fn authorize(peer: Peer, job_uid: u32, job: u32, req: &Request) -> Result<()
     Ok(())
 }
 
+/// A request's reader with one deadline for the whole request: a read
+/// timeout alone starts again with every byte, so a peer trickling its
+/// request would hold the thread for good.
+struct DeadlineReader {
+    stream: UnixStream,
+    deadline: Instant,
+}
+
+impl std::io::Read for DeadlineReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "the request did not arrive in time"));
+        }
+        self.stream.set_read_timeout(Some(left))?;
+        self.stream.read(buf)
+    }
+}
+
 /// When the agent should end, watched from the accept loop.
 struct Life {
     seen: bool,
@@ -97,10 +120,7 @@ impl Agent {
                 return Ok(reason);
             }
             match listener.accept() {
-                Ok((stream, _)) => {
-                    let me = Arc::clone(self);
-                    std::thread::spawn(move || me.handle(stream));
-                }
+                Ok((stream, _)) => self.admit(stream),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(50)),
                 Err(e) => {
                     self.log("agent-accept", Outcome::Failed, &e.to_string());
@@ -136,10 +156,33 @@ impl Agent {
         (!life.seen && self.started.elapsed() > self.settings.start_grace).then_some(ExitReason::NeverStarted)
     }
 
+    /// A thread for the connection, unless the job's user has
+    /// [`MAX_USER_CONNECTIONS`] open already: then one error line, closed.
+    fn admit(self: &Arc<Self>, stream: UnixStream) {
+        let counted = !peer_of(&stream).is_ok_and(|p| p.uid == 0);
+        if counted && self.connections.fetch_add(1, Ordering::SeqCst) >= MAX_USER_CONNECTIONS {
+            self.connections.fetch_sub(1, Ordering::SeqCst);
+            // Never block the accept loop on a peer that does not read.
+            let _ = stream.set_nonblocking(true);
+            let message = format!("refused: {MAX_USER_CONNECTIONS} connections to job {}'s agent are open already", self.params.job);
+            let _ = protocol::send(&mut &stream, &Response::Error { message });
+            return;
+        }
+        let me = Arc::clone(self);
+        let spawned = std::thread::Builder::new().spawn(move || {
+            me.handle(stream);
+            if counted {
+                me.connections.fetch_sub(1, Ordering::SeqCst);
+            }
+        });
+        if spawned.is_err() && counted {
+            self.connections.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
     fn handle(&self, stream: UnixStream) {
-        let _ = stream.set_read_timeout(Some(REQUEST_WAIT));
         let Ok(mut out) = stream.try_clone() else { return };
-        let mut reader = BufReader::new(stream);
+        let mut reader = BufReader::new(DeadlineReader { stream, deadline: Instant::now() + self.settings.request_wait });
         let reply = |out: &mut UnixStream, r: &Response| {
             let _ = protocol::send(out, r);
         };

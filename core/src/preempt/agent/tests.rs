@@ -89,6 +89,7 @@ fn fixture_with(counting: bool) -> Fx {
         idle_exit: Duration::from_secs(3600),
         start_grace: Duration::from_secs(3600),
         dump_wait: Duration::from_secs(5),
+        request_wait: Duration::from_secs(1),
         log: LogConfig { syslog: false, stderr: false },
         metrics: counting.then(|| {
             let mut cfg = crate::Config::default();
@@ -117,8 +118,14 @@ fn fixture_with(counting: bool) -> Fx {
 
 /// `sleep` as nobody, in a session of its own: the "application".
 fn app() -> Child {
+    app_with_env(&[])
+}
+
+fn app_with_env(vars: &[(&str, &str)]) -> Child {
     let mut cmd = Command::new("/bin/sleep");
-    cmd.arg("30");
+    // No inherited terminal: a restored tree's files are checked as its user (held.rs).
+    let null = std::process::Stdio::null;
+    cmd.arg("30").envs(vars.iter().copied()).stdin(null()).stdout(null()).stderr(null());
     unsafe {
         cmd.pre_exec(|| {
             libc::setsid();
@@ -437,4 +444,203 @@ fn checkpoints_are_counted_in_the_metrics() {
     }
     let unobserved = "gpu_mode_checkpoint_phase_duration_seconds_count{phase=\"signal_to_gpu_free\"} 0";
     assert!(text.lines().any(|l| l == unobserved), "no signal time given: that phase did not happen\n{text}");
+}
+
+/// The fixture's agent serving its socket (owned by nobody, the job's user,
+/// in a directory others may pass through).
+fn serving(fx: &Fx) -> (std::path::PathBuf, std::thread::JoinHandle<ExitReason>) {
+    let dir = fx.agent.settings.socket_dir.clone();
+    std::fs::set_permissions(dir.parent().unwrap(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let listener = listen(&dir, 7, NOBODY, NOBODY).unwrap();
+    let agent = Arc::clone(&fx.agent);
+    (crate::preempt::socket_path(&dir, 7), std::thread::spawn(move || agent.serve(listener).unwrap()))
+}
+
+/// Set (to the socket's path) in the child that floods the agent as nobody.
+const FLOOD_CHILD: &str = "GPU_MODE_AGENT_FLOOD_TEST_SOCKET";
+const FLOOD: usize = 64;
+
+/// In the flooding child: FLOOD silent connections, then one more that
+/// asks `hello`; prints how that one was answered, then holds everything
+/// open until stdin closes.
+fn flood(socket: &std::ffi::OsStr) -> ! {
+    use std::io::Read;
+    let held: Vec<_> = (0..FLOOD).map(|_| std::os::unix::net::UnixStream::connect(socket).unwrap()).collect();
+    let last = std::os::unix::net::UnixStream::connect(socket).unwrap();
+    last.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    protocol::send(&mut last.try_clone().unwrap(), &Request::Hello).unwrap();
+    match protocol::receive::<Response>(&mut std::io::BufReader::new(last)) {
+        Ok(Some(r)) => println!("answered {r:?}"),
+        other => println!("no answer: {other:?}"),
+    }
+    let _ = std::io::stdin().read(&mut [0u8; 1]);
+    drop(held);
+    std::process::exit(0);
+}
+
+/// Security review (issue 18), S2: a job's user opening connections that
+/// send nothing made the root agent start a thread for each, for as long
+/// as the user kept them (outside the job's cgroup and its pids limit).
+/// Beyond a bound, connections are refused at once; root (the epilog's
+/// `stop`) always gets through.
+#[test]
+fn a_flood_of_silent_connections_is_bounded_and_root_still_stops_the_agent() {
+    if let Some(socket) = std::env::var_os(FLOOD_CHILD) {
+        flood(&socket);
+    }
+    if !root_or_skip() {
+        return;
+    }
+    let fx = fixture();
+    let (socket, server) = serving(&fx);
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    let test = "preempt::agent::tests::a_flood_of_silent_connections_is_bounded_and_root_still_stops_the_agent";
+    cmd.args(["--exact", test, "--test-threads=1", "--nocapture"]).env(FLOOD_CHILD, &socket).uid(NOBODY).gid(NOBODY);
+    let mut child = cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).spawn().unwrap();
+    // The test harness prints its own lines first, and "test <name> ... "
+    // just before the child's answer, on the same line.
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while !(line.contains("answered") || line.contains("no answer")) {
+        line.clear();
+        assert_ne!(std::io::BufRead::read_line(&mut out, &mut line).unwrap(), 0, "the flooding child ended early");
+    }
+    let s = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    protocol::send(&mut s.try_clone().unwrap(), &Request::Stop).unwrap();
+    let stopped = protocol::receive::<Response>(&mut std::io::BufReader::new(s));
+    drop(child.stdin.take());
+    child.wait().unwrap();
+    assert!(line.contains("answered Error") && line.contains("connections"), "the connection past the bound: {line}");
+    assert_eq!(stopped.unwrap(), Some(Response::Stopping), "root's stop during the flood");
+    assert_eq!(server.join().unwrap(), ExitReason::Stopped);
+}
+
+/// Security review (issue 18), S2: a peer that trickles its request a byte
+/// at a time is cut off when the request's time is up (a read timeout
+/// alone restarts with every byte, so the thread was held for good).
+#[test]
+fn a_request_trickled_byte_by_byte_is_cut_off_in_time() {
+    if !root_or_skip() {
+        return;
+    }
+    let fx = fixture();
+    let (socket, server) = serving(&fx);
+    let s = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+    let mut w = s.try_clone().unwrap();
+    let start = std::time::Instant::now();
+    let trickle = std::thread::spawn(move || {
+        for b in b"{\"v\":1,\"op\":\"hello\"".iter().cycle().take(40) {
+            if std::io::Write::write_all(&mut w, &[*b]).is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let answer = protocol::receive::<Response>(&mut std::io::BufReader::new(s));
+    let took = start.elapsed();
+    trickle.join().unwrap();
+    assert!(took < Duration::from_millis(2500), "the trickling peer was served for {took:?} (request_wait is 1 s): {answer:?}");
+    assert!(matches!(answer, Ok(Some(Response::Error { .. })) | Ok(None)), "{answer:?}");
+    let stop = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+    protocol::send(&mut stop.try_clone().unwrap(), &Request::Stop).unwrap();
+    assert_eq!(protocol::receive::<Response>(&mut std::io::BufReader::new(stop)).unwrap(), Some(Response::Stopping));
+    assert_eq!(server.join().unwrap(), ExitReason::Stopped);
+}
+
+/// Security review (issue 18), safe by design: a process of the job's user
+/// that is not a process of this job (another job of theirs on the node, a
+/// login session) may ask `hello` but neither checkpoint nor restore.
+#[test]
+fn the_users_processes_outside_the_job_cannot_checkpoint_or_restore() {
+    if !root_or_skip() {
+        return;
+    }
+    let fx = fixture();
+    let mut outsider = app();
+    let peer = Peer { pid: outsider.id() as i32, uid: NOBODY };
+    let err = fx.agent.checkpoint(peer, outsider.id() as i32, None).unwrap_err();
+    assert!(err.contains(&format!("the caller (pid {}) is not a process of job 7: refused", peer.pid)), "{err}");
+    let err = fx.agent.restore(peer).unwrap_err();
+    assert!(err.contains("is not a process of job 7"), "{err}");
+    assert!(!fx.criu.calls().iter().any(|c| matches!(c, CriuCall::Dump(_) | CriuCall::Restore(_))), "CRIU was never asked");
+    outsider.kill().unwrap();
+    outsider.wait().unwrap();
+    // The control: a process of job 7 (here, with no job cgroups, by its
+    // SLURM_JOB_ID) may.
+    let mut insider = app_with_env(&[("SLURM_JOB_ID", "7")]);
+    let pid = insider.id() as i32;
+    *fx.criu.on_dump.lock().unwrap() = Some(Box::new(move |_| unsafe {
+        libc::kill(pid, libc::SIGKILL);
+    }));
+    fx.agent.checkpoint(Peer { pid, uid: NOBODY }, pid, None).unwrap();
+    insider.wait().unwrap();
+}
+
+/// A tree as CRIU would restore one, stopped: `sh` as nobody whose child
+/// `sleep` holds `file` (opened as root, as CRIU reopens files) while the
+/// shell itself does not. Returns (shell, sleep).
+fn tree_holding(file: &std::path::Path) -> (Child, i32) {
+    let path = std::ffi::CString::new(file.as_os_str().as_encoded_bytes()).unwrap();
+    let null = std::process::Stdio::null;
+    let mut cmd = Command::new("/bin/sh");
+    cmd.args(["-c", "/bin/sleep 30 & exec 3<&-; echo $!; wait"]).stdin(null()).stdout(std::process::Stdio::piped()).stderr(null());
+    unsafe {
+        cmd.pre_exec(move || {
+            let fd = libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+            if fd < 0 || libc::dup2(fd, 3) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::setgroups(0, std::ptr::null()) != 0 || libc::setgid(NOBODY) != 0 || libc::setuid(NOBODY) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut shell = cmd.spawn().unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(shell.stdout.take().unwrap()), &mut line).unwrap();
+    let sleep: i32 = line.trim().parse().unwrap();
+    for pid in [shell.id() as i32, sleep] {
+        crate::preempt::held::stop_for_check(pid);
+    }
+    (shell, sleep)
+}
+
+/// Security review (issue 18), S1 and S4: after a restore every process of
+/// the restored tree is checked before it runs, not only the root, and not
+/// only the pids the manifest lists: those were listed before CRIU froze
+/// the tree, and a process forked in between is dumped and restored too
+/// (unchecked, it stayed stopped until its user sent it SIGCONT, holding
+/// what CRIU had opened for it as root).
+#[test]
+fn every_restored_process_is_checked_before_it_runs_even_one_the_manifest_does_not_list() {
+    if !root_or_skip() {
+        return;
+    }
+    let fx = fixture();
+    let (_child, run) = dumped(&fx);
+    let tmp = tempfile::tempdir().unwrap();
+    let secret = tmp.path().join("root-only");
+    std::fs::write(&secret, b"root's").unwrap();
+    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let (mut shell, sleep) = tree_holding(&secret);
+    let root = shell.id() as i32;
+    // The image's root is the shell; the sleep was forked after the listing.
+    // (The list is left empty: the recording CRIU cannot make its pids free
+    // before the restore and taken after it.)
+    forge(&run, |v| {
+        v["root_pid"] = root.into();
+        v["pids"] = serde_json::json!([]);
+    });
+    *fx.criu.restored_pid.lock().unwrap() = root;
+    let result = fx.agent.restore(me());
+    for pid in [sleep, root] {
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    let _ = shell.wait();
+    let err = result.map(|(pid, _)| pid).unwrap_err();
+    assert!(err.contains(&format!("pid {sleep} was restored holding {}", secret.display())), "{err}");
+    assert!(err.contains("the restored processes were killed, the image is kept"), "{err}");
 }

@@ -1,0 +1,480 @@
+//! What a restored process holds, checked as the job's user before it runs.
+//!
+//! CRIU restores a process's open files and file mappings by opening their
+//! recorded paths as root, following symlinks, and checks only each file's
+//! size and mode (criu/files-reg.c, `openat(mntns_root, path, flags)`). A
+//! user who swaps a path for a symlink between the dump and the restore
+//! (their home is theirs to change while the job waits) would get a
+//! descriptor on any file of the same size and mode: another user's data,
+//! or /etc/passwd opened for writing. No CRIU option opens files as the
+//! task's user, so the agent restores the tree stopped (`--leave-stopped`)
+//! and, before it lets it run, checks every descriptor and file mapping of
+//! every restored process the way the kernel would for the user:
+//!
+//! * the inode: `faccessat2(fd, "", mode, AT_EMPTY_PATH | AT_EACCESS)` on a
+//!   descriptor of the very file the process holds, in a child that has
+//!   taken the user's uid, gids and groups and dropped every capability
+//!   (ACLs count, as they would for the user's own open);
+//! * the path: the file's path as /proc shows it must lead the user to the
+//!   same inode (a file behind a directory the user cannot enter is not
+//!   theirs to hold, even when its own mode would allow it). Deleted files
+//!   and memfds have no path to check.
+//!
+//! Descriptors that are not files (sockets, pipes, anonymous inodes) are not
+//! reopened by path and are not checked here. The working and root
+//! directories are not either: every lookup from them is checked against
+//! the process's own credentials again, so holding one grants nothing.
+//!
+//! Hand-written: no crate checks access as another user without changing the
+//! caller's own credentials, which a multi-threaded root agent must not do.
+
+use crate::privdrop::Identity;
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::MetadataExt;
+use std::time::Duration;
+
+/// How long the user's check may take (a path on a hung FUSE or NFS mount
+/// must not hang the agent): past it, the tree is refused.
+const CHECK_BOUND: Duration = Duration::from_secs(10);
+
+/// One file a process holds: a descriptor or a file mapping.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Held {
+    pub pid: i32,
+    /// `fd 3`, `mapping 7f00-7f80`.
+    pub what: String,
+    /// Where /proc says the file is (may end in ` (deleted)`).
+    pub path: String,
+    /// `libc::R_OK`/`W_OK` bits the user must have.
+    pub need: i32,
+    /// An executable mapping: execute permission stands in for read (the
+    /// kernel maps a program the user may run but not read).
+    pub exec_ok: bool,
+    /// Where to open the file itself: `/proc/<pid>/fd/3`, `/proc/<pid>/map_files/...`.
+    source: String,
+}
+
+/// The access an open file's flags (octal, /proc/<pid>/fdinfo) ask for.
+pub fn access_of_flags(flags: u32) -> i32 {
+    if flags & libc::O_PATH as u32 != 0 {
+        return 0;
+    }
+    match flags & libc::O_ACCMODE as u32 {
+        0 => libc::R_OK,
+        1 => libc::W_OK,
+        _ => libc::R_OK | libc::W_OK,
+    }
+}
+
+/// Whether a /proc link text names a file by path (not `socket:[...]`,
+/// `pipe:[...]`, `anon_inode:...`).
+fn is_path(link: &str) -> bool {
+    link.starts_with('/')
+}
+
+fn deleted(path: &str) -> bool {
+    path.ends_with(" (deleted)") || path.starts_with("/memfd:")
+}
+
+fn fd_flags(pid: i32, fd: &str) -> Option<u32> {
+    let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).ok()?;
+    u32::from_str_radix(info.lines().find_map(|l| l.strip_prefix("flags:"))?.trim(), 8).ok()
+}
+
+fn descriptors(pid: i32, out: &mut Vec<Held>) -> Result<(), String> {
+    let dir = std::fs::read_dir(format!("/proc/{pid}/fd")).map_err(|e| format!("cannot list pid {pid}'s descriptors: {e}"))?;
+    for entry in dir.flatten() {
+        let fd = entry.file_name().to_string_lossy().into_owned();
+        let Ok(link) = std::fs::read_link(entry.path()) else { continue };
+        let link = link.to_string_lossy().into_owned();
+        if !is_path(&link) {
+            continue;
+        }
+        let flags = fd_flags(pid, &fd).ok_or_else(|| format!("cannot read the flags of pid {pid}'s fd {fd}"))?;
+        out.push(Held {
+            pid,
+            what: format!("fd {fd}"),
+            path: link,
+            need: access_of_flags(flags),
+            exec_ok: false,
+            source: format!("/proc/{pid}/fd/{fd}"),
+        });
+    }
+    Ok(())
+}
+
+/// One line of /proc/<pid>/maps as a held file, when it maps a file.
+pub fn mapping_of_line(pid: i32, line: &str) -> Option<Held> {
+    let mut f = line.split_whitespace();
+    let (range, perms, _offset, _dev, inode) = (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?);
+    let path = f.collect::<Vec<_>>().join(" ");
+    if inode == "0" || !is_path(&path) {
+        return None;
+    }
+    let shared_write = perms.contains('w') && perms.contains('s');
+    Some(Held {
+        pid,
+        what: format!("mapping {range}"),
+        path,
+        need: if shared_write { libc::R_OK | libc::W_OK } else { libc::R_OK },
+        exec_ok: !shared_write && perms.contains('x'),
+        source: format!("/proc/{pid}/map_files/{range}"),
+    })
+}
+
+fn mappings(pid: i32, out: &mut Vec<Held>) -> Result<(), String> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(|e| format!("cannot read pid {pid}'s mappings: {e}"))?;
+    out.extend(maps.lines().filter_map(|l| mapping_of_line(pid, l)));
+    Ok(())
+}
+
+/// Every file the processes `pids` hold by descriptor or mapping.
+pub fn held_files(pids: &[i32]) -> Result<Vec<Held>, String> {
+    let mut out = Vec::new();
+    for &pid in pids {
+        descriptors(pid, &mut out)?;
+        mappings(pid, &mut out)?;
+    }
+    Ok(out)
+}
+
+/// One file prepared for the check in the child (no allocation after fork).
+struct Probe {
+    fd: OwnedFd,
+    /// The path to look up as the user, or `None` (deleted, memfd).
+    path: Option<CString>,
+    dev: u64,
+    ino: u64,
+    need: i32,
+    exec_ok: bool,
+}
+
+fn probe(h: &Held) -> Result<Probe, String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH)
+        .open(&h.source)
+        // Cannot look at it: refuse rather than let it run unchecked.
+        .map_err(|e| format!("cannot check pid {}'s {} ({}): {e}", h.pid, h.what, h.path))?;
+    let meta = file.metadata().map_err(|e| format!("cannot check pid {}'s {} ({}): {e}", h.pid, h.what, h.path))?;
+    let path = (!deleted(&h.path)).then(|| CString::new(h.path.as_bytes())).transpose().map_err(|_| format!("{:?}: NUL in path", h.path))?;
+    Ok(Probe { fd: file.into(), path, dev: meta.dev(), ino: meta.ino(), need: h.need, exec_ok: h.exec_ok })
+}
+
+/// In the child, as the user: 0 when the user may hold it, else an errno.
+fn user_may_hold(p: &Probe) -> i32 {
+    let access = |mode: i32| -> i32 {
+        // SAFETY: a plain system call on a descriptor we own and a static empty path.
+        let rc = unsafe {
+            libc::syscall(libc::SYS_faccessat2, p.fd.as_raw_fd(), c"".as_ptr(), mode, libc::AT_EMPTY_PATH | libc::AT_EACCESS)
+        };
+        if rc == 0 {
+            0
+        } else {
+            std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EACCES)
+        }
+    };
+    let mut err = access(p.need);
+    if err != 0 && p.exec_ok {
+        err = access((p.need & !libc::R_OK) | libc::X_OK);
+    }
+    if err != 0 {
+        return err;
+    }
+    if let Some(path) = &p.path {
+        // SAFETY: stat into a zeroed buffer we own; the path is a CString made before fork.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        if unsafe { libc::stat(path.as_ptr(), &mut st) } != 0 {
+            return std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EACCES);
+        }
+        if (st.st_dev, st.st_ino) != (p.dev, p.ino) {
+            return libc::EXDEV;
+        }
+    }
+    0
+}
+
+/// Takes `who`'s identity with no capabilities at all (uid 0 keeps its
+/// capabilities through setresuid: they are cleared explicitly).
+fn become_user(groups: &[libc::gid_t], uid: u32, gid: u32) -> bool {
+    #[repr(C)]
+    struct CapHeader {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    struct CapData {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    // SAFETY: async-signal-safe system calls with buffers we own.
+    unsafe {
+        if libc::setgroups(groups.len(), groups.as_ptr()) != 0 || libc::setresgid(gid, gid, gid) != 0 || libc::setresuid(uid, uid, uid) != 0
+        {
+            return false;
+        }
+        let header = CapHeader { version: 0x2008_0522, pid: 0 };
+        let data = [CapData { effective: 0, permitted: 0, inheritable: 0 }, CapData { effective: 0, permitted: 0, inheritable: 0 }];
+        libc::syscall(libc::SYS_capset, &header as *const CapHeader, data.as_ptr()) == 0
+    }
+}
+
+/// Runs the probes as `who` in a child; the index of the first the user may
+/// not hold and why, or `None`.
+fn first_refused(probes: &[Probe], who: &Identity) -> Result<Option<(usize, i32)>, String> {
+    let (read_end, write_end) = nix::unistd::pipe().map_err(|e| format!("pipe: {e}"))?;
+    let groups: Vec<libc::gid_t> = who.groups.clone();
+    // SAFETY: the child runs only system calls on memory prepared before the
+    // fork (no allocation, no locks) and leaves with _exit.
+    match unsafe { nix::unistd::fork() }.map_err(|e| format!("fork: {e}"))? {
+        nix::unistd::ForkResult::Child => {
+            let w: RawFd = write_end.as_raw_fd();
+            let mut answer = [0u8; 8];
+            let code = if !become_user(&groups, who.uid, who.gid) {
+                2
+            } else {
+                for (i, p) in probes.iter().enumerate() {
+                    let err = user_may_hold(p);
+                    if err != 0 {
+                        answer[..4].copy_from_slice(&(i as u32).to_le_bytes());
+                        answer[4..].copy_from_slice(&err.to_le_bytes());
+                        // SAFETY: write of a local buffer.
+                        unsafe { libc::write(w, answer.as_ptr().cast(), 8) };
+                        break;
+                    }
+                }
+                0
+            };
+            // SAFETY: leaves the child without running the parent's destructors.
+            unsafe { libc::_exit(code) }
+        }
+        nix::unistd::ForkResult::Parent { child } => {
+            drop(write_end);
+            let status = wait_bounded(child, CHECK_BOUND)?;
+            if !matches!(status, nix::sys::wait::WaitStatus::Exited(_, 0)) {
+                return Err(format!("the check as uid {} could not take the user's identity ({status:?})", who.uid));
+            }
+            // The child wrote at most 8 bytes (within any pipe's buffer) and is gone.
+            let mut answer = Vec::new();
+            std::io::Read::read_to_end(&mut std::fs::File::from(read_end), &mut answer).map_err(|e| format!("the check's answer: {e}"))?;
+            Ok((answer.len() == 8).then(|| {
+                let i = u32::from_le_bytes(answer[..4].try_into().unwrap_or_default()) as usize;
+                (i, i32::from_le_bytes(answer[4..].try_into().unwrap_or_default()))
+            }))
+        }
+    }
+}
+
+/// Waits for the checking child for at most `bound`; past it, kills it.
+fn wait_bounded(child: nix::unistd::Pid, bound: Duration) -> Result<nix::sys::wait::WaitStatus, String> {
+    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+    let start = std::time::Instant::now();
+    loop {
+        match waitpid(child, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) | Err(nix::errno::Errno::EINTR) => {}
+            Ok(status) => return Ok(status),
+            Err(e) => return Err(format!("waitpid: {e}")),
+        }
+        if start.elapsed() >= bound {
+            let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
+            // Reaped if it goes at once; a child stuck in the kernel (a hung
+            // network mount) must not hang the agent with it.
+            for _ in 0..100 {
+                if !matches!(waitpid(child, Some(WaitPidFlag::WNOHANG)), Ok(WaitStatus::StillAlive)) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            return Err(format!("the check as the job's user did not finish within {} s", bound.as_secs()));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn describe_need(h: &Held) -> &'static str {
+    match (h.need & libc::R_OK != 0, h.need & libc::W_OK != 0) {
+        (true, true) => "read and write",
+        (false, true) => "write",
+        (true, false) if h.exec_ok => "read or execute",
+        (true, false) => "read",
+        (false, false) => "reach",
+    }
+}
+
+/// Every file the processes `pids` hold must be one `who` may hold (see the
+/// module docs); the first that is not is named.
+pub fn check_user_may_hold(pids: &[i32], who: &Identity) -> Result<(), String> {
+    let held = held_files(pids)?;
+    let probes = held.iter().map(probe).collect::<Result<Vec<_>, _>>()?;
+    match first_refused(&probes, who)? {
+        None => Ok(()),
+        Some((i, errno)) => {
+            let h = held.get(i).ok_or("the check named no file")?;
+            let why = if errno == libc::EXDEV {
+                "its path now leads elsewhere".to_string()
+            } else {
+                std::io::Error::from_raw_os_error(errno).to_string()
+            };
+            Err(format!(
+                "pid {} was restored holding {} ({}, {}), which uid {} may not ({why}): a path was swapped since the dump",
+                h.pid,
+                h.path,
+                h.what,
+                describe_need(h),
+                who.uid
+            ))
+        }
+    }
+}
+
+/// Stops `pid` and waits until it is stopped, as CRIU leaves a restored
+/// tree: a process just exec'd is still mapping its libraries, and a check
+/// of it would race with that.
+#[cfg(test)]
+pub(crate) fn stop_for_check(pid: i32) {
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let start = std::time::Instant::now();
+    while crate::procfs::read(pid).is_none_or(|p| p.state != 'T') {
+        assert!(start.elapsed() < Duration::from_secs(5), "pid {pid} did not stop");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::CommandExt;
+    use std::process::{Child, Command};
+
+    const NOBODY: u32 = 65534;
+
+    #[test]
+    // wait_bounded kills and reaps the child itself.
+    #[allow(clippy::zombie_processes)]
+    fn a_check_that_does_not_finish_is_killed_and_refuses() {
+        let child = Command::new("/bin/sleep").arg("30").spawn().unwrap();
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        let start = std::time::Instant::now();
+        let err = wait_bounded(pid, Duration::from_millis(200)).unwrap_err();
+        assert!(err.contains("did not finish within"), "{err}");
+        assert!(start.elapsed() < Duration::from_secs(2), "{:?}", start.elapsed());
+        assert!(crate::procfs::read(child.id() as i32).is_none(), "the check was killed and reaped");
+    }
+
+    #[test]
+    fn flags_and_map_lines_say_what_access_is_held() {
+        assert_eq!(access_of_flags(0o100000), libc::R_OK);
+        assert_eq!(access_of_flags(0o100001), libc::W_OK);
+        assert_eq!(access_of_flags(0o102002), libc::R_OK | libc::W_OK);
+        assert_eq!(access_of_flags(0o10000000), 0, "O_PATH");
+        let lib = mapping_of_line(5, "7f00-7f80 r-xp 00000000 08:01 1234  /usr/lib/libc.so.6").unwrap();
+        assert_eq!((lib.need, lib.exec_ok, lib.path.as_str()), (libc::R_OK, true, "/usr/lib/libc.so.6"));
+        let shared = mapping_of_line(5, "7f00-7f80 rw-s 00000000 08:01 99 /home/u/my file").unwrap();
+        assert_eq!((shared.need, shared.exec_ok, shared.path.as_str()), (libc::R_OK | libc::W_OK, false, "/home/u/my file"));
+        assert_eq!(mapping_of_line(5, "7f00-7f80 rw-p 00000000 00:00 0  [heap]"), None);
+        assert_eq!(mapping_of_line(5, "7f00-7f80 rw-p 00000000 00:00 0"), None);
+    }
+
+    /// `sleep` as `uid` holding `file` as fd 3 with `flags`, opened as
+    /// root before the identity changes: what a CRIU restore produces.
+    fn holder(file: &std::path::Path, flags: i32, uid: u32) -> Child {
+        let path = CString::new(file.as_os_str().as_encoded_bytes()).unwrap();
+        let mut cmd = Command::new("/bin/sleep");
+        cmd.arg("30").stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+        // SAFETY: only system calls between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                let fd = libc::open(path.as_ptr(), flags);
+                if fd < 0 || libc::dup2(fd, 3) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if libc::setgroups(0, std::ptr::null()) != 0 || libc::setgid(uid) != 0 || libc::setuid(uid) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        cmd.spawn().unwrap()
+    }
+
+    fn nobody() -> Identity {
+        Identity { uid: NOBODY, gid: NOBODY, groups: vec![NOBODY] }
+    }
+
+    /// A directory others may enter, or `None` (skipped) without root.
+    fn root_tmp() -> Option<tempfile::TempDir> {
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: needs root (the holder runs as nobody)");
+            return None;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        set_mode(tmp.path(), 0o755);
+        Some(tmp)
+    }
+
+    fn set_mode(p: &std::path::Path, mode: u32) {
+        std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(mode)).unwrap();
+    }
+
+    fn file_with(p: &std::path::Path, mode: u32) {
+        std::fs::write(p, b"data").unwrap();
+        set_mode(p, mode);
+    }
+
+    /// The check of a holder of `file` (opened with `flags`) as nobody.
+    fn check_holder(file: &std::path::Path, flags: i32) -> Result<(), String> {
+        let mut child = holder(file, flags, NOBODY);
+        stop_for_check(child.id() as i32);
+        let result = check_user_may_hold(&[child.id() as i32], &nobody());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        result
+    }
+
+    #[test]
+    fn a_file_root_opened_for_the_user_is_refused_and_their_own_is_not() {
+        let Some(tmp) = root_tmp() else { return };
+        let (root_only, theirs) = (tmp.path().join("root-only"), tmp.path().join("theirs"));
+        file_with(&root_only, 0o600);
+        file_with(&theirs, 0o600);
+        std::os::unix::fs::chown(&theirs, Some(NOBODY), Some(NOBODY)).unwrap();
+        for (flags, need) in [(libc::O_RDWR, "read and write"), (libc::O_RDONLY, "read")] {
+            let err = check_holder(&root_only, flags).unwrap_err();
+            assert!(err.contains(&format!("holding {} (fd 3, {need})", root_only.display())), "{err}");
+            assert!(err.contains("which uid 65534 may not (Permission denied"), "{err}");
+        }
+        check_holder(&theirs, libc::O_RDWR).unwrap();
+    }
+
+    #[test]
+    fn a_readable_file_behind_a_closed_directory_is_refused() {
+        let Some(tmp) = root_tmp() else { return };
+        let closed = tmp.path().join("closed");
+        std::fs::create_dir(&closed).unwrap();
+        set_mode(&closed, 0o700);
+        let file = closed.join("notes");
+        file_with(&file, 0o644);
+        let err = check_holder(&file, libc::O_RDONLY).unwrap_err();
+        assert!(err.contains(&format!("holding {}", file.display())) && err.contains("Permission denied"), "{err}");
+    }
+
+    #[test]
+    fn capabilities_do_not_pass_the_check_for_uid_0() {
+        // Root's own check must be that of root *without capabilities*
+        // (the CI job user): a file of nobody's, mode 0600, is refused.
+        let Some(tmp) = root_tmp() else { return };
+        let file = tmp.path().join("nobodys");
+        file_with(&file, 0o600);
+        std::os::unix::fs::chown(&file, Some(NOBODY), Some(NOBODY)).unwrap();
+        let mut child = holder(&file, libc::O_RDONLY, 0);
+        stop_for_check(child.id() as i32);
+        let result = check_user_may_hold(&[child.id() as i32], &Identity { uid: 0, gid: 0, groups: vec![0] });
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let err = result.unwrap_err();
+        assert!(err.contains(&format!("holding {} (fd 3, read)", file.display())), "{err}");
+    }
+}
