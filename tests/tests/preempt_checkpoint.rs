@@ -145,6 +145,7 @@ fn preempted_job_is_restored(by: Option<&'static str>, other_gpu: bool) {
         format!("gpu-mode-run: job {job} run 1: restoring the checkpoint taken in run 0"),
         format!("gpu-mode-run: job {job} restore phases: manifest "),
         ", criu-restore ".to_string(),
+        ", restored-check ".to_string(),
         ", cuda-restore ".to_string(),
         format!("gpu-mode-run: job {job} restored (pid {app}"),
     ] {

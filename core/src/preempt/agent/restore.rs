@@ -52,9 +52,7 @@ impl Agent {
         let (manifest, map) = self.vet(&dir, sw).map_err(|e| format!("{e}; the image is kept"))?;
         let cgroup = TargetCgroup::of_pid(peer.pid)?;
         let check_ms = ms(t);
-        let t = Instant::now();
-        let pid = self.criu_restore(&dir, &manifest, cgroup)?;
-        sw.since("criu-restore", t);
+        let pid = self.criu_restore(&dir, &manifest, cgroup, sw)?;
         let t = Instant::now();
         if !manifest.cuda.is_empty() {
             if let Err(e) = self.checkpointer().restore_processes(&manifest.cuda, &map) {
@@ -152,7 +150,7 @@ impl Agent {
 
     /// CRIU restore into `cgroup`, then the checks that need the processes:
     /// the root is the image's, in the new job's cgroup, the user's.
-    fn criu_restore(&self, dir: &Path, m: &Manifest, cgroup: TargetCgroup) -> Result<i32, String> {
+    fn criu_restore(&self, dir: &Path, m: &Manifest, cgroup: TargetCgroup, sw: &mut Stopwatch) -> Result<i32, String> {
         let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
         let record_dir = &self.settings.checkpoint.record_dir;
         crate::fsutil::ensure_private_dir(record_dir, uid, gid, 0o700).map_err(|e| format!("{}: {e}", record_dir.display()))?;
@@ -162,7 +160,10 @@ impl Agent {
             pidfile: record_dir.join(format!("criu-restore-{}.pid", self.params.job)),
             tcp_established: m.tcp_established,
         };
+        let t = Instant::now();
         let r = self.criu.restore(&req).map_err(|e| format!("{e}; the image is kept"))?;
+        sw.since("criu-restore", t);
+        let t = Instant::now();
         let check = if r.pid != m.root_pid {
             Err(format!("CRIU restored pid {}, but the image's root is pid {}", r.pid, m.root_pid))
         } else {
@@ -173,6 +174,7 @@ impl Agent {
             return Err(format!("{e}; the restored processes were killed, the image is kept"));
         }
         tree::resume_all(&self.host.with_descendants(r.pid));
+        sw.since("restored-check", t);
         Ok(r.pid)
     }
 
