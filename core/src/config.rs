@@ -233,6 +233,9 @@ pub struct CheckpointConfig {
     /// Image directory limits for the epilog's sweep; 0: no limit.
     pub images_max_gib: u64,
     pub images_max_age_hours: u64,
+    /// Which field of the job's Slurm record gets its checkpoint and
+    /// restore events (core::preempt::accounting).
+    pub accounting: crate::preempt::accounting::AccountingField,
 }
 
 impl Default for CheckpointConfig {
@@ -254,6 +257,7 @@ impl Default for CheckpointConfig {
             site_signal: false,
             images_max_gib: 0,
             images_max_age_hours: 168,
+            accounting: crate::preempt::accounting::AccountingField::AdminComment,
         }
     }
 }

@@ -22,8 +22,10 @@
 //! Files: `submit.rs` (the pure submission check the plugin calls),
 //! `manifest.rs` (what a dump promises), `images.rs` (layout, sealing,
 //! retention), `protocol.rs` (wrapper ↔ agent), `tree.rs` (who owns which
-//! process), `agent/` (the root side), `wrapper.rs` (the user side).
+//! process), `agent/` (the root side), `wrapper.rs` (the user side),
+//! `accounting.rs` (the events in the job's AdminComment or Comment).
 
+pub mod accounting;
 pub mod agent;
 pub mod images;
 pub mod manifest;
