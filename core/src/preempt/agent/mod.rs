@@ -26,6 +26,7 @@ pub use real::{gpu_facts, node_gpus, real_backends};
 pub use server::{listen, ExitReason};
 pub use spawn::{spawn_agent, stop_agent, AgentLaunch};
 
+use super::accounting::{self, AccountingField, Event, EventKind};
 use super::images::ImageStore;
 use super::manifest::GpuFacts;
 use crate::checkpoint::{CheckpointDriver, Checkpointer, GpuInfo, GpuUuid, ProcessHost};
@@ -36,6 +37,11 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
+
+/// Bound on each of the two scontrol calls of an accounting record: a
+/// checkpoint's is written before the wrapper hears of it (and requeues),
+/// so that the preempted run's record in Slurm's accounting holds it.
+const ACCOUNTING_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Who the agent serves.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,6 +80,10 @@ pub struct AgentSettings {
     /// How long a finished dump may take to be reported to a waiting restore.
     pub dump_wait: Duration,
     pub log: LogConfig,
+    /// Where checkpoint and restore events go (accounting.rs), through
+    /// scontrol at this path.
+    pub accounting: AccountingField,
+    pub scontrol: PathBuf,
 }
 
 impl AgentSettings {
@@ -88,6 +98,8 @@ impl AgentSettings {
             start_grace: Duration::from_secs(600),
             dump_wait: Duration::from_millis(cfg.checkpoint.criu_timeout_ms) + Duration::from_secs(60),
             log: cfg.log.clone(),
+            accounting: cfg.checkpoint.accounting,
+            scontrol: cfg.slurm.scontrol.clone(),
         }
     }
 }
@@ -164,6 +176,21 @@ impl Agent {
     /// rather than queued (the grace time is short).
     fn exclusive(&self) -> Result<std::sync::MutexGuard<'_, ()>, String> {
         self.op.try_lock().map_err(|_| format!("a checkpoint or restore of job {} is already running", self.params.job))
+    }
+
+    /// Records an event of this run in the job's Slurm record. A failure
+    /// is logged, never the checkpoint's or restore's failure; each
+    /// scontrol call is bounded by [`ACCOUNTING_TIMEOUT`].
+    fn account(&self, kind: EventKind, seconds: f64, image_bytes: Option<u64>) {
+        if self.settings.accounting == AccountingField::Off {
+            return;
+        }
+        let p = &self.params;
+        let event = Event { kind, run: p.restart_count, node: p.node.clone(), seconds, image_bytes };
+        let scontrol = crate::drain::Scontrol::new(&self.settings.scontrol).with_timeout(ACCOUNTING_TIMEOUT);
+        if let Err(e) = accounting::record(&scontrol, self.settings.accounting, p.job, &event) {
+            self.log("accounting", crate::log::Outcome::Failed, &format!("{}: {e}", event.token()));
+        }
     }
 
     fn log(&self, action: &str, outcome: crate::log::Outcome, detail: &str) {

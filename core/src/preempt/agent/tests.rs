@@ -84,6 +84,8 @@ fn fixture() -> Fx {
         start_grace: Duration::from_secs(3600),
         dump_wait: Duration::from_secs(5),
         log: LogConfig { syslog: false, stderr: false },
+        accounting: crate::preempt::accounting::AccountingField::Off,
+        scontrol: "/nonexistent/scontrol".into(),
     };
     let params = AgentParams {
         job: 7,
