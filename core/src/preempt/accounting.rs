@@ -386,7 +386,7 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         let log = dir.join("argv");
         let script = dir.join("scontrol");
-        std::fs::write(&dir.join("show"), show).unwrap();
+        std::fs::write(dir.join("show"), show).unwrap();
         std::fs::write(
             &script,
             format!(
