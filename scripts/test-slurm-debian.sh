@@ -27,14 +27,14 @@ prepare debootstrap
 eval "root=\${GPU_MODE_$(echo "$suite" | tr a-z A-Z)_ROOT:-/var/tmp/slurm-gpu-mode-$suite}"
 tag=$(echo "$want" | tr -d .)
 
-if [ ! -x "$root/usr/sbin/slurmd-wlm" ] || [ ! -f "$root/usr/include/slurm/spank.h" ]; then
+if [ ! -x "$root/usr/sbin/slurmd-wlm" ] || [ ! -f "$root/usr/include/slurm/spank.h" ] || [ ! -x "$root/usr/sbin/criu" ]; then
     step "debootstrap $suite with Slurm $want into $root"
     rm -rf "$root"
     # Suites newer than this debootstrap knows (forky on bookworm's) use
     # the script of sid, which every newer suite follows.
     script=/usr/share/debootstrap/scripts/$suite
     [ -e "$script" ] || script=/usr/share/debootstrap/scripts/sid
-    debootstrap --variant=minbase --include=slurmctld,slurmd,slurm-client,munge,libslurm-dev,passwd \
+    debootstrap --variant=minbase --include=slurmctld,slurmd,slurm-client,munge,libslurm-dev,passwd,criu \
         "$suite" "$root" http://deb.debian.org/debian "$script" > "$root.debootstrap.log" 2>&1 ||
         { tail -n 30 "$root.debootstrap.log"; die "debootstrap of $suite failed (log: $root.debootstrap.log)"; }
 fi
@@ -67,19 +67,20 @@ for f in gpu-mode-prolog gpu-mode-epilog gpu-mode-node-checker libnvml_sim.so nv
     cuda-sim-counter cuda-sim-ctl; do
     cp "target/debug/$f" "$art/"
 done
-# Checkpoint jobs need CRIU where the prolog runs (scripts/install-criu.sh put
-# it here; its tree runs wherever it is copied).
-if [ -x /opt/slurm-gpu-mode/criu/bin/criu ]; then
-    mkdir -p "$root/opt/slurm-gpu-mode"
-    rm -rf "$root/opt/slurm-gpu-mode/criu"
-    cp -a /opt/slurm-gpu-mode/criu "$root/opt/slurm-gpu-mode/criu"
-fi
+# Checkpoint jobs use the suite's own CRIU (trixie 4.1.1, forky 4.2.1) at the
+# path the config names by default. Not this machine's 4.1.1 build: with
+# forky's glibc 2.43 it cannot dump any threaded process on this kernel
+# (6.18): "Can't splice all pages to pipe" in the parasite, seen with a
+# two-thread C program, while forky's 4.2.1 dumps it.
+mkdir -p "$root/opt/slurm-gpu-mode/criu/bin"
+ln -sfn /usr/sbin/criu "$root/opt/slurm-gpu-mode/criu/bin/criu"
 cp -r sim/nvml/fixtures "$art/fixtures"
-# GPU_MODE_SUITE_TESTS: other test files, FILE or FILE:TEST (one test of it
-# by its exact name). The preemption tests do not pass in the root yet:
-# Slurm 26.05 signals and requeues the job, but the CRIU dump inside the
-# chroot fails ("Can't dump page with parasite").
-tests=${GPU_MODE_SUITE_TESTS:-"submit_validation mode_reaches_node"}
+# Two test files and one preemption scenario (Slurm's preemption, requeue
+# and job record, real CRIU, the accounting record): what changes between
+# releases. GPU_MODE_SUITE_TESTS: others, FILE or FILE:TEST (one test of the
+# file by its exact name).
+preemption=preempt_checkpoint:a_preempted_job_is_checkpointed_requeued_and_restored_with_its_count_and_exit_code
+tests=${GPU_MODE_SUITE_TESTS:-"submit_validation mode_reaches_node $preemption"}
 for t in $tests; do
     file=${t%%:*}
     [ -x "$root/opt/gpu-mode/tests/$file" ] && continue
