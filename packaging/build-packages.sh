@@ -19,7 +19,7 @@ major=$(printf '%d' "0x$(echo "$num" | cut -c1-2)")
 minor=$(printf '%02d' "0x$(echo "$num" | cut -c3-4)")
 variant="slurm-$major-$minor"
 grep -q "^\[package.metadata.deb.variants.$variant\]" spank-plugin/Cargo.toml ||
-    { echo "error: Slurm $major.$minor is not a supported version (no [package.metadata.deb.variants.$variant] in spank-plugin/Cargo.toml); supported: 22.05, 24.11" >&2; exit 1; }
+    { echo "error: Slurm $major.$minor is not a supported version (no [package.metadata.deb.variants.$variant] in spank-plugin/Cargo.toml); supported: 22.05, 24.11, 26.05" >&2; exit 1; }
 echo "== building for Slurm $major.$minor ($header)"
 cargo build --release --locked -p gpu-mode-spank -p gpu-mode-prolog -p gpu-mode-epilog \
     -p gpu-mode-node-checker -p gpu-mode-checkpoint -p gpu-mode-mig -p gpu-mode-status -p gpu-mode-man

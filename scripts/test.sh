@@ -4,7 +4,8 @@
 # built plugin and helpers, and submit jobs as root and as test users; then
 # the packages (test-packaging.sh), the Ansible role applied to this machine
 # with jobs on the installed files (test-install.sh), and the plugin built
-# and tested against Slurm 24.11 in a Debian trixie root (test-slurm-2411.sh).
+# and tested against the newer Slurms Debian serves, each in a debootstrap'd
+# root of its suite (test-slurm-debian.sh): 24.11 (trixie) and 26.05 (forky).
 # Run as root.
 set -eu
 cd "$(dirname "$0")/.."
@@ -35,15 +36,17 @@ part "build" cargo build --workspace --all-targets
 
 # The end-to-end tests mostly wait on Slurm: meanwhile, at the lowest CPU
 # priority, the later parts' tools (cargo-deb, cargo-generate-rpm,
-# ansible-core) and the trixie root are fetched and built. Each part checks
-# for them again and redoes what a failure here left undone.
+# ansible-core) and the trixie and forky roots are fetched and built. Each
+# part checks for them again and redoes what a failure here left undone.
 mkdir -p target/test-logs
 nice -n 19 sh scripts/test-packaging.sh --tools > target/test-logs/tools-packaging.log 2>&1 &
 tools_pid=$!
 nice -n 19 sh scripts/test-install.sh --tools > target/test-logs/tools-ansible.log 2>&1 &
 ansible_pid=$!
-nice -n 19 sh scripts/test-slurm-2411.sh --root > target/test-logs/trixie-root.log 2>&1 &
-root_pid=$!
+nice -n 19 sh scripts/test-slurm-debian.sh trixie 24.11 --root > target/test-logs/trixie-root.log 2>&1 &
+trixie_pid=$!
+nice -n 19 sh scripts/test-slurm-debian.sh forky 26.05 --root > target/test-logs/forky-root.log 2>&1 &
+forky_pid=$!
 background() { # PID NAME: waits for a background preparation
     wait "$1" || echo "== $2 failed in the background (log: target/test-logs/); the part retries it"
 }
@@ -53,6 +56,8 @@ background "$tools_pid" "cargo-deb/cargo-generate-rpm"
 part "packages (test-packaging.sh)" sh scripts/test-packaging.sh
 background "$ansible_pid" "ansible-core"
 part "Ansible role and installed files (test-install.sh)" sh scripts/test-install.sh
-background "$root_pid" "the trixie root"
-part "Slurm 24.11 (test-slurm-2411.sh)" sh scripts/test-slurm-2411.sh
+background "$trixie_pid" "the trixie root"
+part "Slurm 24.11 (test-slurm-debian.sh trixie)" sh scripts/test-slurm-debian.sh trixie 24.11
+background "$forky_pid" "the forky root"
+part "Slurm 26.05 (test-slurm-debian.sh forky)" sh scripts/test-slurm-debian.sh forky 26.05
 echo "== all tests took $(( $(date +%s) - t0 )) s"

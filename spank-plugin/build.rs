@@ -1,6 +1,6 @@
 //! Generates the SPANK bindings from the installed `<slurm/spank.h>` and takes
 //! the Slurm version from `<slurm/slurm_version.h>`, so one source tree builds
-//! for whichever Slurm (22.05 through 24.11) the build host has: the plugin's
+//! for whichever Slurm (22.05 through 26.05) the build host has: the plugin's
 //! `plugin_version` must match the loading Slurm's major.minor.
 //!
 //! `SLURM_INCLUDE_DIR` points at another Slurm's headers (a site's

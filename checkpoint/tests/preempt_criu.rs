@@ -292,7 +292,12 @@ fn a_preempted_job_is_dumped_requeued_restored_on_another_gpu_preempted_again_an
     assert_eq!(exit_code(&mut w, Duration::from_secs(60)), 0, "{}", read(&out.with_extension("err")));
     let err = read(&out.with_extension("err"));
     assert!(err.contains("SIGUSR1 received: checkpointing job 9101") && err.contains("GPU memory free"), "{err}");
-    assert!(read(&n.dir.join("scontrol.log")).lines().any(|l| l == "requeue 9101"));
+    let calls = read(&n.dir.join("scontrol.log"));
+    let requeue = calls.lines().position(|l| l == "requeue 9101");
+    // The agent records the checkpoint before the wrapper requeues (so the
+    // preempted run's accounting row holds it).
+    let recorded = calls.lines().position(|l| l.starts_with("update JobId=9101 AdminComment=gpu-mode{ckpt=r0@") && l.ends_with("MiB}"));
+    assert!(requeue.is_some() && recorded < requeue && recorded.is_some(), "{calls}");
     let dumped_at = last_step(&out);
     assert!(gpu_mode_core::procfs::read(app_pid).is_none(), "the dumped application is gone");
     assert!(!nvml_pids(&n.state).iter().any(|(_, p)| *p == app_pid as u32), "its GPU memory is free");

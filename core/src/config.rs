@@ -238,6 +238,9 @@ pub struct CheckpointConfig {
     /// Start writing the image to disk while CRIU dumps it (see
     /// preempt/writeback.rs); off: all of it at the seal.
     pub early_writeback: bool,
+    /// Which field of the job's Slurm record gets its checkpoint and
+    /// restore events (core::preempt::accounting).
+    pub accounting: crate::preempt::accounting::AccountingField,
 }
 
 impl Default for CheckpointConfig {
@@ -260,6 +263,7 @@ impl Default for CheckpointConfig {
             images_max_gib: 0,
             images_max_age_hours: 168,
             early_writeback: true,
+            accounting: crate::preempt::accounting::AccountingField::AdminComment,
         }
     }
 }

@@ -124,11 +124,17 @@ const FINAL_JOB_STATES: &[&str] =
 #[derive(Debug, Clone)]
 pub struct Scontrol {
     path: PathBuf,
+    timeout: Duration,
 }
 
 impl Scontrol {
     pub fn new(path: &Path) -> Self {
-        Scontrol { path: path.to_path_buf() }
+        Scontrol { path: path.to_path_buf(), timeout: SCONTROL_TIMEOUT }
+    }
+
+    /// The same with another bound on each call.
+    pub fn with_timeout(self, timeout: Duration) -> Self {
+        Scontrol { timeout, ..self }
     }
 
     /// `scontrol update NodeName=<node> State=DRAIN Reason=<gpu-mode: detail>`.
@@ -175,6 +181,17 @@ impl Scontrol {
         }
     }
 
+    /// `scontrol show job <job>` (one field per line), raw text.
+    pub fn show_job(&self, job: u32) -> Result<String, DrainError> {
+        self.run(&["show", "job", &job.to_string()])
+    }
+
+    /// `scontrol update JobId=<job> <key>=<value>`, the value one argument
+    /// whatever it holds (scontrol splits at the first `=`).
+    pub fn update_job(&self, job: u32, key: &str, value: &str) -> Result<(), DrainError> {
+        self.run(&["update", &format!("JobId={job}"), &format!("{key}={value}")]).map(|_| ())
+    }
+
     /// `scontrol show node <node>`, raw text.
     pub fn show_node(&self, node: &str) -> Result<String, DrainError> {
         self.run(&["show", "node", node])
@@ -183,7 +200,7 @@ impl Scontrol {
     fn run(&self, args: &[&str]) -> Result<String, DrainError> {
         let mut cmd = Command::new(&self.path);
         cmd.args(args);
-        let out = run_with_timeout(cmd, None, SCONTROL_TIMEOUT).map_err(DrainError::Run)?;
+        let out = run_with_timeout(cmd, None, self.timeout).map_err(DrainError::Run)?;
         if !out.status.success() {
             return Err(DrainError::Failed {
                 path: self.path.clone(),

@@ -211,3 +211,24 @@ pub fn assert_images_removed(c: &Cluster, job: u32) {
     wait_for("the epilog to remove the job's images", Duration::from_secs(20), || !dir.exists());
 }
 
+
+/// The job's AdminComment as `scontrol show job` prints it (empty if none).
+pub fn admin_comment(c: &Cluster, job: u32) -> String {
+    let info = c.job_info(job).unwrap();
+    gpu_mode_core::preempt::accounting::show_job_value(&info.raw, "AdminComment").unwrap().unwrap_or_default()
+}
+
+/// The checkpoint/restore events the agent recorded in the job's
+/// AdminComment, each as `<kind>=r<run>@<node>` (its timing cut off), and
+/// the whole value.
+pub fn recorded_events(c: &Cluster, job: u32) -> (Vec<String>, String) {
+    let comment = admin_comment(c, job);
+    let section = comment.split_once(gpu_mode_core::preempt::accounting::SECTION_START).map_or("", |(_, s)| s);
+    let events = section
+        .trim_end_matches('}')
+        .split(';')
+        .filter(|e| !e.is_empty() && !e.starts_with("omitted="))
+        .map(|e| e.rsplit_once(':').map_or(e, |(head, _)| head).to_string())
+        .collect();
+    (events, comment)
+}

@@ -93,6 +93,9 @@ fn preempted_job_is_restored(by: Option<&'static str>, other_gpu: bool) {
     let app: u64 = std::fs::read_to_string(&ready).unwrap().trim().parse().unwrap();
     let on = uuids.iter().position(|u| *u == first_gpu).unwrap();
     assert!(gpu_pids(c)[on].contains(&app), "the application holds memory on its GPU: {:?}", gpu_pids(c));
+    // The site's own AdminComment, which the accounting record must keep.
+    let site = c.client("scontrol", &["update", &format!("JobId={job}"), "AdminComment=site ticket 42"]).run_as_root().unwrap();
+    assert!(site.status.success(), "{}", String::from_utf8_lossy(&site.stderr));
 
     let preemptor = submit_preemptor(c, by, None, 2, 3);
     let pending = wait_requeued(c, job, 1);
@@ -112,6 +115,13 @@ fn preempted_job_is_restored(by: Option<&'static str>, other_gpu: bool) {
     assert!(gpu_mode_core::procfs::read(app as i32).is_none(), "the dumped application is gone");
     assert!(gpu_pids(c).iter().all(|g| !g.contains(&app)), "its GPU memory is free: {:?}", gpu_pids(c));
     let dumped_at = last_step(c, job);
+    // Recorded in Slurm before the requeue: run 0's checkpoint on this node
+    // with the image's size, after the site's text.
+    let node = &c.spec.node_name;
+    let size = format!("s/{}MiB", m.image_bytes.div_ceil(1 << 20));
+    let (events, comment) = recorded_events(c, job);
+    assert_eq!(events, [format!("ckpt=r0@{node}")], "{comment}");
+    assert!(comment.starts_with(&format!("site ticket 42 gpu-mode{{ckpt=r0@{node}:")) && comment.ends_with(&format!("{size}}}")), "{comment}");
 
     // The preemptor ran on both GPUs while the job waited.
     let filler = other_gpu.then(|| {
@@ -158,6 +168,10 @@ fn preempted_job_is_restored(by: Option<&'static str>, other_gpu: bool) {
     }
     // Before the dump on the first GPU, after it on the one the run got.
     assert!(all.iter().all(|(k, g)| if *k <= dumped_at { *g == first_gpu } else { g == restored_gpu }), "{all:?}");
+    // ... and run 1's restore of it after that.
+    let (events, comment) = recorded_events(c, job);
+    assert_eq!(events, [format!("ckpt=r0@{node}"), format!("restore=r1@{node}")], "{comment}");
+    assert!(comment.starts_with("site ticket 42 gpu-mode{") && comment.ends_with(&format!("{size}}}")), "{comment}");
     assert_images_removed(c, job);
     assert_nothing_stuck(c, job);
     let hooks = c.hook_log_lines(job).join("\n");
@@ -176,7 +190,15 @@ fn a_second_users_preemptor_and_the_job_comes_back_on_the_other_gpu() {
 
 /// Run 0 is preempted after `spoil` ruined its checkpoint: the job is
 /// requeued with `needle` in its output, starts over, and counts to the end.
-fn failed_checkpoint_starts_over(name: &str, app: impl FnOnce(&Cluster, &Path) -> Vec<String>, spoil: impl FnOnce(&Cluster, u32), needle: &str) {
+/// `recorded`: whether the agent lives to record the failure in the job's
+/// AdminComment.
+fn failed_checkpoint_starts_over(
+    name: &str,
+    app: impl FnOnce(&Cluster, &Path) -> Vec<String>,
+    spoil: impl FnOnce(&Cluster, u32),
+    needle: &str,
+    recorded: bool,
+) {
     let c = c().unwrap();
     let who = job_user();
     let ready = c.dir.join("out").join(format!("{name}-{}.ready", std::process::id()));
@@ -202,6 +224,9 @@ fn failed_checkpoint_starts_over(name: &str, app: impl FnOnce(&Cluster, &Path) -
     assert!(restart >= 5 && counts[..restart] == (1..=restart as u64).collect::<Vec<_>>()[..], "{counts:?}");
     assert_eq!(counts[restart..], (1..=STEPS).collect::<Vec<_>>()[..], "run 1 counted from scratch");
     assert!(out.contains(&format!("DONE count={STEPS}")) && !out.contains("MISMATCH"), "{out}");
+    let (events, comment) = recorded_events(c, job);
+    let want = if recorded { vec![format!("ckpt-failed=r0@{}", c.spec.node_name)] } else { vec![] };
+    assert_eq!(events, want, "{comment}");
     assert_images_removed(c, job);
     assert_nothing_stuck(c, job);
 }
@@ -215,7 +240,7 @@ fn a_dump_onto_a_full_disk_requeues_the_job_to_start_over() {
     std::fs::create_dir_all(&dir).unwrap();
     let mounted = std::process::Command::new("/bin/mount").args(["-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs"]).arg(&dir).status().unwrap();
     assert!(mounted.success());
-    let result = std::panic::catch_unwind(|| failed_checkpoint_starts_over("full", counter, |_, _| {}, "No space left on device"));
+    let result = std::panic::catch_unwind(|| failed_checkpoint_starts_over("full", counter, |_, _| {}, "No space left on device", true));
     let _ = std::process::Command::new("/bin/umount").arg(&dir).status();
     if let Err(e) = result {
         std::panic::resume_unwind(e);
@@ -244,7 +269,7 @@ fn a_process_holding_a_gpu_file_that_cuda_cannot_checkpoint_requeues_the_job_to_
     )
     .unwrap();
     let app = |_: &Cluster, r: &Path| vec!["/bin/sh".to_string(), holder.display().to_string(), r.display().to_string()];
-    failed_checkpoint_starts_over("holder", app, |_, _| {}, "but the CUDA driver cannot checkpoint it");
+    failed_checkpoint_starts_over("holder", app, |_, _| {}, "but the CUDA driver cannot checkpoint it", true);
 }
 
 #[test]
@@ -259,7 +284,7 @@ fn a_killed_agent_requeues_the_job_to_start_over() {
         assert_eq!(unsafe { libc::kill(found[0], libc::SIGKILL) }, 0);
         wait_for("the agent to die", Duration::from_secs(10), || agents(c, job).is_empty());
     };
-    failed_checkpoint_starts_over("agentless", counter, kill_agent, "cannot reach the checkpoint agent at ");
+    failed_checkpoint_starts_over("agentless", counter, kill_agent, "cannot reach the checkpoint agent at ", false);
 }
 
 /// The checkpoint signal to the job's batch shell, as a preemption sends
@@ -324,7 +349,7 @@ fn a_hanging_driver_call_on_preemption_requeues_the_job_to_start_over_without_a_
             a[i + 1] = "300".into();
             a
         };
-        failed_checkpoint_starts_over("hang", slow, hang, ") did not return within 10 s")
+        failed_checkpoint_starts_over("hang", slow, hang, ") did not return within 10 s", true)
     }));
     ctl(&["clear"]);
     if let Err(e) = result {
@@ -421,6 +446,11 @@ fn a_restore_refuses_another_users_or_a_corrupt_manifest_and_keeps_the_image() {
     assert_eq!(end.get("ExitCode"), format!("{EXIT}:0"), "{out}");
     assert_counted_once(&out);
     assert!(out.contains(&format!("job {job} run 3: restoring the checkpoint taken in run 0")), "{out}");
+    // The job's history, in Slurm: one checkpoint, two refused restores, one restore.
+    let node = &c.spec.node_name;
+    let (events, comment) = recorded_events(c, job);
+    let want = [format!("ckpt=r0@{node}"), format!("restore-failed=r1@{node}"), format!("restore-failed=r2@{node}"), format!("restore=r3@{node}")];
+    assert_eq!(events, want, "{comment}");
     assert_images_removed(c, job);
     assert_nothing_stuck(c, job);
 }

@@ -103,6 +103,9 @@ fn a_job_preempted_on_one_node_is_restored_on_the_other_onto_its_gpus() {
     let all = steps(&out);
     assert_eq!(all.first().unwrap().1, a[0]);
     assert_eq!(all.last().unwrap().1, b[0], "counting went on on gmb's GPU");
+    // The job's history in Slurm names both nodes.
+    let (events, comment) = recorded_events(c, job);
+    assert_eq!(events, ["ckpt=r0@gma", "restore=r1@gmb"], "{comment}");
     assert_images_removed(c, job);
     wait_for("the agents to exit", Duration::from_secs(20), || agents(c, job).is_empty());
     for node in NODES {
@@ -148,5 +151,7 @@ fn a_node_with_another_driver_refuses_the_restore_and_keeps_the_image() {
     assert_eq!((end.get("NodeList"), end.get("ExitCode")), (NODES[1], format!("{EXIT}:0").as_str()), "{out}");
     assert_counted_once(&out);
     assert!(out.contains(&format!("job {job} run 2: restoring the checkpoint taken in run 0 on gma")), "{out}");
+    let (events, comment) = recorded_events(c, job);
+    assert_eq!(events, ["ckpt=r0@gma", "restore-failed=r1@gmb", "restore=r2@gmb"], "{comment}");
     assert_images_removed(c, job);
 }

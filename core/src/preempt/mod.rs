@@ -25,7 +25,9 @@
 //! process), `agent/` (the root side), `wrapper.rs` (the user side),
 //! `timeline.rs` (where each checkpoint's and restore's time went),
 //! `writeback.rs` (the image written to disk while CRIU dumps it).
+//! `accounting.rs` (the events in the job's AdminComment or Comment).
 
+pub mod accounting;
 pub mod agent;
 pub mod held;
 pub mod images;

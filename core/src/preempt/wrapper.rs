@@ -12,7 +12,9 @@
 //!   status, which the agent (its parent) reports.
 //! * The checkpoint signal asks the agent to checkpoint; then `scontrol
 //!   requeue` (a script that exits within the grace time may otherwise end
-//!   COMPLETED), then it waits for Slurm to end the job. When the checkpoint
+//!   COMPLETED), then it waits for Slurm to end the job. In a preemption on
+//!   Slurm 24.05 and later it exits instead and Slurm requeues the job
+//!   ([`slurm_requeues_in_grace`]). When the checkpoint
 //!   fails, the application is killed and the job requeued to start over,
 //!   with the reason on the job's stderr; unless the application ended on
 //!   its own meanwhile (the dump then fails for want of it), whose status
@@ -324,8 +326,9 @@ impl Wrapper<'_> {
             }
         };
         self.reap();
-        self.requeue();
-        self.linger();
+        if self.requeue() {
+            self.linger();
+        }
         status
     }
 
@@ -347,14 +350,22 @@ impl Wrapper<'_> {
     }
 
     /// `scontrol requeue <job>` as the user (owners may requeue their jobs),
-    /// unless Slurm is ending the job already.
-    fn requeue(&self) {
-        if let Some(state) = self.job_state().filter(|s| s != "RUNNING") {
+    /// unless Slurm is ending the job already, or will requeue it itself as
+    /// this run ends (see [`slurm_requeues_in_grace`]). Whether to wait for
+    /// Slurm to end the job afterwards (not when Slurm waits for us).
+    fn requeue(&self) -> bool {
+        let shown = self.scontrol(&["show", "job", "-o", &self.o.job.to_string()]);
+        if let Some(state) = shown.as_deref().and_then(job_state_of).filter(|s| s != "RUNNING") {
             say(&format!(
                 "job {} is {state} in Slurm (cancelled, or ended at its time or grace limit): not requeued by gpu-mode-run",
                 self.o.job
             ));
-            return;
+            return true;
+        }
+        let version = self.scontrol(&["--version"]).as_deref().and_then(slurm_version_of);
+        if shown.as_deref().is_some_and(in_preemption_grace) && version.is_some_and(slurm_requeues_in_grace) {
+            say(&format!("job {} is being preempted: Slurm requeues it as this run ends", self.o.job));
+            return false;
         }
         let mut cmd = std::process::Command::new(&self.o.scontrol);
         cmd.args(["requeue", &self.o.job.to_string()]);
@@ -368,16 +379,16 @@ impl Wrapper<'_> {
             )),
             Err(e) => say(&format!("{e}: the job may end COMPLETED instead of being requeued")),
         }
+        true
     }
 
-    /// The job's `JobState` as `scontrol show job` gives it (a job being
-    /// cancelled shows COMPLETING), or `None` when it cannot be read: then the
+    /// scontrol's output, or `None` when it cannot be run or fails: then the
     /// requeue goes ahead, as losing the checkpoint is the worse mistake.
-    fn job_state(&self) -> Option<String> {
+    fn scontrol(&self, args: &[&str]) -> Option<String> {
         let mut cmd = std::process::Command::new(&self.o.scontrol);
-        cmd.args(["show", "job", "-o", &self.o.job.to_string()]);
+        cmd.args(args);
         let out = run_with_timeout(cmd, None, Duration::from_secs(30)).ok().filter(|o| o.status.success())?;
-        job_state_of(&String::from_utf8_lossy(&out.stdout))
+        Some(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
     /// Waits for Slurm to end the requeued job, reaping what is left.
@@ -407,6 +418,29 @@ fn checkpointed_line(job: u32, s: &protocol::CheckpointSummary) -> String {
         ),
         _ => format!("job {job} checkpointed: {gib:.2} GiB image in {:.1} s; requeueing", t.total_ms / 1e3),
     }
+}
+
+/// Slurm 24.05 and later requeue a preempted job themselves when its batch
+/// script ends within the grace time (slurmctld's GRACE_PREEMPT flag,
+/// proc_req.c), and an `scontrol requeue` meanwhile does not clear that
+/// flag: seen on 24.11.5, the restored run was requeued once more when it
+/// ended and ran again from the beginning. There the wrapper leaves the
+/// requeue to Slurm. 22.05 has no such path: a script that ends in the
+/// grace time may end COMPLETED, so the wrapper requeues.
+fn slurm_requeues_in_grace(version: (u32, u32)) -> bool {
+    version >= (24, 5)
+}
+
+/// `(24, 11)` from `scontrol --version` (`slurm 24.11.5`, `slurm-wlm 22.05.8`).
+fn slurm_version_of(text: &str) -> Option<(u32, u32)> {
+    let mut parts = text.split_whitespace().nth(1)?.split('.');
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
+/// Whether `scontrol show job -o` says the job is being preempted
+/// (`PreemptTime=` a time; Slurm resets it to None when it requeues).
+fn in_preemption_grace(text: &str) -> bool {
+    text.split_whitespace().find_map(|w| w.strip_prefix("PreemptTime=")).is_some_and(|t| !matches!(t, "" | "None" | "Unknown"))
 }
 
 /// `JobState=...` of `scontrol show job -o` output.
@@ -443,6 +477,25 @@ mod tests {
         let line = "JobId=9 JobName=x UserId=u(1) JobState=COMPLETING Reason=None Dependency=(null)";
         assert_eq!(job_state_of(line).as_deref(), Some("COMPLETING"));
         assert_eq!(job_state_of("slurm_load_jobs error: Invalid job id specified"), None);
+    }
+
+    #[test]
+    fn slurm_24_05_and_later_requeue_a_preempted_job_themselves() {
+        let cases = [
+            ("slurm 24.11.5\n", Some((24, 11)), true),
+            ("slurm-wlm 22.05.8\n", Some((22, 5)), false),
+            ("slurm 24.05.0", Some((24, 5)), true),
+            ("slurm 23.11.10", Some((23, 11)), false),
+            ("slurm 26.05.5", Some((26, 5)), true),
+            ("garbage", None, false),
+        ];
+        for (text, version, requeues) in cases {
+            assert_eq!(slurm_version_of(text), version, "{text}");
+            assert_eq!(version.is_some_and(slurm_requeues_in_grace), requeues, "{text}");
+        }
+        assert!(in_preemption_grace("JobId=9 JobState=RUNNING PreemptTime=2026-11-25T12:35:38 SuspendTime=None"));
+        assert!(!in_preemption_grace("JobId=9 JobState=RUNNING PreemptTime=None SuspendTime=None"));
+        assert!(!in_preemption_grace("JobId=9 JobState=RUNNING"));
     }
 
     fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {

@@ -26,6 +26,7 @@ pub use real::{gpu_facts, node_gpus, real_backends};
 pub use server::{listen, ExitReason};
 pub use spawn::{spawn_agent, stop_agent, AgentLaunch};
 
+use super::accounting::{self, AccountingField, Event, EventKind};
 use super::images::ImageStore;
 use super::manifest::GpuFacts;
 use crate::checkpoint::{CheckpointDriver, Checkpointer, GpuInfo, GpuUuid, ProcessHost};
@@ -36,6 +37,11 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
+
+/// Bound on each of the two scontrol calls of an accounting record: a
+/// checkpoint's is written before the wrapper hears of it (and requeues),
+/// so that the preempted run's record in Slurm's accounting holds it.
+const ACCOUNTING_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Who the agent serves.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,6 +87,10 @@ pub struct AgentSettings {
     /// The site config when `[metrics] textfile` is set: checkpoints and
     /// restores are counted (crate::metrics). `None`: nothing is kept.
     pub metrics: Option<Box<crate::Config>>,
+    /// Where checkpoint and restore events go (accounting.rs), through
+    /// scontrol at this path.
+    pub accounting: AccountingField,
+    pub scontrol: PathBuf,
 }
 
 impl AgentSettings {
@@ -98,6 +108,8 @@ impl AgentSettings {
             request_wait: Duration::from_secs(30),
             log: cfg.log.clone(),
             metrics: cfg.metrics.textfile.is_some().then(|| Box::new(cfg.clone())),
+            accounting: cfg.checkpoint.accounting,
+            scontrol: cfg.slurm.scontrol.clone(),
         }
     }
 }
@@ -182,6 +194,21 @@ impl Agent {
     fn count(&self, events: &[crate::metrics::Event]) {
         if let Some(cfg) = &self.settings.metrics {
             crate::metrics::record(cfg, events);
+        }
+    }
+
+    /// Records an event of this run in the job's Slurm record. A failure
+    /// is logged, never the checkpoint's or restore's failure; each
+    /// scontrol call is bounded by [`ACCOUNTING_TIMEOUT`].
+    fn account(&self, kind: EventKind, seconds: f64, image_bytes: Option<u64>) {
+        if self.settings.accounting == AccountingField::Off {
+            return;
+        }
+        let p = &self.params;
+        let event = Event { kind, run: p.restart_count, node: p.node.clone(), seconds, image_bytes };
+        let scontrol = crate::drain::Scontrol::new(&self.settings.scontrol).with_timeout(ACCOUNTING_TIMEOUT);
+        if let Err(e) = accounting::record(&scontrol, self.settings.accounting, p.job, &event) {
+            self.log("accounting", crate::log::Outcome::Failed, &format!("{}: {e}", event.token()));
         }
     }
 

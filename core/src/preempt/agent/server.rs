@@ -8,6 +8,7 @@ use super::{Agent, RootState};
 use crate::fsutil;
 use crate::log::Outcome;
 use crate::metrics::{self, Event};
+use crate::preempt::accounting::EventKind;
 use crate::preempt::protocol::{self, ExitInfo, ImageInfo, Request, Response};
 use crate::preempt::socket_path;
 use std::io::BufReader;
@@ -225,6 +226,7 @@ impl Agent {
     }
 
     pub(super) fn checkpoint_request(&self, peer: Peer, root: i32, signal_at_ms: Option<u64>) -> Response {
+        let start = Instant::now();
         match self.checkpoint(peer, root, signal_at_ms) {
             Ok(summary) => {
                 let detail = format!("{} bytes in {:.0} ms", summary.image_bytes, summary.timings.total_ms);
@@ -235,24 +237,31 @@ impl Agent {
                 ];
                 events.extend(metrics::phase_events(metrics::CHECKPOINT_PHASE, &metrics::phases_of(&summary.timings)));
                 self.count(&events);
+                self.account(EventKind::Checkpoint, summary.timings.total_ms / 1000.0, Some(summary.image_bytes));
                 Response::Checkpointed(summary)
             }
             Err(message) => {
                 self.log("checkpoint", Outcome::Failed, &message);
                 self.count(&failure_events(metrics::CHECKPOINTS, metrics::CHECKPOINT_FAILURES, &message));
+                self.account(EventKind::CheckpointFailed, start.elapsed().as_secs_f64(), None);
                 Response::Error { message }
             }
         }
     }
 
     /// Restores, answers `restored`, then waits for the tree and answers
-    /// how it ended (or that it was dumped again).
+    /// how it ended (or that it was dumped again). A restore's event is
+    /// recorded after the answer: the application runs meanwhile.
     fn restore_request(&self, peer: Peer, out: &mut UnixStream) {
+        let start = Instant::now();
         let (pid, summary) = match self.restore(peer) {
             Ok(r) => r,
             Err(message) => {
                 self.log("restore", Outcome::Failed, &message);
                 self.count(&failure_events(metrics::RESTORES, metrics::RESTORE_FAILURES, &message));
+                // Before the answer: the job fails on it, and Slurm takes
+                // no update of a finished job.
+                self.account(EventKind::RestoreFailed, start.elapsed().as_secs_f64(), None);
                 let _ = protocol::send(out, &Response::Error { message });
                 return;
             }
@@ -262,7 +271,9 @@ impl Agent {
         // The summary's `<phase>_ms` fields (check, criu_restore, cuda_restore, total).
         events.extend(metrics::phase_events(metrics::RESTORE_PHASE, &metrics::phases_of(&summary)));
         self.count(&events);
+        let (seconds, bytes) = (summary.total_ms / 1000.0, summary.image_bytes);
         let _ = protocol::send(out, &Response::Restored { pid, summary });
+        self.account(EventKind::Restore, seconds, Some(bytes));
         let end = self.wait_restored(pid);
         let _ = protocol::send(out, &end);
     }

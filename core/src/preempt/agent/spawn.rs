@@ -15,7 +15,12 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const SIM_VARS: [&str; 2] = ["GPU_MODE_SIM_STATE", "GPU_MODE_CUDA_SIM_DIR"];
+/// The only variables the agent gets from the prolog's environment (which
+/// is slurmd's, root's): the simulated GPU libraries find their node through
+/// the first two (CI; the real driver ignores them, and only the root-owned
+/// config decides which library is loaded); SLURM_CONF tells the scontrol of
+/// the accounting record (accounting.rs) where a site keeps slurm.conf.
+const PASSED_VARS: [&str; 3] = ["GPU_MODE_SIM_STATE", "GPU_MODE_CUDA_SIM_DIR", "SLURM_CONF"];
 
 /// What the prolog knows and the agent needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,10 +78,7 @@ pub fn spawn_agent(cfg: &Config, launch: &AgentLaunch, wait: Duration) -> Result
     let _ = crate::fsutil::remove_if_present(&socket);
     let mut cmd = Command::new(program);
     cmd.args(launch.args()).env_clear().current_dir("/").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
-    // The simulated GPU libraries find their node through these (CI); the
-    // real driver ignores them, and only the root-owned config decides which
-    // library is loaded.
-    for var in SIM_VARS {
+    for var in PASSED_VARS {
         if let Some(v) = std::env::var_os(var) {
             cmd.env(var, v);
         }

@@ -100,6 +100,8 @@ fn fixture_with(counting: bool) -> Fx {
             cfg.log = LogConfig { syslog: false, stderr: false };
             Box::new(cfg)
         }),
+        accounting: crate::preempt::accounting::AccountingField::Off,
+        scontrol: "/nonexistent/scontrol".into(),
     };
     let params = AgentParams {
         job: 7,

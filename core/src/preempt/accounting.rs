@@ -1,0 +1,427 @@
+//! A job's checkpoint and restore events in its Slurm record, where admins
+//! already look: `scontrol show job`, and `sacct -o AdminComment` where
+//! Slurm keeps accounting. The agent (root, so it may write AdminComment)
+//! appends one event per checkpoint or restore to a section of its own,
+//!
+//! ```text
+//! site text gpu-mode{ckpt=r0@n1:8.1s/9.3GiB;restore=r1@n2:5.2s;ckpt-failed=r1@n2:0.4s}
+//! ```
+//!
+//! in the field `checkpoint.accounting` names (`admin_comment`, `comment` or
+//! `off`). The site's own text outside the section is kept as it is (only
+//! the blanks between it and the section are normalised to one space).
+//!
+//! Event: `<kind>=r<run>@<node>:<seconds>s[/<image size>]`; kinds `ckpt`,
+//! `ckpt-failed`, `restore`, `restore-failed`; run is SLURM_RESTART_COUNT
+//! (a restore in run 1 brings back the checkpoint of run 0); seconds are the
+//! agent's own total (CUDA + CRIU + sealing, or checks + CRIU + CUDA). The
+//! section stays within [`MAX_SECTION`] and the field within
+//! [`FIELD_LIMIT`]: the oldest events then give way to a leading
+//! `omitted=ckpt:3,restore:3` that keeps the counts, so "how many times was
+//! this job checkpointed" stays answerable. When the site's text leaves no
+//! room even for that, nothing is written (the site's text wins).
+//!
+//! Reading and writing the field is two scontrol calls (show, then update),
+//! not atomic: a site that changes the same field in the very same moment
+//! may lose one of the two writes. Comment is the job owner's to change, so
+//! a record there is only as trustworthy as the user; AdminComment is not.
+
+use crate::drain::Scontrol;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Opens our section; it ends at the next `}`.
+pub const SECTION_START: &str = "gpu-mode{";
+const SECTION_END: char = '}';
+/// Our section never grows past this (bytes): the field is the site's too.
+pub const MAX_SECTION: usize = 400;
+/// slurmctld refuses a Comment over 1024 bytes (job_mgr.c,
+/// `_test_job_desc_fields`, 22.05 to 26.05) and stores AdminComment
+/// unchecked; both are kept within it.
+pub const FIELD_LIMIT: usize = 1024;
+/// Node names are cut to this in an event.
+const MAX_NODE: usize = 64;
+
+/// `checkpoint.accounting`: which field of the job gets the events.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AccountingField {
+    /// Only admins (root, SlurmUser) may set it: the agent is root.
+    #[default]
+    AdminComment,
+    /// The job's owner may set it too; for sites that use AdminComment.
+    Comment,
+    Off,
+}
+
+impl AccountingField {
+    /// The field's name in `scontrol show job` and `scontrol update`.
+    pub fn slurm_key(self) -> Option<&'static str> {
+        match self {
+            AccountingField::AdminComment => Some("AdminComment"),
+            AccountingField::Comment => Some("Comment"),
+            AccountingField::Off => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum EventKind {
+    Checkpoint,
+    CheckpointFailed,
+    Restore,
+    RestoreFailed,
+}
+
+const KINDS: [(EventKind, &str); 4] = [
+    (EventKind::Checkpoint, "ckpt"),
+    (EventKind::CheckpointFailed, "ckpt-failed"),
+    (EventKind::Restore, "restore"),
+    (EventKind::RestoreFailed, "restore-failed"),
+];
+
+impl EventKind {
+    fn token(self) -> &'static str {
+        KINDS.iter().find(|(k, _)| *k == self).map_or("?", |(_, t)| t)
+    }
+
+    fn from_token(t: &str) -> Option<EventKind> {
+        KINDS.iter().find(|(_, n)| *n == t).map(|(k, _)| *k)
+    }
+}
+
+/// One checkpoint or restore, as the agent saw it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    pub kind: EventKind,
+    /// SLURM_RESTART_COUNT of the run it happened in.
+    pub run: u32,
+    pub node: String,
+    pub seconds: f64,
+    /// The image's size (checkpoints and restores that have one).
+    pub image_bytes: Option<u64>,
+}
+
+impl Event {
+    /// `ckpt=r0@n1:8.1s/9.3GiB`. The node name is reduced to the characters
+    /// Slurm allows in one (anything else becomes `_`), so an event never
+    /// holds a delimiter of the section.
+    pub fn token(&self) -> String {
+        let node: String =
+            self.node.chars().take(MAX_NODE).map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect();
+        let seconds = if self.seconds.is_finite() { self.seconds.max(0.0) } else { 0.0 };
+        let size = self.image_bytes.map(|b| format!("/{}", size_text(b))).unwrap_or_default();
+        format!("{}=r{}@{}:{seconds:.1}s{size}", self.kind.token(), self.run, if node.is_empty() { "_" } else { &node })
+    }
+}
+
+/// `9.3GiB` from 1 GiB on, `12MiB` below (rounded up: a small image is not 0).
+fn size_text(bytes: u64) -> String {
+    const MIB: u64 = 1 << 20;
+    if bytes >= 1 << 30 {
+        format!("{:.1}GiB", bytes as f64 / (1u64 << 30) as f64)
+    } else {
+        format!("{}MiB", bytes.div_ceil(MIB))
+    }
+}
+
+/// What [`token`](Event::token) writes: checked when our section is read
+/// back, so text we did not write is never taken for ours.
+fn is_event_token(t: &str) -> Option<EventKind> {
+    let (kind, rest) = t.split_once('=')?;
+    let kind = EventKind::from_token(kind)?;
+    let rest = rest.strip_prefix('r')?;
+    let (run, rest) = rest.split_once('@')?;
+    let (node, rest) = rest.rsplit_once(':')?;
+    let (seconds, size) = match rest.split_once('/') {
+        Some((s, size)) => (s, Some(size)),
+        None => (rest, None),
+    };
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let decimal = |s: &str| s.split_once('.').is_some_and(|(a, b)| digits(a) && digits(b));
+    let node_ok = !node.is_empty() && node.len() <= MAX_NODE && node.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+    let seconds_ok = seconds.strip_suffix('s').is_some_and(decimal);
+    let size_ok = size.is_none_or(|s| s.strip_suffix("GiB").is_some_and(decimal) || s.strip_suffix("MiB").is_some_and(digits));
+    (digits(run) && node_ok && seconds_ok && size_ok).then_some(kind)
+}
+
+/// Our section: counts of events that gave way, then the events, oldest first.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Section {
+    omitted: BTreeMap<EventKind, u64>,
+    events: Vec<(EventKind, String)>,
+}
+
+impl Section {
+    /// The inside of `gpu-mode{...}`; `None` unless every item is ours.
+    fn parse(inner: &str) -> Option<Section> {
+        let mut s = Section::default();
+        for (i, item) in inner.split(';').enumerate() {
+            if let Some(counts) = item.strip_prefix("omitted=").filter(|_| i == 0) {
+                for c in counts.split(',') {
+                    let (kind, n) = c.split_once(':')?;
+                    *s.omitted.entry(EventKind::from_token(kind)?).or_default() += n.parse::<u64>().ok()?;
+                }
+            } else {
+                s.events.push((is_event_token(item)?, item.to_string()));
+            }
+        }
+        Some(s)
+    }
+
+    /// A later section's events after this one's.
+    fn append(&mut self, later: Section) {
+        for (k, n) in later.omitted {
+            *self.omitted.entry(k).or_default() += n;
+        }
+        self.events.extend(later.events);
+    }
+
+    fn text(&self) -> String {
+        let mut items = Vec::new();
+        if !self.omitted.is_empty() {
+            let counts: Vec<String> = self.omitted.iter().map(|(k, n)| format!("{}:{n}", k.token())).collect();
+            items.push(format!("omitted={}", counts.join(",")));
+        }
+        items.extend(self.events.iter().map(|(_, t)| t.clone()));
+        format!("{SECTION_START}{}{SECTION_END}", items.join(";"))
+    }
+
+    /// Drops the oldest event into the counts; false when none is left.
+    fn give_way(&mut self) -> bool {
+        if self.events.is_empty() {
+            return false;
+        }
+        let (kind, _) = self.events.remove(0);
+        *self.omitted.entry(kind).or_default() += 1;
+        true
+    }
+}
+
+/// Splits a field into the site's text and our section(s). A `gpu-mode{`
+/// whose inside is not entirely ours stays with the site's text.
+fn split_field(field: &str) -> (String, Section) {
+    let mut site: Vec<&str> = Vec::new();
+    let mut ours = Section::default();
+    // The site's current piece starts at `piece`; the next section is looked for from `from`.
+    let (mut piece, mut from) = (0, 0);
+    while let Some(found) = field[from..].find(SECTION_START) {
+        let inner = from + found + SECTION_START.len();
+        let Some(len) = field[inner..].find(SECTION_END) else { break };
+        match Section::parse(&field[inner..inner + len]) {
+            Some(section) => {
+                site.push(&field[piece..from + found]);
+                ours.append(section);
+                piece = inner + len + 1;
+                from = piece;
+            }
+            None => from = inner,
+        }
+    }
+    site.push(&field[piece..]);
+    // Pieces that met at a removed section join with one space; the site's
+    // text inside each piece stays as it was.
+    let last = site.len() - 1;
+    let pieces: Vec<&str> = site
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let p = if i > 0 { p.trim_start() } else { p };
+            if i < last { p.trim_end() } else { p }
+        })
+        .filter(|p| !p.is_empty())
+        .collect();
+    let text = pieces.join(" ");
+    (text.trim().to_string(), ours)
+}
+
+/// The field's new value: `current` with `event` added to our section.
+/// Errors only when the site's text leaves no room for the section.
+pub fn merge(current: &str, event: &Event) -> Result<String, String> {
+    let (site, mut section) = split_field(current);
+    section.events.push((event.kind, event.token()));
+    let separator = usize::from(!site.is_empty());
+    let room = MAX_SECTION.min(FIELD_LIMIT.saturating_sub(site.len() + separator));
+    while section.text().len() > room {
+        if !section.give_way() {
+            return Err(format!(
+                "the field's own text ({} bytes) leaves no room for the gpu-mode section within Slurm's {FIELD_LIMIT} bytes: left as it is",
+                site.len()
+            ));
+        }
+    }
+    Ok(if site.is_empty() { section.text() } else { format!("{site} {}", section.text()) })
+}
+
+/// The value of `key` in `scontrol show job J` (not `-o`): Slurm prints it
+/// on a line of its own, `   AdminComment=<value> ` (22.05 to 24.11 add a
+/// blank). `Ok(None)`: the job has no such value. A value that runs over
+/// several lines cannot be told from the next key: an error, so that an
+/// update never rewrites what it could not read whole.
+pub fn show_job_value(show_job: &str, key: &str) -> Result<Option<String>, String> {
+    let prefix = format!("{key}=");
+    let mut lines = show_job.lines();
+    while let Some(line) = lines.next() {
+        let Some(value) = line.trim_start().strip_prefix(&prefix) else { continue };
+        let next_is_a_key = lines.next().is_none_or(|l| {
+            let l = l.trim_start();
+            l.is_empty() || l.split_once('=').is_some_and(|(k, _)| !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '/' || c == ':'))
+        });
+        if !next_is_a_key {
+            return Err(format!("the job's {key} spans several lines: left as it is"));
+        }
+        return Ok(Some(value.strip_suffix(' ').unwrap_or(value).to_string()));
+    }
+    Ok(None)
+}
+
+/// Adds `event` to job `job`'s `field` through scontrol (as root).
+pub fn record(scontrol: &Scontrol, field: AccountingField, job: u32, event: &Event) -> Result<(), String> {
+    let Some(key) = field.slurm_key() else { return Ok(()) };
+    let shown = scontrol.show_job(job).map_err(|e| e.to_string())?;
+    let current = show_job_value(&shown, key)?.unwrap_or_default();
+    let value = merge(&current, event)?;
+    scontrol.update_job(job, key, &value).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ckpt(run: u32, node: &str, seconds: f64, bytes: u64) -> Event {
+        Event { kind: EventKind::Checkpoint, run, node: node.into(), seconds, image_bytes: Some(bytes) }
+    }
+
+    fn restore(run: u32, node: &str, seconds: f64) -> Event {
+        Event { kind: EventKind::Restore, run, node: node.into(), seconds, image_bytes: None }
+    }
+
+    #[test]
+    fn events_are_compact_tokens_whatever_the_node_is_called() {
+        let cases = [
+            (ckpt(0, "n1", 8.14, 10_000_000_000), "ckpt=r0@n1:8.1s/9.3GiB"),
+            (ckpt(3, "gpu-a.b_c", 0.04, 8 << 20), "ckpt=r3@gpu-a.b_c:0.0s/8MiB"),
+            (ckpt(1, "n1", 1.0, 1), "ckpt=r1@n1:1.0s/1MiB"),
+            (restore(1, "n 1;}{=x", 5.25), "restore=r1@n_1____x:5.2s"),
+            (restore(1, "", f64::NAN), "restore=r1@_:0.0s"),
+            (Event { kind: EventKind::CheckpointFailed, run: 2, node: "n2".into(), seconds: 0.4, image_bytes: None }, "ckpt-failed=r2@n2:0.4s"),
+            (Event { kind: EventKind::RestoreFailed, run: 2, node: "é".into(), seconds: 1.0, image_bytes: None }, "restore-failed=r2@_:1.0s"),
+        ];
+        for (event, want) in cases {
+            assert_eq!(event.token(), want);
+            assert_eq!(is_event_token(want), Some(event.kind), "{want} must read back as ours");
+        }
+    }
+
+    #[test]
+    fn merging_keeps_the_site_text_and_our_earlier_events() {
+        let e = restore(1, "n2", 5.2);
+        let cases: [(&str, &str); 10] = [
+            ("", "gpu-mode{restore=r1@n2:5.2s}"),
+            ("   ", "gpu-mode{restore=r1@n2:5.2s}"),
+            ("ticket 4711", "ticket 4711 gpu-mode{restore=r1@n2:5.2s}"),
+            ("gpu-mode{ckpt=r0@n1:8.1s/9.3GiB}", "gpu-mode{ckpt=r0@n1:8.1s/9.3GiB;restore=r1@n2:5.2s}"),
+            ("a gpu-mode{ckpt=r0@n1:8.1s/9.3GiB} b", "a b gpu-mode{ckpt=r0@n1:8.1s/9.3GiB;restore=r1@n2:5.2s}"),
+            ("a gpu-mode{ckpt=r0@n1:8.1s/9.3GiB}b", "a b gpu-mode{ckpt=r0@n1:8.1s/9.3GiB;restore=r1@n2:5.2s}"),
+            (
+                "gpu-mode{omitted=ckpt:4,restore:3;ckpt=r7@n1:1.0s/2MiB}",
+                "gpu-mode{omitted=ckpt:4,restore:3;ckpt=r7@n1:1.0s/2MiB;restore=r1@n2:5.2s}",
+            ),
+            // Two sections (a lost race): one, in order.
+            ("gpu-mode{ckpt=r0@a:1.0s} x gpu-mode{ckpt=r1@b:2.0s}", "x gpu-mode{ckpt=r0@a:1.0s;ckpt=r1@b:2.0s;restore=r1@n2:5.2s}"),
+            // Not ours (a user's imitation, a typo): site text, untouched.
+            ("gpu-mode{ckpt=r0@n1:lots} $(rm -rf /) \"'`", "gpu-mode{ckpt=r0@n1:lots} $(rm -rf /) \"'` gpu-mode{restore=r1@n2:5.2s}"),
+            ("unclosed gpu-mode{ckpt=r0@n1:1.0s", "unclosed gpu-mode{ckpt=r0@n1:1.0s gpu-mode{restore=r1@n2:5.2s}"),
+        ];
+        for (current, want) in cases {
+            assert_eq!(merge(current, &e).unwrap(), want, "from {current:?}");
+        }
+    }
+
+    #[test]
+    fn a_long_history_keeps_its_counts_within_the_bounds() {
+        let mut field = "site".to_string();
+        for run in 0..40u32 {
+            field = merge(&field, &ckpt(run, "node-with-a-long-name-01", 123.4, 90 << 30)).unwrap();
+            field = merge(&field, &restore(run + 1, "node-with-a-long-name-02", 56.7)).unwrap();
+            assert!(field.len() <= "site ".len() + MAX_SECTION, "{} bytes: {field}", field.len());
+        }
+        let (site, section) = split_field(&field);
+        assert_eq!(site, "site");
+        let listed = |k: EventKind| section.events.iter().filter(|(e, _)| *e == k).count() as u64;
+        for kind in [EventKind::Checkpoint, EventKind::Restore] {
+            assert_eq!(section.omitted.get(&kind).copied().unwrap_or(0) + listed(kind), 40, "{kind:?}: {field}");
+        }
+        assert!(field.ends_with(";restore=r40@node-with-a-long-name-02:56.7s}"), "{field}");
+    }
+
+    #[test]
+    fn the_site_text_wins_when_there_is_no_room() {
+        let e = ckpt(0, "n1", 1.0, 1 << 20);
+        let near_full = "x".repeat(FIELD_LIMIT - 50);
+        let merged = merge(&near_full, &e).unwrap();
+        assert!(merged.starts_with(&near_full) && merged.len() <= FIELD_LIMIT, "{merged}");
+        // An older section gives way to counts only.
+        let with_history = merge(&merge(&near_full, &e).unwrap(), &e).unwrap();
+        assert_eq!(&with_history[near_full.len()..], " gpu-mode{omitted=ckpt:1;ckpt=r0@n1:1.0s/1MiB}");
+        let full = "x".repeat(FIELD_LIMIT - 10);
+        let err = merge(&full, &e).unwrap_err();
+        assert!(err.contains("leaves no room") && err.contains("left as it is"), "{err}");
+    }
+
+    const SHOW_JOB: &str = "JobId=7 JobName=t\n   WorkDir=/tmp\n   AdminComment=ticket 1 a=b gpu-mode{ckpt=r0@n1:1.0s} \n   Comment=mine \n   StdErr=/tmp/x\n";
+
+    #[test]
+    fn the_value_is_read_from_its_own_line_of_show_job() {
+        assert_eq!(show_job_value(SHOW_JOB, "AdminComment").unwrap().as_deref(), Some("ticket 1 a=b gpu-mode{ckpt=r0@n1:1.0s}"));
+        assert_eq!(show_job_value(SHOW_JOB, "Comment").unwrap().as_deref(), Some("mine"));
+        assert_eq!(show_job_value("JobId=7\n   WorkDir=/tmp\n", "AdminComment").unwrap(), None);
+        // 25.11 prints no trailing blank; the last line has no next key.
+        assert_eq!(show_job_value("JobId=7\n   AdminComment=x y\n", "AdminComment").unwrap().as_deref(), Some("x y"));
+        let err = show_job_value("JobId=7\n   AdminComment=line one\nline two\n   StdErr=/x\n", "AdminComment").unwrap_err();
+        assert!(err.contains("spans several lines"), "{err}");
+    }
+
+    fn fake_scontrol(dir: &std::path::Path, show: &str, update_exit: i32) -> (Scontrol, std::path::PathBuf) {
+        use std::os::unix::fs::PermissionsExt;
+        let log = dir.join("argv");
+        let script = dir.join("scontrol");
+        std::fs::write(dir.join("show"), show).unwrap();
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\nif [ \"$1\" = show ]; then cat {show}; exit 0; fi\nfor a in \"$@\"; do echo \"$a\"; done >> {log}\nexit {update_exit}\n",
+                show = dir.join("show").display(),
+                log = log.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        (Scontrol::new(&script), log)
+    }
+
+    #[test]
+    fn record_updates_the_chosen_field_by_argument_vector() {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, log) = fake_scontrol(dir.path(), SHOW_JOB, 0);
+        record(&s, AccountingField::AdminComment, 7, &restore(1, "n2", 5.2)).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&log).unwrap(),
+            "update\nJobId=7\nAdminComment=ticket 1 a=b gpu-mode{ckpt=r0@n1:1.0s;restore=r1@n2:5.2s}\n"
+        );
+        std::fs::remove_file(&log).unwrap();
+        record(&s, AccountingField::Comment, 7, &restore(1, "n2", 5.2)).unwrap();
+        assert_eq!(std::fs::read_to_string(&log).unwrap(), "update\nJobId=7\nComment=mine gpu-mode{restore=r1@n2:5.2s}\n");
+        std::fs::remove_file(&log).unwrap();
+        record(&s, AccountingField::Off, 7, &restore(1, "n2", 5.2)).unwrap();
+        assert!(!log.exists(), "off writes nothing");
+    }
+
+    #[test]
+    fn a_refused_update_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, _) = fake_scontrol(dir.path(), SHOW_JOB, 1);
+        let err = record(&s, AccountingField::AdminComment, 7, &restore(1, "n2", 5.2)).unwrap_err();
+        assert!(err.contains("update JobId=7 AdminComment=") && err.contains("failed"), "{err}");
+    }
+}
