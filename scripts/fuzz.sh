@@ -3,6 +3,9 @@
 # target, the executions, the corpus and whether it found anything.
 #
 #   scripts/fuzz.sh [SECONDS] [TARGET...]      (default 60 s, every target)
+#   scripts/fuzz.sh --build-only               (the toolchain, cargo-fuzz and
+#                                               the targets, nothing run: .ci/run
+#                                               builds them in the background)
 #
 # Needs the nightly toolchain and cargo-fuzz (installed when missing). The
 # seeds in fuzz/corpus/<target> are read, never written: what a run adds goes
@@ -15,6 +18,8 @@
 set -eu
 cd "$(dirname "$0")/.."
 
+build_only=false
+if [ "${1:-}" = --build-only ]; then build_only=true; shift; fi
 seconds=${1:-${GPU_MODE_FUZZ_SECONDS:-60}}
 [ $# -gt 0 ] && shift
 targets=${*:-mode config state manifest mig_parted}
@@ -39,6 +44,7 @@ build_start=$(date +%s)
 # Every target at once (cargo fuzz build takes one target or all).
 (cd fuzz && cargo +nightly fuzz build -a -s none)
 echo "fuzz: build took $(($(date +%s) - build_start)) s"
+$build_only && exit 0
 
 found=0
 report=""
