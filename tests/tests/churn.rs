@@ -25,7 +25,15 @@ fn a_hundred_jobs_of_every_mode_leave_nothing_and_drain_nothing() {
     assert!(report.by_mode.len() >= 10 && report.cancels.values().sum::<usize>() >= 5, "{}", report.text());
     assert!(report.prolog.count >= 80 && report.epilog.count >= 80, "{}", report.text());
     // Slurm preempts only when the node is full, so not every preemptor
-    // preempts; with the plan's preemptors one at least must have.
-    assert!(report.preemptors >= 3 && report.preempted_restored >= 1, "{}", report.text());
+    // preempts, and the churn's timing does not guarantee that one does:
+    // seen 2026-11-25 in a CI run under load, 4 preemptors and none found
+    // the node full (earlier runs had 3-4 preempted and restored). What is
+    // asserted is that the preemptors were submitted and that whatever
+    // preemption happened left nothing behind (the problems above); the
+    // preemption itself, every time, is tests/tests/preempt_checkpoint.rs's.
+    assert!(report.preemptors >= 3, "{}", report.text());
+    if report.preempted_restored == 0 {
+        println!("note: no preemptor found the node full in this run: no checkpoint job was preempted");
+    }
     cluster.stop();
 }
