@@ -48,7 +48,7 @@ fn a_program_named_like_mps_is_not_an_orphan() {
     let dir = tempfile::tempdir().unwrap();
     let fake = dir.path().join("nvidia-cuda-mps-control");
     std::fs::copy("/bin/sleep", &fake).unwrap();
-    let mut child = Command::new(&fake).arg("30").spawn().unwrap();
+    let mut child = spawn_fresh_copy(&fake);
     let pid = child.id() as i32;
     std::thread::sleep(std::time::Duration::from_millis(100));
     let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap();
@@ -57,4 +57,18 @@ fn a_program_named_like_mps_is_not_an_orphan() {
     let _ = child.kill();
     let _ = child.wait();
     assert!(!orphans.iter().any(|o| o.pid == pid), "{orphans:?}");
+}
+
+/// Runs a just-copied program. Another test thread of this binary that forks
+/// while the copy's write descriptor is open gives its child that descriptor
+/// until the child's exec, and exec of the copy meanwhile fails with ETXTBSY
+/// (seen once in CI): retried for a while.
+fn spawn_fresh_copy(program: &std::path::Path) -> std::process::Child {
+    for _ in 0..100 {
+        match Command::new(program).arg("30").spawn() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => std::thread::sleep(std::time::Duration::from_millis(20)),
+            other => return other.unwrap(),
+        }
+    }
+    panic!("{} stayed busy (ETXTBSY) for 2 s", program.display());
 }
