@@ -113,13 +113,18 @@ pub fn mapping_of_line(pid: i32, line: &str) -> Option<Held> {
         return None;
     }
     let shared_write = perms.contains('w') && perms.contains('s');
+    let (start, end) = range.split_once('-')?;
+    let (start, end) = (u64::from_str_radix(start, 16).ok()?, u64::from_str_radix(end, 16).ok()?);
     Some(Held {
         pid,
         what: format!("mapping {range}"),
         path,
         need: if shared_write { libc::R_OK | libc::W_OK } else { libc::R_OK },
         exec_ok: !shared_write && perms.contains('x'),
-        source: format!("/proc/{pid}/map_files/{range}"),
+        // maps pads addresses to 8 digits ("00400000", a non-PIE program
+        // such as Ubuntu's python3), map_files names them unpadded
+        // ("400000", fs/proc/base.c): the name is rebuilt, not copied.
+        source: format!("/proc/{pid}/map_files/{start:x}-{end:x}"),
     })
 }
 
@@ -376,6 +381,46 @@ mod tests {
         assert_eq!((shared.need, shared.exec_ok, shared.path.as_str()), (libc::R_OK | libc::W_OK, false, "/home/u/my file"));
         assert_eq!(mapping_of_line(5, "7f00-7f80 rw-p 00000000 00:00 0  [heap]"), None);
         assert_eq!(mapping_of_line(5, "7f00-7f80 rw-p 00000000 00:00 0"), None);
+        assert_eq!(lib.source, "/proc/5/map_files/7f00-7f80");
+        let low = mapping_of_line(5, "00400000-00420000 r--p 00000000 08:01 77 /usr/bin/python3.12").unwrap();
+        assert_eq!((low.what.as_str(), low.source.as_str()), ("mapping 00400000-00420000", "/proc/5/map_files/400000-420000"));
+        assert_eq!(mapping_of_line(5, "zz-7f80 r--p 00000000 08:01 77 /bin/x"), None, "not an address range");
+    }
+
+    #[test]
+    fn a_file_mapped_below_the_8_digit_addresses_is_checked() {
+        // A non-PIE program (Ubuntu's python3) is mapped at 0x400000, which
+        // /proc/<pid>/maps writes as 00400000: the check must find its
+        // map_files entry all the same (it refused every PyTorch restore).
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: needs root (map_files)");
+            return;
+        }
+        let file = tempfile::NamedTempFile::new().unwrap();
+        file.as_file().set_len(4096).unwrap();
+        let mut at = 0;
+        for want in [0x40_0000usize, 0x80_0000, 0x100_0000, 0x400_0000] {
+            // SAFETY: a new mapping at an address nothing uses (NOREPLACE), unmapped below.
+            let p = unsafe {
+                libc::mmap(want as *mut _, 4096, libc::PROT_READ, libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE, file.as_file().as_raw_fd(), 0)
+            };
+            if p as usize == want {
+                at = want;
+                break;
+            }
+        }
+        assert_ne!(at, 0, "no low address free to map at");
+        let me = std::process::id() as i32;
+        let held = held_files(&[me]);
+        let line = format!("{at:08x}-{:08x}", at + 4096);
+        let mine = held.as_ref().ok().and_then(|h| h.iter().find(|h| h.what == format!("mapping {line}")).cloned());
+        let probed = mine.as_ref().map(probe);
+        // SAFETY: the mapping made above, no longer used.
+        unsafe { libc::munmap(at as *mut _, 4096) };
+        let mine = mine.unwrap_or_else(|| panic!("mapping {line} not listed"));
+        assert_eq!(mine.path, file.path().display().to_string());
+        let probe = probed.unwrap().unwrap();
+        assert_eq!(probe.ino, file.as_file().metadata().unwrap().ino());
     }
 
     /// `sleep` as `uid` holding `file` as fd 3 with `flags`, opened as
