@@ -2,14 +2,16 @@
 # The host side of the preemption benchmark (issue 17) on a machine without
 # GPUs: gpu-mode-preempt-bench, ours and the plain sequence side by side
 # with real CRIU, on the simulated driver and NVML (sim/), for
-#   - a real framework process (JAX on the CPU, checkpoint/bench/framework_app.py:
-#     its threads, libraries, allocator and data, dumped by CRIU), and
+#   - a real framework process (JAX or PyTorch on the CPU,
+#     checkpoint/bench/framework_app.py: its threads, libraries, allocator and
+#     data, dumped by CRIU), and
 #   - the simulated CUDA counter (GPU memory through the simulated driver).
 # Measures what the simulation can tell: CRIU dump, writeback, seal, the
 # disk, restore. The GPU's own times come from the GPU machines
 # (scripts/gpu/preempt-real.sh). Run as root after `cargo build --release
 # --workspace`:   sh scripts/bench-preempt-host.sh [CASES] [APP]
-#   CASES  e.g. 1x1,4x1 (default 1x1,4x1,1x4)     APP  jax | counter | both (default both)
+#   CASES  e.g. 1x1,4x1 (default 1x1,4x1,1x4)
+#   APP    jax | torch | counter | both (jax and counter; default both)
 #   EARLY_WRITEBACK=false: the agent writes the image at the seal only (A/B).
 set -eu
 cd "$(dirname "$0")/.."
@@ -45,12 +47,13 @@ cap=$(sed -n 's/^CapEff:[[:space:]]*//p' /proc/self/status)
 if [ $(( 0x$cap >> 24 & 1 )) = 1 ]; then uid=65534; else uid=0; fi
 bench() { "$B/gpu-mode-preempt-bench" --config "$W/config.toml" --uid "$uid" --workdir "$W/bench" --cases "$CASES" "$@"; }
 echo "== $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, kernel $(uname -r), images under $W ($(df -h "$W" | awk 'NR==2 {print $1}'))"
-if [ "$APP" = jax ] || [ "$APP" = both ]; then
+FW=$APP; [ "$APP" = both ] && FW=jax
+if [ "$FW" = jax ] || [ "$FW" = torch ]; then
     PY=${GPU_MODE_BENCH_PYTHON:-python3}
-    "$PY" -c 'import jax' 2>/dev/null || { echo "error: $PY has no jax (pip install 'jax[cpu]', or GPU_MODE_BENCH_PYTHON=...)" >&2; exit 1; }
-    echo "== JAX on the CPU (framework_app.py), $CASES"
+    "$PY" -c "import $FW" 2>/dev/null || { echo "error: $PY has no $FW (pip install 'jax[cpu]' or torch, or GPU_MODE_BENCH_PYTHON=...)" >&2; exit 1; }
+    echo "== $FW on the CPU (framework_app.py), $CASES"
     bench --app "$(command -v "$PY")" \
-        --app-args "$PWD/checkpoint/bench/framework_app.py --framework jax --gib {gib} --device cpu --seed {i} --ready {ready} --go {go}"
+        --app-args "$PWD/checkpoint/bench/framework_app.py --framework $FW --gib {gib} --device cpu --seed {i} --ready {ready} --go {go}"
 fi
 if [ "$APP" = counter ] || [ "$APP" = both ]; then
     echo "== simulated CUDA counter (sim/cuda), $CASES"

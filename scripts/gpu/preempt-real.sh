@@ -7,7 +7,9 @@
 #          (1 GiB; 16 GiB; 2 ranks on 2 GPUs) is preempted by gmtest2's
 #          high-priority job, checkpointed, requeued, restored onto the other
 #          GPU(s) (a second high job holds the first ones; the 2-rank job moves
-#          only with 4 GPUs), and its pattern verified.
+#          only with 4 GPUs), and its pattern verified. E2E_CASES picks
+#          (default 1gib 16gib 2ranks); torch8 is a PyTorch process of 8 GiB
+#          (checkpoint/bench/framework_app.py) preempted the same way.
 #   bench: gpu-mode-preempt-bench, ours and the plain sequence (driver toggle,
 #          criu dump, sync; criu restore, driver restore) side by side, with
 #          the disk's fsync bandwidth and the ratios of issue 17's targets
@@ -49,7 +51,7 @@ mapfile -t UUID < <(nvidia-smi --query-gpu=uuid --format=csv,noheader)
 say "== installing the carried pieces"
 # The job users must reach the programs: not under the repo (maybe /root).
 B=/opt/gm-preempt
-rm -rf "$B"; mkdir -p "$B"; cp "$A"/lib*.so "$A"/gpu-mode-* "$B/"; chmod 755 "$B" "$B"/*
+rm -rf "$B"; mkdir -p "$B"; cp "$A"/lib*.so "$A"/gpu-mode-* "$REPO/checkpoint/bench/framework_app.py" "$B/"; chmod 755 "$B" "$B"/*
 sh "$REPO/scripts/install-criu.sh" --from "$A/criu" || { say "CRIU install failed"; exit 1; }
 /opt/slurm-gpu-mode/criu/bin/criu check || say "warning: criu check failed"
 P=/opt/sroot
@@ -82,15 +84,19 @@ wait_until() {
 apps() { nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv,noheader; }
 
 
-# preempt_case NAME GIB RANKS: one preemption, end to end (see the header).
+# preempt_case NAME GIB RANKS [torch]: one preemption, end to end (see the header).
 preempt_case() {
-    local name=$1 gib=$2 ranks=$3 W=$U/$1 app job pre hold="" moved=0 why=""
+    local name=$1 gib=$2 ranks=$3 fw=${4:-} W=$U/$1 app job pre hold="" moved=0 why="" intact="^VERIFY OK"
     mkdir -p "$W"; chmod 1777 "$W"
     # The ranks' launcher is the benchmark's (`launch N GPUS DIR APP ARGS`, a
     # Rust parent that waits for them); rank i runs on the job's GPU i and
     # writes its pid to $W/ready<i>. (A shell parent was seen to hang after a
     # restore when a short-lived child of it died during the dump.)
     app="$B/gpu-mode-preempt-bench launch $ranks $ranks $W $B/gpu-mode-ckpt-testprog --gib $gib --device {device} --seed {i} --ready {ready} --go $W/go"
+    if [ -n "$fw" ]; then
+        app="$B/gpu-mode-preempt-bench launch $ranks $ranks $W $(command -v python3) $B/framework_app.py --framework $fw --gib $gib --device {device} --seed {i} --ready {ready} --go $W/go"
+        intact="^framework_app: .*: intact"
+    fi
     # exec: gpu-mode-run must be the batch shell, which --signal=B:USR1 reaches.
     printf '#!/bin/sh\nexec %s %s/gpu-mode-run --config %s/gpu-mode.toml -- %s\n' "$DROP" "$B" "$D" "$app" > "$W/job.sh"
     chmod 755 "$W/job.sh"
@@ -141,7 +147,7 @@ EOF
     [ -n "$hold" ] && $S/scancel "$hold"
     say "$name: job $job $(field "$job" JobState), exit code $(field "$job" ExitCode), restarts $(field "$job" Restarts); its output:"
     grep -v '^$' "$W/job.out"
-    [ "$(grep -c '^VERIFY OK' "$W/job.out")" = "$ranks" ] || why="$why pattern not verified;"
+    [ "$(grep -c "$intact" "$W/job.out")" = "$ranks" ] || why="$why pattern not verified;"
     [ "$(field "$job" ExitCode)" = 0:0 ] || why="$why exit code $(field "$job" ExitCode);"
     grep -q "checkpointed:" "$W/job.out" || why="$why no checkpoint line;"
     [ -d "$D/images/$job" ] && why="$why images left after the end;"
@@ -154,10 +160,10 @@ if [ "$PART" = all ] || [ "$PART" = e2e ]; then
     GPU_MODE_GPU_DEVICES=$(seq -s, -f /dev/nvidia%g 0 $((N - 1))) "$B/gpu-mode-cluster" up --name real --gpus "$N" --preempt \
         || { tail -n 30 "$D"/log/*.log; exit 1; }
     say "jobs run as $JOBUSER"
-    # E2E_CASES picks some (default all): 1gib 16gib 2ranks.
     for c in ${E2E_CASES:-1gib 16gib 2ranks}; do
         case $c in
             1gib) preempt_case ckpt-1gib 1 1 ;;
+            torch8) preempt_case ckpt-torch8 8 1 torch ;;
             16gib) preempt_case ckpt-16gib 16 1 ;;
             2ranks) [ "$N" -ge 2 ] && preempt_case ckpt-2ranks 1 2 ;;
         esac
