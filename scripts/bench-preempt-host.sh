@@ -13,6 +13,7 @@
 #   CASES  e.g. 1x1,4x1 (default 1x1,4x1,1x4)
 #   APP    jax | torch | counter | both (jax and counter; default both)
 #   EARLY_WRITEBACK=false: the agent writes the image at the seal only (A/B).
+#   BENCH_REPEAT=N: N rounds per case, alternating which side goes first, and medians.
 set -eu
 cd "$(dirname "$0")/.."
 CASES=${1:-1x1,4x1,1x4}
@@ -45,7 +46,7 @@ EOF
 # processes: then the programs run as root without capabilities (--uid 0).
 cap=$(sed -n 's/^CapEff:[[:space:]]*//p' /proc/self/status)
 if [ $(( 0x$cap >> 24 & 1 )) = 1 ]; then uid=65534; else uid=0; fi
-bench() { "$B/gpu-mode-preempt-bench" --config "$W/config.toml" --uid "$uid" --workdir "$W/bench" --cases "$CASES" "$@"; }
+bench() { "$B/gpu-mode-preempt-bench" --config "$W/config.toml" --uid "$uid" --workdir "$W/bench" --cases "$CASES" --repeat "${BENCH_REPEAT:-1}" "$@"; }
 echo "== $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, kernel $(uname -r), images under $W ($(df -h "$W" | awk 'NR==2 {print $1}'))"
 FW=$APP; [ "$APP" = both ] && FW=jax
 if [ "$FW" = jax ] || [ "$FW" = torch ]; then

@@ -16,7 +16,9 @@
 #          (cases GiBxprocesses, default 8x1,32x1,4x4). BENCH_APP picks the
 #          program: torch (default: a real PyTorch process,
 #          checkpoint/bench/framework_app.py), jax, or testprog
-#          (gpu-mode-ckpt-testprog, the bare pattern holder).
+#          (gpu-mode-ckpt-testprog, the bare pattern holder). BENCH_REPEAT=N
+#          runs each case N times, alternating which side goes first, and
+#          prints the medians of the ratios (the driver's own time varies).
 # Usage (repo root of the GPU machine):
 #   bash scripts/gpu/preempt-real.sh CARRY [all|e2e|bench] [CASES]
 # CARRY is the folder scripts/gpu/preempt-carry.sh made (.dev-carry/preempt).
@@ -182,8 +184,10 @@ if [ "$PART" = all ] || [ "$PART" = bench ]; then
     SKIPPED=""
     for c in ${CASES//,/ }; do
         g=${c%x*} n=${c#*x}
-        # About 9 s per GiB in all for both sequences and the disk probe (H100: dump 0.8 GiB/s), plus start-up.
-        est=$(( g * n * 9 + 30 ))
+        # H100, PyTorch: about 7 s per GiB for both sequences and 2 for the
+        # disk probe (once per case), plus 30 s of start-ups per round.
+        R=${BENCH_REPEAT:-1}
+        est=$(( (g * n * 7 + 30) * R + g * n * 2 ))
         if [ "$est" -gt "$(left)" ]; then say "bench $c skipped: estimated $est s, $(left) s left"; SKIPPED="$SKIPPED,$c"; continue; fi
         if [ "$BENCH_APP" = testprog ]; then
             app=$B/gpu-mode-ckpt-testprog; args="--gib {gib} --device {device} --seed {i} --ready {ready} --go {go}"
@@ -192,7 +196,7 @@ if [ "$PART" = all ] || [ "$PART" = bench ]; then
             args="$REPO/checkpoint/bench/framework_app.py --framework $BENCH_APP --gib {gib} --device {device} --seed {i} --ready {ready} --go {go}"
         fi
         timeout "$(left)" "$B/gpu-mode-preempt-bench" --config "$W/config.toml" --app "$app" --app-args "$args" \
-            --cases "$c" --gpus "$N" --uid "$BUID" --workdir "$W" 2>&1 | tee -a "$OUT/bench.txt"
+            --cases "$c" --repeat "$R" --gpus "$N" --uid "$BUID" --workdir "$W" 2>&1 | tee -a "$OUT/bench.txt"
         rm -rf "$W/images" "$W/plain-images"
     done
     [ -n "$SKIPPED" ] && say "not run (time bound): bash scripts/gpu/preempt-real.sh $CARRY bench ${SKIPPED#,}"

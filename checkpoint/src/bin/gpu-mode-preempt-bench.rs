@@ -27,8 +27,11 @@
 //!
 //! ```text
 //! gpu-mode-preempt-bench --config C --app PATH --app-args "ARGS" [--cases 1x1,8x1,32x1,8x2,8x4]
-//!     [--gpus 1] [--uid 65534] [--workdir DIR] [--no-plain]
+//!     [--gpus 1] [--uid 65534] [--workdir DIR] [--no-plain] [--repeat 1]
 //! ```
+//! `--repeat N` runs each case N times, plain first in every other round (the
+//! driver's own time varies by ±15 % from one call to the next on an H100),
+//! and ends each case with the medians of the rounds' ratios.
 //! `--uid 0` runs the programs as root without capabilities (for sandboxes
 //! where root lacks CAP_SYS_RESOURCE, which dumping another user needs).
 //! ARGS placeholders: {gib} {mib} {device} {i} {ready} {go}. On a GPU
@@ -62,6 +65,7 @@ struct Opts {
     uid: u32,
     workdir: PathBuf,
     plain: bool,
+    repeat: usize,
 }
 
 fn parse() -> anyhow::Result<Opts> {
@@ -74,6 +78,7 @@ fn parse() -> anyhow::Result<Opts> {
         uid: 65534,
         workdir: std::env::temp_dir().join("gpu-mode-preempt-bench"),
         plain: true,
+        repeat: 1,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -91,6 +96,7 @@ fn parse() -> anyhow::Result<Opts> {
             "--gpus" => o.gpus = v.parse()?,
             "--uid" => o.uid = v.parse()?,
             "--workdir" => o.workdir = v.into(),
+            "--repeat" => o.repeat = v.parse::<usize>()?.max(1),
             _ => anyhow::bail!("unknown argument {a:?}"),
         }
     }
@@ -385,20 +391,53 @@ fn print_plain(case: &str, s: &Plain) {
     );
 }
 
-/// The issue's targets as ratios: ≤ 1.05, ≤ 1.0, ≤ 1.1, ≤ 0.9.
-fn print_ratios(case: &str, c: &CheckpointSummary, r: &RestoreSummary, p: &Plain, disk: Option<f64>) {
-    let t = &c.timings;
-    let free = t.signal_to_gpu_free_ms.unwrap_or(f64::NAN);
-    let durable = t.signal_to_durable_ms.unwrap_or(t.total_ms);
-    let limit = disk.map(|bw| p.driver_ms + c.image_bytes as f64 / GIB / bw * 1e3);
-    let vs_limit = limit.map_or("n/a".to_string(), |l| format!("{:.2} (limit {:.3} s at {:.2} GiB/s)", durable / l, l / 1e3, disk.unwrap_or(0.0)));
-    // Programs without GPU memory (a framework on the CPU): no driver time.
-    let vs_driver = if p.driver_ms < 1.0 { "n/a (no GPU memory)".to_string() } else { format!("{:.2}", free / p.driver_ms) };
-    println!(
-        "{case:<7} ratios GPU free/driver {vs_driver} (≤1.05)  durable/plain {:.2} (≤1.0)  durable/serial limit {vs_limit} (≤1.1)  restore/plain {:.2} (≤0.9)",
-        durable / p.durable_ms(),
-        r.total_ms / p.restore_ms().max(f64::MIN_POSITIVE),
-    );
+/// One round's figures against the issue's targets.
+#[derive(Clone, Copy)]
+struct Ratios {
+    /// GPU free / the driver alone (NaN without GPU memory).
+    free: f64,
+    durable: f64,
+    /// Durable / the serial limit, when the disk was measured.
+    limit: Option<f64>,
+    restore: f64,
+}
+
+impl Ratios {
+    fn of(c: &CheckpointSummary, r: &RestoreSummary, p: &Plain, disk: Option<f64>) -> (Ratios, Option<f64>) {
+        let t = &c.timings;
+        let durable = t.signal_to_durable_ms.unwrap_or(t.total_ms);
+        let limit_ms = disk.map(|bw| p.driver_ms + c.image_bytes as f64 / GIB / bw * 1e3);
+        // Programs without GPU memory (a framework on the CPU): no driver time.
+        let free = if p.driver_ms < 1.0 { f64::NAN } else { t.signal_to_gpu_free_ms.unwrap_or(f64::NAN) / p.driver_ms };
+        let ratios = Ratios {
+            free,
+            durable: durable / p.durable_ms(),
+            limit: limit_ms.map(|l| durable / l),
+            restore: r.total_ms / p.restore_ms().max(f64::MIN_POSITIVE),
+        };
+        (ratios, limit_ms)
+    }
+
+    /// The issue's targets: ≤ 1.05, ≤ 1.0, ≤ 1.1, ≤ 0.9.
+    fn print(&self, label: &str, limit: &str) {
+        let free = if self.free.is_nan() { "n/a (no GPU memory)".to_string() } else { format!("{:.2}", self.free) };
+        let vs_limit = self.limit.map_or("n/a".to_string(), |l| format!("{l:.2}{limit}"));
+        println!(
+            "{label} GPU free/driver {free} (≤1.05)  durable/plain {:.2} (≤1.0)  durable/serial limit {vs_limit} (≤1.1)  restore/plain {:.2} (≤0.9)",
+            self.durable, self.restore,
+        );
+    }
+
+    /// Each ratio's median over the rounds (the lower middle of an even count).
+    fn median(all: &[Ratios]) -> Ratios {
+        let mid = |f: &dyn Fn(&Ratios) -> f64| {
+            let mut v: Vec<f64> = all.iter().map(f).collect();
+            v.sort_by(f64::total_cmp);
+            v[(v.len() - 1) / 2]
+        };
+        let limit = all.iter().all(|r| r.limit.is_some()).then(|| mid(&|r| r.limit.unwrap_or(f64::NAN)));
+        Ratios { free: mid(&|r| r.free), durable: mid(&|r| r.durable), limit, restore: mid(&|r| r.restore) }
+    }
 }
 
 fn main() -> anyhow::Result<()> {
@@ -415,38 +454,59 @@ fn main() -> anyhow::Result<()> {
     let driver = CudaDriver::load(cfg.checkpoint.cuda_library.as_deref())?;
     println!("driver CUDA {}, {} GPU(s), programs as uid {}, images under {}", driver.version(), o.gpus, o.uid, o.workdir.display());
     let mut failed = 0;
-    for (k, &(gib, n)) in o.cases.iter().enumerate() {
+    let mut job = 100;
+    for &(gib, n) in &o.cases {
         let case = format!("{gib}x{n}");
-        // One job per case: its image directory starts empty.
-        let socket = start_agent(&o, &cfg, 100 + k as u32)?;
-        let ours = ours(&o, &socket, &case, gib, n);
-        match &ours {
-            Ok((c, r, status)) => {
-                print_ours(&case, c, r, *status);
-                failed += usize::from(*status != 0);
+        let mut rounds = Vec::new();
+        let mut disk = None;
+        for round in 0..o.repeat {
+            let label = if o.repeat > 1 { format!("{case}#{}", round + 1) } else { case.clone() };
+            // Plain first in every other round: neither side always finds the
+            // page cache and the driver as the other left them.
+            let plain_first = o.plain && round % 2 == 1;
+            let plain_run = |o: &Opts| plain(o, &cfg, &driver, &case, gib, n);
+            let mut plain = if plain_first { Some(plain_run(&o)) } else { None };
+            // One job per round: its image directory starts empty.
+            let socket = start_agent(&o, &cfg, job)?;
+            job += 1;
+            let ours = ours(&o, &socket, &case, gib, n);
+            match &ours {
+                Ok((c, r, status)) => {
+                    print_ours(&label, c, r, *status);
+                    failed += usize::from(*status != 0);
+                }
+                Err(e) => {
+                    println!("{label:<7} ours   FAILED: {e:#}");
+                    failed += 1;
+                }
             }
-            Err(e) => {
-                println!("{case:<7} ours   FAILED: {e:#}");
-                failed += 1;
+            // The agent's image of this round is of no more use; its disk
+            // space is the plain sequence's.
+            let _ = std::fs::remove_dir_all(o.workdir.join("images"));
+            if !o.plain {
+                continue;
+            }
+            let plain = plain.take().unwrap_or_else(|| plain_run(&o));
+            match &plain {
+                Ok(p) => print_plain(&label, p),
+                Err(e) => println!("{label:<7} plain  FAILED: {e:#}"),
+            }
+            if let (Ok((c, r, _)), Ok(p)) = (&ours, &plain) {
+                // The disk once per case: it takes as long as a dump.
+                if disk.is_none() {
+                    disk = disk_gibs(&o.workdir, c.image_bytes).map_err(|e| println!("{case:<7} disk   FAILED: {e:#}")).ok();
+                    if let Some(bw) = disk {
+                        println!("{case:<7} disk   {:.2} GiB written and fsynced at {bw:.2} GiB/s", c.image_bytes as f64 / GIB);
+                    }
+                }
+                let (ratios, limit_ms) = Ratios::of(c, r, p, disk);
+                let limit = limit_ms.map_or(String::new(), |l| format!(" (limit {:.3} s at {:.2} GiB/s)", l / 1e3, disk.unwrap_or(0.0)));
+                ratios.print(&format!("{label:<7} ratios"), &limit);
+                rounds.push(ratios);
             }
         }
-        // The agent's image of this case is of no more use; its disk space is
-        // the plain sequence's.
-        let _ = std::fs::remove_dir_all(o.workdir.join("images"));
-        if !o.plain {
-            continue;
-        }
-        let plain = plain(&o, &cfg, &driver, &case, gib, n);
-        match &plain {
-            Ok(p) => print_plain(&case, p),
-            Err(e) => println!("{case:<7} plain  FAILED: {e:#}"),
-        }
-        if let (Ok((c, r, _)), Ok(p)) = (&ours, &plain) {
-            let disk = disk_gibs(&o.workdir, c.image_bytes).map_err(|e| println!("{case:<7} disk   FAILED: {e:#}")).ok();
-            if let Some(bw) = disk {
-                println!("{case:<7} disk   {:.2} GiB written and fsynced at {bw:.2} GiB/s", c.image_bytes as f64 / GIB);
-            }
-            print_ratios(&case, c, r, p, disk);
+        if rounds.len() > 1 {
+            Ratios::median(&rounds).print(&format!("{case:<7} median of {} rounds:", rounds.len()), "");
         }
     }
     anyhow::ensure!(failed == 0, "{failed} case(s) failed");
