@@ -31,7 +31,8 @@
 //! ```
 //! `--repeat N` runs each case N times, plain first in every other round (the
 //! driver's own time varies by ±15 % from one call to the next on an H100),
-//! and ends each case with the medians of the rounds' ratios.
+//! and ends each case with the medians of the rounds' ratios (`8x1#2p`: round
+//! 2, the plain sequence first).
 //! `--uid 0` runs the programs as root without capabilities (for sandboxes
 //! where root lacks CAP_SYS_RESOURCE, which dumping another user needs).
 //! ARGS placeholders: {gib} {mib} {device} {i} {ready} {go}. On a GPU
@@ -460,10 +461,15 @@ fn main() -> anyhow::Result<()> {
         let mut rounds = Vec::new();
         let mut disk = None;
         for round in 0..o.repeat {
-            let label = if o.repeat > 1 { format!("{case}#{}", round + 1) } else { case.clone() };
             // Plain first in every other round: neither side always finds the
             // page cache and the driver as the other left them.
             let plain_first = o.plain && round % 2 == 1;
+            let label = match (o.repeat > 1, plain_first) {
+                (false, _) => case.clone(),
+                (true, false) => format!("{case}#{}", round + 1),
+                // p: the plain sequence ran first in this round.
+                (true, true) => format!("{case}#{}p", round + 1),
+            };
             let plain_run = |o: &Opts| plain(o, &cfg, &driver, &case, gib, n);
             let mut plain = if plain_first { Some(plain_run(&o)) } else { None };
             // One job per round: its image directory starts empty.
