@@ -19,6 +19,11 @@
 #          (gpu-mode-ckpt-testprog, the bare pattern holder). BENCH_REPEAT=N
 #          runs each case N times, alternating which side goes first, and
 #          prints the medians of the ratios (the driver's own time varies).
+#          WARM_GIB=N first touches N GiB of host memory once and frees it:
+#          on a freshly started VM the first use of each page of guest memory
+#          is slower, and whichever side ran first paid for it (a node in
+#          service has long touched its memory). EARLY_WRITEBACK=false sets
+#          [checkpoint] early_writeback = false for ours (A/B).
 # Usage (repo root of the GPU machine):
 #   bash scripts/gpu/preempt-real.sh CARRY [all|e2e|bench] [CASES]
 # CARRY is the folder scripts/gpu/preempt-carry.sh made (.dev-carry/preempt).
@@ -179,15 +184,22 @@ fi
 if [ "$PART" = all ] || [ "$PART" = bench ]; then
     say "== bench ($BENCH_APP: ours vs the plain sequence), within $(left) s"
     W=/tmp/gm-preempt-bench; rm -rf "$W"; mkdir -p "$W"
-    printf 'runtime_dir = "%s/run"\n[log]\nsyslog = false\nstderr = true\n[checkpoint]\nlock_timeout_ms = 5000\n' "$W" > "$W/config.toml"
+    printf 'runtime_dir = "%s/run"\n[log]\nsyslog = false\nstderr = true\n[checkpoint]\nlock_timeout_ms = 5000\nearly_writeback = %s\n' \
+        "$W" "${EARLY_WRITEBACK:-true}" > "$W/config.toml"
+    if [ "${WARM_GIB:-0}" -gt 0 ]; then
+        say "touching $WARM_GIB GiB of host memory once (WARM_GIB)"
+        python3 -c "import torch, sys; torch.empty(int(sys.argv[1]) << 30, dtype=torch.uint8).fill_(1)" "$WARM_GIB" || say "warm-up failed"
+        say "warm-up done"; free -g | head -2
+    fi
     BUID=0; [ "$JOBUSER" = gmtest1 ] && BUID=$(id -u gmtest1 2>/dev/null || echo 0)
     SKIPPED=""
     for c in ${CASES//,/ }; do
         g=${c%x*} n=${c#*x}
-        # H100, PyTorch: about 7 s per GiB for both sequences and 2 for the
-        # disk probe (once per case), plus 30 s of start-ups per round.
+        # H100, PyTorch (measured 2026-11-25): about 6 s per GiB for both
+        # sequences and 1 for the disk probe (once per case), plus 30 s of
+        # start-ups per round.
         R=${BENCH_REPEAT:-1}
-        est=$(( (g * n * 7 + 30) * R + g * n * 2 ))
+        est=$(( (g * n * 6 + 30) * R + g * n ))
         if [ "$est" -gt "$(left)" ]; then say "bench $c skipped: estimated $est s, $(left) s left"; SKIPPED="$SKIPPED,$c"; continue; fi
         if [ "$BENCH_APP" = testprog ]; then
             app=$B/gpu-mode-ckpt-testprog; args="--gib {gib} --device {device} --seed {i} --ready {ready} --go {go}"
