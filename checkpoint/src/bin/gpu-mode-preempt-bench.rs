@@ -429,12 +429,13 @@ impl Ratios {
         );
     }
 
-    /// Each ratio's median over the rounds (the lower middle of an even count).
+    /// Each ratio's median over the rounds (of an even count, the mean of
+    /// the two middle ones).
     fn median(all: &[Ratios]) -> Ratios {
         let mid = |f: &dyn Fn(&Ratios) -> f64| {
             let mut v: Vec<f64> = all.iter().map(f).collect();
             v.sort_by(f64::total_cmp);
-            v[(v.len() - 1) / 2]
+            (v[(v.len() - 1) / 2] + v[v.len() / 2]) / 2.0
         };
         let limit = all.iter().all(|r| r.limit.is_some()).then(|| mid(&|r| r.limit.unwrap_or(f64::NAN)));
         Ratios { free: mid(&|r| r.free), durable: mid(&|r| r.durable), limit, restore: mid(&|r| r.restore) }
