@@ -14,6 +14,7 @@
 #   APP    jax | torch | counter | both (jax and counter; default both)
 #   EARLY_WRITEBACK=false: the agent writes the image at the seal only (A/B).
 #   BENCH_REPEAT=N: N rounds per case, alternating which side goes first, and medians.
+#   PLAIN_DRIVER=bounded: the plain sequence calls the driver as the agent does.
 set -eu
 cd "$(dirname "$0")/.."
 CASES=${1:-1x1,4x1,1x4}
@@ -46,7 +47,7 @@ EOF
 # processes: then the programs run as root without capabilities (--uid 0).
 cap=$(sed -n 's/^CapEff:[[:space:]]*//p' /proc/self/status)
 if [ $(( 0x$cap >> 24 & 1 )) = 1 ]; then uid=65534; else uid=0; fi
-bench() { "$B/gpu-mode-preempt-bench" --config "$W/config.toml" --uid "$uid" --workdir "$W/bench" --cases "$CASES" --repeat "${BENCH_REPEAT:-1}" "$@"; }
+bench() { "$B/gpu-mode-preempt-bench" --config "$W/config.toml" --uid "$uid" --workdir "$W/bench" --cases "$CASES" --repeat "${BENCH_REPEAT:-1}" --plain-driver "${PLAIN_DRIVER:-raw}" "$@"; }
 echo "== $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, kernel $(uname -r), images under $W ($(df -h "$W" | awk 'NR==2 {print $1}'))"
 FW=$APP; [ "$APP" = both ] && FW=jax
 if [ "$FW" = jax ] || [ "$FW" = torch ]; then

@@ -24,6 +24,8 @@
 #          is slower, and whichever side ran first paid for it (a node in
 #          service has long touched its memory). EARLY_WRITEBACK=false sets
 #          [checkpoint] early_writeback = false for ours (A/B).
+#          PLAIN_DRIVER=bounded: the plain sequence calls the driver as the
+#          agent does (a thread per call, under a deadline).
 # Usage (repo root of the GPU machine):
 #   bash scripts/gpu/preempt-real.sh CARRY [all|e2e|bench] [CASES]
 # CARRY is the folder scripts/gpu/preempt-carry.sh made (.dev-carry/preempt).
@@ -208,7 +210,7 @@ if [ "$PART" = all ] || [ "$PART" = bench ]; then
             args="$REPO/checkpoint/bench/framework_app.py --framework $BENCH_APP --gib {gib} --device {device} --seed {i} --ready {ready} --go {go}"
         fi
         timeout "$(left)" "$B/gpu-mode-preempt-bench" --config "$W/config.toml" --app "$app" --app-args "$args" \
-            --cases "$c" --repeat "$R" --gpus "$N" --uid "$BUID" --workdir "$W" 2>&1 | tee -a "$OUT/bench.txt"
+            --cases "$c" --repeat "$R" --plain-driver "${PLAIN_DRIVER:-raw}" --gpus "$N" --uid "$BUID" --workdir "$W" 2>&1 | tee -a "$OUT/bench.txt"
         rm -rf "$W/images" "$W/plain-images"
     done
     [ -n "$SKIPPED" ] && say "not run (time bound): bash scripts/gpu/preempt-real.sh $CARRY bench ${SKIPPED#,}"

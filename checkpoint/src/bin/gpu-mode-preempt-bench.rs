@@ -27,8 +27,13 @@
 //!
 //! ```text
 //! gpu-mode-preempt-bench --config C --app PATH --app-args "ARGS" [--cases 1x1,8x1,32x1,8x2,8x4]
-//!     [--gpus 1] [--uid 65534] [--workdir DIR] [--no-plain] [--repeat 1]
+//!     [--gpus 1] [--uid 65534] [--workdir DIR] [--no-plain] [--repeat 1] [--plain-driver raw]
 //! ```
+//! `--plain-driver bounded` makes the plain sequence call the driver the way
+//! the agent does (each call on a thread of its own under a deadline,
+//! checkpoint::BoundedDriver) instead of directly: on the H100 ours' driver
+//! checkpoint call averaged 6 % longer than the plain side's (2026-11-25),
+//! and this tells whether the calling path is why.
 //! `--repeat N` runs each case N times, plain first in every other round (the
 //! driver's own time varies by ±15 % from one call to the next on an H100),
 //! and ends each case with the medians of the rounds' ratios (`8x1#2p`: round
@@ -67,6 +72,8 @@ struct Opts {
     workdir: PathBuf,
     plain: bool,
     repeat: usize,
+    /// The plain sequence calls the driver through checkpoint::BoundedDriver.
+    plain_bounded: bool,
 }
 
 fn parse() -> anyhow::Result<Opts> {
@@ -80,6 +87,7 @@ fn parse() -> anyhow::Result<Opts> {
         workdir: std::env::temp_dir().join("gpu-mode-preempt-bench"),
         plain: true,
         repeat: 1,
+        plain_bounded: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -98,6 +106,13 @@ fn parse() -> anyhow::Result<Opts> {
             "--uid" => o.uid = v.parse()?,
             "--workdir" => o.workdir = v.into(),
             "--repeat" => o.repeat = v.parse::<usize>()?.max(1),
+            "--plain-driver" => {
+                o.plain_bounded = match v.as_str() {
+                    "raw" => false,
+                    "bounded" => true,
+                    _ => anyhow::bail!("--plain-driver is raw or bounded, not {v:?}"),
+                }
+            }
             _ => anyhow::bail!("unknown argument {a:?}"),
         }
     }
@@ -453,8 +468,21 @@ fn main() -> anyhow::Result<()> {
     std::fs::create_dir_all(&o.workdir)?;
     // The plain sequence's `criu restore -d` reparents the tree to the nearest subreaper.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
-    let driver = CudaDriver::load(cfg.checkpoint.cuda_library.as_deref())?;
-    println!("driver CUDA {}, {} GPU(s), programs as uid {}, images under {}", driver.version(), o.gpus, o.uid, o.workdir.display());
+    let raw = CudaDriver::load(cfg.checkpoint.cuda_library.as_deref())?;
+    println!(
+        "driver CUDA {}, {} GPU(s), programs as uid {}, images under {}, plain driver calls {}",
+        raw.version(),
+        o.gpus,
+        o.uid,
+        o.workdir.display(),
+        if o.plain_bounded { "bounded (as the agent's)" } else { "direct" }
+    );
+    let driver: Box<dyn CheckpointDriver> = if o.plain_bounded {
+        let timeout = Duration::from_millis(cfg.checkpoint.call_timeout_ms);
+        Box::new(gpu_mode_core::checkpoint::BoundedDriver::new(Arc::new(raw), timeout))
+    } else {
+        Box::new(raw)
+    };
     let mut failed = 0;
     let mut job = 100;
     for &(gib, n) in &o.cases {
@@ -471,7 +499,7 @@ fn main() -> anyhow::Result<()> {
                 // p: the plain sequence ran first in this round.
                 (true, true) => format!("{case}#{}p", round + 1),
             };
-            let plain_run = |o: &Opts| plain(o, &cfg, &driver, &case, gib, n);
+            let plain_run = |o: &Opts| plain(o, &cfg, driver.as_ref(), &case, gib, n);
             let mut plain = if plain_first { Some(plain_run(&o)) } else { None };
             // One job per round: its image directory starts empty.
             let socket = start_agent(&o, &cfg, job)?;
