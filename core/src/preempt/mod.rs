@@ -24,7 +24,7 @@
 //! retention), `protocol.rs` (wrapper ↔ agent), `tree.rs` (who owns which
 //! process), `agent/` (the root side), `wrapper.rs` (the user side),
 //! `timeline.rs` (where each checkpoint's and restore's time went),
-//! `writeback.rs` (the image written to disk while CRIU dumps it).
+//! `writeback.rs` (the image written to disk while CRIU dumps it),
 //! `accounting.rs` (the events in the job's AdminComment or Comment).
 
 pub mod accounting;
@@ -83,8 +83,6 @@ pub fn socket_path(socket_dir: &std::path::Path, job: u32) -> PathBuf {
     socket_dir.join(format!("job-{job}.sock"))
 }
 
-/// Milliseconds since the epoch (wall clock: compared across processes of
-/// one node, e.g. signal received → GPU memory free).
 /// `f` over `items` on up to `threads` threads at once, results in the
 /// items' order. (std's scoped threads; rayon would be a dependency for one
 /// loop.)
@@ -110,6 +108,8 @@ pub fn parallel_map<T: Sync, R: Send>(items: &[T], threads: usize, f: impl Fn(&T
     out.into_iter().map(|(_, r)| r).collect()
 }
 
+/// Milliseconds since the epoch (wall clock: compared across processes of
+/// one node, e.g. signal received → GPU memory free).
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
