@@ -50,8 +50,7 @@ pub fn remember(runtime_dir: &Path, reason: &str) -> Result<(), crate::persist::
     let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
     crate::fsutil::ensure_private_dir(runtime_dir, uid, gid, 0o755)
         .map_err(|source| crate::persist::StateError::Io { path: runtime_dir.to_path_buf(), source })?;
-    let unix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let record = LastDrain { version: LAST_DRAIN_VERSION, reason: reason.to_string(), unix };
+    let record = LastDrain { version: LAST_DRAIN_VERSION, reason: reason.to_string(), unix: crate::persist::now_unix() };
     crate::persist::write_json(&last_drain_path(runtime_dir), &record)
 }
 

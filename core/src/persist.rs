@@ -22,6 +22,12 @@ pub enum StateError {
     Io { path: PathBuf, source: std::io::Error },
 }
 
+/// Seconds since the epoch, as the records stamp it (0 if the clock is set
+/// before 1970).
+pub fn now_unix() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
 /// Parses a JSON state file that carries a `version` field. The version is
 /// read first, so a future format gives a version error, not a confusing
 /// field error.

@@ -175,9 +175,7 @@ impl Checkpointer<'_> {
                 unanswered: None,
             })
             .collect();
-        let created_unix = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
+        let created_unix = crate::persist::now_unix();
         Ok(CheckpointRecord {
             version: RECORD_VERSION,
             target: target.key(),

@@ -133,10 +133,7 @@ fn new_state(env: &JobEnv, mode: &str, task_env: BTreeMap<String, String>, refus
         refusal,
         per_task_env: BTreeMap::new(),
         grant: GrantRecord::None,
-        created_unix: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0),
+        created_unix: crate::persist::now_unix(),
     }
 }
 

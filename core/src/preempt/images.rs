@@ -305,7 +305,7 @@ pub fn sweep_images(store: &ImageStore, limits: Limits, protect: &[u32], ended: 
         measure(&e.path(), &mut j);
         entries.push(j);
     }
-    let now = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let now = crate::persist::now_unix();
     let (over, kept): (Vec<JobImages>, Vec<JobImages>) = entries.into_iter().partition(|e| !protect.contains(&e.job) && ended(e.job));
     let mut chosen: Vec<u32> = over.iter().map(|e| e.job).collect();
     chosen.extend(plan_sweep(&kept, limits, now, protect));

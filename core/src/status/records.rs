@@ -7,6 +7,7 @@
 use crate::config::Config;
 use crate::modes::mig::journal::MigJournal;
 use crate::modes::mps::registry::DaemonRecord;
+use crate::persist::now_unix;
 use crate::preempt::images::ImageStore;
 use crate::runtime::job_is_live;
 use crate::state::{JobState, JobStatus};
@@ -204,10 +205,6 @@ fn images(store: &ImageStore, r: &mut Records) {
             r.images.push(ImageRow { job, run, state: state.into(), bytes: crate::preempt::images::tree_bytes(&dir), kept_because: kept_because.clone() });
         }
     }
-}
-
-pub(crate) fn now_unix() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 #[cfg(test)]

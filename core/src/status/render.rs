@@ -21,7 +21,7 @@ impl StatusReport {
             (None, None) => Ok(()),
         };
         let _ = match &self.records.last_drain {
-            Some(d) => writeln!(s, "last drain we set: {} ({})", d.reason, ago(d.unix, super::records::now_unix())),
+            Some(d) => writeln!(s, "last drain we set: {} ({})", d.reason, ago(d.unix, crate::persist::now_unix())),
             None => writeln!(s, "last drain we set: none since boot"),
         };
         self.gpu_section(&mut s);
