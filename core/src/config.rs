@@ -241,7 +241,14 @@ pub struct CheckpointConfig {
     /// Which field of the job's Slurm record gets its checkpoint and
     /// restore events (core::preempt::accounting).
     pub accounting: crate::preempt::accounting::AccountingField,
+    /// Preload the huge-page shim into the application and into `criu
+    /// restore` (core::preempt::hugepages).
+    pub huge_pages: bool,
+    pub huge_pages_library: PathBuf,
 }
+
+/// Where the packages install the huge-page shim (beside the agent).
+pub const DEFAULT_HUGE_PAGES_LIBRARY: &str = "/usr/libexec/slurm-gpu-mode/libgpu_mode_hugepages.so";
 
 impl Default for CheckpointConfig {
     fn default() -> Self {
@@ -264,6 +271,8 @@ impl Default for CheckpointConfig {
             images_max_age_hours: 168,
             early_writeback: true,
             accounting: crate::preempt::accounting::AccountingField::AdminComment,
+            huge_pages: true,
+            huge_pages_library: PathBuf::from(DEFAULT_HUGE_PAGES_LIBRARY),
         }
     }
 }
@@ -275,7 +284,12 @@ impl CheckpointConfig {
     }
 
     fn validate_preemption(&self) -> Result<(), String> {
-        for (key, p) in [("checkpoint.image_dir", &self.image_dir), ("checkpoint.agent", &self.agent), ("checkpoint.criu", &self.criu)] {
+        for (key, p) in [
+            ("checkpoint.image_dir", &self.image_dir),
+            ("checkpoint.agent", &self.agent),
+            ("checkpoint.criu", &self.criu),
+            ("checkpoint.huge_pages_library", &self.huge_pages_library),
+        ] {
             require_absolute(key, p)?;
         }
         if let Some(dir) = &self.agent_socket_dir {
@@ -549,6 +563,8 @@ mod tests {
         assert_eq!(cfg.health, HealthConfig::default(), "etc/config.toml documents the [health] defaults");
         assert_eq!(cfg.mig, MigConfig::default(), "etc/config.toml documents the [mig] defaults");
         assert_eq!(cfg.metrics, crate::metrics::MetricsConfig::default(), "etc/config.toml documents the [metrics] defaults");
+        let d = CheckpointConfig::default();
+        assert_eq!((cfg.checkpoint.huge_pages, &cfg.checkpoint.huge_pages_library), (d.huge_pages, &d.huge_pages_library));
     }
 
     #[test]
@@ -683,6 +699,7 @@ mod tests {
             ("[health.deep.bandwidth_floor_gbps]\nH100 = nan", "bandwidth_floor_gbps.H100 = NaN"),
             ("[health.deep.bandwidth_floor_gbps]\nH100 = inf", "bandwidth_floor_gbps.H100 = inf"),
             ("[checkpoint]\ncriu = \"criu\"", "checkpoint.criu = \"criu\" must be an absolute path"),
+            ("[checkpoint]\nhuge_pages_library = \"lib.so\"", "checkpoint.huge_pages_library = \"lib.so\" must be an absolute path"),
             ("[checkpoint]\nimage_dir = \"images\"", "checkpoint.image_dir"),
             ("[checkpoint]\nagent_socket_dir = \"/run/../x\"", "checkpoint.agent_socket_dir"),
             ("[checkpoint]\ndevice_paths = [\"dev/nvidia\"]", "checkpoint.device_paths"),

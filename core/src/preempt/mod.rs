@@ -25,11 +25,14 @@
 //! process), `agent/` (the root side), `wrapper.rs` (the user side),
 //! `timeline.rs` (where each checkpoint's and restore's time went),
 //! `writeback.rs` (the image written to disk while CRIU dumps it),
-//! `accounting.rs` (the events in the job's AdminComment or Comment).
+//! `accounting.rs` (the events in the job's AdminComment or Comment),
+//! `hugepages.rs` (the huge-page shim preloaded into the application and
+//! into `criu restore`).
 
 pub mod accounting;
 pub mod agent;
 pub mod held;
+pub mod hugepages;
 pub mod images;
 pub mod manifest;
 pub mod protocol;

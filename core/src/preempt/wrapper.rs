@@ -54,6 +54,9 @@ pub struct RunOptions {
     pub scontrol: PathBuf,
     /// After a requeue, how long to wait for Slurm to end the job.
     pub linger: Duration,
+    /// The huge-page shim to preload into the application (`Ok(None)`: off;
+    /// `Err`: on, but unusable, and why), preempt::hugepages.
+    pub huge_pages: Result<Option<PathBuf>, String>,
 }
 
 impl RunOptions {
@@ -80,6 +83,7 @@ impl RunOptions {
             checkpoint_signal: super::signal_number(&cfg.checkpoint.signal)?,
             scontrol: cfg.slurm.scontrol.clone(),
             linger: Duration::from_secs(300),
+            huge_pages: super::hugepages::for_application(&cfg.checkpoint),
         })
     }
 }
@@ -185,6 +189,14 @@ impl Wrapper<'_> {
     fn start(&mut self) -> Result<(), String> {
         let mut cmd = std::process::Command::new(&self.o.app[0]);
         cmd.args(&self.o.app[1..]);
+        match &self.o.huge_pages {
+            Ok(Some(lib)) => {
+                let value = super::hugepages::preload_value(lib, std::env::var_os(super::hugepages::PRELOAD).as_deref());
+                cmd.env(super::hugepages::PRELOAD, value);
+            }
+            Ok(None) => {}
+            Err(e) => say(&format!("huge pages for the checkpoint are off ({e}): the application runs without them")),
+        }
         // SAFETY: setsid is async-signal-safe.
         unsafe {
             cmd.pre_exec(|| {
@@ -514,5 +526,18 @@ mod tests {
         let err = RunOptions::from_env(&cfg, app, &env(&[])).unwrap_err();
         assert!(err.contains("SLURM_JOB_ID is not set"), "{err}");
         assert!(RunOptions::from_env(&cfg, vec![], &env(&[("SLURM_JOB_ID", "1")])).unwrap_err().starts_with("usage"));
+    }
+
+    #[test]
+    fn the_huge_page_shim_follows_the_config() {
+        let app = vec![OsString::from("./train")];
+        let job = [("SLURM_JOB_ID", "42")];
+        let mut cfg = crate::Config::default();
+        cfg.checkpoint.huge_pages_library = "/nonexistent/libgpu_mode_hugepages.so".into();
+        let o = RunOptions::from_env(&cfg, app.clone(), &env(&job)).unwrap();
+        let err = o.huge_pages.unwrap_err();
+        assert!(err.contains("/nonexistent/libgpu_mode_hugepages.so"), "{err}");
+        cfg.checkpoint.huge_pages = false;
+        assert_eq!(RunOptions::from_env(&cfg, app, &env(&job)).unwrap().huge_pages, Ok(None));
     }
 }
