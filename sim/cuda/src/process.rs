@@ -34,7 +34,55 @@ pub struct DevPtr(usize);
 
 enum Place {
     Device { path: PathBuf, file: Arc<File> },
-    Host(Vec<u8>),
+    /// `bytes` at `offset` of the checkpoint's host copy.
+    Host { copy: Arc<HostCopy>, offset: usize },
+}
+
+/// The host memory a checkpoint copies device memory into: one private
+/// anonymous mapping made at that moment with `MAP_POPULATE`, through the C
+/// library's mmap, as the real driver makes it (seen on an H100: one mapping
+/// the size of the process's GPU memory, flags 0x8022), so that what the
+/// production side does to it (the huge-page shim, core::preempt::hugepages)
+/// meets the same call here.
+struct HostCopy {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is owned by this value and only reached under the
+// process's Mem lock.
+unsafe impl Send for HostCopy {}
+unsafe impl Sync for HostCopy {}
+
+impl HostCopy {
+    fn new(len: usize) -> Option<HostCopy> {
+        let len = len.max(1);
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE;
+        // SAFETY: a fresh anonymous mapping, owned by the value returned.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0) };
+        (p != libc::MAP_FAILED).then_some(HostCopy { ptr: p.cast(), len })
+    }
+
+    fn bytes(&self, offset: usize, len: usize) -> &[u8] {
+        assert!(offset + len <= self.len);
+        // SAFETY: within the mapping (checked), which lives as long as self.
+        unsafe { std::slice::from_raw_parts(self.ptr.add(offset), len) }
+    }
+
+    #[allow(clippy::mut_from_ref)] // written once, under the Mem lock, before it is shared
+    fn bytes_mut(&self, offset: usize, len: usize) -> &mut [u8] {
+        assert!(offset + len <= self.len);
+        // SAFETY: as bytes(); the checkpoint writes each range once before
+        // any reader exists.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(offset), len) }
+    }
+}
+
+impl Drop for HostCopy {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping, unmapped once.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
 }
 
 struct Alloc {
@@ -141,7 +189,7 @@ impl Context {
         let file = match m.allocs.get(ptr.0) {
             Some(Alloc { bytes, place: Place::Device { file, .. }, .. }) if offset + len as u64 <= *bytes => Ok(Arc::clone(file)),
             Some(Alloc { place: Place::Device { .. }, .. }) | None => Err(codes::INVALID_VALUE),
-            Some(Alloc { place: Place::Host(_), .. }) => Err(codes::ILLEGAL_STATE),
+            Some(Alloc { place: Place::Host { .. }, .. }) => Err(codes::ILLEGAL_STATE),
         };
         drop(m);
         let result = file.and_then(|f| io(&f).map_err(|_| codes::UNKNOWN));
@@ -260,17 +308,20 @@ fn checkpoint(s: &Shared) -> u32 {
         return codes::ILLEGAL_STATE;
     }
     // Copy everything first: a failed read changes nothing.
-    let mut copies = Vec::new();
+    let total: u64 = m.allocs.iter().map(|a| a.bytes).sum();
+    let Some(copy) = HostCopy::new(total as usize).map(Arc::new) else { return codes::OUT_OF_MEMORY };
+    let mut offsets = Vec::new();
+    let mut offset = 0usize;
     for a in &m.allocs {
         let Place::Device { file, .. } = &a.place else { return codes::ILLEGAL_STATE };
-        let mut buf = vec![0u8; a.bytes as usize];
-        if file.read_exact_at(&mut buf, 0).is_err() {
+        if file.read_exact_at(copy.bytes_mut(offset, a.bytes as usize), 0).is_err() {
             return codes::UNKNOWN;
         }
-        copies.push(buf);
+        offsets.push(offset);
+        offset += a.bytes as usize;
     }
-    for (a, buf) in m.allocs.iter_mut().zip(copies) {
-        if let Place::Device { path, .. } = std::mem::replace(&mut a.place, Place::Host(buf)) {
+    for (a, offset) in m.allocs.iter_mut().zip(offsets) {
+        if let Place::Device { path, .. } = std::mem::replace(&mut a.place, Place::Host { copy: Arc::clone(&copy), offset }) {
             let _ = std::fs::remove_file(&path);
         }
         let _ = gpus::give_back(&a.gpu, s.pid, a.bytes);
@@ -310,7 +361,8 @@ fn restore(s: &Shared, pairs: &[(String, String)]) -> u32 {
     let devices: Vec<String> = m.devices.iter().map(|d| target(d).unwrap_or_else(|| d.clone())).collect();
     let mut placed: Vec<(usize, String, PathBuf, File)> = Vec::new();
     for (i, (a, new)) in m.allocs.iter().zip(&allocs).enumerate() {
-        let Place::Host(buf) = &a.place else { return codes::ILLEGAL_STATE };
+        let Place::Host { copy, offset } = &a.place else { return codes::ILLEGAL_STATE };
+        let buf = copy.bytes(*offset, a.bytes as usize);
         let path = s.sim.gpu_dir(new).join(format!("{}-{i}.mem", s.pid));
         let file = device_file(&s.sim, new, &path, a.bytes, s.pid).and_then(|f| f.write_all_at(buf, 0).map(|_| f).map_err(|_| codes::UNKNOWN));
         match file {
