@@ -8,7 +8,7 @@
 set -eu
 cd "$(dirname "$0")/../.."
 D=${1:-.dev-carry/preempt}
-BINS="libgpu_mode_spank.so gpu-mode-prolog gpu-mode-epilog gpu-mode-node-checker gpu-mode-cluster gpu-mode-run
+BINS="libgpu_mode_spank.so libgpu_mode_hugepages.so gpu-mode-prolog gpu-mode-epilog gpu-mode-node-checker gpu-mode-cluster gpu-mode-run
  gpu-mode-ckpt-agent gpu-mode-ckpt-testprog gpu-mode-preempt-bench"
 DEBS="slurmd slurmctld slurm-client slurm-wlm-basic-plugins munge libmunge2 libhwloc15 libjson-c5 liblua5.1-0
  libyaml-0-2 libnuma1 libreadline8 readline-common libdbus-1-3"

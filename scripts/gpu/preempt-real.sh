@@ -26,6 +26,9 @@
 #          [checkpoint] early_writeback = false for ours (A/B).
 #          PLAIN_DRIVER=bounded: the plain sequence calls the driver as the
 #          agent does (a thread per call, under a deadline).
+#          HUGE_PAGES=false sets [checkpoint] huge_pages = false for ours
+#          (A/B); PLAIN_HUGE_PAGES=1 preloads the same huge-page shim into
+#          the plain sequence's programs.
 # Usage (repo root of the GPU machine):
 #   bash scripts/gpu/preempt-real.sh CARRY [all|e2e|bench] [CASES]
 # CARRY is the folder scripts/gpu/preempt-carry.sh made (.dev-carry/preempt).
@@ -186,8 +189,8 @@ fi
 if [ "$PART" = all ] || [ "$PART" = bench ]; then
     say "== bench ($BENCH_APP: ours vs the plain sequence), within $(left) s"
     W=/tmp/gm-preempt-bench; rm -rf "$W"; mkdir -p "$W"
-    printf 'runtime_dir = "%s/run"\n[log]\nsyslog = false\nstderr = true\n[checkpoint]\nlock_timeout_ms = 5000\nearly_writeback = %s\n' \
-        "$W" "${EARLY_WRITEBACK:-true}" > "$W/config.toml"
+    printf 'runtime_dir = "%s/run"\n[log]\nsyslog = false\nstderr = true\n[checkpoint]\nlock_timeout_ms = 5000\nearly_writeback = %s\nhuge_pages = %s\nhuge_pages_library = "%s"\n' \
+        "$W" "${EARLY_WRITEBACK:-true}" "${HUGE_PAGES:-true}" "$B/libgpu_mode_hugepages.so" > "$W/config.toml"
     if [ "${WARM_GIB:-0}" -gt 0 ]; then
         say "touching $WARM_GIB GiB of host memory once (WARM_GIB)"
         python3 -c "import torch, sys; torch.empty(int(sys.argv[1]) << 30, dtype=torch.uint8).fill_(1)" "$WARM_GIB" || say "warm-up failed"
@@ -210,7 +213,8 @@ if [ "$PART" = all ] || [ "$PART" = bench ]; then
             args="$REPO/checkpoint/bench/framework_app.py --framework $BENCH_APP --gib {gib} --device {device} --seed {i} --ready {ready} --go {go}"
         fi
         timeout "$(left)" "$B/gpu-mode-preempt-bench" --config "$W/config.toml" --app "$app" --app-args "$args" \
-            --cases "$c" --repeat "$R" --plain-driver "${PLAIN_DRIVER:-raw}" --gpus "$N" --uid "$BUID" --workdir "$W" 2>&1 | tee -a "$OUT/bench.txt"
+            --cases "$c" --repeat "$R" --plain-driver "${PLAIN_DRIVER:-raw}" --gpus "$N" --uid "$BUID" --workdir "$W" \
+            ${PLAIN_HUGE_PAGES:+--plain-huge-pages} 2>&1 | tee -a "$OUT/bench.txt"
         rm -rf "$W/images" "$W/plain-images"
     done
     [ -n "$SKIPPED" ] && say "not run (time bound): bash scripts/gpu/preempt-real.sh $CARRY bench ${SKIPPED#,}"

@@ -28,7 +28,12 @@
 //! ```text
 //! gpu-mode-preempt-bench --config C --app PATH --app-args "ARGS" [--cases 1x1,8x1,32x1,8x2,8x4]
 //!     [--gpus 1] [--uid 65534] [--workdir DIR] [--no-plain] [--repeat 1] [--plain-driver raw]
+//!     [--plain-huge-pages]
 //! ```
+//! Ours' programs start as gpu-mode-run starts them: with the huge-page
+//! shim preloaded when the config's `[checkpoint] huge_pages` is on
+//! (preempt::hugepages). `--plain-huge-pages` preloads the same shim into
+//! the plain sequence's programs: what a site could do by hand.
 //! `--plain-driver bounded` makes the plain sequence call the driver the way
 //! the agent does (each call on a thread of its own under a deadline,
 //! checkpoint::BoundedDriver) instead of directly: on the H100 ours' driver
@@ -50,6 +55,7 @@
 
 use gpu_mode_core::checkpoint::{CheckpointDriver, CudaDriver};
 use gpu_mode_core::preempt::agent::{gpu_facts, listen, node_gpus, real_backends, AgentSettings};
+use gpu_mode_core::preempt::hugepages::{preload_value, PRELOAD};
 use gpu_mode_core::preempt::protocol::{request, CheckpointSummary, Request, Response, RestoreSummary};
 use gpu_mode_core::preempt::{now_ms, socket_path, Agent, AgentParams, NodeFacts};
 use gpu_mode_core::privdrop::{run_as, without_capabilities, Identity};
@@ -74,6 +80,11 @@ struct Opts {
     repeat: usize,
     /// The plain sequence calls the driver through checkpoint::BoundedDriver.
     plain_bounded: bool,
+    /// The huge-page shim for ours' programs, as gpu-mode-run preloads it
+    /// (`[checkpoint] huge_pages`).
+    ours_preload: Option<PathBuf>,
+    /// The plain sequence's programs with the same shim.
+    plain_preload: bool,
 }
 
 fn parse() -> anyhow::Result<Opts> {
@@ -88,12 +99,18 @@ fn parse() -> anyhow::Result<Opts> {
         plain: true,
         repeat: 1,
         plain_bounded: false,
+        ours_preload: None,
+        plain_preload: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         // --no-seed: its name before issue 17.
         if a == "--no-plain" || a == "--no-seed" {
             o.plain = false;
+            continue;
+        }
+        if a == "--plain-huge-pages" {
+            o.plain_preload = true;
             continue;
         }
         let v = it.next().ok_or_else(|| anyhow::anyhow!("{a} needs a value"))?;
@@ -158,7 +175,7 @@ struct Fleet {
 }
 
 impl Fleet {
-    fn start(o: &Opts, tag: &str, gib: f64, n: usize) -> anyhow::Result<Fleet> {
+    fn start(o: &Opts, tag: &str, gib: f64, n: usize, preload: Option<&Path>) -> anyhow::Result<Fleet> {
         let dir = o.workdir.join("fleets").join(tag);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
@@ -171,6 +188,9 @@ impl Fleet {
         let log = std::fs::File::create(dir.join("out.log"))?;
         cmd.arg("launch").arg(n.to_string()).arg(o.gpus.to_string()).arg(&dir).arg(&o.app).args(args).current_dir(&dir);
         cmd.stdin(std::process::Stdio::null()).stdout(log.try_clone()?).stderr(log);
+        if let Some(lib) = preload {
+            cmd.env(PRELOAD, preload_value(lib, std::env::var_os(PRELOAD).as_deref()));
+        }
         // SAFETY: setsid is async-signal-safe. The launcher leads its own
         // session, as gpu-mode-run's application does.
         unsafe {
@@ -246,7 +266,7 @@ fn start_agent(o: &Opts, cfg: &Config, job: u32) -> anyhow::Result<PathBuf> {
 }
 
 fn ours(o: &Opts, socket: &Path, case: &str, gib: f64, n: usize) -> anyhow::Result<(CheckpointSummary, RestoreSummary, i32)> {
-    let fleet = Fleet::start(o, &format!("ours-{case}"), gib, n)?;
+    let fleet = Fleet::start(o, &format!("ours-{case}"), gib, n, o.ours_preload.as_deref())?;
     let root = fleet.launcher.id() as i32;
     let req = Request::Checkpoint { root_pid: root, signal_at_ms: Some(now_ms()) };
     let ck = match request(socket, &req, None).map_err(anyhow::Error::msg)?.0 {
@@ -313,7 +333,8 @@ fn cuda_pids(driver: &dyn CheckpointDriver, pids: &[i32]) -> Vec<i32> {
 }
 
 fn plain(o: &Opts, cfg: &Config, driver: &dyn CheckpointDriver, case: &str, gib: f64, n: usize) -> anyhow::Result<Plain> {
-    let fleet = Fleet::start(o, &format!("plain-{case}"), gib, n)?;
+    let preload = o.plain_preload.then_some(o.ours_preload.as_deref()).flatten();
+    let fleet = Fleet::start(o, &format!("plain-{case}"), gib, n, preload)?;
     let (root, pids) = (fleet.launcher.id() as i32, fleet.pids());
     let cuda = cuda_pids(driver, &pids);
     let dir = o.workdir.join("plain-images").join(case);
@@ -462,20 +483,29 @@ fn main() -> anyhow::Result<()> {
     if args.first().map(String::as_str) == Some("launch") {
         std::process::exit(launcher(&args[1..]));
     }
-    let o = parse()?;
+    let mut o = parse()?;
     anyhow::ensure!(unsafe { libc::geteuid() } == 0, "runs as root (CRIU, the agent)");
     let cfg = Config::load(o.config.as_deref())?;
+    // As gpu-mode-run: a shim that cannot be used is said, and not used.
+    o.ours_preload = gpu_mode_core::preempt::hugepages::for_application(&cfg.checkpoint).unwrap_or_else(|e| {
+        println!("ours: huge pages off ({e})");
+        None
+    });
+    anyhow::ensure!(!o.plain_preload || o.ours_preload.is_some(), "--plain-huge-pages needs [checkpoint] huge_pages and its library");
     std::fs::create_dir_all(&o.workdir)?;
     // The plain sequence's `criu restore -d` reparents the tree to the nearest subreaper.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
     let raw = CudaDriver::load(cfg.checkpoint.cuda_library.as_deref())?;
+    let shim = |on: bool| if on { "with the huge-page shim" } else { "without huge pages" };
     println!(
-        "driver CUDA {}, {} GPU(s), programs as uid {}, images under {}, plain driver calls {}",
+        "driver CUDA {}, {} GPU(s), programs as uid {}, images under {}, plain driver calls {}; ours {}, plain {}",
         raw.version(),
         o.gpus,
         o.uid,
         o.workdir.display(),
-        if o.plain_bounded { "bounded (as the agent's)" } else { "direct" }
+        if o.plain_bounded { "bounded (as the agent's)" } else { "direct" },
+        shim(o.ours_preload.is_some()),
+        shim(o.plain_preload),
     );
     let driver: Box<dyn CheckpointDriver> = if o.plain_bounded {
         let timeout = Duration::from_millis(cfg.checkpoint.call_timeout_ms);
