@@ -241,8 +241,8 @@ pub struct CheckpointConfig {
     /// Which field of the job's Slurm record gets its checkpoint and
     /// restore events (core::preempt::accounting).
     pub accounting: crate::preempt::accounting::AccountingField,
-    /// Preload the huge-page shim into the application and into `criu
-    /// restore` (core::preempt::hugepages).
+    /// gpu-mode-run preloads the huge-page shim into the application
+    /// (core::preempt::hugepages).
     pub huge_pages: bool,
     pub huge_pages_library: PathBuf,
 }

@@ -1,5 +1,5 @@
 //! Huge pages for the CUDA driver's checkpoint buffer: an `LD_PRELOAD` shim
-//! that `gpu-mode-run` puts in front of a `--gpu-mode=checkpoint` job's
+//! that `gpu-mode-run` preloads into a `--gpu-mode=checkpoint` job's
 //! application (`[checkpoint] huge_pages`, on by default).
 //!
 //! # Why

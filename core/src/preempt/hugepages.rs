@@ -20,17 +20,21 @@ use std::path::{Path, PathBuf};
 
 pub const PRELOAD: &str = "LD_PRELOAD";
 
-/// `LD_PRELOAD` with `library` first and the job's own entries after it
-/// (the dynamic loader takes entries separated by spaces or colons); an
-/// entry naming `library` again is dropped.
+/// `LD_PRELOAD` with the job's own entries first and `library` after them
+/// (the dynamic loader takes entries separated by spaces or colons): a
+/// library that must come first (AddressSanitizer's runtime refuses to run
+/// otherwise) stays first, and a preloaded allocator's own `mmap` still
+/// reaches the shim's through `RTLD_NEXT`. An entry naming `library` again
+/// is dropped.
 pub fn preload_value(library: &Path, existing: Option<&OsStr>) -> OsString {
     let ours = library.as_os_str().as_bytes();
-    let mut out = ours.to_vec();
     let others = existing.map(OsStr::as_bytes).unwrap_or_default();
+    let mut out = Vec::new();
     for entry in others.split(|b| *b == b':' || *b == b' ').filter(|e| !e.is_empty() && *e != ours) {
-        out.push(b':');
         out.extend_from_slice(entry);
+        out.push(b':');
     }
+    out.extend_from_slice(ours);
     OsString::from_vec(out)
 }
 
@@ -55,16 +59,16 @@ mod tests {
     use crate::config::CheckpointConfig;
 
     #[test]
-    fn the_shim_goes_first_and_the_jobs_own_preloads_stay() {
+    fn the_jobs_own_preloads_stay_first_and_the_shim_comes_after_them() {
         let lib = Path::new("/usr/libexec/slurm-gpu-mode/libgpu_mode_hugepages.so");
         let cases: &[(Option<&str>, &str)] = &[
             (None, "/usr/libexec/slurm-gpu-mode/libgpu_mode_hugepages.so"),
             (Some(""), "/usr/libexec/slurm-gpu-mode/libgpu_mode_hugepages.so"),
-            (Some("/opt/x/libjemalloc.so"), "/usr/libexec/slurm-gpu-mode/libgpu_mode_hugepages.so:/opt/x/libjemalloc.so"),
-            (Some("a.so b.so:c.so"), "/usr/libexec/slurm-gpu-mode/libgpu_mode_hugepages.so:a.so:b.so:c.so"),
+            (Some("/usr/lib/x86_64-linux-gnu/libasan.so.8"), "/usr/lib/x86_64-linux-gnu/libasan.so.8:/usr/libexec/slurm-gpu-mode/libgpu_mode_hugepages.so"),
+            (Some("a.so b.so:c.so"), "a.so:b.so:c.so:/usr/libexec/slurm-gpu-mode/libgpu_mode_hugepages.so"),
             (
                 Some("/usr/libexec/slurm-gpu-mode/libgpu_mode_hugepages.so:a.so"),
-                "/usr/libexec/slurm-gpu-mode/libgpu_mode_hugepages.so:a.so",
+                "a.so:/usr/libexec/slurm-gpu-mode/libgpu_mode_hugepages.so",
             ),
         ];
         for (existing, want) in cases {
