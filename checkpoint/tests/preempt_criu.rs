@@ -129,11 +129,17 @@ fn chmod(p: &Path, mode: u32) {
 impl Node {
     /// A config for one test (its own image directory and runtime dir).
     fn config(&self, name: &str, image_dir: &Path) -> (PathBuf, Config) {
+        self.config_with(name, image_dir, "")
+    }
+
+    /// [`Self::config`] with `extra` lines in its `[checkpoint]` section.
+    fn config_with(&self, name: &str, image_dir: &Path, extra: &str) -> (PathBuf, Config) {
         let path = self.dir.join(format!("{name}.toml"));
         let text = format!(
             "runtime_dir = \"{run}\"\n[slurm]\nscontrol = \"{bin}/scontrol\"\n[log]\nsyslog = false\n[nvml]\nlibrary = \"{lib}/libnvml_sim.so\"\n\
              [checkpoint]\ncuda_library = \"{lib}/libcuda_sim.so\"\nimage_dir = \"{img}\"\nagent = \"{lib}/gpu-mode-ckpt-agent\"\n\
              criu = \"{CRIU}\"\ncriu_timeout_ms = 60000\nlock_timeout_ms = 2000\nmemory_margin_mib = 0\n\
+             huge_pages_library = \"{lib}/libgpu_mode_hugepages.so\"\n{extra}\
              device_paths = [\"/dev/nvidia\", \"{sim}.cuda/gpus/\"]\n",
             run = self.dir.join(name).join("run").display(),
             bin = self.dir.display(),
@@ -189,6 +195,11 @@ struct Run<'a> {
 
 /// `gpu-mode-run` as the batch shell of `r`.
 fn wrapper(n: &Node, r: &Run, app: &[&str]) -> Child {
+    wrapper_with_env(n, r, app, &[])
+}
+
+/// [`wrapper`] with `env` added to the job's environment.
+fn wrapper_with_env(n: &Node, r: &Run, app: &[&str], env: &[(&str, &str)]) -> Child {
     let Run { who, cfg, job, restart, cgroup, out } = *r;
     let (uid, gid) = ids_of(who);
     let open = |p: &Path| {
@@ -207,7 +218,8 @@ fn wrapper(n: &Node, r: &Run, app: &[&str]) -> Child {
         .current_dir(&n.dir)
         .stdin(Stdio::null())
         .stdout(open(out))
-        .stderr(open(&out.with_extension("err")));
+        .stderr(open(&out.with_extension("err")))
+        .envs(env.iter().copied());
     if let Some(cg) = cgroup {
         // Joined while still root, before the privileges are dropped.
         let target = gpu_mode_core::criu::TargetCgroup { lines: vec![], procs_files: vec![cg.join("cgroup.procs")] };
@@ -595,4 +607,56 @@ fn a_program_that_is_not_pie_is_restored_and_runs_to_its_end() {
     assert!(err.contains("restored (pid"), "{err}");
     assert_eq!(code, 7, "the restored program's own exit code: {err}");
     stop_agent(&cfg, job, Duration::from_secs(10)).unwrap();
+}
+
+/// `[checkpoint] huge_pages` (preempt::hugepages): gpu-mode-run preloads the
+/// shim into the application, so the (simulated) driver's checkpoint buffer,
+/// mapped with MAP_POPULATE as the real driver maps it, is advised before its
+/// pages are made (the shim's own log line, asked for through the job's
+/// environment), and the restored application still maps the shim for its
+/// next checkpoint. With `huge_pages = false`, none of it; the count and its
+/// data come back either way.
+#[test]
+fn huge_pages_reach_the_drivers_checkpoint_buffer_only_when_on() {
+    let Some(n) = node() else { return };
+    let shim = n.bin.join("libgpu_mode_hugepages.so");
+    assert!(shim.exists(), "{} missing: run cargo build --workspace", shim.display());
+    let thp = Path::new("/sys/kernel/mm/transparent_hugepage/enabled").exists();
+    // The simulated GPU memory is 8 MiB: the shim's threshold comes down to 4.
+    let env = [("GPU_MODE_HUGEPAGES_LOG", "1"), ("GPU_MODE_HUGEPAGES_MIN_MIB", "4")];
+    for (name, job, on) in [("hp-on", 9107, true), ("hp-off", 9108, false)] {
+        let images = n.dir.join(format!("images-{name}"));
+        let (cfg_path, cfg) = n.config_with(name, &images, if on { "" } else { "huge_pages = false\n" });
+        let out = n.dir.join(format!("{name}.out"));
+        let ready = format!("{}/user/{name}.ready", n.dir.display());
+        let counter = n.counter();
+        let app = [counter.as_str(), "--steps", "300", "--interval-ms", "20", "--mib", "8", "--ready", &ready];
+        n.agent((&cfg_path, &cfg), job, 0, 0);
+        let run0 = Run { who: n.who, cfg: &cfg_path, job, restart: 0, cgroup: None, out: &out };
+        let mut w = wrapper_with_env(n, &run0, &app, &env);
+        wait_for("three steps", Duration::from_secs(20), || last_step(&out) >= 3);
+        let pid = ready_pid(&n.dir, &format!("{name}.ready"));
+        let maps = read(Path::new(&format!("/proc/{pid}/maps")));
+        assert_eq!(maps.contains(&shim.display().to_string()), on, "{name}: the shim in the application:\n{maps}");
+        signal(&w, libc::SIGUSR1);
+        assert_eq!(exit_code(&mut w, Duration::from_secs(60)), 0, "{}", read(&out.with_extension("err")));
+        let err = read(&out.with_extension("err"));
+        let advised = err.lines().any(|l| {
+            l.starts_with("gpu-mode-hugepages: MADV_HUGEPAGE on 8 MiB at 0x") && l.ends_with(": ok (flags 0x8022, populated after)")
+        });
+        assert_eq!(advised, on && thp, "{name}: the checkpoint buffer's advice:\n{err}");
+        let dumped_at = last_step(&out);
+        stop_agent(&cfg, job, Duration::from_secs(10)).unwrap();
+
+        n.agent((&cfg_path, &cfg), job, 1, 0);
+        let run1 = Run { restart: 1, ..run0 };
+        let mut w = wrapper_with_env(n, &run1, &app, &env);
+        wait_for("steps after the restore", Duration::from_secs(30), || last_step(&out) > dumped_at + 3);
+        let maps = read(Path::new(&format!("/proc/{pid}/maps")));
+        assert_eq!(maps.contains(&shim.display().to_string()), on, "{name}: the shim in the restored application:\n{maps}");
+        assert_eq!(exit_code(&mut w, Duration::from_secs(60)), 0, "{}", read(&out.with_extension("err")));
+        let text = read(&out);
+        assert!(text.contains("DONE count=300") && !text.contains("MISMATCH"), "{name}: {text}");
+        stop_agent(&cfg, job, Duration::from_secs(10)).unwrap();
+    }
 }

@@ -602,9 +602,10 @@ fn gpu_mode_config(spec: &ClusterSpec, install: &SlurmInstall, sim: Option<&SimP
     // (field notes §3).
     let bin = spec.artifacts.prolog.parent().unwrap_or(Path::new("/"));
     let checkpoint = format!(
-        "[checkpoint]\nagent = \"{}\"\nimage_dir = \"{}\"\n",
+        "[checkpoint]\nagent = \"{}\"\nimage_dir = \"{}\"\nhuge_pages_library = \"{}\"\n",
         bin.join("gpu-mode-ckpt-agent").display(),
-        spec.dir.join("images").display()
+        spec.dir.join("images").display(),
+        bin.join("libgpu_mode_hugepages.so").display(),
     );
     let gpu_side = match sim {
         Some(s) => format!(
