@@ -22,7 +22,8 @@ grep -q "^\[package.metadata.deb.variants.$variant\]" spank-plugin/Cargo.toml ||
     { echo "error: Slurm $major.$minor is not a supported version (no [package.metadata.deb.variants.$variant] in spank-plugin/Cargo.toml); supported: 22.05, 24.11, 26.05" >&2; exit 1; }
 echo "== building for Slurm $major.$minor ($header)"
 cargo build --release --locked -p gpu-mode-spank -p gpu-mode-prolog -p gpu-mode-epilog \
-    -p gpu-mode-node-checker -p gpu-mode-checkpoint -p gpu-mode-mig -p gpu-mode-status -p gpu-mode-man
+    -p gpu-mode-node-checker -p gpu-mode-checkpoint -p gpu-mode-mig -p gpu-mode-status -p gpu-mode-man \
+    -p gpu-mode-hugepages
 rm -rf target/man
 target/release/gpu-mode-man target/man >/dev/null
 mkdir -p "$out"

@@ -46,6 +46,7 @@ expect "$out/deb.list" \
     /usr/libexec/slurm-gpu-mode/gpu-mode-prolog /usr/libexec/slurm-gpu-mode/gpu-mode-epilog \
     /usr/libexec/slurm-gpu-mode/gpu-mode-node-checker /usr/sbin/gpu-mode-checkpoint \
     /usr/sbin/gpu-mode-mig /usr/libexec/slurm-gpu-mode/gpu-mode-ckpt-agent /usr/bin/gpu-mode-run \
+    /usr/libexec/slurm-gpu-mode/libgpu_mode_hugepages.so \
     /usr/lib/systemd/system/gpu-mode-mig-baseline.service /etc/default/gpu-mode-mig-baseline \
     /usr/share/man/man8/gpu-mode-mig.8.gz /usr/share/man/man1/gpu-mode-run.1.gz \
     /etc/slurm-gpu-mode/config.toml /usr/share/slurm-gpu-mode/plugstack.conf \
@@ -67,6 +68,7 @@ expect "$out/rpm.list" \
     /usr/libexec/slurm-gpu-mode/gpu-mode-prolog /usr/libexec/slurm-gpu-mode/gpu-mode-epilog \
     /usr/libexec/slurm-gpu-mode/gpu-mode-node-checker /usr/sbin/gpu-mode-checkpoint \
     /usr/sbin/gpu-mode-mig /usr/libexec/slurm-gpu-mode/gpu-mode-ckpt-agent /usr/bin/gpu-mode-run \
+    /usr/libexec/slurm-gpu-mode/libgpu_mode_hugepages.so \
     /usr/lib/systemd/system/gpu-mode-mig-baseline.service /etc/default/gpu-mode-mig-baseline \
     /usr/lib/systemd/system/nvidia-persistenced.service.d/50-slurm-gpu-mode.conf /usr/share/man/man8/gpu-mode.8 \
     /usr/sbin/gpu-mode-status
