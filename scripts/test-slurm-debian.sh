@@ -64,7 +64,7 @@ out=$(SLURM_INCLUDE_DIR=$root/usr/include cargo test -q --workspace --lib --test
 echo "$out" | grep '^test result' | sed 's/^/   /'
 for f in gpu-mode-prolog gpu-mode-epilog gpu-mode-node-checker libnvml_sim.so nvml-sim-ctl \
     nvidia-cuda-mps-control nvidia-cuda-mps-server gpu-mode-ckpt-agent gpu-mode-run libcuda_sim.so \
-    cuda-sim-counter cuda-sim-ctl; do
+    cuda-sim-counter cuda-sim-ctl libgpu_mode_hugepages.so; do
     cp "target/debug/$f" "$art/"
 done
 # Checkpoint jobs use the suite's own CRIU (trixie 4.1.1, forky 4.2.1) at the
