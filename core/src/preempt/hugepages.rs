@@ -50,6 +50,8 @@ pub fn for_application(cfg: &crate::config::CheckpointConfig) -> Result<Option<P
     if !meta.is_file() {
         return Err(format!("{} is not a regular file", lib.display()));
     }
+    // The dynamic loader opens it as the job's user.
+    nix::unistd::access(lib, nix::unistd::AccessFlags::R_OK).map_err(|e| format!("{}: {e}", lib.display()))?;
     Ok(Some(lib.clone()))
 }
 
@@ -89,6 +91,12 @@ mod tests {
         let lib = dir.path().join("lib.so");
         std::fs::write(&lib, b"\x7fELF").unwrap();
         cfg.huge_pages_library = lib.clone();
-        assert_eq!(for_application(&cfg), Ok(Some(lib)));
+        assert_eq!(for_application(&cfg), Ok(Some(lib.clone())));
+        // Root reads anything: the unreadable case needs another user.
+        if unsafe { libc::geteuid() } != 0 {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&lib, std::fs::Permissions::from_mode(0o000)).unwrap();
+            assert!(for_application(&cfg).unwrap_err().contains("Permission denied"));
+        }
     }
 }
