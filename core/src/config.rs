@@ -245,6 +245,9 @@ pub struct CheckpointConfig {
     /// (core::preempt::hugepages).
     pub huge_pages: bool,
     pub huge_pages_library: PathBuf,
+    /// Where the agent keeps a copy of each version of the shim, named by
+    /// its content, so that images taken before an upgrade still restore.
+    pub huge_pages_dir: PathBuf,
 }
 
 /// Where the packages install the huge-page shim (beside the agent).
@@ -273,6 +276,7 @@ impl Default for CheckpointConfig {
             accounting: crate::preempt::accounting::AccountingField::AdminComment,
             huge_pages: true,
             huge_pages_library: PathBuf::from(DEFAULT_HUGE_PAGES_LIBRARY),
+            huge_pages_dir: PathBuf::from("/var/lib/slurm-gpu-mode/hugepages"),
         }
     }
 }
@@ -289,6 +293,7 @@ impl CheckpointConfig {
             ("checkpoint.agent", &self.agent),
             ("checkpoint.criu", &self.criu),
             ("checkpoint.huge_pages_library", &self.huge_pages_library),
+            ("checkpoint.huge_pages_dir", &self.huge_pages_dir),
         ] {
             require_absolute(key, p)?;
         }
@@ -564,7 +569,10 @@ mod tests {
         assert_eq!(cfg.mig, MigConfig::default(), "etc/config.toml documents the [mig] defaults");
         assert_eq!(cfg.metrics, crate::metrics::MetricsConfig::default(), "etc/config.toml documents the [metrics] defaults");
         let d = CheckpointConfig::default();
-        assert_eq!((cfg.checkpoint.huge_pages, &cfg.checkpoint.huge_pages_library), (d.huge_pages, &d.huge_pages_library));
+        assert_eq!(
+            (cfg.checkpoint.huge_pages, &cfg.checkpoint.huge_pages_library, &cfg.checkpoint.huge_pages_dir),
+            (d.huge_pages, &d.huge_pages_library, &d.huge_pages_dir)
+        );
     }
 
     #[test]
@@ -700,6 +708,7 @@ mod tests {
             ("[health.deep.bandwidth_floor_gbps]\nH100 = inf", "bandwidth_floor_gbps.H100 = inf"),
             ("[checkpoint]\ncriu = \"criu\"", "checkpoint.criu = \"criu\" must be an absolute path"),
             ("[checkpoint]\nhuge_pages_library = \"lib.so\"", "checkpoint.huge_pages_library = \"lib.so\" must be an absolute path"),
+            ("[checkpoint]\nhuge_pages_dir = \"/var/../x\"", "checkpoint.huge_pages_dir"),
             ("[checkpoint]\nimage_dir = \"images\"", "checkpoint.image_dir"),
             ("[checkpoint]\nagent_socket_dir = \"/run/../x\"", "checkpoint.agent_socket_dir"),
             ("[checkpoint]\ndevice_paths = [\"dev/nvidia\"]", "checkpoint.device_paths"),

@@ -68,6 +68,12 @@ fn main() {
         (Vec::new(), "unknown".into())
     });
     let (backends, cuda_version) = real_backends(&cfg).unwrap_or_else(|e| fail(1, e));
+    // The huge-page shim's copy for this version, which gpu-mode-run preloads
+    // (preempt::hugepages): without it the job still runs, on the library
+    // itself, and an upgrade may then strand its image.
+    if let Err(e) = gpu_mode_core::preempt::hugepages::keep(&cfg.checkpoint) {
+        line().field("detail", format!("cannot keep a copy of the huge-page shim: {e}")).outcome(Outcome::Failed).emit(&cfg.log);
+    }
     let params = AgentParams {
         job: a.job,
         uid: a.uid,

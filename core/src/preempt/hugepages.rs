@@ -6,6 +6,14 @@
 //! (H100, 8 GiB PyTorch process: 3.1-3.4 s with the shim against 4.5-4.9 s
 //! without, docs/validation.md).
 //!
+//! Kept copies: a checkpoint image holds the shim as a mapped file, and CRIU
+//! restores a mapped file only if it is the very file of the dump (size and
+//! build-id). A package upgrade replaces the library, so the agent (root, at
+//! every checkpoint job's start) keeps a copy of each version it meets under
+//! `huge_pages_dir`, named by its content ([`keep`]), and gpu-mode-run
+//! preloads that copy ([`for_application`]): an image taken before an
+//! upgrade finds its version still there.
+//!
 //! Not `criu restore`: CRIU 4.1 maps a restored process's private memory
 //! in its restorer with the system call itself, not the C library's mmap
 //! (seen: preloaded into criu, the shim saw no mapping), and gives back a
@@ -14,11 +22,15 @@
 //! Optional speed: a shim that cannot be used is reported and the job runs
 //! without it.
 
+use crate::config::CheckpointConfig;
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 pub const PRELOAD: &str = "LD_PRELOAD";
+/// The shim is about 0.4 MB; anything far larger is not it.
+const MAX_LIBRARY_BYTES: u64 = 64 << 20;
 
 /// `LD_PRELOAD` with the job's own entries first and `library` after them
 /// (the dynamic loader takes entries separated by spaces or colons): a
@@ -38,27 +50,95 @@ pub fn preload_value(library: &Path, existing: Option<&OsStr>) -> OsString {
     OsString::from_vec(out)
 }
 
-/// The shim to preload into the application (gpu-mode-run, as the job's
-/// user): `None` when `huge_pages` is off; an error naming the problem when
-/// it is on but the library is not a readable regular file.
-pub fn for_application(cfg: &crate::config::CheckpointConfig) -> Result<Option<PathBuf>, String> {
-    if !cfg.huge_pages {
-        return Ok(None);
-    }
-    let lib = &cfg.huge_pages_library;
+/// The name of the kept copy of a library whose bytes are `bytes`.
+pub fn kept_name(bytes: &[u8]) -> String {
+    format!("libgpu_mode_hugepages-{:016x}.so", super::manifest::fnv64(bytes))
+}
+
+/// The configured library's bytes: a readable regular file of sane size.
+fn read_library(lib: &Path) -> Result<Vec<u8>, String> {
     let meta = std::fs::metadata(lib).map_err(|e| format!("{}: {e}", lib.display()))?;
     if !meta.is_file() {
         return Err(format!("{} is not a regular file", lib.display()));
     }
-    // The dynamic loader opens it as the job's user.
-    nix::unistd::access(lib, nix::unistd::AccessFlags::R_OK).map_err(|e| format!("{}: {e}", lib.display()))?;
-    Ok(Some(lib.clone()))
+    if meta.len() > MAX_LIBRARY_BYTES {
+        return Err(format!("{} is {} bytes, more than the shim's {MAX_LIBRARY_BYTES}", lib.display(), meta.len()));
+    }
+    std::fs::read(lib).map_err(|e| format!("{}: {e}", lib.display()))
+}
+
+/// Root may have written `path` and nobody else: owned by root, not
+/// writable by group or others (a user who could plant the kept copy would
+/// run code in other users' jobs).
+fn root_only(path: &Path) -> Result<std::fs::Metadata, String> {
+    let meta = std::fs::symlink_metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if meta.file_type().is_symlink() {
+        return Err(format!("{} is a symlink", path.display()));
+    }
+    if meta.uid() != 0 || meta.mode() & 0o022 != 0 {
+        return Err(format!("{} is owned by uid {} with mode {:o}: only root may write it", path.display(), meta.uid(), meta.mode() & 0o7777));
+    }
+    Ok(meta)
+}
+
+/// The kept copy for `bytes`, if it is there and trustworthy: a regular
+/// file of the same size in a directory that only root may write.
+fn kept_copy(dir: &Path, bytes: &[u8]) -> Result<PathBuf, String> {
+    root_only(dir)?;
+    let path = dir.join(kept_name(bytes));
+    let meta = root_only(&path)?;
+    if !meta.is_file() || meta.len() != bytes.len() as u64 {
+        return Err(format!("{} is not a copy of the library", path.display()));
+    }
+    Ok(path)
+}
+
+/// Root, at a checkpoint job's start (the agent): makes sure `huge_pages_dir`
+/// holds a copy of the configured library, named by its content, readable by
+/// everyone and writable by root alone; returns it. Old copies stay: images
+/// taken with them restore only from them.
+pub fn keep(cfg: &CheckpointConfig) -> Result<Option<PathBuf>, String> {
+    if !cfg.huge_pages {
+        return Ok(None);
+    }
+    let bytes = read_library(&cfg.huge_pages_library)?;
+    let dir = &cfg.huge_pages_dir;
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    crate::fsutil::ensure_private_dir(dir, uid, 0, 0o755).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if let Ok(path) = kept_copy(dir, &bytes) {
+        return Ok(Some(path));
+    }
+    let path = dir.join(kept_name(&bytes));
+    crate::fsutil::write_atomic(&path, &bytes, 0o644).map_err(|e| format!("{}: {e}", path.display()))?;
+    // Whatever the umask took away: the job's user must read it.
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644)).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(Some(path))
+}
+
+/// The shim to preload into the application (gpu-mode-run, as the job's
+/// user): `None` when `huge_pages` is off; the kept copy of the configured
+/// library when the agent made one (see the module docs), else the library
+/// itself; an error naming the problem when the library cannot be used.
+pub fn for_application(cfg: &CheckpointConfig) -> Result<Option<PathBuf>, String> {
+    if !cfg.huge_pages {
+        return Ok(None);
+    }
+    let lib = &cfg.huge_pages_library;
+    // Reading it is also the check that the dynamic loader, which opens it
+    // as the job's user, will be able to.
+    let bytes = read_library(lib)?;
+    Ok(Some(kept_copy(&cfg.huge_pages_dir, &bytes).unwrap_or_else(|_| lib.clone())))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::CheckpointConfig;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn chmod(p: &Path, mode: u32) {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
 
     #[test]
     fn the_jobs_own_preloads_stay_first_and_the_shim_comes_after_them() {
@@ -78,25 +158,89 @@ mod tests {
         }
     }
 
+    fn config(dir: &Path) -> CheckpointConfig {
+        CheckpointConfig { huge_pages: true, huge_pages_library: dir.join("lib.so"), huge_pages_dir: dir.join("kept"), ..Default::default() }
+    }
+
     #[test]
     fn off_means_no_shim_and_a_missing_one_is_named() {
         let dir = tempfile::tempdir().unwrap();
-        let mut cfg = CheckpointConfig { huge_pages: false, huge_pages_library: dir.path().join("none.so"), ..Default::default() };
+        let mut cfg = config(dir.path());
+        cfg.huge_pages_library = dir.path().join("none.so");
+        cfg.huge_pages = false;
         assert_eq!(for_application(&cfg), Ok(None));
+        assert_eq!(keep(&cfg), Ok(None));
+        assert!(!cfg.huge_pages_dir.exists(), "off: nothing is kept");
         cfg.huge_pages = true;
         let err = for_application(&cfg).unwrap_err();
         assert!(err.contains("none.so") && err.contains("No such file"), "{err}");
+        assert!(keep(&cfg).unwrap_err().contains("none.so"));
         cfg.huge_pages_library = dir.path().to_path_buf();
         assert!(for_application(&cfg).unwrap_err().contains("is not a regular file"));
         let lib = dir.path().join("lib.so");
-        std::fs::write(&lib, b"\x7fELF").unwrap();
+        std::fs::write(&lib, b"\x7fELF v1").unwrap();
         cfg.huge_pages_library = lib.clone();
+        // Nothing kept yet: the library itself.
         assert_eq!(for_application(&cfg), Ok(Some(lib.clone())));
         // Root reads anything: the unreadable case needs another user.
         if unsafe { libc::geteuid() } != 0 {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&lib, std::fs::Permissions::from_mode(0o000)).unwrap();
+            chmod(&lib, 0o000);
             assert!(for_application(&cfg).unwrap_err().contains("Permission denied"));
         }
+    }
+
+    #[test]
+    fn each_version_is_kept_once_and_the_application_preloads_its_own() {
+        if unsafe { libc::geteuid() } != 0 {
+            return; // the kept copies are root's
+        }
+        let dir = tempfile::tempdir().unwrap();
+        chmod(dir.path(), 0o755);
+        let cfg = config(dir.path());
+        std::fs::write(&cfg.huge_pages_library, b"\x7fELF v1").unwrap();
+        let v1 = keep(&cfg).unwrap().unwrap();
+        assert_eq!(v1, cfg.huge_pages_dir.join(kept_name(b"\x7fELF v1")));
+        assert_eq!(std::fs::read(&v1).unwrap(), b"\x7fELF v1");
+        assert_eq!(std::fs::metadata(&v1).unwrap().mode() & 0o7777, 0o644);
+        assert_eq!(std::fs::metadata(&cfg.huge_pages_dir).unwrap().mode() & 0o7777, 0o755);
+        assert_eq!(keep(&cfg), Ok(Some(v1.clone())), "kept once");
+        assert_eq!(for_application(&cfg), Ok(Some(v1.clone())));
+        // An upgrade: the new version is kept beside the old one, which an
+        // image taken before it still needs.
+        std::fs::write(&cfg.huge_pages_library, b"\x7fELF v2, longer").unwrap();
+        let v2 = keep(&cfg).unwrap().unwrap();
+        assert_ne!(v1, v2);
+        assert!(v1.exists() && v2.exists());
+        assert_eq!(for_application(&cfg), Ok(Some(v2)));
+    }
+
+    #[test]
+    fn a_kept_copy_that_someone_else_could_have_written_is_not_preloaded() {
+        if unsafe { libc::geteuid() } != 0 {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        chmod(dir.path(), 0o755);
+        let cfg = config(dir.path());
+        let lib = cfg.huge_pages_library.clone();
+        std::fs::write(&lib, b"\x7fELF v1").unwrap();
+        let kept = keep(&cfg).unwrap().unwrap();
+        // Writable by others: the library itself instead; keep() mends it.
+        chmod(&kept, 0o666);
+        assert_eq!(for_application(&cfg), Ok(Some(lib.clone())));
+        assert_eq!(keep(&cfg), Ok(Some(kept.clone())));
+        assert_eq!(for_application(&cfg), Ok(Some(kept.clone())));
+        // A user's file of the right name and size: the same.
+        nix::unistd::chown(&kept, Some(nix::unistd::Uid::from_raw(65534)), None).unwrap();
+        assert_eq!(for_application(&cfg), Ok(Some(lib.clone())));
+        std::fs::remove_file(&kept).unwrap();
+        // A symlink planted in its place.
+        std::os::unix::fs::symlink(&lib, &kept).unwrap();
+        assert_eq!(for_application(&cfg), Ok(Some(lib.clone())));
+        // A directory others may write: nothing in it is trusted.
+        std::fs::remove_file(&kept).unwrap();
+        keep(&cfg).unwrap();
+        chmod(&cfg.huge_pages_dir, 0o777);
+        assert_eq!(for_application(&cfg), Ok(Some(lib)));
     }
 }

@@ -204,6 +204,11 @@ fn fnv(mut h: u64, data: &[u8]) -> u64 {
 
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 
+/// FNV-1a 64 of `data` (a name for content, not a defence against forgery).
+pub(crate) fn fnv64(data: &[u8]) -> u64 {
+    fnv(FNV_OFFSET, data)
+}
+
 /// Size and checksum of an open file (see module docs).
 fn checksum(file: &mut File, bytes: u64) -> std::io::Result<(String, bool)> {
     let mut h = fnv(FNV_OFFSET, &bytes.to_le_bytes());
