@@ -139,13 +139,14 @@ impl Node {
             "runtime_dir = \"{run}\"\n[slurm]\nscontrol = \"{bin}/scontrol\"\n[log]\nsyslog = false\n[nvml]\nlibrary = \"{lib}/libnvml_sim.so\"\n\
              [checkpoint]\ncuda_library = \"{lib}/libcuda_sim.so\"\nimage_dir = \"{img}\"\nagent = \"{lib}/gpu-mode-ckpt-agent\"\n\
              criu = \"{CRIU}\"\ncriu_timeout_ms = 60000\nlock_timeout_ms = 2000\nmemory_margin_mib = 0\n\
-             huge_pages_library = \"{lib}/libgpu_mode_hugepages.so\"\n{extra}\
+             huge_pages_library = \"{lib}/libgpu_mode_hugepages.so\"\nhuge_pages_dir = \"{kept}\"\n{extra}\
              device_paths = [\"/dev/nvidia\", \"{sim}.cuda/gpus/\"]\n",
             run = self.dir.join(name).join("run").display(),
             bin = self.dir.display(),
             lib = self.bin.display(),
             img = image_dir.display(),
             sim = self.state.display(),
+            kept = self.dir.join(name).join("hugepages").display(),
         );
         std::fs::write(&path, text).unwrap();
         chmod(&path, 0o644);
@@ -609,8 +610,9 @@ fn a_program_that_is_not_pie_is_restored_and_runs_to_its_end() {
     stop_agent(&cfg, job, Duration::from_secs(10)).unwrap();
 }
 
-/// `[checkpoint] huge_pages` (preempt::hugepages): gpu-mode-run preloads the
-/// shim into the application, so the (simulated) driver's checkpoint buffer,
+/// `[checkpoint] huge_pages` (preempt::hugepages): the agent keeps a copy
+/// of the shim named by its content and gpu-mode-run preloads that copy into
+/// the application, so the (simulated) driver's checkpoint buffer,
 /// mapped with MAP_POPULATE as the real driver maps it, is advised before its
 /// pages are made (the shim's own log line, asked for through the job's
 /// environment), and the restored application still maps the shim for its
@@ -619,14 +621,15 @@ fn a_program_that_is_not_pie_is_restored_and_runs_to_its_end() {
 #[test]
 fn huge_pages_reach_the_drivers_checkpoint_buffer_only_when_on() {
     let Some(n) = node() else { return };
-    let shim = n.bin.join("libgpu_mode_hugepages.so");
-    assert!(shim.exists(), "{} missing: run cargo build --workspace", shim.display());
+    let lib = n.bin.join("libgpu_mode_hugepages.so");
+    let bytes = std::fs::read(&lib).unwrap_or_else(|e| panic!("{}: {e}: run cargo build --workspace", lib.display()));
     let thp = Path::new("/sys/kernel/mm/transparent_hugepage/enabled").exists();
     // The simulated GPU memory is 8 MiB: the shim's threshold comes down to 4.
     let env = [("GPU_MODE_HUGEPAGES_LOG", "1"), ("GPU_MODE_HUGEPAGES_MIN_MIB", "4")];
     for (name, job, on) in [("hp-on", 9107, true), ("hp-off", 9108, false)] {
         let images = n.dir.join(format!("images-{name}"));
         let (cfg_path, cfg) = n.config_with(name, &images, if on { "" } else { "huge_pages = false\n" });
+        let shim = cfg.checkpoint.huge_pages_dir.join(gpu_mode_core::preempt::hugepages::kept_name(&bytes));
         let out = n.dir.join(format!("{name}.out"));
         let ready = format!("{}/user/{name}.ready", n.dir.display());
         let counter = n.counter();
@@ -636,8 +639,10 @@ fn huge_pages_reach_the_drivers_checkpoint_buffer_only_when_on() {
         let mut w = wrapper_with_env(n, &run0, &app, &env);
         wait_for("three steps", Duration::from_secs(20), || last_step(&out) >= 3);
         let pid = ready_pid(&n.dir, &format!("{name}.ready"));
+        assert_eq!(shim.exists(), on, "{name}: the agent keeps the shim's copy");
         let maps = read(Path::new(&format!("/proc/{pid}/maps")));
-        assert_eq!(maps.contains(&shim.display().to_string()), on, "{name}: the shim in the application:\n{maps}");
+        assert_eq!(maps.contains(&shim.display().to_string()), on, "{name}: the kept shim in the application:\n{maps}");
+        assert!(!maps.contains(&lib.display().to_string()), "{name}: the library itself is not what is preloaded:\n{maps}");
         signal(&w, libc::SIGUSR1);
         assert_eq!(exit_code(&mut w, Duration::from_secs(60)), 0, "{}", read(&out.with_extension("err")));
         let err = read(&out.with_extension("err"));

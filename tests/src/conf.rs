@@ -602,10 +602,11 @@ fn gpu_mode_config(spec: &ClusterSpec, install: &SlurmInstall, sim: Option<&SimP
     // (field notes §3).
     let bin = spec.artifacts.prolog.parent().unwrap_or(Path::new("/"));
     let checkpoint = format!(
-        "[checkpoint]\nagent = \"{}\"\nimage_dir = \"{}\"\nhuge_pages_library = \"{}\"\n",
+        "[checkpoint]\nagent = \"{}\"\nimage_dir = \"{}\"\nhuge_pages_library = \"{}\"\nhuge_pages_dir = \"{}\"\n",
         bin.join("gpu-mode-ckpt-agent").display(),
         spec.dir.join("images").display(),
         bin.join("libgpu_mode_hugepages.so").display(),
+        spec.dir.join("hugepages").display(),
     );
     let gpu_side = match sim {
         Some(s) => format!(

@@ -93,9 +93,11 @@ fn preempted_job_is_restored(by: Option<&'static str>, other_gpu: bool) {
     let app: u64 = std::fs::read_to_string(&ready).unwrap().trim().parse().unwrap();
     let on = uuids.iter().position(|u| *u == first_gpu).unwrap();
     assert!(gpu_pids(c)[on].contains(&app), "the application holds memory on its GPU: {:?}", gpu_pids(c));
-    // gpu-mode-run preloaded the huge-page shim ([checkpoint] huge_pages, on by default).
+    // gpu-mode-run preloaded the huge-page shim ([checkpoint] huge_pages, on
+    // by default), the copy the agent keeps for this version.
     let maps = std::fs::read_to_string(format!("/proc/{app}/maps")).unwrap();
-    assert!(maps.contains("/libgpu_mode_hugepages.so"), "the huge-page shim is not in the application:\n{maps}");
+    let kept = format!("{}/hugepages/libgpu_mode_hugepages-", c.spec.dir.display());
+    assert!(maps.contains(&kept), "the kept huge-page shim ({kept}*) is not in the application:\n{maps}");
     // The site's own AdminComment, which the accounting record must keep.
     let site = c.client("scontrol", &["update", &format!("JobId={job}"), "AdminComment=site ticket 42"]).run_as_root().unwrap();
     assert!(site.status.success(), "{}", String::from_utf8_lossy(&site.stderr));
