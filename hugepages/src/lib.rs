@@ -30,7 +30,7 @@
 //! without it, advised, then populated (`MADV_POPULATE_WRITE`), so that its
 //! pages are made after the advice (see [`map`]). `errno` is as the C
 //! library left it. Reservations
-//! (`PROT_NONE`, `MAP_NORESERVE`), file and shared mappings, and the C
+//! (`PROT_NONE`, `MAP_NORESERVE`), hugetlbfs, file and shared mappings, and the C
 //! library's own allocations (glibc's malloc maps memory internally, not
 //! through `mmap`) are left alone. `GPU_MODE_HUGEPAGES_LOG=1` writes one
 //! line to stderr per mapping advised.
@@ -111,22 +111,22 @@ fn logging() -> bool {
 /// from the environment and the C library's mmap, so that no later mmap
 /// calls getenv (not safe against another thread's setenv) or dlsym.
 extern "C" fn init() {
-    let _ = (min_bytes(), logging(), next_symbol(&REAL_MMAP, c"mmap"));
+    let _ = (min_bytes(), logging(), real_mmap());
 }
 
 #[used]
 #[link_section = ".init_array"]
 static INIT: extern "C" fn() = init;
 
-/// The next definition of `name` after this library (the C library's), or
-/// 0 when there is none.
-fn next_symbol(slot: &AtomicUsize, name: &std::ffi::CStr) -> usize {
-    match slot.load(Ordering::Acquire) {
+/// The C library's `mmap` (the next definition after this library), or 0
+/// when there is none.
+fn real_mmap() -> usize {
+    match REAL_MMAP.load(Ordering::Acquire) {
         0 => {
             // SAFETY: dlsym with a NUL-terminated name; RTLD_NEXT skips this
             // library, so it never returns our own definition.
-            let p = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
-            slot.store(p, Ordering::Release);
+            let p = unsafe { libc::dlsym(libc::RTLD_NEXT, c"mmap".as_ptr()) } as usize;
+            REAL_MMAP.store(p, Ordering::Release);
             p
         }
         p => p,
@@ -226,7 +226,7 @@ unsafe fn map(len: size_t, prot: c_int, flags: c_int, real: impl FnOnce(c_int) -
 /// As `mmap(2)`: the caller owns what it maps.
 #[no_mangle]
 pub unsafe extern "C" fn mmap(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, offset: off_t) -> *mut c_void {
-    let real = next_symbol(&REAL_MMAP, c"mmap");
+    let real = real_mmap();
     map(len, prot, flags, |flags| {
         if real == 0 {
             // No C library after us (never seen): the system call itself.
