@@ -26,8 +26,8 @@
 //! `timeline.rs` (where each checkpoint's and restore's time went),
 //! `writeback.rs` (the image written to disk while CRIU dumps it),
 //! `accounting.rs` (the events in the job's AdminComment or Comment),
-//! `hugepages.rs` (the huge-page shim preloaded into the application and
-//! into `criu restore`).
+//! `hugepages.rs` (the huge-page shim preloaded into the application, and
+//! the agent's kept copy of each version).
 
 pub mod accounting;
 pub mod agent;
