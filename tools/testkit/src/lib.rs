@@ -1,0 +1,91 @@
+//! A test that cannot do what its name says on this machine (no CRIU, not
+//! root, a kernel without transparent huge pages) says so here, where CI's
+//! log shows it, instead of passing quietly.
+//!
+//! libtest captures `println!`/`eprintln!` of a passing test, so a skip said
+//! that way never reaches CI's log. These functions write straight to the
+//! process's standard error (which libtest does not capture) and append one
+//! line to the notes file that `scripts/test.sh` counts at the end
+//! (`== tests: N passed, N failed, N skipped, N substituted`).
+//!
+//! * [`skipped`]: the test's assertions did not run.
+//! * [`substituted`]: they ran, on something else than the test's name says
+//!   (e.g. a capability-less root in place of a plain job user).
+//!
+//! Where a skip would hide a regression in CI, the test asks
+//! [`required`] first: a variable such as `GPU_MODE_REQUIRE_CRIU=1` turns
+//! the skip into a failure.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+/// The notes file: `$GPU_MODE_TEST_NOTES`, else `target/test-notes.log` in
+/// the workspace (found from this crate's own location at build time).
+pub fn notes_file() -> PathBuf {
+    match std::env::var_os("GPU_MODE_TEST_NOTES") {
+        Some(p) if !p.is_empty() => PathBuf::from(p),
+        _ => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/test-notes.log"),
+    }
+}
+
+/// The test's assertions did not run, and why.
+pub fn skipped(test: &str, reason: &str) {
+    note("SKIPPED", test, reason);
+}
+
+/// The test's assertions ran on a substitute, named in `reason`.
+pub fn substituted(test: &str, reason: &str) {
+    note("SUBSTITUTED", test, reason);
+}
+
+/// Whether the environment variable `var` asks that what a test needs be
+/// present (`1`, `true` or `yes`): then the test fails instead of skipping.
+pub fn required(var: &str) -> bool {
+    std::env::var(var).is_ok_and(|v| matches!(v.trim(), "1" | "true" | "yes"))
+}
+
+/// `SKIPPED <test>: <reason>` on standard error and in the notes file. The
+/// reason is one line: control characters become spaces.
+fn note(kind: &str, test: &str, reason: &str) {
+    let line = format_line(kind, test, reason);
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+    let path = notes_file();
+    if let Some(dir) = path.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    // One write of a short line with O_APPEND: lines of tests running in
+    // parallel (threads or processes) do not interleave.
+    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(&path) {
+        let _ = f.write_all(line.as_bytes());
+    }
+}
+
+fn format_line(kind: &str, test: &str, reason: &str) -> String {
+    let clean = |s: &str| s.chars().map(|c| if c.is_control() { ' ' } else { c }).collect::<String>();
+    format!("{kind} {}: {}\n", clean(test), clean(reason))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_note_is_one_line_that_names_the_test_and_the_reason() {
+        assert_eq!(format_line("SKIPPED", "churn", "no CRIU\nat /opt"), "SKIPPED churn: no CRIU at /opt\n");
+        assert_eq!(format_line("SUBSTITUTED", "a\tb", "root"), "SUBSTITUTED a b: root\n");
+    }
+
+    #[test]
+    fn notes_reach_the_file_named_by_the_environment() {
+        let dir = std::env::temp_dir().join(format!("testkit-{}", std::process::id()));
+        let file = dir.join("notes.log");
+        // SAFETY: this crate's only test that touches the environment.
+        unsafe { std::env::set_var("GPU_MODE_TEST_NOTES", &file) };
+        skipped("t1", "why");
+        substituted("t2", "instead");
+        let text = std::fs::read_to_string(&file).unwrap();
+        assert_eq!(text, "SKIPPED t1: why\nSUBSTITUTED t2: instead\n");
+        unsafe { std::env::remove_var("GPU_MODE_TEST_NOTES") };
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}
