@@ -12,6 +12,13 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// Records the signal mask and ignored set this process inherited before
+/// Rust's runtime ignores SIGPIPE (constructors run before `main`): the
+/// application gets exactly these (gpu_mode_core::preempt::signals).
+#[used]
+#[link_section = ".init_array"]
+static RECORD_INHERITED_SIGNALS: extern "C" fn() = gpu_mode_core::preempt::signals::record_at_load;
+
 fn usage(msg: &str) -> ! {
     eprintln!("gpu-mode-run: {msg}");
     eprintln!("usage: gpu-mode-run [--config PATH] [--linger SECONDS] [--] <application> [arguments...]");

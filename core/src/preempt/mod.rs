@@ -27,7 +27,8 @@
 //! `writeback.rs` (the image written to disk while CRIU dumps it),
 //! `accounting.rs` (the events in the job's AdminComment or Comment),
 //! `hugepages.rs` (the huge-page shim preloaded into the application, and
-//! the agent's kept copy of each version).
+//! the agent's kept copy of each version), `signals.rs` (the application's
+//! signal mask and ignored set, as the wrapper inherited them).
 
 pub mod accounting;
 pub mod agent;
@@ -36,6 +37,7 @@ pub mod hugepages;
 pub mod images;
 pub mod manifest;
 pub mod protocol;
+pub mod signals;
 pub mod submit;
 pub mod timeline;
 pub mod tree;

@@ -21,8 +21,11 @@
 //!   then ends the job. The requeue is skipped when Slurm
 //!   is already ending the job (a cancel during the dump): requeueing then
 //!   would bring a cancelled job back.
-//! * Every other signal (TERM, INT, HUP, QUIT, USR2) is passed on to the
-//!   application. SIGTERM in particular is how `scancel` and the time limit
+//! * Every other signal it may take (TERM, INT, HUP, QUIT, USR1/USR2, ALRM,
+//!   CONT, TSTP, WINCH, the real-time ones...: [`forwarded_signals`]) is
+//!   passed on to the application's process group, which otherwise runs
+//!   with the signal mask and ignored set the wrapper inherited
+//!   (signals.rs): nothing the wrapper blocks for itself reaches it. SIGTERM in particular is how `scancel` and the time limit
 //!   end a job (a preemption with `preempt_send_user_signal` sends the
 //!   job's `--signal` instead): seen on Slurm 22.05, checkpointing on it
 //!   and requeueing turned every `scancel` of a running job into a requeue.
@@ -30,7 +33,7 @@
 use super::protocol::{self, request, ExitInfo, Request, Response};
 use super::signal_name;
 use crate::command::run_with_timeout;
-use nix::sys::signal::{pthread_sigmask, SigSet, SigmaskHow, Signal};
+use super::signals::InheritedSignals;
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use std::ffi::OsString;
@@ -57,6 +60,9 @@ pub struct RunOptions {
     /// The huge-page shim to preload into the application (`Ok(None)`: off;
     /// `Err`: on, but unusable, and why), preempt::hugepages.
     pub huge_pages: Result<Option<PathBuf>, String>,
+    /// What the application starts with: the mask and ignored set the
+    /// wrapper inherited.
+    pub signals: InheritedSignals,
 }
 
 impl RunOptions {
@@ -84,6 +90,7 @@ impl RunOptions {
             scontrol: cfg.slurm.scontrol.clone(),
             linger: Duration::from_secs(300),
             huge_pages: super::hugepages::for_application(&cfg.checkpoint),
+            signals: InheritedSignals::inherited(),
         })
     }
 }
@@ -104,25 +111,64 @@ fn say(text: &str) {
     let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
-/// The signals the wrapper takes itself; blocked in every thread and
-/// consumed by one sigwait thread.
-fn handled(checkpoint_signal: i32) -> SigSet {
-    let mut set = SigSet::empty();
-    for s in [checkpoint_signal, libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT, libc::SIGUSR1, libc::SIGUSR2] {
-        if let Ok(sig) = Signal::try_from(s) {
-            set.add(sig);
-        }
-    }
-    set
+/// The signals the wrapper passes on to the application: every one a
+/// process can be sent from outside (scancel, `--signal`, a time limit)
+/// except those it keeps for itself: CHLD (it reaps the tree), PIPE (its
+/// own stderr), the faults of its own code (ILL, TRAP, ABRT, BUS, FPE,
+/// SEGV, SYS, STKFLT) and KILL/STOP, which no process can take.
+pub fn forwarded_signals() -> Vec<i32> {
+    let mut v = vec![
+        libc::SIGHUP,
+        libc::SIGINT,
+        libc::SIGQUIT,
+        libc::SIGUSR1,
+        libc::SIGUSR2,
+        libc::SIGALRM,
+        libc::SIGTERM,
+        libc::SIGCONT,
+        libc::SIGTSTP,
+        libc::SIGTTIN,
+        libc::SIGTTOU,
+        libc::SIGURG,
+        libc::SIGXCPU,
+        libc::SIGXFSZ,
+        libc::SIGVTALRM,
+        libc::SIGPROF,
+        libc::SIGWINCH,
+        libc::SIGPOLL,
+        libc::SIGPWR,
+    ];
+    v.extend(libc::SIGRTMIN()..=libc::SIGRTMAX());
+    v
 }
 
-fn start_signal_thread(set: SigSet, tx: Sender<Event>) -> Result<(), String> {
-    pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&set), None).map_err(|e| format!("cannot block signals: {e}"))?;
+/// The signals the wrapper takes (the checkpoint signal and those it
+/// forwards): blocked in every thread of the wrapper and consumed by one
+/// sigwait thread. The application's child unblocks them again
+/// ([`InheritedSignals::apply`]).
+fn handled(checkpoint_signal: i32) -> libc::sigset_t {
+    // SAFETY: a local set filled with valid signal numbers.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in forwarded_signals().into_iter().chain([checkpoint_signal]) {
+            libc::sigaddset(&mut set, s);
+        }
+        set
+    }
+}
+
+fn start_signal_thread(set: libc::sigset_t, tx: Sender<Event>) -> Result<(), String> {
+    // SAFETY: blocks the set in this thread, whose later threads inherit it.
+    let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    if rc != 0 {
+        return Err(format!("cannot block signals: {}", std::io::Error::from_raw_os_error(rc)));
+    }
     std::thread::spawn(move || loop {
-        if let Ok(sig) = set.wait() {
-            if tx.send(Event::Signal(sig as i32)).is_err() {
-                return;
-            }
+        let mut sig = 0;
+        // SAFETY: waits for a signal of the set, all blocked in every thread.
+        if unsafe { libc::sigwait(&set, &mut sig) } == 0 && tx.send(Event::Signal(sig)).is_err() {
+            return;
         }
     });
     Ok(())
@@ -197,13 +243,14 @@ impl Wrapper<'_> {
             Ok(None) => {}
             Err(e) => say(&format!("huge pages for the checkpoint are off ({e}): the application runs without them")),
         }
-        // SAFETY: setsid is async-signal-safe.
+        let signals = self.o.signals;
+        // SAFETY: setsid, sigaction and sigprocmask are async-signal-safe.
         unsafe {
-            cmd.pre_exec(|| {
+            cmd.pre_exec(move || {
                 if libc::setsid() < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
-                Ok(())
+                signals.apply()
             });
         }
         let child = cmd.spawn().map_err(|e| format!("cannot start {}: {e}", self.o.app[0].to_string_lossy()))?;
@@ -482,6 +529,20 @@ mod tests {
             checkpointed_line(7, &s),
             "job 7 checkpointed: 8.58 GiB image durable 12.1 s after the signal, GPU memory free 3.9 s after the signal; requeueing"
         );
+    }
+
+    #[test]
+    fn every_signal_from_outside_is_taken_and_those_of_the_wrappers_own_are_not() {
+        let set = handled(libc::SIGUSR1);
+        let has = |s: i32| unsafe { libc::sigismember(&set, s) == 1 };
+        for s in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGQUIT, libc::SIGUSR1, libc::SIGUSR2, libc::SIGCONT, libc::SIGALRM, libc::SIGRTMIN()] {
+            assert!(has(s), "signal {s} is not taken");
+        }
+        for s in [libc::SIGCHLD, libc::SIGPIPE, libc::SIGSEGV, libc::SIGBUS, libc::SIGKILL, libc::SIGSTOP] {
+            assert!(!has(s), "signal {s} is taken");
+        }
+        // The checkpoint signal is taken even where it is not one forwarded.
+        assert!(unsafe { libc::sigismember(&handled(libc::SIGSYS), libc::SIGSYS) } == 1);
     }
 
     #[test]
