@@ -70,13 +70,26 @@ pub fn submit_low(c: &Cluster, who: Who, name: &str, app: &[String]) -> u32 {
 
 /// [`submit_low`], with sbatch's refusal as an error.
 pub fn try_submit_low(c: &Cluster, who: Who, name: &str, app: &[String]) -> anyhow::Result<u32> {
+    submit_low_as(c, who, name, app, true)
+}
+
+/// The same checkpoint job with `app` as the batch shell itself, without
+/// gpu-mode-run: the plain run the wrapped one must look like to the
+/// application.
+pub fn submit_low_unwrapped(c: &Cluster, who: Who, name: &str, app: &[String]) -> u32 {
+    submit_low_as(c, who, name, app, false).unwrap()
+}
+
+fn submit_low_as(c: &Cluster, who: Who, name: &str, app: &[String], wrapped: bool) -> anyhow::Result<u32> {
     let mut words: Vec<String> = vec!["exec".into()];
     if who == Who::CaplessRoot {
         // Root without capabilities stands in for a user (module docs).
         words.extend(["/usr/bin/setpriv", "--bounding-set=-all", "--inh-caps=-all", "--"].map(String::from));
     }
-    let config = c.dir.join("gpu-mode.toml").display().to_string();
-    words.extend([bin(c, "gpu-mode-run"), "--config".into(), config, "--".into()]);
+    if wrapped {
+        let config = c.dir.join("gpu-mode.toml").display().to_string();
+        words.extend([bin(c, "gpu-mode-run"), "--config".into(), config, "--".into()]);
+    }
     words.extend(app.iter().cloned());
     // exec: the wrapper must be the batch shell, which --signal=B: reaches.
     let script = format!("#!/bin/sh\n{}\n", words.join(" "));

@@ -4,6 +4,7 @@
 //!
 //! ```text
 //! cuda-sim-counter --steps N [--interval-ms 100] [--mib 4] [--exit-code C] [--ready FILE] [--device 0]
+//!                  [--signals yes] [--fork-worker yes]
 //! ```
 //! Each step reads the counter from device memory, checks it is the previous
 //! step, writes it back incremented, checks one 64 KiB window of a seeded
@@ -11,6 +12,16 @@
 //! `step <n> gpu <uuid>`. After step N it checks the whole pattern, prints
 //! `DONE count=<N>` and exits with `--exit-code` (0 by default). A mismatch
 //! prints `MISMATCH ...` and exits 3. `--ready FILE` gets the pid after step 1.
+//!
+//! `--signals yes` prints `signals blocked=<hex> ignored=<hex>` (SigBlk and
+//! SigIgn of /proc/self/status) after every step: a restored run's state
+//! shows after the restore. It also catches SIGTERM: the next step prints
+//! `received SIGTERM` and the program exits with 143 (what a training script
+//! that saves its state on SIGTERM does). `--fork-worker yes` forks a child without exec
+//! after the memory is filled, which holds the parent's descriptors and
+//! waits for signals, as a DataLoader worker of PyTorch's default start
+//! method does; at the end the parent ends it with SIGTERM and waits for it,
+//! as Python's multiprocessing does at exit.
 
 use cuda_sim::process::{Context, DevPtr};
 use std::io::Write;
@@ -25,10 +36,12 @@ struct Opts {
     exit_code: i32,
     ready: Option<String>,
     device: usize,
+    signals: bool,
+    fork_worker: bool,
 }
 
 fn parse() -> Result<Opts, String> {
-    let mut o = Opts { steps: 10, interval: Duration::from_millis(100), bytes: 4 << 20, exit_code: 0, ready: None, device: 0 };
+    let mut o = Opts { steps: 10, interval: Duration::from_millis(100), bytes: 4 << 20, exit_code: 0, ready: None, device: 0, signals: false, fork_worker: false };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let v = args.next().ok_or_else(|| format!("{a} needs a value"))?;
@@ -40,10 +53,66 @@ fn parse() -> Result<Opts, String> {
             "--exit-code" => o.exit_code = num(&v)? as i32,
             "--ready" => o.ready = Some(v),
             "--device" => o.device = num(&v)? as usize,
+            "--signals" => o.signals = yes(&a, &v)?,
+            "--fork-worker" => o.fork_worker = yes(&a, &v)?,
             _ => return Err(format!("unknown argument {a}")),
         }
     }
     Ok(o)
+}
+
+fn yes(arg: &str, v: &str) -> Result<bool, String> {
+    match v {
+        "yes" => Ok(true),
+        "no" => Ok(false),
+        _ => Err(format!("{arg} {v}: yes or no")),
+    }
+}
+
+/// `signals blocked=<SigBlk> ignored=<SigIgn>` of this process.
+fn signal_line() -> String {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| status.lines().find_map(|l| l.strip_prefix(name)).map_or("?", str::trim).to_string();
+    format!("signals blocked={} ignored={}", field("SigBlk:"), field("SigIgn:"))
+}
+
+static TERM_RECEIVED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn on_term(_: libc::c_int) {
+    TERM_RECEIVED.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+fn catch_term() {
+    // SAFETY: the handler only stores to an atomic.
+    unsafe { libc::signal(libc::SIGTERM, on_term as extern "C" fn(libc::c_int) as libc::sighandler_t) };
+}
+
+/// A child forked without exec that waits for signals until one ends it.
+fn fork_worker() -> Result<libc::pid_t, String> {
+    // SAFETY: the child only calls pause() (async-signal-safe) until a
+    // signal's default action ends it.
+    match unsafe { libc::fork() } {
+        -1 => Err(format!("fork: {}", std::io::Error::last_os_error())),
+        0 => loop {
+            unsafe { libc::pause() };
+        },
+        pid => Ok(pid),
+    }
+}
+
+/// Ends the worker as Python's multiprocessing does at exit: SIGTERM, then
+/// wait for it (forever, as Python does).
+fn end_worker(pid: libc::pid_t) -> Result<(), String> {
+    let mut status = 0;
+    // SAFETY: plain kill and waitpid on our own child.
+    unsafe {
+        libc::kill(pid, libc::SIGTERM);
+        if libc::waitpid(pid, &mut status, 0) != pid {
+            return Err(format!("waitpid {pid}: {}", std::io::Error::last_os_error()));
+        }
+    }
+    println!("worker {pid} ended by signal {}", libc::WTERMSIG(status));
+    Ok(())
 }
 
 /// The pattern's byte at `offset` (the first 8 bytes hold the counter).
@@ -90,9 +159,21 @@ fn run(o: &Opts) -> Result<(), String> {
     let ctx = Context::init()?;
     let ptr = ctx.alloc(o.device, o.bytes).map_err(|c| format!("alloc {} bytes: {}", o.bytes, cuda_sim::codes::name(c)))?;
     fill(&ctx, ptr, o.bytes)?;
+    let worker = if o.fork_worker { Some(fork_worker()?) } else { None };
+    if o.signals {
+        catch_term();
+    }
     for n in 1..=o.steps {
         step(&ctx, ptr, o.bytes, n)?;
         println!("step {n} gpu {}", ctx.device_uuid(o.device).unwrap_or_default());
+        if o.signals {
+            println!("{}", signal_line());
+        }
+        if TERM_RECEIVED.load(std::sync::atomic::Ordering::SeqCst) {
+            println!("received SIGTERM");
+            let _ = std::io::stdout().flush();
+            std::process::exit(128 + libc::SIGTERM);
+        }
         let _ = std::io::stdout().flush();
         if n == 1 {
             if let Some(ready) = &o.ready {
@@ -102,6 +183,9 @@ fn run(o: &Opts) -> Result<(), String> {
         std::thread::sleep(o.interval);
     }
     check(&ctx, ptr, 8, o.bytes - 8)?;
+    if let Some(pid) = worker {
+        end_worker(pid)?;
+    }
     println!("DONE count={}", o.steps);
     Ok(())
 }

@@ -1,0 +1,111 @@
+//! Under `gpu-mode-run` the application gets the signals a plain run gets
+//! (issue 24, item 1), on a real Slurm with the job's agent, fresh and
+//! after a restore by the real CRIU.
+//!
+//! Seen on an H100 before the fix: the application and its forked
+//! DataLoader workers ran with the wrapper's own mask (HUP, INT, QUIT,
+//! USR1, USR2, TERM blocked), so Python could not end its workers with
+//! SIGTERM at exit and the job held its GPU until the time limit.
+//!
+//! Who runs the jobs, and the cluster: as tests/tests/preempt_checkpoint.rs
+//! (its own cluster here; the scenarios take turns, [`serial`]).
+
+use gpu_mode_tests::ckpt_jobs::*;
+use gpu_mode_tests::shared::cluster_with;
+use gpu_mode_tests::{Cluster, Preemption};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+fn c() -> Option<&'static Cluster> {
+    criu_ready().then(|| cluster_with("preempt_signals", 2, |s| s.preemption = Some(Preemption::default())))
+}
+
+fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The counter of `steps` steps with `extra` options.
+fn counter_with(c: &Cluster, steps: u64, extra: &[&str]) -> Vec<String> {
+    let mut app = counter_of(c, steps, 0, None);
+    app.extend(extra.iter().map(|s| s.to_string()));
+    app
+}
+
+/// Every `signals blocked=... ignored=...` line, and how many of them come
+/// after gpu-mode-run's `restored` line.
+fn signal_lines(out: &str) -> (Vec<&str>, usize) {
+    let restored_at = out.lines().position(|l| l.starts_with("gpu-mode-run: job ") && l.contains(" restored (pid "));
+    let mut lines = Vec::new();
+    let mut after = 0;
+    for (i, l) in out.lines().enumerate() {
+        if l.starts_with("signals ") {
+            lines.push(l);
+            after += usize::from(restored_at.is_some_and(|r| i > r));
+        }
+    }
+    (lines, after)
+}
+
+#[test]
+fn the_application_has_a_plain_runs_signal_state_fresh_and_restored() {
+    let Some(c) = c() else { return };
+    let _turn = serial();
+    let who = job_user();
+    let plain = submit_low_unwrapped(c, who, "sig-plain", &counter_with(c, 2, &["--signals", "yes"]));
+    wait_finished(c, plain);
+    let plain_out = c.job_output(plain);
+    let (plain_lines, _) = signal_lines(&plain_out);
+    assert!(plain_lines.len() == 2, "the plain run printed its signal state each step:\n{plain_out}");
+    let expected = plain_lines[0];
+
+    let ready = c.dir.join("out").join(format!("sig-wrapped-{}.ready", std::process::id()));
+    let mut app = counter_with(c, STEPS, &["--signals", "yes"]);
+    app.extend(["--ready".to_string(), ready.display().to_string()]);
+    let job = submit_low(c, who, "sig-wrapped", &app);
+    wait_steps(c, job, 5);
+    let preemptor = submit_preemptor(c, None, None, 2, 3);
+    wait_requeued(c, job, 1);
+    wait_finished(c, preemptor);
+    let j = wait_finished(c, job);
+    let out = c.job_output(job);
+    assert_eq!((j.state(), j.get("ExitCode")), ("COMPLETED", "0:0"), "{out}");
+    assert_counted_once(&out);
+    let (lines, after_restore) = signal_lines(&out);
+    assert!(after_restore > 0, "no step after the restore printed its signal state:\n{out}");
+    let differing: Vec<_> = lines.iter().filter(|l| **l != expected).collect();
+    assert!(differing.is_empty(), "a plain run has `{expected}`; under gpu-mode-run {} of {} steps differ, e.g. `{}`", differing.len(), lines.len(), differing[0]);
+}
+
+/// Python's multiprocessing ends its workers with SIGTERM at exit and waits
+/// for them: with SIGTERM blocked in the workers, such a job never ended.
+#[test]
+fn a_job_whose_forked_worker_ends_on_its_parents_sigterm_ends() {
+    let Some(c) = c() else { return };
+    let _turn = serial();
+    let job = submit_low(c, job_user(), "sig-worker", &counter_with(c, 5, &["--fork-worker", "yes"]));
+    let j = c.wait_job(job, "the job's end", Duration::from_secs(60), finished).unwrap_or_else(|e| {
+        panic!("{e}: the application waits for its worker, which did not end on SIGTERM\n{}", c.job_output(job))
+    });
+    let out = c.job_output(job);
+    assert_eq!((j.state(), j.get("ExitCode")), ("COMPLETED", "0:0"), "{out}");
+    assert!(out.contains(&format!("ended by signal {}", libc::SIGTERM)), "{out}");
+    assert!(out.contains("DONE count=5"), "{out}");
+}
+
+/// scancel's SIGTERM reaches the application, which may act on it (here:
+/// say so and exit 143); before the fix it stayed blocked until Slurm's
+/// SIGKILL.
+#[test]
+fn scancels_sigterm_reaches_the_application() {
+    let Some(c) = c() else { return };
+    let _turn = serial();
+    let job = submit_low(c, job_user(), "sig-scancel", &counter_with(c, STEPS, &["--signals", "yes"]));
+    wait_steps(c, job, 3);
+    let cancel = c.client("scancel", &[&job.to_string()]).run_as_root().unwrap();
+    assert!(cancel.status.success(), "{}", String::from_utf8_lossy(&cancel.stderr));
+    let j = wait_finished(c, job);
+    let out = c.job_output(job);
+    assert_eq!(j.state(), "CANCELLED", "{out}");
+    wait_for("the application's answer to SIGTERM", Duration::from_secs(10), || c.job_output(job).contains("received SIGTERM"));
+}
