@@ -248,6 +248,10 @@ pub struct CheckpointConfig {
     /// Where the agent keeps a copy of each version of the shim, named by
     /// its content, so that images taken before an upgrade still restore.
     pub huge_pages_dir: PathBuf,
+    /// The same preloaded library makes a child forked without exec drop
+    /// the GPU files (`device_paths`) it inherited, so that a tree with
+    /// DataLoader workers can be checkpointed (hugepages/src/fork.rs).
+    pub forked_children_drop_gpu_files: bool,
 }
 
 /// Where the packages install the huge-page shim (beside the agent).
@@ -277,6 +281,7 @@ impl Default for CheckpointConfig {
             huge_pages: true,
             huge_pages_library: PathBuf::from(DEFAULT_HUGE_PAGES_LIBRARY),
             huge_pages_dir: PathBuf::from("/var/lib/slurm-gpu-mode/hugepages"),
+            forked_children_drop_gpu_files: true,
         }
     }
 }
@@ -573,6 +578,7 @@ mod tests {
             (cfg.checkpoint.huge_pages, &cfg.checkpoint.huge_pages_library, &cfg.checkpoint.huge_pages_dir),
             (d.huge_pages, &d.huge_pages_library, &d.huge_pages_dir)
         );
+        assert_eq!(cfg.checkpoint.forked_children_drop_gpu_files, d.forked_children_drop_gpu_files);
     }
 
     #[test]

@@ -41,6 +41,12 @@
 //!
 //! Never panics and never allocates: it runs inside every large `mmap` of
 //! the application, on any thread, possibly before `main`.
+//!
+//! `GPU_MODE_HUGEPAGES=0` turns the advice off; the library then only does
+//! its other job, [`fork`]: children forked without exec drop the GPU
+//! files they inherited (`GPU_MODE_FORK_DROP=1`).
+
+pub mod fork;
 
 use libc::{c_int, c_void, off64_t, off_t, size_t};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -99,8 +105,18 @@ fn cached(slot: &AtomicUsize, read: impl FnOnce() -> usize) -> usize {
     }
 }
 
+/// No mapping is this large: the advice is off (`GPU_MODE_HUGEPAGES=0`,
+/// gpu-mode-run's setting when only [`fork`] is wanted).
+const OFF: usize = usize::MAX - 1;
+
 fn min_bytes() -> usize {
-    cached(&MIN_BYTES, || parse_min_mib(env_bytes(c"GPU_MODE_HUGEPAGES_MIN_MIB")))
+    cached(&MIN_BYTES, || {
+        if env_bytes(c"GPU_MODE_HUGEPAGES") == Some(b"0") {
+            OFF
+        } else {
+            parse_min_mib(env_bytes(c"GPU_MODE_HUGEPAGES_MIN_MIB"))
+        }
+    })
 }
 
 fn logging() -> bool {
@@ -112,6 +128,7 @@ fn logging() -> bool {
 /// calls getenv (not safe against another thread's setenv) or dlsym.
 extern "C" fn init() {
     let _ = (min_bytes(), logging(), real_mmap());
+    fork::init(env_bytes(c"GPU_MODE_FORK_DROP"), env_bytes(c"GPU_MODE_FORK_DROP_PREFIXES"));
 }
 
 #[used]

@@ -487,7 +487,10 @@ fn main() -> anyhow::Result<()> {
     anyhow::ensure!(unsafe { libc::geteuid() } == 0, "runs as root (CRIU, the agent)");
     let cfg = Config::load(o.config.as_deref())?;
     // As gpu-mode-run: a shim that cannot be used is said, and not used.
-    o.ours_preload = gpu_mode_core::preempt::hugepages::for_application(&cfg.checkpoint).unwrap_or_else(|e| {
+    // The bench's programs fork nothing: the library is preloaded for its
+    // huge pages alone (the A/B switch is `huge_pages`).
+    let huge_pages_only = gpu_mode_core::config::CheckpointConfig { forked_children_drop_gpu_files: false, ..cfg.checkpoint.clone() };
+    o.ours_preload = gpu_mode_core::preempt::hugepages::for_application(&huge_pages_only).unwrap_or_else(|e| {
         println!("ours: huge pages off ({e})");
         None
     });

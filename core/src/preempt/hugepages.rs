@@ -98,7 +98,7 @@ fn kept_copy(dir: &Path, bytes: &[u8]) -> Result<PathBuf, String> {
 /// everyone and writable by root alone; returns it. Old copies stay: images
 /// taken with them restore only from them.
 pub fn keep(cfg: &CheckpointConfig) -> Result<Option<PathBuf>, String> {
-    if !cfg.huge_pages {
+    if !preloaded(cfg) {
         return Ok(None);
     }
     let bytes = read_library(&cfg.huge_pages_library)?;
@@ -116,12 +116,34 @@ pub fn keep(cfg: &CheckpointConfig) -> Result<Option<PathBuf>, String> {
     Ok(Some(path))
 }
 
-/// The shim to preload into the application (gpu-mode-run, as the job's
-/// user): `None` when `huge_pages` is off; the kept copy of the configured
-/// library when the agent made one (see the module docs), else the library
-/// itself; an error naming the problem when the library cannot be used.
-pub fn for_application(cfg: &CheckpointConfig) -> Result<Option<PathBuf>, String> {
+/// Whether gpu-mode-run preloads the library: for the huge pages, for the
+/// forked children's GPU files (hugepages/src/fork.rs), or both.
+pub fn preloaded(cfg: &CheckpointConfig) -> bool {
+    cfg.huge_pages || cfg.forked_children_drop_gpu_files
+}
+
+/// The variables that tell the preloaded library which of its jobs to do:
+/// the huge-page advice off when `huge_pages` is, and the forked children's
+/// drop of the files under `device_paths` when it is on.
+pub fn preload_env(cfg: &CheckpointConfig) -> Vec<(&'static str, String)> {
+    let mut env = Vec::new();
     if !cfg.huge_pages {
+        env.push(("GPU_MODE_HUGEPAGES", "0".to_string()));
+    }
+    if cfg.forked_children_drop_gpu_files {
+        env.push(("GPU_MODE_FORK_DROP", "1".to_string()));
+        env.push(("GPU_MODE_FORK_DROP_PREFIXES", cfg.device_paths.join(":")));
+    }
+    env
+}
+
+/// The library to preload into the application (gpu-mode-run, as the job's
+/// user): `None` when neither of its jobs is on ([`preloaded`]); the kept
+/// copy of the configured library when the agent made one (see the module
+/// docs), else the library itself; an error naming the problem when the
+/// library cannot be used.
+pub fn for_application(cfg: &CheckpointConfig) -> Result<Option<PathBuf>, String> {
+    if !preloaded(cfg) {
         return Ok(None);
     }
     let lib = &cfg.huge_pages_library;
@@ -163,14 +185,30 @@ mod tests {
     }
 
     #[test]
+    fn the_library_is_told_which_of_its_jobs_to_do() {
+        let mut cfg = CheckpointConfig { device_paths: vec!["/dev/nvidia".into(), "/tmp/sim/gpus/".into()], ..Default::default() };
+        let env = |cfg: &CheckpointConfig| preload_env(cfg).into_iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>();
+        assert_eq!(env(&cfg), ["GPU_MODE_FORK_DROP=1", "GPU_MODE_FORK_DROP_PREFIXES=/dev/nvidia:/tmp/sim/gpus/"]);
+        cfg.huge_pages = false;
+        assert_eq!(env(&cfg)[0], "GPU_MODE_HUGEPAGES=0");
+        cfg.forked_children_drop_gpu_files = false;
+        assert_eq!(env(&cfg), ["GPU_MODE_HUGEPAGES=0"]);
+    }
+
+    #[test]
     fn off_means_no_shim_and_a_missing_one_is_named() {
         let dir = tempfile::tempdir().unwrap();
         let mut cfg = config(dir.path());
         cfg.huge_pages_library = dir.path().join("none.so");
         cfg.huge_pages = false;
+        cfg.forked_children_drop_gpu_files = false;
         assert_eq!(for_application(&cfg), Ok(None));
         assert_eq!(keep(&cfg), Ok(None));
-        assert!(!cfg.huge_pages_dir.exists(), "off: nothing is kept");
+        assert!(!cfg.huge_pages_dir.exists(), "both off: nothing is kept");
+        // Either of the library's jobs needs it.
+        cfg.forked_children_drop_gpu_files = true;
+        assert!(for_application(&cfg).unwrap_err().contains("none.so"));
+        cfg.forked_children_drop_gpu_files = false;
         cfg.huge_pages = true;
         let err = for_application(&cfg).unwrap_err();
         assert!(err.contains("none.so") && err.contains("No such file"), "{err}");

@@ -57,9 +57,12 @@ pub struct RunOptions {
     pub scontrol: PathBuf,
     /// After a requeue, how long to wait for Slurm to end the job.
     pub linger: Duration,
-    /// The huge-page shim to preload into the application (`Ok(None)`: off;
-    /// `Err`: on, but unusable, and why), preempt::hugepages.
-    pub huge_pages: Result<Option<PathBuf>, String>,
+    /// The library to preload into the application, for huge pages and
+    /// for forked children's GPU files (`Ok(None)`: both off; `Err`: on,
+    /// but unusable, and why), preempt::hugepages.
+    pub preload: Result<Option<PathBuf>, String>,
+    /// What the preloaded library is told to do (its variables).
+    pub preload_env: Vec<(&'static str, String)>,
     /// What the application starts with: the mask and ignored set the
     /// wrapper inherited.
     pub signals: InheritedSignals,
@@ -89,7 +92,8 @@ impl RunOptions {
             checkpoint_signal: super::signal_number(&cfg.checkpoint.signal)?,
             scontrol: cfg.slurm.scontrol.clone(),
             linger: Duration::from_secs(300),
-            huge_pages: super::hugepages::for_application(&cfg.checkpoint),
+            preload: super::hugepages::for_application(&cfg.checkpoint),
+            preload_env: super::hugepages::preload_env(&cfg.checkpoint),
             signals: InheritedSignals::inherited(),
         })
     }
@@ -235,13 +239,17 @@ impl Wrapper<'_> {
     fn start(&mut self) -> Result<(), String> {
         let mut cmd = std::process::Command::new(&self.o.app[0]);
         cmd.args(&self.o.app[1..]);
-        match &self.o.huge_pages {
+        match &self.o.preload {
             Ok(Some(lib)) => {
                 let value = super::hugepages::preload_value(lib, std::env::var_os(super::hugepages::PRELOAD).as_deref());
                 cmd.env(super::hugepages::PRELOAD, value);
+                cmd.envs(self.o.preload_env.iter().map(|(k, v)| (*k, v)));
             }
             Ok(None) => {}
-            Err(e) => say(&format!("huge pages for the checkpoint are off ({e}): the application runs without them")),
+            Err(e) => say(&format!(
+                "the preload library is unusable ({e}): the application runs without huge pages for the checkpoint, and \
+                 forked children keep their GPU files (a tree with them cannot be checkpointed)"
+            )),
         }
         let signals = self.o.signals;
         // SAFETY: setsid, sigaction and sigprocmask are async-signal-safe.
@@ -596,9 +604,10 @@ mod tests {
         let mut cfg = crate::Config::default();
         cfg.checkpoint.huge_pages_library = "/nonexistent/libgpu_mode_hugepages.so".into();
         let o = RunOptions::from_env(&cfg, app.clone(), &env(&job)).unwrap();
-        let err = o.huge_pages.unwrap_err();
+        let err = o.preload.unwrap_err();
         assert!(err.contains("/nonexistent/libgpu_mode_hugepages.so"), "{err}");
         cfg.checkpoint.huge_pages = false;
-        assert_eq!(RunOptions::from_env(&cfg, app, &env(&job)).unwrap().huge_pages, Ok(None));
+        cfg.checkpoint.forked_children_drop_gpu_files = false;
+        assert_eq!(RunOptions::from_env(&cfg, app, &env(&job)).unwrap().preload, Ok(None));
     }
 }
