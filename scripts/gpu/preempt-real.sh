@@ -9,7 +9,9 @@
 #          GPU(s) (a second high job holds the first ones; the 2-rank job moves
 #          only with 4 GPUs), and its pattern verified. E2E_CASES picks
 #          (default 1gib 16gib 2ranks); torch8 is a PyTorch process of 8 GiB
-#          (checkpoint/bench/framework_app.py) preempted the same way.
+#          (checkpoint/bench/framework_app.py) preempted the same way;
+#          train-end, train-fork, train-spawn: a training job with DataLoader
+#          workers (checkpoint/bench/train_app.py, issue 24; see train_case).
 #   bench: gpu-mode-preempt-bench, ours and the plain sequence (driver toggle,
 #          criu dump, sync; criu restore, driver restore) side by side, with
 #          the disk's fsync bandwidth and the ratios of issue 17's targets
@@ -63,7 +65,7 @@ mapfile -t UUID < <(nvidia-smi --query-gpu=uuid --format=csv,noheader)
 say "== installing the carried pieces"
 # The job users must reach the programs: not under the repo (maybe /root).
 B=/opt/gm-preempt
-rm -rf "$B"; mkdir -p "$B"; cp "$A"/lib*.so "$A"/gpu-mode-* "$REPO/checkpoint/bench/framework_app.py" "$B/"; chmod 755 "$B" "$B"/*
+rm -rf "$B"; mkdir -p "$B"; cp "$A"/lib*.so "$A"/gpu-mode-* "$REPO/checkpoint/bench/framework_app.py" "$REPO/checkpoint/bench/train_app.py" "$B/"; chmod 755 "$B" "$B"/*
 sh "$REPO/scripts/install-criu.sh" --from "$A/criu" || { say "CRIU install failed"; exit 1; }
 /opt/slurm-gpu-mode/criu/bin/criu check || say "warning: criu check failed"
 P=/opt/sroot
@@ -166,6 +168,49 @@ EOF
     [ -z "$why" ]; verdict "$name" $? "$why"
 }
 
+# train_case NAME PREEMPT ARGS...: checkpoint/bench/train_app.py ARGS (issue 24: DataLoader
+# workers, pinned memory, NVML) as a plain job (no gpu-mode-run: the reference), then under
+# gpu-mode-run; PREEMPT=1 preempts it after step 5. PASS: the wrapped job completes on its own
+# (restored when preempted) and every step's loss is logged once and bitwise equal to the
+# reference's. The workers' GPU files before the preemption go to worker-files.txt.
+train_case() {
+    local name=$1 preempt=$2 W=$U/$1 job pre pid why="" k
+    shift 2
+    mkdir -p "$W"; chmod 1777 "$W"
+    for k in plain job; do
+        local app="$(command -v python3) $B/train_app.py --ready $W/ready-$k $*" wrap=""
+        [ $k = job ] && wrap="$B/gpu-mode-run --config $D/gpu-mode.toml --"
+        printf '#!/bin/sh\nexec %s %s %s\n' "$DROP" "$wrap" "$app" > "$W/$k.sh"; chmod 755 "$W/$k.sh"
+    done
+    submit() { (cd "$W" && as $JOBUSER $S/sbatch --parsable -J "$name-$1" -p low --gpu-mode=checkpoint --signal=B:USR1@60 \
+        --requeue --open-mode=append --gres=gpu:1 --time=10 --output="$W/$1.out" "$W/$1.sh"); }
+    steps_at_least() { [ "$(grep -c '^step ' "$1")" -ge "$2" ]; }
+    job=$(submit plain)
+    wait_until 240 "the reference run" finished "$job"
+    say "$name: reference job $job $(field "$job" JobState) $(field "$job" ExitCode), $(grep -c '^step ' "$W/plain.out") steps"
+    job=$(submit job)
+    say "$name: job $job (as $JOBUSER): $*"
+    if [ "$preempt" = 1 ]; then
+        wait_until 240 "step 5" steps_at_least "$W/job.out" 5 || why="$why never reached step 5;"
+        pid=$(cat "$W/ready-job" 2>/dev/null)
+        for k in $(pgrep -P "${pid:-0}") ; do
+            echo "worker $k ($(tr '\0' ' ' < /proc/$k/cmdline | cut -c1-80)):"
+            ls -l /proc/$k/fd 2>/dev/null | grep -E 'nvidia|/dev/shm' | sed 's/^.* \([0-9]*\) -> /  fd \1 -> /'
+            grep -E 'nvidia|/dev/shm' /proc/$k/maps | sed 's/^/  map /'
+        done > "$W/worker-files.txt"
+        say "$name: the workers' GPU and /dev/shm files:"; cat "$W/worker-files.txt"
+        pre=$(as gmtest2 $S/sbatch --parsable -J preemptor -p high --gres=gpu:"$N" --output="$W/preemptor.out" --wrap 'sleep 5')
+        wait_until 240 "the requeue" requeued "$job" || why="$why not requeued;"
+    fi
+    wait_until 400 "the job's end" finished "$job" || { why="$why did not end;"; $S/scancel "$job"; }
+    say "$name: job $job $(field "$job" JobState), exit code $(field "$job" ExitCode), restarts $(field "$job" Restarts); gpu-mode-run said:"
+    grep -E '^gpu-mode-run|Error|Traceback|MISMATCH|DONE' "$W/job.out" | cut -c1-400
+    [ "$(field "$job" ExitCode)" = 0:0 ] || why="$why exit code $(field "$job" ExitCode);"
+    [ "$preempt" = 1 ] && ! grep -q "restored (pid" "$W/job.out" && why="$why not restored;"
+    python3 "$B/train_app.py" --compare "$W/job.out" "$W/plain.out" || why="$why losses differ from the reference;"
+    [ -z "$why" ]; verdict "$name" $? "$why"
+}
+
 if [ "$PART" = all ] || [ "$PART" = e2e ]; then
     say "== e2e: the cluster"
     "$B/gpu-mode-cluster" down --name real >/dev/null 2>&1
@@ -178,6 +223,9 @@ if [ "$PART" = all ] || [ "$PART" = e2e ]; then
             torch8) preempt_case ckpt-torch8 8 1 torch ;;
             16gib) preempt_case ckpt-16gib 16 1 ;;
             2ranks) [ "$N" -ge 2 ] && preempt_case ckpt-2ranks 1 2 ;;
+            train-end) train_case train-end 0 --steps 20 --interval 0.2 --workers 2 --persistent --pin-memory --nvml ;;
+            train-fork) train_case train-fork 1 --steps 40 --interval 0.3 --workers 2 --persistent --pin-memory --nvml ;;
+            train-spawn) train_case train-spawn 1 --steps 40 --interval 0.3 --workers 2 --persistent --start-method spawn ;;
         esac
     done
     say "== prolog/epilog lines"; cat "$D/log/hooks.log"

@@ -1,11 +1,17 @@
-//! Under `gpu-mode-run` the application gets the signals a plain run gets
-//! (issue 24, item 1), on a real Slurm with the job's agent, fresh and
-//! after a restore by the real CRIU.
+//! Training jobs as people write them (issue 24), on a real Slurm with the
+//! job's agent and the real CRIU, the GPUs simulated:
 //!
-//! Seen on an H100 before the fix: the application and its forked
-//! DataLoader workers ran with the wrapper's own mask (HUP, INT, QUIT,
-//! USR1, USR2, TERM blocked), so Python could not end its workers with
-//! SIGTERM at exit and the job held its GPU until the time limit.
+//! * Under `gpu-mode-run` the application gets the signals a plain run
+//!   gets, fresh and after a restore. Seen on an H100 before the fix: the
+//!   application and its forked DataLoader workers ran with the wrapper's
+//!   own mask (HUP, INT, QUIT, USR1, USR2, TERM blocked), so Python could
+//!   not end its workers with SIGTERM at exit and the job held its GPU
+//!   until the time limit.
+//! * A child forked without exec after the application's GPU memory was
+//!   made (a DataLoader worker of the fork start method) is checkpointed and
+//!   restored with the tree: the preloaded library made it drop the GPU
+//!   files it inherited (hugepages/src/fork.rs). Before, the agent refused
+//!   the tree and the job started over.
 //!
 //! Who runs the jobs, and the cluster: as tests/tests/preempt_checkpoint.rs
 //! (its own cluster here; the scenarios take turns, [`serial`]).
@@ -17,7 +23,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 fn c() -> Option<&'static Cluster> {
-    criu_ready().then(|| cluster_with("preempt_signals", 2, |s| s.preemption = Some(Preemption::default())))
+    criu_ready().then(|| cluster_with("preempt_training_shapes", 2, |s| s.preemption = Some(Preemption::default())))
 }
 
 fn serial() -> MutexGuard<'static, ()> {
@@ -108,4 +114,24 @@ fn scancels_sigterm_reaches_the_application() {
     let out = c.job_output(job);
     assert_eq!(j.state(), "CANCELLED", "{out}");
     wait_for("the application's answer to SIGTERM", Duration::from_secs(10), || c.job_output(job).contains("received SIGTERM"));
+}
+
+/// A DataLoader-like worker forked after the GPU memory was made: the tree
+/// is checkpointed with it, restored, and the worker, alive again, ends on
+/// its parent's SIGTERM at the end; every step once.
+#[test]
+fn a_forked_worker_is_checkpointed_and_restored_with_its_parent() {
+    let Some(c) = c() else { return };
+    let _turn = serial();
+    let job = submit_low(c, job_user(), "fork-worker", &counter_with(c, STEPS, &["--fork-worker", "yes"]));
+    wait_steps(c, job, 5);
+    let preemptor = submit_preemptor(c, None, None, 2, 3);
+    wait_requeued(c, job, 1);
+    wait_finished(c, preemptor);
+    let j = wait_finished(c, job);
+    let out = c.job_output(job);
+    assert!(out.contains(" restored (pid "), "not restored:\n{out}");
+    assert_eq!((j.state(), j.get("ExitCode")), ("COMPLETED", "0:0"), "{out}");
+    assert_counted_once(&out);
+    assert!(out.contains(&format!("ended by signal {}", libc::SIGTERM)), "the restored worker did not end on SIGTERM:\n{out}");
 }

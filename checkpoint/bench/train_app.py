@@ -1,0 +1,152 @@
+"""A training job as people write it, for checkpoint mode on real GPUs (issue 24).
+
+A small model (two Linear layers with GELU, or a 2-layer transformer encoder)
+trained with AdamW on a synthetic data set served by a DataLoader with
+workers, fixed seeds and deterministic algorithms. Each step prints
+
+    step <n> loss <float.hex()> batch <first sample index>
+
+so two runs can be compared bitwise (`--compare OTHER.out`), and checks that
+the batch is the one the sampler's order gives (a worker restored with the
+wrong state would hand another). After the last step it prints
+`DONE steps=<n>` and exits 0; the DataLoader's workers are ended by Python at
+exit (SIGTERM), which is what issue 24's item 1 was about.
+
+    python3 train_app.py --steps 60 --interval 0.5 --workers 2 \
+        --start-method fork|spawn|forkserver --pin-memory --persistent \
+        [--nvml] [--model mlp|transformer] [--ready FILE]
+    python3 train_app.py --compare RUN.out REFERENCE.out   # every step once, losses bitwise equal
+
+--nvml starts a monitoring thread that calls torch.cuda.utilization() and
+torch.cuda.memory_usage() every 0.2 s (NVML users, issue 24 item 3).
+"""
+
+import argparse
+import os
+import sys
+import threading
+import time
+
+
+def parse():
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--interval", type=float, default=0.5)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--start-method", default="fork", choices=["fork", "spawn", "forkserver"])
+    p.add_argument("--pin-memory", action="store_true")
+    p.add_argument("--persistent", action="store_true")
+    p.add_argument("--nvml", action="store_true")
+    p.add_argument("--model", default="mlp", choices=["mlp", "transformer"])
+    p.add_argument("--ready", default=None)
+    p.add_argument("--compare", nargs=2, metavar=("RUN", "REFERENCE"), help="no training: compare two outputs' losses bitwise")
+    return p.parse_args()
+
+
+class Synthetic:
+    """Samples made from their index alone: any worker makes the same ones."""
+
+    def __init__(self, n, dim):
+        self.n, self.dim = n, dim
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        import torch
+
+        g = torch.Generator().manual_seed(1000 + i)
+        x = torch.randn(self.dim, generator=g)
+        return i, x, (x.sum() > 0).long()
+
+
+def model_of(kind, dim):
+    import torch
+
+    if kind == "mlp":
+        return torch.nn.Sequential(torch.nn.Linear(dim, 512), torch.nn.GELU(), torch.nn.Linear(512, 2))
+    # The sample as 4 tokens of dim/4 features.
+    layer = torch.nn.TransformerEncoderLayer(d_model=dim // 4, nhead=4, dim_feedforward=128, dropout=0.0, batch_first=True)
+    return torch.nn.Sequential(
+        torch.nn.Unflatten(1, (4, dim // 4)), torch.nn.TransformerEncoder(layer, 2), torch.nn.Flatten(), torch.nn.Linear(dim, 2)
+    )
+
+
+def monitor(stop):
+    import torch
+
+    while not stop.is_set():
+        torch.cuda.utilization()
+        torch.cuda.memory_usage()
+        time.sleep(0.2)
+
+
+def compare(a, b):
+    def losses(path):
+        out = {}
+        for line in open(path, errors="replace"):
+            w = line.split()
+            if len(w) >= 4 and w[0] == "step" and w[2] == "loss":
+                out.setdefault(int(w[1]), []).append(w[3])
+        return out
+
+    la, lb = losses(a), losses(b)
+    twice = sorted(n for n, v in la.items() if len(v) > 1)
+    differ = sorted(n for n in la.keys() & lb.keys() if la[n][:1] != lb[n][:1])
+    missing = sorted(lb.keys() - la.keys())
+    print(f"compare: {len(la)} steps; logged twice {twice[:10]}; differing {differ[:10]}; missing {missing[:10]}")
+    return 0 if not (twice or differ or missing) else 1
+
+
+def main():
+    a = parse()
+    if a.compare:
+        return compare(*a.compare)
+    # cuBLAS is deterministic only with a fixed workspace (PyTorch's docs on
+    # use_deterministic_algorithms); set before CUDA starts.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    import torch
+
+    torch.manual_seed(0)
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    dim = 64
+    dev = torch.device("cuda")
+    model = model_of(a.model, dim).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = Synthetic(64 * (a.steps + 1), dim)
+    # The order as an explicit sampler: each batch can be checked against it.
+    order = torch.randperm(len(data), generator=torch.Generator().manual_seed(7)).tolist()
+    kw = dict(batch_size=64, sampler=order, num_workers=a.workers, pin_memory=a.pin_memory)
+    if a.workers > 0:
+        kw.update(persistent_workers=a.persistent, multiprocessing_context=a.start_method)
+    loader = torch.utils.data.DataLoader(data, **kw)
+    stop = threading.Event()
+    if a.nvml:
+        threading.Thread(target=monitor, args=(stop,), daemon=True).start()
+    n = 0
+    for idx, x, y in loader:
+        n += 1
+        if idx.tolist() != order[(n - 1) * 64 : n * 64]:
+            print(f"MISMATCH batch {n}: not the sampler's order", flush=True)
+            return 3
+        x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        print(f"step {n} loss {loss.item().hex()} batch {idx[0].item()}", flush=True)
+        if n == 1 and a.ready:
+            with open(a.ready + ".tmp", "w") as f:
+                f.write(str(os.getpid()))
+            os.rename(a.ready + ".tmp", a.ready)
+        if n == a.steps:
+            break
+        time.sleep(a.interval)
+    stop.set()
+    print(f"DONE steps={n}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
