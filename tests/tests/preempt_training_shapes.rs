@@ -53,6 +53,21 @@ fn signal_lines(out: &str) -> (Vec<&str>, usize) {
     (lines, after)
 }
 
+/// Preempts `job` (a counter of STEPS steps) after step 5 and waits for its
+/// end: restored, COMPLETED with 0, every step once. Its output.
+fn preempted_to_the_end(c: &Cluster, job: u32) -> String {
+    wait_steps(c, job, 5);
+    let preemptor = submit_preemptor(c, None, None, 2, 3);
+    wait_requeued(c, job, 1);
+    wait_finished(c, preemptor);
+    let j = wait_finished(c, job);
+    let out = c.job_output(job);
+    assert!(out.contains(" restored (pid "), "not restored:\n{out}");
+    assert_eq!((j.state(), j.get("ExitCode")), ("COMPLETED", "0:0"), "{out}");
+    assert_counted_once(&out);
+    out
+}
+
 #[test]
 fn the_application_has_a_plain_runs_signal_state_fresh_and_restored() {
     let Some(c) = c() else { return };
@@ -68,15 +83,7 @@ fn the_application_has_a_plain_runs_signal_state_fresh_and_restored() {
     let ready = c.dir.join("out").join(format!("sig-wrapped-{}.ready", std::process::id()));
     let mut app = counter_with(c, STEPS, &["--signals", "yes"]);
     app.extend(["--ready".to_string(), ready.display().to_string()]);
-    let job = submit_low(c, who, "sig-wrapped", &app);
-    wait_steps(c, job, 5);
-    let preemptor = submit_preemptor(c, None, None, 2, 3);
-    wait_requeued(c, job, 1);
-    wait_finished(c, preemptor);
-    let j = wait_finished(c, job);
-    let out = c.job_output(job);
-    assert_eq!((j.state(), j.get("ExitCode")), ("COMPLETED", "0:0"), "{out}");
-    assert_counted_once(&out);
+    let out = preempted_to_the_end(c, submit_low(c, who, "sig-wrapped", &app));
     let (lines, after_restore) = signal_lines(&out);
     assert!(after_restore > 0, "no step after the restore printed its signal state:\n{out}");
     let differing: Vec<_> = lines.iter().filter(|l| **l != expected).collect();
@@ -123,15 +130,6 @@ fn scancels_sigterm_reaches_the_application() {
 fn a_forked_worker_is_checkpointed_and_restored_with_its_parent() {
     let Some(c) = c() else { return };
     let _turn = serial();
-    let job = submit_low(c, job_user(), "fork-worker", &counter_with(c, STEPS, &["--fork-worker", "yes"]));
-    wait_steps(c, job, 5);
-    let preemptor = submit_preemptor(c, None, None, 2, 3);
-    wait_requeued(c, job, 1);
-    wait_finished(c, preemptor);
-    let j = wait_finished(c, job);
-    let out = c.job_output(job);
-    assert!(out.contains(" restored (pid "), "not restored:\n{out}");
-    assert_eq!((j.state(), j.get("ExitCode")), ("COMPLETED", "0:0"), "{out}");
-    assert_counted_once(&out);
+    let out = preempted_to_the_end(c, submit_low(c, job_user(), "fork-worker", &counter_with(c, STEPS, &["--fork-worker", "yes"])));
     assert!(out.contains(&format!("ended by signal {}", libc::SIGTERM)), "the restored worker did not end on SIGTERM:\n{out}");
 }
