@@ -4,8 +4,10 @@
 //! (the job's), `cuda-sim-counter` counting steps in simulated GPU memory.
 //!
 //! Needs root, CRIU 4 (scripts/install-criu.sh) and `cargo build
-//! --workspace` (the simulated libraries and the counter); skips with a
-//! message otherwise. Directories go under $GPU_MODE_CLUSTER_BASE.
+//! --workspace` (the simulated libraries and the counter); each test is
+//! noted SKIPPED through the testkit otherwise (CI's log and count show
+//! it), or fails where GPU_MODE_REQUIRE_CRIU=1 (CI). Directories go under
+//! $GPU_MODE_CLUSTER_BASE.
 
 use gpu_mode_core::preempt::images::{cleanup_after_job, Cleanup};
 use gpu_mode_core::preempt::manifest::{Manifest, CONSUMED_FILE, MANIFEST_FILE};
@@ -47,7 +49,6 @@ fn job_user() -> Who {
     if eff & (1 << 24) != 0 {
         return Who::User(USER);
     }
-    eprintln!("note: root lacks CAP_SYS_RESOURCE here: the job runs as root without capabilities instead of {USER}");
     Who::CaplessRoot
 }
 
@@ -78,47 +79,60 @@ fn skip_reason(bin: &Path) -> Option<String> {
     None
 }
 
+/// The node, for the running test; `None` when it cannot be had here, and
+/// then the test is noted SKIPPED, or fails where GPU_MODE_REQUIRE_CRIU=1
+/// (scripts/test.sh, CI: there a missing CRIU is a failure, not a skip).
+/// A test that runs as capability-less root is noted SUBSTITUTED.
 fn node() -> Option<&'static Node> {
-    static NODE: OnceLock<Option<Node>> = OnceLock::new();
-    NODE.get_or_init(|| {
-        let bin = Path::new(env!("CARGO_BIN_EXE_gpu-mode-run")).parent().unwrap().to_path_buf();
-        if let Some(why) = skip_reason(&bin) {
-            // scripts/test.sh (CI) installs CRIU and sets this: there a
-            // missing CRIU is a failure, not a skip.
-            if std::env::var_os("GPU_MODE_REQUIRE_CRIU").is_some() {
-                panic!("CRIU is required here (GPU_MODE_REQUIRE_CRIU): {why}");
-            }
-            eprintln!("skipped: {why}");
-            return None;
+    static NODE: OnceLock<Result<Node, String>> = OnceLock::new();
+    let test = gpu_mode_testkit::this_test();
+    match NODE.get_or_init(make_node) {
+        Err(why) if gpu_mode_testkit::required("GPU_MODE_REQUIRE_CRIU") => panic!("CRIU is required here (GPU_MODE_REQUIRE_CRIU): {why}"),
+        Err(why) => {
+            gpu_mode_testkit::skipped(&test, why);
+            None
         }
-        let base = std::env::var("GPU_MODE_CLUSTER_BASE").unwrap_or_else(|_| "/tmp/gpu-mode-cluster".into());
-        // Earlier runs' directories (their test process is gone) go first.
-        for old in std::fs::read_dir(&base).into_iter().flatten().flatten() {
-            let name = old.file_name().to_string_lossy().into_owned();
-            let pid = name.strip_prefix("preempt-criu-").and_then(|p| p.parse::<i32>().ok());
-            if pid.is_some_and(|p| gpu_mode_core::procfs::read(p).is_none()) {
-                let _ = std::fs::remove_dir_all(old.path());
+        Ok(n) => {
+            if n.who == Who::CaplessRoot {
+                let why = format!("the job runs as root without capabilities instead of {USER}: root lacks CAP_SYS_RESOURCE here");
+                gpu_mode_testkit::substituted(&test, &why);
             }
+            Some(n)
         }
-        let dir = PathBuf::from(base).join(format!("preempt-criu-{}", std::process::id()));
-        std::fs::create_dir_all(dir.join("user")).unwrap();
-        chmod(&dir, 0o755);
-        // Where the test user's programs write (their ready files).
-        chmod(&dir.join("user"), 0o1777);
-        let state = dir.join("nvml-state.json");
-        nvml_sim::store::create(&state, &nvml_sim::fixtures_dir().join("node-2x-h200.toml")).unwrap();
-        chmod(&state, 0o666);
-        std::env::set_var("GPU_MODE_SIM_STATE", &state);
-        let gpus = cuda_sim::gpus::all().unwrap();
-        // The simulated driver's folder, made now so CRIU-free tests agree on it.
-        cuda_sim::files::SimDir::from_env().unwrap();
-        std::fs::write(dir.join("scontrol"), format!("#!/bin/sh\necho \"$@\" >> {}/scontrol.log\n", dir.display())).unwrap();
-        chmod(&dir.join("scontrol"), 0o755);
-        std::fs::write(dir.join("scontrol.log"), "").unwrap();
-        chmod(&dir.join("scontrol.log"), 0o666);
-        Some(Node { dir, bin, state, gpus, who: job_user() })
-    })
-    .as_ref()
+    }
+}
+
+fn make_node() -> Result<Node, String> {
+    let bin = Path::new(env!("CARGO_BIN_EXE_gpu-mode-run")).parent().unwrap().to_path_buf();
+    if let Some(why) = skip_reason(&bin) {
+        return Err(why);
+    }
+    let base = std::env::var("GPU_MODE_CLUSTER_BASE").unwrap_or_else(|_| "/tmp/gpu-mode-cluster".into());
+    // Earlier runs' directories (their test process is gone) go first.
+    for old in std::fs::read_dir(&base).into_iter().flatten().flatten() {
+        let name = old.file_name().to_string_lossy().into_owned();
+        let pid = name.strip_prefix("preempt-criu-").and_then(|p| p.parse::<i32>().ok());
+        if pid.is_some_and(|p| gpu_mode_core::procfs::read(p).is_none()) {
+            let _ = std::fs::remove_dir_all(old.path());
+        }
+    }
+    let dir = PathBuf::from(base).join(format!("preempt-criu-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("user")).unwrap();
+    chmod(&dir, 0o755);
+    // Where the test user's programs write (their ready files).
+    chmod(&dir.join("user"), 0o1777);
+    let state = dir.join("nvml-state.json");
+    nvml_sim::store::create(&state, &nvml_sim::fixtures_dir().join("node-2x-h200.toml")).unwrap();
+    chmod(&state, 0o666);
+    std::env::set_var("GPU_MODE_SIM_STATE", &state);
+    let gpus = cuda_sim::gpus::all().unwrap();
+    // The simulated driver's folder, made now so CRIU-free tests agree on it.
+    cuda_sim::files::SimDir::from_env().unwrap();
+    std::fs::write(dir.join("scontrol"), format!("#!/bin/sh\necho \"$@\" >> {}/scontrol.log\n", dir.display())).unwrap();
+    chmod(&dir.join("scontrol"), 0o755);
+    std::fs::write(dir.join("scontrol.log"), "").unwrap();
+    chmod(&dir.join("scontrol.log"), 0o666);
+    Ok(Node { dir, bin, state, gpus, who: job_user() })
 }
 
 fn chmod(p: &Path, mode: u32) {
@@ -570,7 +584,7 @@ fn a_program_that_is_not_pie_is_restored_and_runs_to_its_end() {
     let Some(n) = node() else { return };
     let python = Path::new("/usr/bin/python3");
     if !mapped_low(python) {
-        eprintln!("skipped: {} is missing or PIE here", python.display());
+        gpu_mode_testkit::skipped(&gpu_mode_testkit::this_test(), &format!("{} is missing or PIE here: no program that is not PIE to restore", python.display()));
         return;
     }
     let job = 9106;
