@@ -187,14 +187,80 @@ impl Node {
     }
 }
 
-/// A cgroup standing for the job's (pids hierarchy), or none where there is none.
-fn job_cgroup(name: &str) -> Option<PathBuf> {
-    let root = Path::new("/sys/fs/cgroup/pids");
-    root.join("cgroup.procs").exists().then(|| {
-        let d = root.join("gmc-ckpt2").join(name);
-        std::fs::create_dir_all(&d).unwrap();
-        d
-    })
+/// A cgroup standing for the job's, made on every hierarchy of this host
+/// that a job's cgroup can be on: cgroup v2 (the whole of a v2-only host's,
+/// as Debian 12's and the GPU machines'; `unified` on a hybrid one) and
+/// v1's `pids`. The restored tree must land in it on each. (A v2-only
+/// host's view can be had on a hybrid one: in a private mount namespace,
+/// unmount /sys/fs/cgroup's mounts and mount cgroup2 there, with no fd of
+/// the outer namespace's mounts inherited, which CRIU cannot look up.)
+struct JobCgroup {
+    hierarchies: Vec<CgroupDir>,
+}
+
+/// The job's cgroup on one hierarchy.
+struct CgroupDir {
+    dir: PathBuf,
+    /// What `/proc/<pid>/cgroup` says of a member: its line ends with this
+    /// (`:pids:/gmc-ckpt2/a-run1`, `::/gmc-ckpt2/a-run1` for v2).
+    line_end: String,
+}
+
+impl JobCgroup {
+    /// `gmc-ckpt2/<name>` on each hierarchy mounted writable here. With
+    /// none, the check cannot run: a failure where GPU_MODE_REQUIRE_CRIU=1
+    /// (CI), else the running test is noted SKIPPED for it.
+    fn make(name: &str) -> JobCgroup {
+        let mountinfo = read(Path::new("/proc/self/mountinfo"));
+        let hierarchies: Vec<CgroupDir> = mountinfo.lines().filter_map(|l| CgroupDir::make(l, name)).collect();
+        if hierarchies.is_empty() {
+            let why = "no cgroup v2 or v1 pids hierarchy is mounted writable here: the restored tree's cgroup cannot be checked";
+            assert!(!gpu_mode_testkit::required("GPU_MODE_REQUIRE_CRIU"), "{why}\n{mountinfo}");
+            gpu_mode_testkit::skipped(&format!("{} (its cgroup check)", gpu_mode_testkit::this_test()), why);
+        }
+        JobCgroup { hierarchies }
+    }
+
+    fn procs_files(&self) -> Vec<PathBuf> {
+        self.hierarchies.iter().map(|h| h.dir.join("cgroup.procs")).collect()
+    }
+
+    /// Panics unless `pid` is in this cgroup on every hierarchy.
+    fn assert_holds(&self, pid: i32) {
+        let text = read(Path::new(&format!("/proc/{pid}/cgroup")));
+        for h in &self.hierarchies {
+            assert!(text.lines().any(|l| l.ends_with(&h.line_end)), "pid {pid} is not in {} ({}): {text}", h.dir.display(), h.line_end);
+        }
+    }
+
+    fn remove(self) {
+        for h in self.hierarchies {
+            let _ = std::fs::remove_dir(h.dir);
+        }
+    }
+}
+
+impl CgroupDir {
+    /// The job's cgroup on the hierarchy of mountinfo line `l`, if it is
+    /// cgroup v2 or v1's pids and mounted writable.
+    fn make(l: &str, name: &str) -> Option<CgroupDir> {
+        let (left, right) = l.split_once(" - ")?;
+        let f: Vec<&str> = left.split(' ').collect();
+        let r: Vec<&str> = right.split(' ').collect();
+        let (root, point, options) = (*f.get(3)?, *f.get(4)?, r.get(2)?.split(',').collect::<Vec<_>>());
+        let controllers = match *r.first()? {
+            "cgroup2" => "",
+            "cgroup" if options.contains(&"pids") => "pids",
+            _ => return None,
+        };
+        if !f.get(5)?.split(',').any(|o| o == "rw") {
+            return None;
+        }
+        let rel = format!("gmc-ckpt2/{name}");
+        let dir = Path::new(point).join(&rel);
+        std::fs::create_dir_all(&dir).ok()?;
+        Some(CgroupDir { dir, line_end: format!(":{controllers}:{}/{rel}", root.trim_end_matches('/')) })
+    }
 }
 
 /// One run of a job's batch shell.
@@ -203,7 +269,7 @@ struct Run<'a> {
     cfg: &'a Path,
     job: u32,
     restart: u32,
-    cgroup: Option<&'a Path>,
+    cgroup: Option<&'a JobCgroup>,
     /// Its stdout; stderr goes beside it (`.err`).
     out: &'a Path,
 }
@@ -237,7 +303,7 @@ fn wrapper_with_env(n: &Node, r: &Run, app: &[&str], env: &[(&str, &str)]) -> Ch
         .envs(env.iter().copied());
     if let Some(cg) = cgroup {
         // Joined while still root, before the privileges are dropped.
-        let target = gpu_mode_core::criu::TargetCgroup { lines: vec![], procs_files: vec![cg.join("cgroup.procs")] };
+        let target = gpu_mode_core::criu::TargetCgroup { lines: vec![], procs_files: cg.procs_files() };
         target.join_before_exec(&mut cmd).unwrap();
     }
     match who {
@@ -310,11 +376,12 @@ fn a_preempted_job_is_dumped_requeued_restored_on_another_gpu_preempted_again_an
 
     // Run 0 on GPU 0: preempted after a few steps.
     n.agent((&cfg_path, &cfg), job, 0, 0);
-    let (cg0, cg1) = (job_cgroup("a-run0"), job_cgroup("a-run1"));
-    let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 0, cgroup: cg0.as_deref(), out: &out }, &app);
+    let (cg0, cg1) = (JobCgroup::make("a-run0"), JobCgroup::make("a-run1"));
+    let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 0, cgroup: Some(&cg0), out: &out }, &app);
     wait_for("five steps", Duration::from_secs(20), || last_step(&out) >= 5);
     let app_pid = ready_pid(&n.dir, "a.ready");
     assert!(nvml_pids(&n.state).contains(&(n.gpus[0].clone(), app_pid as u32)));
+    cg0.assert_holds(app_pid);
     signal(&w, libc::SIGUSR1);
     assert_eq!(exit_code(&mut w, Duration::from_secs(60)), 0, "{}", read(&out.with_extension("err")));
     let err = read(&out.with_extension("err"));
@@ -339,13 +406,10 @@ fn a_preempted_job_is_dumped_requeued_restored_on_another_gpu_preempted_again_an
 
     // Run 1 on GPU 1: restored into the new job's cgroup, preempted again.
     n.agent((&cfg_path, &cfg), job, 1, 1);
-    let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 1, cgroup: cg1.as_deref(), out: &out }, &app);
+    let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 1, cgroup: Some(&cg1), out: &out }, &app);
     wait_for("steps after the restore", Duration::from_secs(30), || last_step(&out) > dumped_at + 3);
-    if let Some(cg) = &cg1 {
-        let text = read(Path::new(&format!("/proc/{app_pid}/cgroup")));
-        let want = format!(":pids:/gmc-ckpt2/{}", cg.file_name().unwrap().to_string_lossy());
-        assert!(text.lines().any(|l| l.ends_with(&want)), "restored into the new job's cgroup: {text}");
-    }
+    // Restored into the new job's cgroup, not run 0's.
+    cg1.assert_holds(app_pid);
     let err = read(&out.with_extension("err"));
     assert!(err.contains("restoring the checkpoint taken in run 0") && err.contains(&format!("GPUs [(\"{}\", \"{}\")]", n.gpus[0], n.gpus[1])), "{err}");
     signal(&w, libc::SIGUSR1);
@@ -357,9 +421,9 @@ fn a_preempted_job_is_dumped_requeued_restored_on_another_gpu_preempted_again_an
     assert_eq!(cleanup_after_job(&store, job, 1).unwrap(), Cleanup::Kept { restart: 1 });
 
     // Run 2 back on GPU 0: finishes the count, ends with the app's code.
-    let cg2 = job_cgroup("a-run2");
+    let cg2 = JobCgroup::make("a-run2");
     n.agent((&cfg_path, &cfg), job, 2, 0);
-    let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 2, cgroup: cg2.as_deref(), out: &out }, &app);
+    let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 2, cgroup: Some(&cg2), out: &out }, &app);
     assert_eq!(exit_code(&mut w, Duration::from_secs(60)), 7, "{}", read(&out.with_extension("err")));
     let all = steps(&out);
     assert_eq!(all.iter().map(|s| s.0).collect::<Vec<_>>(), (1..=60).collect::<Vec<_>>(), "every step once, in order");
@@ -369,8 +433,8 @@ fn a_preempted_job_is_dumped_requeued_restored_on_another_gpu_preempted_again_an
     assert!(store.run_dir(job, 1).join(CONSUMED_FILE).exists() && !store.run_dir(job, 1).join(MANIFEST_FILE).exists());
     assert_eq!(stop_agent(&cfg, job, Duration::from_secs(10)), Ok(true));
     assert_eq!(cleanup_after_job(&store, job, 2).unwrap(), Cleanup::Removed);
-    for cg in [cg0, cg1, cg2].into_iter().flatten() {
-        let _ = std::fs::remove_dir(cg);
+    for cg in [cg0, cg1, cg2] {
+        cg.remove();
     }
 }
 
