@@ -6,7 +6,7 @@
 //! that way never reaches CI's log. These functions write straight to the
 //! process's standard error (which libtest does not capture) and append one
 //! line to the notes file that `scripts/test.sh` counts at the end
-//! (`== tests: N passed, N failed, N skipped, N substituted`).
+//! (`tests: N passed, N failed, N skipped` and `substituted: N`).
 //!
 //! * [`skipped`]: the test's assertions did not run.
 //! * [`substituted`]: they ran, on something else than the test's name says
