@@ -122,10 +122,10 @@ impl FullNode {
                 p.push(format!("gpu-mode-run never said {needle:?}"));
             }
         }
-        // Run 0's checkpoint, restored by a later run: run 1, or the next
-        // one where Slurm started run 1 without its prolog (then requeued
-        // again: core::skipped_prolog).
-        let restoring_run_0 = |l: &str| l.strip_prefix(&format!("gpu-mode-run: job {job} run ")).is_some_and(|r| r.ends_with(": restoring the checkpoint taken in run 0"));
+        // Run 0's checkpoint, restored by a later run: run 1, or a later
+        // one where run 1 did not get to restore (Slurm started it without
+        // its prolog and it was requeued again: core::skipped_prolog).
+        let restoring_run_0 = |l: &str| l.strip_prefix(&format!("gpu-mode-run: job {job} run ")).is_some_and(|r| r.contains(": restoring the checkpoint taken in run 0 "));
         if !out.lines().any(restoring_run_0) {
             p.push("gpu-mode-run never said that a run restored the checkpoint taken in run 0".into());
         }
