@@ -6,7 +6,9 @@
 # with jobs on the installed files (test-install.sh), and the plugin built
 # and tested against the newer Slurms Debian serves, each in a debootstrap'd
 # root of its suite (test-slurm-debian.sh): 24.11 (trixie) and 26.05 (forky).
-# Run as root.
+# Ends with the count of tests passed, failed, skipped and substituted
+# (scripts/test-count.sh), also when a part fails; .ci/run prints it again
+# last. Run as root.
 set -eu
 cd "$(dirname "$0")/.."
 . scripts/common.sh
@@ -25,12 +27,30 @@ sh scripts/install-criu.sh
 GPU_MODE_REQUIRE_CRIU=1
 export GPU_MODE_REQUIRE_CRIU
 
+# What tests note as skipped or substituted (tools/testkit), from this run
+# only; test-slurm-debian.sh adds its roots' notes.
+mkdir -p target/test-logs
+GPU_MODE_TEST_NOTES=$PWD/target/test-notes.log
+export GPU_MODE_TEST_NOTES
+: > "$GPU_MODE_TEST_NOTES"
+# Every part's output, counted at the end into target/test-summary.txt.
+output=target/test-logs/test-output.log
+: > "$output"
+rm -f target/test-summary.txt
+summary() {
+    sh scripts/test-count.sh "$output" "$GPU_MODE_TEST_NOTES" > target/test-summary.txt
+    cat target/test-summary.txt
+}
+trap summary EXIT
+
 t0=$(date +%s)
-part() { # NAME COMMAND...: runs one part and prints how long it took
+part() { # NAME COMMAND...: runs one part, its output also into $output; prints how long it took
     name=$1; shift
     s=$(date +%s)
-    "$@"
+    { rc=0; "$@" 2>&1 || rc=$?; echo "$rc" > target/test-logs/part.rc; } | tee -a "$output"
+    rc=$(cat target/test-logs/part.rc)
     echo "== $name took $(( $(date +%s) - s )) s"
+    [ "$rc" = 0 ] || { echo "== $name failed (exit $rc)"; exit "$rc"; }
 }
 part "build" cargo build --workspace --all-targets
 
@@ -38,7 +58,6 @@ part "build" cargo build --workspace --all-targets
 # priority, the later parts' tools (cargo-deb, cargo-generate-rpm,
 # ansible-core) and the trixie and forky roots are fetched and built. Each
 # part checks for them again and redoes what a failure here left undone.
-mkdir -p target/test-logs
 nice -n 19 sh scripts/test-packaging.sh --tools > target/test-logs/tools-packaging.log 2>&1 &
 tools_pid=$!
 nice -n 19 sh scripts/test-install.sh --tools > target/test-logs/tools-ansible.log 2>&1 &

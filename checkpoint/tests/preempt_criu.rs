@@ -4,8 +4,10 @@
 //! (the job's), `cuda-sim-counter` counting steps in simulated GPU memory.
 //!
 //! Needs root, CRIU 4 (scripts/install-criu.sh) and `cargo build
-//! --workspace` (the simulated libraries and the counter); skips with a
-//! message otherwise. Directories go under $GPU_MODE_CLUSTER_BASE.
+//! --workspace` (the simulated libraries and the counter); each test is
+//! noted SKIPPED through the testkit otherwise (CI's log and count show
+//! it), or fails where GPU_MODE_REQUIRE_CRIU=1 (CI). Directories go under
+//! $GPU_MODE_CLUSTER_BASE.
 
 use gpu_mode_core::preempt::images::{cleanup_after_job, Cleanup};
 use gpu_mode_core::preempt::manifest::{Manifest, CONSUMED_FILE, MANIFEST_FILE};
@@ -47,7 +49,6 @@ fn job_user() -> Who {
     if eff & (1 << 24) != 0 {
         return Who::User(USER);
     }
-    eprintln!("note: root lacks CAP_SYS_RESOURCE here: the job runs as root without capabilities instead of {USER}");
     Who::CaplessRoot
 }
 
@@ -78,47 +79,60 @@ fn skip_reason(bin: &Path) -> Option<String> {
     None
 }
 
+/// The node, for the running test; `None` when it cannot be had here, and
+/// then the test is noted SKIPPED, or fails where GPU_MODE_REQUIRE_CRIU=1
+/// (scripts/test.sh, CI: there a missing CRIU is a failure, not a skip).
+/// A test that runs as capability-less root is noted SUBSTITUTED.
 fn node() -> Option<&'static Node> {
-    static NODE: OnceLock<Option<Node>> = OnceLock::new();
-    NODE.get_or_init(|| {
-        let bin = Path::new(env!("CARGO_BIN_EXE_gpu-mode-run")).parent().unwrap().to_path_buf();
-        if let Some(why) = skip_reason(&bin) {
-            // scripts/test.sh (CI) installs CRIU and sets this: there a
-            // missing CRIU is a failure, not a skip.
-            if std::env::var_os("GPU_MODE_REQUIRE_CRIU").is_some() {
-                panic!("CRIU is required here (GPU_MODE_REQUIRE_CRIU): {why}");
-            }
-            eprintln!("skipped: {why}");
-            return None;
+    static NODE: OnceLock<Result<Node, String>> = OnceLock::new();
+    let test = gpu_mode_testkit::this_test();
+    match NODE.get_or_init(make_node) {
+        Err(why) if gpu_mode_testkit::required("GPU_MODE_REQUIRE_CRIU") => panic!("CRIU is required here (GPU_MODE_REQUIRE_CRIU): {why}"),
+        Err(why) => {
+            gpu_mode_testkit::skipped(&test, why);
+            None
         }
-        let base = std::env::var("GPU_MODE_CLUSTER_BASE").unwrap_or_else(|_| "/tmp/gpu-mode-cluster".into());
-        // Earlier runs' directories (their test process is gone) go first.
-        for old in std::fs::read_dir(&base).into_iter().flatten().flatten() {
-            let name = old.file_name().to_string_lossy().into_owned();
-            let pid = name.strip_prefix("preempt-criu-").and_then(|p| p.parse::<i32>().ok());
-            if pid.is_some_and(|p| gpu_mode_core::procfs::read(p).is_none()) {
-                let _ = std::fs::remove_dir_all(old.path());
+        Ok(n) => {
+            if n.who == Who::CaplessRoot {
+                let why = format!("the job runs as root without capabilities instead of {USER}: root lacks CAP_SYS_RESOURCE here");
+                gpu_mode_testkit::substituted(&test, &why);
             }
+            Some(n)
         }
-        let dir = PathBuf::from(base).join(format!("preempt-criu-{}", std::process::id()));
-        std::fs::create_dir_all(dir.join("user")).unwrap();
-        chmod(&dir, 0o755);
-        // Where the test user's programs write (their ready files).
-        chmod(&dir.join("user"), 0o1777);
-        let state = dir.join("nvml-state.json");
-        nvml_sim::store::create(&state, &nvml_sim::fixtures_dir().join("node-2x-h200.toml")).unwrap();
-        chmod(&state, 0o666);
-        std::env::set_var("GPU_MODE_SIM_STATE", &state);
-        let gpus = cuda_sim::gpus::all().unwrap();
-        // The simulated driver's folder, made now so CRIU-free tests agree on it.
-        cuda_sim::files::SimDir::from_env().unwrap();
-        std::fs::write(dir.join("scontrol"), format!("#!/bin/sh\necho \"$@\" >> {}/scontrol.log\n", dir.display())).unwrap();
-        chmod(&dir.join("scontrol"), 0o755);
-        std::fs::write(dir.join("scontrol.log"), "").unwrap();
-        chmod(&dir.join("scontrol.log"), 0o666);
-        Some(Node { dir, bin, state, gpus, who: job_user() })
-    })
-    .as_ref()
+    }
+}
+
+fn make_node() -> Result<Node, String> {
+    let bin = Path::new(env!("CARGO_BIN_EXE_gpu-mode-run")).parent().unwrap().to_path_buf();
+    if let Some(why) = skip_reason(&bin) {
+        return Err(why);
+    }
+    let base = std::env::var("GPU_MODE_CLUSTER_BASE").unwrap_or_else(|_| "/tmp/gpu-mode-cluster".into());
+    // Earlier runs' directories (their test process is gone) go first.
+    for old in std::fs::read_dir(&base).into_iter().flatten().flatten() {
+        let name = old.file_name().to_string_lossy().into_owned();
+        let pid = name.strip_prefix("preempt-criu-").and_then(|p| p.parse::<i32>().ok());
+        if pid.is_some_and(|p| gpu_mode_core::procfs::read(p).is_none()) {
+            let _ = std::fs::remove_dir_all(old.path());
+        }
+    }
+    let dir = PathBuf::from(base).join(format!("preempt-criu-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("user")).unwrap();
+    chmod(&dir, 0o755);
+    // Where the test user's programs write (their ready files).
+    chmod(&dir.join("user"), 0o1777);
+    let state = dir.join("nvml-state.json");
+    nvml_sim::store::create(&state, &nvml_sim::fixtures_dir().join("node-2x-h200.toml")).unwrap();
+    chmod(&state, 0o666);
+    std::env::set_var("GPU_MODE_SIM_STATE", &state);
+    let gpus = cuda_sim::gpus::all().unwrap();
+    // The simulated driver's folder, made now so CRIU-free tests agree on it.
+    cuda_sim::files::SimDir::from_env().unwrap();
+    std::fs::write(dir.join("scontrol"), format!("#!/bin/sh\necho \"$@\" >> {}/scontrol.log\n", dir.display())).unwrap();
+    chmod(&dir.join("scontrol"), 0o755);
+    std::fs::write(dir.join("scontrol.log"), "").unwrap();
+    chmod(&dir.join("scontrol.log"), 0o666);
+    Ok(Node { dir, bin, state, gpus, who: job_user() })
 }
 
 fn chmod(p: &Path, mode: u32) {
@@ -173,14 +187,80 @@ impl Node {
     }
 }
 
-/// A cgroup standing for the job's (pids hierarchy), or none where there is none.
-fn job_cgroup(name: &str) -> Option<PathBuf> {
-    let root = Path::new("/sys/fs/cgroup/pids");
-    root.join("cgroup.procs").exists().then(|| {
-        let d = root.join("gmc-ckpt2").join(name);
-        std::fs::create_dir_all(&d).unwrap();
-        d
-    })
+/// A cgroup standing for the job's, made on every hierarchy of this host
+/// that a job's cgroup can be on: cgroup v2 (the whole of a v2-only host's,
+/// as Debian 12's and the GPU machines'; `unified` on a hybrid one) and
+/// v1's `pids`. The restored tree must land in it on each. (A v2-only
+/// host's view can be had on a hybrid one: in a private mount namespace,
+/// unmount /sys/fs/cgroup's mounts and mount cgroup2 there, with no fd of
+/// the outer namespace's mounts inherited, which CRIU cannot look up.)
+struct JobCgroup {
+    hierarchies: Vec<CgroupDir>,
+}
+
+/// The job's cgroup on one hierarchy.
+struct CgroupDir {
+    dir: PathBuf,
+    /// What `/proc/<pid>/cgroup` says of a member: its line ends with this
+    /// (`:pids:/gmc-ckpt2/a-run1`, `::/gmc-ckpt2/a-run1` for v2).
+    line_end: String,
+}
+
+impl JobCgroup {
+    /// `gmc-ckpt2/<name>` on each hierarchy mounted writable here. With
+    /// none, the check cannot run: a failure where GPU_MODE_REQUIRE_CRIU=1
+    /// (CI), else the running test is noted SKIPPED for it.
+    fn make(name: &str) -> JobCgroup {
+        let mountinfo = read(Path::new("/proc/self/mountinfo"));
+        let hierarchies: Vec<CgroupDir> = mountinfo.lines().filter_map(|l| CgroupDir::make(l, name)).collect();
+        if hierarchies.is_empty() {
+            let why = "no cgroup v2 or v1 pids hierarchy is mounted writable here: the restored tree's cgroup cannot be checked";
+            assert!(!gpu_mode_testkit::required("GPU_MODE_REQUIRE_CRIU"), "{why}\n{mountinfo}");
+            gpu_mode_testkit::skipped(&format!("{} (its cgroup check)", gpu_mode_testkit::this_test()), why);
+        }
+        JobCgroup { hierarchies }
+    }
+
+    fn procs_files(&self) -> Vec<PathBuf> {
+        self.hierarchies.iter().map(|h| h.dir.join("cgroup.procs")).collect()
+    }
+
+    /// Panics unless `pid` is in this cgroup on every hierarchy.
+    fn assert_holds(&self, pid: i32) {
+        let text = read(Path::new(&format!("/proc/{pid}/cgroup")));
+        for h in &self.hierarchies {
+            assert!(text.lines().any(|l| l.ends_with(&h.line_end)), "pid {pid} is not in {} ({}): {text}", h.dir.display(), h.line_end);
+        }
+    }
+
+    fn remove(self) {
+        for h in self.hierarchies {
+            let _ = std::fs::remove_dir(h.dir);
+        }
+    }
+}
+
+impl CgroupDir {
+    /// The job's cgroup on the hierarchy of mountinfo line `l`, if it is
+    /// cgroup v2 or v1's pids and mounted writable.
+    fn make(l: &str, name: &str) -> Option<CgroupDir> {
+        let (left, right) = l.split_once(" - ")?;
+        let f: Vec<&str> = left.split(' ').collect();
+        let r: Vec<&str> = right.split(' ').collect();
+        let (root, point, options) = (*f.get(3)?, *f.get(4)?, r.get(2)?.split(',').collect::<Vec<_>>());
+        let controllers = match *r.first()? {
+            "cgroup2" => "",
+            "cgroup" if options.contains(&"pids") => "pids",
+            _ => return None,
+        };
+        if !f.get(5)?.split(',').any(|o| o == "rw") {
+            return None;
+        }
+        let rel = format!("gmc-ckpt2/{name}");
+        let dir = Path::new(point).join(&rel);
+        std::fs::create_dir_all(&dir).ok()?;
+        Some(CgroupDir { dir, line_end: format!(":{controllers}:{}/{rel}", root.trim_end_matches('/')) })
+    }
 }
 
 /// One run of a job's batch shell.
@@ -189,7 +269,7 @@ struct Run<'a> {
     cfg: &'a Path,
     job: u32,
     restart: u32,
-    cgroup: Option<&'a Path>,
+    cgroup: Option<&'a JobCgroup>,
     /// Its stdout; stderr goes beside it (`.err`).
     out: &'a Path,
 }
@@ -223,7 +303,7 @@ fn wrapper_with_env(n: &Node, r: &Run, app: &[&str], env: &[(&str, &str)]) -> Ch
         .envs(env.iter().copied());
     if let Some(cg) = cgroup {
         // Joined while still root, before the privileges are dropped.
-        let target = gpu_mode_core::criu::TargetCgroup { lines: vec![], procs_files: vec![cg.join("cgroup.procs")] };
+        let target = gpu_mode_core::criu::TargetCgroup { lines: vec![], procs_files: cg.procs_files() };
         target.join_before_exec(&mut cmd).unwrap();
     }
     match who {
@@ -296,11 +376,12 @@ fn a_preempted_job_is_dumped_requeued_restored_on_another_gpu_preempted_again_an
 
     // Run 0 on GPU 0: preempted after a few steps.
     n.agent((&cfg_path, &cfg), job, 0, 0);
-    let (cg0, cg1) = (job_cgroup("a-run0"), job_cgroup("a-run1"));
-    let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 0, cgroup: cg0.as_deref(), out: &out }, &app);
+    let (cg0, cg1) = (JobCgroup::make("a-run0"), JobCgroup::make("a-run1"));
+    let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 0, cgroup: Some(&cg0), out: &out }, &app);
     wait_for("five steps", Duration::from_secs(20), || last_step(&out) >= 5);
     let app_pid = ready_pid(&n.dir, "a.ready");
     assert!(nvml_pids(&n.state).contains(&(n.gpus[0].clone(), app_pid as u32)));
+    cg0.assert_holds(app_pid);
     signal(&w, libc::SIGUSR1);
     assert_eq!(exit_code(&mut w, Duration::from_secs(60)), 0, "{}", read(&out.with_extension("err")));
     let err = read(&out.with_extension("err"));
@@ -325,13 +406,10 @@ fn a_preempted_job_is_dumped_requeued_restored_on_another_gpu_preempted_again_an
 
     // Run 1 on GPU 1: restored into the new job's cgroup, preempted again.
     n.agent((&cfg_path, &cfg), job, 1, 1);
-    let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 1, cgroup: cg1.as_deref(), out: &out }, &app);
+    let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 1, cgroup: Some(&cg1), out: &out }, &app);
     wait_for("steps after the restore", Duration::from_secs(30), || last_step(&out) > dumped_at + 3);
-    if let Some(cg) = &cg1 {
-        let text = read(Path::new(&format!("/proc/{app_pid}/cgroup")));
-        let want = format!(":pids:/gmc-ckpt2/{}", cg.file_name().unwrap().to_string_lossy());
-        assert!(text.lines().any(|l| l.ends_with(&want)), "restored into the new job's cgroup: {text}");
-    }
+    // Restored into the new job's cgroup, not run 0's.
+    cg1.assert_holds(app_pid);
     let err = read(&out.with_extension("err"));
     assert!(err.contains("restoring the checkpoint taken in run 0") && err.contains(&format!("GPUs [(\"{}\", \"{}\")]", n.gpus[0], n.gpus[1])), "{err}");
     signal(&w, libc::SIGUSR1);
@@ -343,9 +421,9 @@ fn a_preempted_job_is_dumped_requeued_restored_on_another_gpu_preempted_again_an
     assert_eq!(cleanup_after_job(&store, job, 1).unwrap(), Cleanup::Kept { restart: 1 });
 
     // Run 2 back on GPU 0: finishes the count, ends with the app's code.
-    let cg2 = job_cgroup("a-run2");
+    let cg2 = JobCgroup::make("a-run2");
     n.agent((&cfg_path, &cfg), job, 2, 0);
-    let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 2, cgroup: cg2.as_deref(), out: &out }, &app);
+    let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 2, cgroup: Some(&cg2), out: &out }, &app);
     assert_eq!(exit_code(&mut w, Duration::from_secs(60)), 7, "{}", read(&out.with_extension("err")));
     let all = steps(&out);
     assert_eq!(all.iter().map(|s| s.0).collect::<Vec<_>>(), (1..=60).collect::<Vec<_>>(), "every step once, in order");
@@ -355,8 +433,8 @@ fn a_preempted_job_is_dumped_requeued_restored_on_another_gpu_preempted_again_an
     assert!(store.run_dir(job, 1).join(CONSUMED_FILE).exists() && !store.run_dir(job, 1).join(MANIFEST_FILE).exists());
     assert_eq!(stop_agent(&cfg, job, Duration::from_secs(10)), Ok(true));
     assert_eq!(cleanup_after_job(&store, job, 2).unwrap(), Cleanup::Removed);
-    for cg in [cg0, cg1, cg2].into_iter().flatten() {
-        let _ = std::fs::remove_dir(cg);
+    for cg in [cg0, cg1, cg2] {
+        cg.remove();
     }
 }
 
@@ -570,7 +648,7 @@ fn a_program_that_is_not_pie_is_restored_and_runs_to_its_end() {
     let Some(n) = node() else { return };
     let python = Path::new("/usr/bin/python3");
     if !mapped_low(python) {
-        eprintln!("skipped: {} is missing or PIE here", python.display());
+        gpu_mode_testkit::skipped(&gpu_mode_testkit::this_test(), &format!("{} is missing or PIE here: no program that is not PIE to restore", python.display()));
         return;
     }
     let job = 9106;

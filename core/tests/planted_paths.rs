@@ -3,7 +3,7 @@
 //! runtime state (`jobs/`, `locks/`, `mps-daemons/`, `mps/`, `mig/`,
 //! `health/`) is refused or replaced, never followed: the thing it points at
 //! keeps its owner, mode and contents. Root only (the helpers are root's and
-//! "another owner" needs a chown); skipped otherwise with a line saying so.
+//! "another owner" needs a chown); noted SKIPPED through the testkit otherwise.
 
 use gpu_mode_core::gpu_lock::GpuLocks;
 use gpu_mode_core::health::cursor::Cursor;
@@ -17,10 +17,12 @@ use std::time::Duration;
 
 const NOBODY: u32 = 65534;
 
+/// Whether the test runs as root; when not, it is noted SKIPPED through
+/// the testkit (CI's log and count show it).
 fn root_or_skip() -> bool {
     let root = unsafe { libc::geteuid() } == 0;
     if !root {
-        eprintln!("skipped: planting paths of other owners needs root");
+        gpu_mode_testkit::skipped(&gpu_mode_testkit::this_test(), "planting paths of other owners needs root");
     }
     root
 }

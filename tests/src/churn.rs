@@ -13,6 +13,12 @@
 //! (restarts, and the counters' "checkpointed"/"restored" lines) and checks
 //! that every checkpoint job counted each step exactly once. `debug` (the
 //! other jobs) has PreemptMode=OFF: a requeue of one of its jobs is a failure.
+//! So that one preemption happens every run, the churn starts with one on
+//! a node held full ([`full_node`]).
+//!
+//! What the run exercised is judged by what the product logged
+//! ([`product`]): every job Slurm ran has the prolog and epilog lines of its
+//! mode, every cancelled job that had a prolog had its epilog.
 
 use crate::ckpt_jobs::{self, Who};
 use crate::leftovers::Leftovers;
@@ -22,6 +28,11 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+mod full_node;
+pub mod product;
+
+use full_node::FullNode;
 
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -40,7 +51,10 @@ pub struct Options {
 
 impl Options {
     pub fn with_jobs(jobs: usize) -> Options {
-        Options { jobs, seed: 12, cancel_percent: 12, max_secs: 1.5, preempt_percent: 40, timeout: Duration::from_secs(120 + 3 * jobs as u64) }
+        // 16 %: at 100 jobs, 8 of the 12 cancels are drawn to hit a job in
+        // its prolog or mid-job (at 12 %, 1 of 5 was, and only 2 jobs ended
+        // CANCELLED: too few to show the epilog after a cancel).
+        Options { jobs, seed: 12, cancel_percent: 16, max_secs: 1.5, preempt_percent: 40, timeout: Duration::from_secs(120 + 3 * jobs as u64) }
     }
 }
 
@@ -239,6 +253,19 @@ pub struct Report {
     /// requeued): the sweep's age and
     /// size limits remove them. Not counted as left behind.
     pub images_kept_by_design: Vec<String>,
+    /// The preemption on a full node ([`full_node`]): its jobs, and what
+    /// went wrong with it.
+    pub full_node: String,
+    pub full_node_problems: Vec<String>,
+    /// Per canonical mode, as the product logged it: jobs whose prolog did
+    /// its work (`ok`; `skipped` for mode `none`), jobs whose epilog did.
+    pub work_by_mode: BTreeMap<String, (usize, usize)>,
+    /// Jobs Slurm ran whose product hook lines lack that work, or whose
+    /// prolog had no epilog after it.
+    pub hooks_unseen: Vec<String>,
+    /// Cancelled jobs whose prolog ran (each had its epilog, or it is in
+    /// `hooks_unseen`).
+    pub cancelled_after_prolog: usize,
 }
 
 /// What the SPANK plugin says when Slurm 22.05 started a requeued run
@@ -262,6 +289,10 @@ impl Report {
         if !self.hook_failures.is_empty() {
             p.push(format!("hooks that failed: {:?}", self.hook_failures));
         }
+        p.extend(self.full_node_problems.iter().cloned());
+        if !self.hooks_unseen.is_empty() {
+            p.push(format!("jobs without the product's hook lines for their mode: {:#?}", self.hooks_unseen));
+        }
         p
     }
 
@@ -275,6 +306,7 @@ impl Report {
              MPS daemons left: {}\nMPS records left: {}\nMIG instances not in the baseline: {}\n\
              job state files left: {}\nMIG journals left: {}\ncheckpoint images of finished jobs: {}\n\
              checkpoint records left: {}\nagent sockets left: {}\nlocks held: {}\n\
+             {}\nproduct's prolog/epilog work by mode: {}\ncancelled jobs whose prolog ran (each with its epilog): {}\n\
              preemptors: {}\ncheckpoint jobs preempted and restored: {} ({} checkpoints taken, {} restores)\n\
              requeued runs Slurm started without their Prolog (requeued again by the plugin): {}\nimages kept for the sweep (job ended after its checkpoint, not restored): {}\nwrong drains: {}\n\
              jobs failed for a reason other than the ones injected: {}\nhook runs that failed: {}\n\
@@ -295,6 +327,9 @@ impl Report {
             l.checkpoint_records.len(),
             l.agent_sockets.len(),
             l.locks_held.len(),
+            self.full_node,
+            self.work_by_mode.iter().map(|(m, (p, e))| format!("{m} {p}/{e}")).collect::<Vec<_>>().join(", "),
+            self.cancelled_after_prolog,
             self.preemptors,
             self.preempted_restored,
             self.checkpoints,
@@ -330,6 +365,7 @@ pub fn run(c: &Cluster, o: &Options) -> Result<Report> {
     let cancels = Arc::new(Mutex::new(BTreeMap::new()));
     let preemptors = Mutex::new(Vec::new());
     let shared = Shared { c, cancels: &cancels, stop: &stop, preemptors: &preemptors, who: ckpt_jobs::job_user() };
+    let full = FullNode::preempt(c, shared.who)?;
     std::thread::scope(|s| -> Result<()> {
         let watch = s.spawn(|| watch_drains(c, &stop, &drains));
         let sruns = Arc::new(Semaphore::new(6));
@@ -356,6 +392,9 @@ pub fn run(c: &Cluster, o: &Options) -> Result<Report> {
     report.preemptors = preemptors.iter().filter(|p| p.is_ok()).count();
     report.unexpected.extend(preemptors.iter().filter_map(|p| p.clone().err()));
     let kept_jobs = judge(c, &jobs, &cancelled, &preemptors, &mut report)?;
+    judge_hooks(c, &jobs, &mut report)?;
+    report.full_node = full.summary(c);
+    report.full_node_problems = full.problems(c);
     report.drains = drains.lock().unwrap().clone();
     report.leftovers = c.leftovers(Some(&c.dir.join("images")));
     // An image of a job that ended after a checkpoint no run restored is
@@ -649,14 +688,7 @@ fn wait_all_ended(c: &Cluster, start: Instant, timeout: Duration) -> Result<()> 
 /// last run completed a checkpoint.
 fn judge(c: &Cluster, jobs: &[Planned], cancelled: &BTreeMap<String, Cancelled>, preemptors: &[Result<String, String>], r: &mut Report) -> Result<Vec<String>> {
     let mut kept = Vec::new();
-    let out = c.client("scontrol", &["show", "job", "-o"]).run_as_root()?;
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    let mut ended: BTreeMap<String, crate::jobs::JobInfo> = BTreeMap::new();
-    for line in text.lines() {
-        let name = line.split_whitespace().find_map(|w| w.strip_prefix("JobName=")).unwrap_or("").to_string();
-        ended.insert(name, crate::jobs::JobInfo::parse(line));
-    }
-    let id_of = |info: &crate::jobs::JobInfo| info.raw.split_whitespace().find_map(|w| w.strip_prefix("JobId=")).unwrap_or("?").to_string();
+    let ended = jobs_by_name(c)?;
     let output_of = |id: &str| std::fs::read_to_string(c.dir.join("out").join(format!("{id}.out"))).unwrap_or_default();
     for j in jobs {
         let Some(info) = ended.get(&j.name) else {
@@ -744,6 +776,48 @@ fn judge(c: &Cluster, jobs: &[Planned], cancelled: &BTreeMap<String, Cancelled>,
     Ok(kept)
 }
 
+/// What Slurm knows of every job (`scontrol show job`), by job name.
+fn jobs_by_name(c: &Cluster) -> Result<BTreeMap<String, crate::jobs::JobInfo>> {
+    let out = c.client("scontrol", &["show", "job", "-o"]).run_as_root()?;
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let mut ended = BTreeMap::new();
+    for line in text.lines() {
+        let name = line.split_whitespace().find_map(|w| w.strip_prefix("JobName=")).unwrap_or("").to_string();
+        ended.insert(name, crate::jobs::JobInfo::parse(line));
+    }
+    Ok(ended)
+}
+
+fn id_of(info: &crate::jobs::JobInfo) -> String {
+    info.raw.split_whitespace().find_map(|w| w.strip_prefix("JobId=")).unwrap_or("?").to_string()
+}
+
+/// Every planned job against the product's own hook lines: one that
+/// completed had both hooks do the work of its mode; one cancelled after
+/// its prolog ran had its epilog too.
+fn judge_hooks(c: &Cluster, jobs: &[Planned], r: &mut Report) -> Result<()> {
+    let ended = jobs_by_name(c)?;
+    let all = product::by_job(&std::fs::read_to_string(c.dir.join("log/hooks.log")).unwrap_or_default());
+    r.work_by_mode = product::work_by_mode(&all);
+    for j in jobs {
+        let Some(info) = ended.get(&j.name) else { continue };
+        let id = id_of(info);
+        let lines = all.get(&id).map_or(&[][..], Vec::as_slice);
+        let missing = match info.state.as_str() {
+            "COMPLETED" => product::missing_work(lines, product::family(j.mode.unwrap_or("none"))),
+            _ => None,
+        };
+        let why = missing.or_else(|| product::prolog_without_epilog(lines).then(|| format!("a prolog without its epilog: {lines:?}")));
+        if let Some(why) = why {
+            r.hooks_unseen.push(format!("{} job {id} ({} {}): {why}", j.name, info.state, info.exit_code));
+        }
+        if info.state == "CANCELLED" && lines.iter().any(|l| l.action == "prolog") {
+            r.cancelled_after_prolog += 1;
+        }
+    }
+    Ok(())
+}
+
 fn hook_times(c: &Cluster, r: &mut Report) {
     let family = families(c);
     let text = std::fs::read_to_string(c.dir.join("log/hook-times.log")).unwrap_or_default();
@@ -776,14 +850,9 @@ fn hook_times(c: &Cluster, r: &mut Report) {
 /// Job id → mode family, from the prologs' log lines (`mode=mig:...`).
 fn families(c: &Cluster) -> BTreeMap<String, String> {
     let text = std::fs::read_to_string(c.dir.join("log/hooks.log")).unwrap_or_default();
-    text.lines()
-        .filter(|l| l.contains("action=prolog"))
-        .filter_map(|l| {
-            let field = |k: &str| l.split_whitespace().find_map(|w| w.strip_prefix(k)).map(|v| v.trim_matches('"').to_string());
-            let mode = field("mode=").unwrap_or_else(|| "none".into());
-            let family = mode.split(':').next().unwrap_or("none").to_string();
-            Some((field("job=")?, family))
-        })
+    product::by_job(&text)
+        .into_iter()
+        .filter_map(|(job, lines)| Some((job, lines.iter().find(|l| l.action == "prolog")?.family().to_string())))
         .collect()
 }
 
@@ -815,6 +884,8 @@ mod tests {
         assert!(preempted.iter().any(|j| j.cancel.is_some()));
         let ci = plan(&Options::with_jobs(100));
         assert!(ci.iter().filter(|j| j.preempt.is_some()).count() >= 3);
+        let while_running = ci.iter().filter(|j| matches!(j.cancel, Some(CancelAt::Prolog | CancelAt::MidJob(_)))).count();
+        assert!(while_running >= 6, "{while_running} cancels drawn to hit a running job");
     }
 
     #[test]

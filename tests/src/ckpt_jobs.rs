@@ -22,15 +22,22 @@ pub enum Who {
     CaplessRoot,
 }
 
+/// Who runs checkpoint jobs here: the test user gmtest1 where root has
+/// CAP_SYS_RESOURCE (which `criu dump` needs for another user's
+/// processes); else root without capabilities, which the running test
+/// notes as SUBSTITUTED (CI's log and count show it).
 pub fn job_user() -> Who {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
     let eff = status.lines().find_map(|l| l.strip_prefix("CapEff:")).and_then(|v| u64::from_str_radix(v.trim(), 16).ok()).unwrap_or(0);
     // CAP_SYS_RESOURCE is capability 24.
     if eff & (1 << 24) != 0 {
-        Who::User("gmtest1")
-    } else {
-        Who::CaplessRoot
+        return Who::User("gmtest1");
     }
+    gpu_mode_testkit::substituted(
+        &gpu_mode_testkit::this_test(),
+        "checkpoint jobs run as root without capabilities instead of the test user gmtest1: root lacks CAP_SYS_RESOURCE here",
+    );
+    Who::CaplessRoot
 }
 
 pub fn bin(c: &Cluster, name: &str) -> String {
@@ -138,17 +145,19 @@ pub fn submit_preemptor(c: &Cluster, user: Option<&str>, node: Option<&str>, gpu
     c.submit(user, &args, &script, &[]).unwrap()
 }
 
-/// Whether CRIU works here; a message when not, or a panic where it is
-/// required (scripts/test.sh, CI: a skip there would hide the feature).
+/// Whether CRIU works here. When not, the running test is noted SKIPPED
+/// (CI's log and count show it), or fails where CRIU is required
+/// (GPU_MODE_REQUIRE_CRIU=1, as scripts/test.sh sets: a skip there would
+/// hide the feature).
 pub fn criu_ready() -> bool {
     if std::process::Command::new(CRIU).arg("check").output().is_ok_and(|o| o.status.success()) {
         return true;
     }
     let why = format!("{CRIU} missing or `criu check` fails: run scripts/install-criu.sh");
-    if std::env::var_os("GPU_MODE_REQUIRE_CRIU").is_some() {
+    if gpu_mode_testkit::required("GPU_MODE_REQUIRE_CRIU") {
         panic!("CRIU is required here (GPU_MODE_REQUIRE_CRIU): {why}");
     }
-    eprintln!("skipped: {why}");
+    gpu_mode_testkit::skipped(&gpu_mode_testkit::this_test(), &why);
     false
 }
 

@@ -6,7 +6,7 @@
 //! that way never reaches CI's log. These functions write straight to the
 //! process's standard error (which libtest does not capture) and append one
 //! line to the notes file that `scripts/test.sh` counts at the end
-//! (`== tests: N passed, N failed, N skipped, N substituted`).
+//! (`tests: N passed, N failed, N skipped` and `substituted: N`).
 //!
 //! * [`skipped`]: the test's assertions did not run.
 //! * [`substituted`]: they ran, on something else than the test's name says
@@ -44,10 +44,43 @@ pub fn required(var: &str) -> bool {
     std::env::var(var).is_ok_and(|v| matches!(v.trim(), "1" | "true" | "yes"))
 }
 
+/// The running test as `<test binary>::<test>`: libtest runs each test on
+/// a thread it names after the test, and the binary's name (its cargo hash
+/// cut off) says which file it is in. For notes said from a helper that
+/// does not know its caller.
+pub fn this_test() -> String {
+    let binary = std::env::args_os().next().map(PathBuf::from);
+    let binary = binary.as_ref().and_then(|b| b.file_name()).map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let thread = std::thread::current();
+    test_path(&binary, thread.name().unwrap_or("?"))
+}
+
+fn test_path(binary: &str, thread: &str) -> String {
+    // cargo names test binaries `<file>-<16 hex digits>`.
+    let file = match binary.rsplit_once('-') {
+        Some((file, hash)) if hash.len() == 16 && hash.chars().all(|c| c.is_ascii_hexdigit()) => file,
+        _ => binary,
+    };
+    match thread {
+        "main" => file.to_string(),
+        test => format!("{file}::{test}"),
+    }
+}
+
 /// `SKIPPED <test>: <reason>` on standard error and in the notes file. The
-/// reason is one line: control characters become spaces.
+/// reason is one line: control characters become spaces. Said once per
+/// process: a helper that several calls of one test reach (who runs its
+/// jobs, whether CRIU works) notes it once, so the count is of tests.
 fn note(kind: &str, test: &str, reason: &str) {
+    static SAID: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
     let line = format_line(kind, test, reason);
+    {
+        let mut said = SAID.lock().unwrap_or_else(|p| p.into_inner());
+        if said.contains(&line) {
+            return;
+        }
+        said.push(line.clone());
+    }
     let _ = std::io::stderr().lock().write_all(line.as_bytes());
     let path = notes_file();
     if let Some(dir) = path.parent() {
@@ -76,6 +109,13 @@ mod tests {
     }
 
     #[test]
+    fn a_test_is_named_by_its_file_and_its_thread() {
+        assert_eq!(test_path("churn-0123456789abcdef", "a_hundred_jobs"), "churn::a_hundred_jobs");
+        assert_eq!(test_path("preempt_checkpoint", "tests::x"), "preempt_checkpoint::tests::x");
+        assert_eq!(test_path("gpu-mode-run", "main"), "gpu-mode-run");
+    }
+
+    #[test]
     fn notes_reach_the_file_named_by_the_environment() {
         let dir = std::env::temp_dir().join(format!("testkit-{}", std::process::id()));
         let file = dir.join("notes.log");
@@ -83,6 +123,8 @@ mod tests {
         unsafe { std::env::set_var("GPU_MODE_TEST_NOTES", &file) };
         skipped("t1", "why");
         substituted("t2", "instead");
+        // Said again by the same test: counted once.
+        skipped("t1", "why");
         let text = std::fs::read_to_string(&file).unwrap();
         assert_eq!(text, "SKIPPED t1: why\nSUBSTITUTED t2: instead\n");
         unsafe { std::env::remove_var("GPU_MODE_TEST_NOTES") };
