@@ -113,7 +113,8 @@ pub enum CheckpointError {
     Scan { target: Target, detail: String },
     #[error(
         "pid {pid} holds {file} but the CUDA driver cannot checkpoint it ({detail}); a child forked without exec keeps its \
-         parent's GPU mappings and cannot be checkpointed: refused, nothing was changed"
+         parent's GPU mappings and cannot be checkpointed unless it dropped them at the fork (gpu-mode-run's preloaded \
+         library does, with [checkpoint] forked_children_drop_gpu_files on and LD_PRELOAD kept): refused, nothing was changed"
     )]
     NotCheckpointable { pid: i32, file: NvidiaFile, detail: String },
     #[error("pid {pid} is {state}, not running: refused, nothing was changed")]
