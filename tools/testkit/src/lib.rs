@@ -17,6 +17,8 @@
 //! the skip into a failure.
 
 use std::io::Write;
+
+pub mod user;
 use std::path::PathBuf;
 
 /// The notes file: `$GPU_MODE_TEST_NOTES`, else `target/test-notes.log` in
