@@ -6,16 +6,17 @@
 //! away and put a symlink to a root-owned directory in its place, hoping to
 //! land between root's mkdir and its chown by path. Before the fix, an
 //! unprivileged loop like the one below won 31 times in 20,000 tries on a
-//! 2-core machine. This test runs the real attacker (a forked process that
-//! drops to uid 65534) against the real directory code for a bounded time
-//! and fails if root ever touched the target.
+//! 2-core machine. This test runs the real attacker (a thread whose
+//! credentials alone are uid 65534: Linux checks each thread's own, see
+//! gpu_mode_testkit::user) against the real directory code for a bounded
+//! time and fails if root ever touched the target.
 //!
 //! A race proves nothing unless both sides ran at once: the attacker counts
-//! its swaps in memory shared with root's loop, and the test fails unless
+//! its swaps where root's loop reads them, and the test fails unless
 //! enough of root's tries had a swap land while root was making the
 //! directories.
 //!
-//! Needs root (to create directories for another uid and to drop to it):
+//! Needs root (to create directories for another uid and to become it):
 //! reported as skipped otherwise, and a failure under CI (`CI=true`), which
 //! runs as root.
 
@@ -34,26 +35,15 @@ const MAX_TIME: Duration = Duration::from_secs(25);
 /// means the attacker hardly ran, and a zero-win result would say nothing.
 const MIN_CONTESTED_TRIES: u32 = 500;
 
-/// What the two processes share: the attacker's swap count and root's
-/// request to stop. Lives in a `MAP_SHARED` page made before the fork.
+/// What the two sides share: the attacker's swap count and root's request
+/// to stop.
+#[derive(Default)]
 struct Shared {
     swaps: AtomicU64,
     stop: AtomicBool,
 }
 
-/// A zeroed (swaps 0, stop false) `Shared` that a forked child shares.
-fn shared_page() -> &'static Shared {
-    // SAFETY: a fresh anonymous mapping, zero-filled, never unmapped; all
-    // of Shared's fields are atomics valid when zero.
-    unsafe {
-        let len = std::mem::size_of::<Shared>();
-        let p = libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_ANONYMOUS, -1, 0);
-        assert_ne!(p, libc::MAP_FAILED, "mmap: {}", std::io::Error::last_os_error());
-        &*p.cast::<Shared>()
-    }
-}
-
-/// The attacker, in the forked child after it dropped to the user: swaps
+/// The attacker, on a thread that has become the user: swaps
 /// `<key>/pipe` and `<key>/log` for symlinks to the target until root says
 /// stop, counting each swap that put a symlink in place.
 fn attack(runtime: &Path, target: &Path, shared: &Shared) {
@@ -85,14 +75,20 @@ fn root_never_chowns_a_path_the_user_planted() {
     let target = runtime.join("target");
     std::fs::create_dir(&target).unwrap();
     std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let shared = shared_page();
-    let attacker = user::fork_as(ATTACKER_UID, ATTACKER_UID, || attack(runtime, &target, shared));
-    let outcome = race(runtime, &target, shared);
-    shared.stop.store(true, Ordering::Relaxed);
-    let end = user::wait(attacker);
+    let shared = Shared::default();
+    let (outcome, attacker) = std::thread::scope(|s| {
+        let attacker = s.spawn(|| {
+            user::become_user(ATTACKER_UID, ATTACKER_UID)?;
+            attack(runtime, &target, &shared);
+            Ok::<(), String>(())
+        });
+        let outcome = race(runtime, &target, &shared);
+        shared.stop.store(true, Ordering::Relaxed);
+        (outcome, attacker.join())
+    });
     let swaps = shared.swaps.load(Ordering::Relaxed);
     eprintln!("C1 race: {outcome:?}, {swaps} swaps by the attacker in all");
-    assert_eq!(end, user::ChildEnd::Done, "the attacker (uid {ATTACKER_UID}) did not run to the end");
+    assert_eq!(attacker.expect("the attacker panicked"), Ok(()), "the attacker could not become uid {ATTACKER_UID}");
     assert!(outcome.tries > 1000, "the race ran only {} times: it proves nothing", outcome.tries);
     assert!(
         outcome.contested >= MIN_CONTESTED_TRIES,

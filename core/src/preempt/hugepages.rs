@@ -186,8 +186,8 @@ mod tests {
     }
 
     /// gpu-mode-run calls `for_application` as the job's user, not as root
-    /// (who reads anything): the user's view runs as uid 65534, in a forked
-    /// child when the tests run as root (CI).
+    /// (who reads anything): the user's view runs as uid 65534, on a thread
+    /// that became it when the tests run as root (CI).
     #[test]
     fn the_jobs_user_preloads_the_kept_copy_and_is_told_of_a_library_it_cannot_read() {
         let dir = tempfile::tempdir().unwrap();

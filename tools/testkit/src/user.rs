@@ -1,75 +1,49 @@
 //! Running part of a test as an unprivileged user. CI runs as root, so a
 //! case that only a plain user meets (a file it cannot read, a directory it
-//! cannot write) would never run there: the test forks, and the child
-//! becomes the user before it does the work.
+//! cannot write) would never run there: the test runs that part on a thread
+//! that has become the user.
+//!
+//! Linux keeps credentials per thread; the C library's `setuid` changes
+//! every thread of the process, the raw system calls only the caller. So a
+//! thread that makes them is that user for every file system check while
+//! the rest of the test process stays root, and no fork is needed (a child
+//! forked from a test process whose other threads hold locks, e.g. while
+//! printing a panic, can deadlock on them).
 
 /// `nobody`: a uid that owns nothing a test could depend on.
 pub const NOBODY: u32 = 65534;
 
-/// How a forked child ended, from its exit code.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ChildEnd {
-    /// The work returned.
-    Done,
-    /// The work panicked (its message went to standard error).
-    Panicked,
-    /// setgroups, setgid or setuid failed: the work did not run.
-    NotBecome,
-    /// Another exit code or a signal (wait status as `waitpid` gave it).
-    Other(i32),
-}
-
-/// Forks a child that drops to `uid`/`gid` with no supplementary groups,
-/// runs `work` and leaves with `_exit` (never returning into the test
-/// harness); returns its pid for [`wait`]. Whoever calls it must be root.
-///
-/// The child of a multi-threaded process may only rely on what fork keeps
-/// consistent: glibc's malloc is, so file system calls and formatting are
-/// fine; locks another thread held at the fork are not.
-pub fn fork_as(uid: u32, gid: u32, work: impl FnOnce()) -> libc::pid_t {
-    // SAFETY: fork has no preconditions; the child leaves with _exit below.
-    let pid = unsafe { libc::fork() };
-    assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
-    if pid > 0 {
-        return pid;
-    }
+/// Makes the calling thread, and it alone, `uid`/`gid` with no
+/// supplementary groups (real, effective and saved ids: it cannot go back).
+/// Needs root; the error names the call that failed.
+pub fn become_user(uid: u32, gid: u32) -> Result<(), String> {
+    let call = |name: &str, r: libc::c_long| if r == 0 { Ok(()) } else { Err(format!("{name}: {}", std::io::Error::last_os_error())) };
     // SAFETY: plain system calls on values; the empty group list is valid.
-    let became = unsafe { libc::setgroups(0, std::ptr::null()) == 0 && libc::setgid(gid) == 0 && libc::setuid(uid) == 0 };
-    let code = if !became {
-        3
-    } else if std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).is_ok() {
-        0
-    } else {
-        1
-    };
-    // SAFETY: ends the child without running the parent's cleanup.
-    unsafe { libc::_exit(code) }
-}
-
-/// Waits for a child of [`fork_as`].
-pub fn wait(pid: libc::pid_t) -> ChildEnd {
-    let mut status = 0;
-    // SAFETY: status is a valid out-pointer.
-    let r = unsafe { libc::waitpid(pid, &mut status, 0) };
-    assert_eq!(r, pid, "waitpid({pid}): {}", std::io::Error::last_os_error());
-    match (libc::WIFEXITED(status), libc::WEXITSTATUS(status)) {
-        (true, 0) => ChildEnd::Done,
-        (true, 1) => ChildEnd::Panicked,
-        (true, 3) => ChildEnd::NotBecome,
-        _ => ChildEnd::Other(status),
+    unsafe {
+        call("setgroups", libc::syscall(libc::SYS_setgroups, 0usize, std::ptr::null::<libc::gid_t>()))?;
+        call("setresgid", libc::syscall(libc::SYS_setresgid, gid, gid, gid))?;
+        call("setresuid", libc::syscall(libc::SYS_setresuid, uid, uid, uid))
     }
 }
 
-/// Runs `work` as `nobody` and panics unless it returned: as a forked
-/// child when this process is root, else right here (a plain user already).
-pub fn as_nobody(what: &str, work: impl FnOnce()) {
+/// Runs `work` as `nobody`, and panics as it did: on a thread that became
+/// nobody when this process is root, else right here (a plain user already).
+pub fn as_nobody(what: &str, work: impl FnOnce() + Send) {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         work();
         return;
     }
-    let end = wait(fork_as(NOBODY, NOBODY, work));
-    assert_eq!(end, ChildEnd::Done, "{what}, run as uid {NOBODY}: its panic, if any, is above");
+    let joined = std::thread::scope(|s| {
+        s.spawn(|| {
+            become_user(NOBODY, NOBODY).unwrap_or_else(|e| panic!("{what}: cannot become uid {NOBODY}: {e}"));
+            work();
+        })
+        .join()
+    });
+    if let Err(panic) = joined {
+        std::panic::resume_unwind(panic);
+    }
 }
 
 #[cfg(test)]
@@ -81,30 +55,46 @@ mod tests {
         unsafe { libc::geteuid() == 0 }
     }
 
-    #[test]
-    fn the_child_runs_as_the_user_and_its_end_is_told_apart() {
-        if !is_root() {
-            crate::skipped("testkit::user", "needs root to become another user");
-            return;
-        }
-        let cases: &[(&str, fn(), ChildEnd)] = &[
-            ("returns as nobody", || assert_eq!(unsafe { (libc::getuid(), libc::getgid(), libc::getgroups(0, std::ptr::null_mut())) }, (NOBODY, NOBODY, 0)), ChildEnd::Done),
-            ("panics", || panic!("on purpose"), ChildEnd::Panicked),
-            ("exits 7", || unsafe { libc::_exit(7) }, ChildEnd::Other(7 << 8)),
-        ];
-        for (name, work, want) in cases {
-            assert_eq!(wait(fork_as(NOBODY, NOBODY, work)), *want, "{name}");
-        }
+    /// The calling thread's (uid, euid, gid, supplementary group count).
+    fn ids() -> (u32, u32, u32, i32) {
+        // SAFETY: plain queries; getgroups with size 0 only counts.
+        unsafe { (libc::getuid(), libc::geteuid(), libc::getgid(), libc::getgroups(0, std::ptr::null_mut())) }
     }
 
     #[test]
-    fn as_nobody_fails_when_the_work_fails() {
+    fn only_the_thread_becomes_nobody_and_its_panic_reaches_the_caller() {
         if !is_root() {
             crate::skipped("testkit::user", "needs root to become another user");
             return;
         }
+        let root = ids();
+        as_nobody("the ids", || assert_eq!(ids(), (NOBODY, NOBODY, NOBODY, 0)));
+        assert_eq!(ids(), root, "the caller stays root");
+        let private = std::env::temp_dir().join(format!("testkit-user-{}", std::process::id()));
+        std::fs::write(&private, b"root's").unwrap();
+        std::fs::set_permissions(&private, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+        as_nobody("a root-only file", || {
+            let err = std::fs::read(&private).unwrap_err();
+            assert_eq!(err.kind(), std::io::ErrorKind::PermissionDenied);
+        });
+        std::fs::remove_file(&private).unwrap();
         let r = std::panic::catch_unwind(|| as_nobody("a failing check", || panic!("on purpose")));
-        assert!(r.is_err(), "a panic in the child must fail the caller");
-        as_nobody("a passing check", || assert_eq!(unsafe { libc::geteuid() }, NOBODY));
+        assert!(r.is_err(), "a panic of the work must fail the caller");
+    }
+
+    #[test]
+    fn becoming_a_user_needs_root() {
+        if is_root() {
+            // Root can: shown above. Without root it fails, seen in a thread
+            // that first became nobody.
+            std::thread::spawn(|| {
+                become_user(NOBODY, NOBODY).unwrap();
+                assert!(become_user(0, 0).unwrap_err().starts_with("setgroups: "));
+            })
+            .join()
+            .unwrap();
+        } else {
+            assert!(become_user(0, 0).is_err());
+        }
     }
 }
