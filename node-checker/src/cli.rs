@@ -102,6 +102,7 @@ pub fn command() -> clap::Command {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpu_mode_testkit::table::check_row;
 
     /// What a command line comes to: the verb, then the check's options as
     /// `json deep drain node only`, or a verb's config path.
@@ -142,11 +143,7 @@ mod tests {
             (&["repair"], Err("unrecognized subcommand 'repair'")),
         ];
         for (argv, want) in cases {
-            match (outcome(argv), want) {
-                (Ok(got), Ok(want)) => assert_eq!(got, *want, "{argv:?}"),
-                (Err(err), Err(part)) => assert!(err.contains(part), "{argv:?}: {err}"),
-                (got, _) => panic!("{argv:?}: {got:?}, wanted {want:?}"),
-            }
+            check_row(&format!("{argv:?}"), outcome(argv), want.map(String::from));
         }
     }
 

@@ -43,6 +43,7 @@ impl Cli {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpu_mode_testkit::table::check_row;
 
     /// What main acts on: (json, config, node) or the usage error's part.
     type Outcome = Result<(bool, Option<&'static str>, Option<&'static str>), &'static str>;
@@ -66,17 +67,8 @@ mod tests {
             (&["--config"], Err("a value is required for '--config <CONFIG>'")),
         ];
         for (argv, want) in cases {
-            let got = parse(argv);
-            match want {
-                Ok((json, config, node)) => {
-                    let want = (*json, config.map(String::from), node.map(String::from));
-                    assert_eq!(got, Ok(want), "{argv:?}");
-                }
-                Err(part) => {
-                    let err = got.unwrap_err();
-                    assert!(err.contains(part), "{argv:?}: {err}");
-                }
-            }
+            let want = want.map(|(json, config, node)| (json, config.map(String::from), node.map(String::from)));
+            check_row(&format!("{argv:?}"), parse(argv), want);
         }
     }
 }
