@@ -211,18 +211,10 @@ mod tests {
         unsafe { libc::geteuid() == 0 }
     }
 
-    /// Whether `test` can run: the kept copies are root's. Says so where
-    /// CI's log shows it when not (CI runs as root).
-    fn runs_as_root(test: &str) -> bool {
-        if !is_root() {
-            gpu_mode_testkit::skipped(test, "needs root: the kept copies are root's");
-        }
-        is_root()
-    }
 
     #[test]
     fn each_version_is_kept_once_and_the_application_preloads_its_own() {
-        if !runs_as_root("hugepages::each_version_is_kept_once_and_the_application_preloads_its_own") {
+        if !gpu_mode_testkit::root_or_skip("preempt::hugepages::tests::each_version_is_kept_once_and_the_application_preloads_its_own", "the kept copies are root's") {
             return;
         }
         let dir = tempfile::tempdir().unwrap();
@@ -247,7 +239,7 @@ mod tests {
 
     #[test]
     fn a_kept_copy_that_someone_else_could_have_written_is_not_preloaded() {
-        if !runs_as_root("hugepages::a_kept_copy_that_someone_else_could_have_written_is_not_preloaded") {
+        if !gpu_mode_testkit::root_or_skip("preempt::hugepages::tests::a_kept_copy_that_someone_else_could_have_written_is_not_preloaded", "the kept copies are root's") {
             return;
         }
         let dir = tempfile::tempdir().unwrap();
