@@ -285,7 +285,9 @@ mod tests {
     fn a_gpu_read_stops_at_the_first_failure_and_keeps_its_kind() {
         let reset = GpuError::ResetRequired { call: "nvmlDeviceGetMigMode", gpu: GpuLabel(Some(0)) };
         let other = GpuError::Nvml { call: "nvmlDeviceGetTemperature", gpu: GpuLabel(Some(0)), kind: ErrorKind::NotSupported };
-        let cases: Vec<(&str, GpuSnap, Option<(&'static str, GpuError)>, Read)> = vec![
+        // (what, the GPU, the call that fails and its error, what is read)
+        type Case = (&'static str, GpuSnap, Option<(&'static str, GpuError)>, Read);
+        let cases: Vec<Case> = vec![
             ("a GPU without MIG: no MIG reads", healthy_gpu(0), None, (true, true, true, 0, None)),
             ("MIG on: its instances are read", with_mig(true, true), None, (true, true, true, 1, None)),
             ("MIG on only after a reset: none read", with_mig(false, true), None, (true, true, true, 0, None)),
