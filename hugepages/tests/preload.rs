@@ -1,12 +1,18 @@
-//! The shim preloaded into a real process: this test binary runs itself
-//! again with `LD_PRELOAD` naming the built library, maps memory through
-//! the C library's `mmap` there, and reports the mapping's `VmFlags` from
-//! /proc/self/smaps (`hg`: MADV_HUGEPAGE was applied).
+//! The shim preloaded into a real process: each test starts the
+//! `hugepages-probe` program (src/bin/) with `LD_PRELOAD` naming the built
+//! library; the probe maps memory through the C library's `mmap` and reports
+//! the mapping's `VmFlags` from /proc/self/smaps (`hg`: MADV_HUGEPAGE was
+//! applied) and its huge pages.
+//!
+//! Without transparent huge pages in the kernel (or with them `never`), what
+//! these tests promise cannot be seen: they say so where CI's log shows it,
+//! and fail where the environment must have THP (`CI=true` or
+//! `GPU_MODE_REQUIRE_THP=1`).
 
 use std::path::PathBuf;
 use std::process::Command;
 
-const CHILD: &str = "GPU_MODE_HUGEPAGES_TEST_CHILD";
+const PROBE: &str = env!("CARGO_BIN_EXE_hugepages-probe");
 
 /// The library cargo built for this test: target/<profile>/deps/ (where
 /// this test runs) or target/<profile>/.
@@ -17,43 +23,7 @@ fn shim() -> PathBuf {
     candidates.iter().find(|p| p.exists()).cloned().unwrap_or_else(|| panic!("libgpu_mode_hugepages.so not built: {candidates:?}"))
 }
 
-/// The field `key` (`VmFlags`, `Rss`, ...) of the mapping that starts at `addr`.
-fn smaps_field(addr: usize, key: &str) -> String {
-    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
-    let head = format!("{addr:x}-");
-    let mut lines = smaps.lines().skip_while(|l| !l.starts_with(&head)).skip(1);
-    let key = format!("{key}:");
-    lines.find_map(|l| l.strip_prefix(key.as_str()).map(str::trim).map(String::from)).unwrap_or_default()
-}
-
-/// In the child: `SPEC` is `MIB:KIND` (KIND anon, populate, noreserve,
-/// shared); maps it, prints its resident and huge-page kB, touches it, and
-/// prints its flags and the errno after the call.
-fn child(spec: &str) {
-    let (mib, kind) = spec.split_once(':').unwrap();
-    let len = mib.parse::<usize>().unwrap() << 20;
-    let flags = match kind {
-        "anon" => libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-        "populate" => libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
-        "noreserve" => libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-        "shared" => libc::MAP_SHARED | libc::MAP_ANONYMOUS,
-        _ => panic!("{kind}"),
-    };
-    // SAFETY: a fresh anonymous mapping, written within its length.
-    unsafe {
-        *libc::__errno_location() = 1234;
-        let p = libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0);
-        assert_ne!(p, libc::MAP_FAILED);
-        let errno = *libc::__errno_location();
-        println!("rss={}", smaps_field(p as usize, "Rss"));
-        println!("thp={}", smaps_field(p as usize, "AnonHugePages"));
-        std::ptr::write_bytes(p.cast::<u8>(), 7, len);
-        println!("flags={}", smaps_field(p as usize, "VmFlags"));
-        println!("errno={errno}");
-    }
-}
-
-/// A `key=` line of the child's output.
+/// A `key=` line of the probe's output.
 fn line<'a>(stdout: &'a str, key: &str) -> &'a str {
     let key = format!("{key}=");
     stdout.lines().find_map(|l| l.split_once(key.as_str()).map(|(_, v)| v)).unwrap_or_else(|| panic!("no {key} in {stdout}"))
@@ -64,20 +34,21 @@ fn kib(field: &str) -> u64 {
 }
 
 fn run(spec: &str, env: &[(&str, &str)]) -> (String, String) {
-    let (stdout, stderr) = run_child(spec, env);
+    let (stdout, stderr) = run_probe(spec, env);
     (line(&stdout, "flags").to_string(), stderr)
 }
 
-fn run_child(spec: &str, env: &[(&str, &str)]) -> (String, String) {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", "preloaded_child", "--nocapture", "--test-threads=1"]).env(CHILD, spec).env("LD_PRELOAD", shim());
+/// The probe's stdout and stderr, with the shim preloaded.
+fn run_probe(spec: &str, env: &[(&str, &str)]) -> (String, String) {
+    let mut cmd = Command::new(PROBE);
+    cmd.arg(spec).env("LD_PRELOAD", shim());
     for (k, v) in env {
         cmd.env(k, v);
     }
     let out = cmd.output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "child failed: {stdout}\n{stderr}");
+    assert!(out.status.success(), "probe failed: {stdout}\n{stderr}");
     assert!(stdout.contains("errno=1234"), "the shim changed errno: {stdout}");
     (stdout, stderr)
 }
@@ -86,26 +57,45 @@ fn has_hg(flags: &str) -> bool {
     flags.split_whitespace().any(|f| f == "hg")
 }
 
-fn thp_built() -> bool {
-    std::path::Path::new("/sys/kernel/mm/transparent_hugepage/enabled").exists()
+/// What this kernel's transparent huge pages let a test see, least first.
+#[derive(Debug, PartialEq, PartialOrd)]
+enum Thp {
+    /// Not built in: `madvise(MADV_HUGEPAGE)` fails, nothing is advised.
+    Absent,
+    /// `never`: a mapping is advised (`hg`) but gets no huge page.
+    Never,
+    /// `madvise` or `always`: an advised mapping may get huge pages.
+    Usable,
 }
 
-/// THP may back an advised mapping here (`madvise` or `always`).
-fn thp_usable() -> bool {
-    std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").is_ok_and(|s| !s.contains("[never]"))
-}
-
-#[test]
-fn preloaded_child() {
-    if let Ok(spec) = std::env::var(CHILD) {
-        child(&spec);
+fn thp() -> Thp {
+    match std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled") {
+        Err(_) => Thp::Absent,
+        Ok(s) if s.contains("[never]") => Thp::Never,
+        Ok(_) => Thp::Usable,
     }
+}
+
+/// Whether this kernel shows what `test` checks (`need`). When not, says so
+/// where CI's log shows it, or fails where the environment demands THP.
+fn thp_shows(test: &str, need: Thp) -> bool {
+    let have = thp();
+    if have >= need {
+        return true;
+    }
+    let reason = match have {
+        Thp::Absent => "this kernel has no transparent huge pages",
+        _ => "transparent huge pages are off (enabled = never): no huge page can back a mapping",
+    };
+    let demanded = gpu_mode_testkit::required("GPU_MODE_REQUIRE_THP") || gpu_mode_testkit::required("CI");
+    assert!(!demanded, "{test}: {reason}; CI=true or GPU_MODE_REQUIRE_THP=1 needs THP set to madvise or always");
+    gpu_mode_testkit::skipped(test, reason);
+    false
 }
 
 #[test]
 fn a_large_private_anonymous_mapping_is_advised() {
-    if !thp_built() {
-        eprintln!("skipped: this kernel has no transparent huge pages");
+    if !thp_shows("preload::a_large_private_anonymous_mapping_is_advised", Thp::Never) {
         return;
     }
     let (flags, stderr) = run("128:anon", &[("GPU_MODE_HUGEPAGES_LOG", "1")]);
@@ -115,20 +105,22 @@ fn a_large_private_anonymous_mapping_is_advised() {
 
 #[test]
 fn a_populated_mapping_is_advised_before_its_pages_exist() {
-    if !thp_built() {
+    let test = "preload::a_populated_mapping_is_advised_before_its_pages_exist";
+    if !thp_shows(test, Thp::Never) {
         return;
     }
+    let pages_show = thp_shows(test, Thp::Usable);
     // Advised after MAP_POPULATE had run, the mapping would hold no huge
     // page. Advised before, it holds some unless the kernel found no free
     // 2 MiB page at that moment: three tries.
     let mut outputs = Vec::new();
     for _ in 0..3 {
-        let (stdout, stderr) = run_child("128:populate", &[("GPU_MODE_HUGEPAGES_LOG", "1")]);
+        let (stdout, stderr) = run_probe("128:populate", &[("GPU_MODE_HUGEPAGES_LOG", "1")]);
         assert!(has_hg(line(&stdout, "flags")), "{stdout}");
         // Still populated when mmap returns, as MAP_POPULATE promises.
         assert_eq!(kib(line(&stdout, "rss")), 128 * 1024, "{stdout}");
         assert!(stderr.contains("populated after"), "{stderr}");
-        if !thp_usable() || kib(line(&stdout, "thp")) > 0 {
+        if !pages_show || kib(line(&stdout, "thp")) > 0 {
             return;
         }
         outputs.push(stdout);
@@ -147,7 +139,7 @@ fn small_reserved_and_shared_mappings_are_left_alone() {
 
 #[test]
 fn the_threshold_comes_from_the_environment() {
-    if !thp_built() {
+    if !thp_shows("preload::the_threshold_comes_from_the_environment", Thp::Never) {
         return;
     }
     let (flags, _) = run("128:anon", &[("GPU_MODE_HUGEPAGES_MIN_MIB", "256")]);
@@ -158,13 +150,9 @@ fn the_threshold_comes_from_the_environment() {
 
 #[test]
 fn without_the_shim_nothing_is_advised() {
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "preloaded_child", "--nocapture", "--test-threads=1"])
-        .env(CHILD, "128:anon")
-        .env_remove("LD_PRELOAD")
-        .output()
-        .unwrap();
+    let out = Command::new(PROBE).arg("128:anon").env_remove("LD_PRELOAD").output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "probe failed: {stdout}");
     assert!(!has_hg(line(&stdout, "flags")), "{stdout}: the test would pass without the shim");
     assert_eq!(kib(line(&stdout, "rss")), 0, "{stdout}");
 }

@@ -2,7 +2,16 @@
 //! be generated from the same definition.
 
 use clap::{Args, CommandFactory, Parser, Subcommand};
+use gpu_mode_core::mode::{GpuMode, MigRequest};
 use std::path::PathBuf;
+
+/// Exit codes (the help's after_help): the GPUs differ (assert), apply
+/// refused or failed, a plan has problems.
+pub const EXIT_DIFFERS: u8 = 1;
+/// Usage, config or baseline file error.
+pub const EXIT_USAGE: u8 = 2;
+/// NVML could not be read.
+pub const EXIT_NVML: u8 = 3;
 
 #[derive(Parser)]
 #[command(
@@ -75,7 +84,87 @@ pub struct Choice {
     pub layout: Option<String>,
 }
 
+impl Command {
+    /// Whether a site config that does not load stops the verb before it
+    /// starts: every verb but apply, which at boot must still drain the
+    /// node saying why (it fails later with the same error).
+    pub fn stops_on_config_error(&self) -> bool {
+        !matches!(self, Command::Apply { .. })
+    }
+}
+
+/// A `job-plan` value: a `--gpu-mode=mig:` value as the job would give it;
+/// any other mode, or no valid mode, is a usage error.
+pub fn job_request(value: &str) -> Result<MigRequest, String> {
+    match GpuMode::parse(value) {
+        Ok(GpuMode::Mig(r)) => Ok(r),
+        Ok(_) => Err(format!("{value}: not a mig: value")),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// The clap command, for the man page.
 pub fn command() -> clap::Command {
     Cli::command()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpu_mode_testkit::table::check_row;
+
+    /// A command line as main reads it: the verb and what it acts on.
+    fn outcome(argv: &[&str]) -> Result<String, String> {
+        let cli = Cli::try_parse_from(std::iter::once("gpu-mode-mig").chain(argv.iter().copied())).map_err(|e| e.to_string())?;
+        let config = cli.config.map_or("-".into(), |p| p.display().to_string());
+        let choice = |c: Choice| format!("file={} layout={}", c.file.map_or("-".into(), |p| p.display().to_string()), c.layout.unwrap_or("-".into()));
+        let stops = cli.command.stops_on_config_error();
+        let verb = match cli.command {
+            Command::Apply { baseline, boot, node } => format!("apply {} boot={boot} node={node:?}", choice(baseline)),
+            Command::Assert { baseline } => format!("assert {}", choice(baseline)),
+            Command::Plan { baseline, all } => format!("plan {} all={all}", choice(baseline)),
+            Command::JobPlan { values } => format!("job-plan {}", values.join(" ")),
+            Command::Export { name } => format!("export name={name}"),
+        };
+        Ok(format!("{verb} config={config} stops={stops}"))
+    }
+
+    #[test]
+    fn the_command_line_picks_the_verb_and_its_baseline() {
+        // (argv, the outcome or a part of the usage error)
+        let cases: &[(&[&str], Result<&str, &str>)] = &[
+            (&["apply"], Ok("apply file=- layout=- boot=false node=None config=- stops=false")),
+            (&["apply", "--boot", "--node", "gpu07"], Ok("apply file=- layout=- boot=true node=Some(\"gpu07\") config=- stops=false")),
+            (&["assert", "-c", "/etc/mig.yaml", "-l", "all-1g"], Ok("assert file=/etc/mig.yaml layout=all-1g config=- stops=true")),
+            // --config is global: before or after the verb.
+            (&["--config", "/a.toml", "plan", "-l", "@half"], Ok("plan file=- layout=@half all=false config=/a.toml stops=true")),
+            (&["plan", "--all", "--config", "/a.toml"], Ok("plan file=- layout=- all=true config=/a.toml stops=true")),
+            (&["plan", "--all", "-l", "half"], Err("the argument '--all' cannot be used with '--layout <NAME>'")),
+            (&["job-plan", "mig:3g.40gbx2", "mig:@half"], Ok("job-plan mig:3g.40gbx2 mig:@half config=- stops=true")),
+            (&["job-plan"], Err("the following required arguments were not provided")),
+            (&["export"], Ok("export name=current config=- stops=true")),
+            (&["export", "--name", "boot"], Ok("export name=boot config=- stops=true")),
+            (&["export", "-l", "x"], Err("unexpected argument '-l'")),
+            (&["assert", "--boot"], Err("unexpected argument '--boot'")),
+            (&[], Err("Usage: gpu-mode-mig [OPTIONS] <COMMAND>")),
+        ];
+        for (argv, want) in cases {
+            check_row(&format!("{argv:?}"), outcome(argv), want.map(String::from));
+        }
+    }
+
+    #[test]
+    fn job_plan_takes_mig_values_only() {
+        let cases: &[(&str, Result<&str, &str>)] = &[
+            ("mig:3g.40gbx2", Ok("mig:3g.40gbx2")),
+            ("mig:@half", Ok("mig:@half")),
+            ("mps", Err("mps: not a mig: value")),
+            ("checkpoint", Err("checkpoint: not a mig: value")),
+            ("mig:", Err("mig:")),
+            ("3g.40gb", Err("unknown mode \"3g.40gb\"")),
+        ];
+        for (value, want) in cases {
+            check_row(value, job_request(value).map(|r| GpuMode::Mig(r).to_string()), want.map(String::from));
+        }
+    }
 }

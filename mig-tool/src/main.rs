@@ -10,13 +10,10 @@ use gpu_mode_core::mig_baseline::plan::{plan, Plan};
 use gpu_mode_core::mig_baseline::services::{NvidiaSmiReset, Systemctl};
 use gpu_mode_core::mig_baseline::{tool, Baseline};
 use gpu_mode_core::Config;
-use gpu_mode_mig::cli::{Choice, Cli, Command};
+use gpu_mode_mig::cli::{job_request, Choice, Cli, Command, EXIT_DIFFERS, EXIT_NVML, EXIT_USAGE};
 use std::process::ExitCode;
 use std::time::Duration;
 
-const EXIT_DIFFERS: u8 = 1;
-const EXIT_USAGE: u8 = 2;
-const EXIT_NVML: u8 = 3;
 
 /// A failure: exit code and one line.
 struct Fail(u8, String);
@@ -24,12 +21,12 @@ struct Fail(u8, String);
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let (cfg, config_error) = Config::load_or_salvage(cli.config.as_deref());
-    match cli.command {
-        Command::Apply { baseline, boot, node } => apply_cmd(&cfg, config_error.map(|e| e.to_string()), &baseline, boot, node.as_deref()),
-        other => match config_error {
-            Some(e) => fail(Fail(EXIT_USAGE, e.to_string())),
-            None => read_only(&cfg, other).unwrap_or_else(fail),
-        },
+    match (cli.command, config_error) {
+        (command, Some(e)) if command.stops_on_config_error() => fail(Fail(EXIT_USAGE, e.to_string())),
+        (Command::Apply { baseline, boot, node }, config_error) => {
+            apply_cmd(&cfg, config_error.map(|e| e.to_string()), &baseline, boot, node.as_deref())
+        }
+        (other, _) => read_only(&cfg, other).unwrap_or_else(fail),
     }
 }
 
@@ -66,7 +63,6 @@ fn read_only(cfg: &Config, command: Command) -> Result<ExitCode, Fail> {
 /// value on every GPU: one line each, `placed` with the placements or
 /// `refused` with the job's message. Reads only.
 fn job_plan(cfg: &Config, values: &[String]) -> Result<ExitCode, Fail> {
-    use gpu_mode_core::mode::GpuMode;
     use gpu_mode_core::modes::mig::{layout::requested, setup::plan_gpu};
     let ops = open(cfg)?;
     let count = ops.count().map_err(|e| Fail(EXIT_NVML, e.to_string()))?;
@@ -77,11 +73,7 @@ fn job_plan(cfg: &Config, values: &[String]) -> Result<ExitCode, Fail> {
     planning.gpu.mig_instances = gpu_mode_core::gpu::MigInstanceSetting::Manage;
     let mut refused = false;
     for value in values {
-        let request = match GpuMode::parse(value) {
-            Ok(GpuMode::Mig(r)) => r,
-            Ok(_) => return Err(Fail(EXIT_USAGE, format!("{value}: not a mig: value"))),
-            Err(e) => return Err(Fail(EXIT_USAGE, e.to_string())),
-        };
+        let request = job_request(value).map_err(|e| Fail(EXIT_USAGE, e))?;
         let list = match requested(&planning, &request) {
             Ok(l) => l,
             Err(e) => {

@@ -6,17 +6,13 @@
 //! 2 usage or config error, 3 the drain/resume could not be applied.
 
 use clap::Parser;
-use gpu_mode_core::health::{self, Status};
-use gpu_mode_core::node_check::{self, CheckOptions};
-use gpu_mode_node_checker::cli::{CheckArgs, Cli, Command};
+use gpu_mode_core::node_check;
+use gpu_mode_node_checker::cli::{exit_code, CheckArgs, Cli, Command, EXIT_FAIL, EXIT_USAGE};
 use gpu_mode_core::log::{stderr_line, stdout_line};
 use gpu_mode_core::Config;
 use std::process::ExitCode;
 use std::time::Duration;
 
-const EXIT_FAIL: u8 = 1;
-const EXIT_USAGE: u8 = 2;
-const EXIT_ACTION: u8 = 3;
 
 fn load(config: Option<&std::path::Path>) -> Result<Config, ExitCode> {
     Config::load(config).map_err(|e| {
@@ -27,18 +23,13 @@ fn load(config: Option<&std::path::Path>) -> Result<Config, ExitCode> {
 
 fn check(a: CheckArgs) -> Result<ExitCode, ExitCode> {
     let config = load(a.config.as_deref())?;
-    if let Some(o) = a.only.as_deref().filter(|o| !health::CHECK_NAMES.contains(o)) {
-        stderr_line(&format!("gpu-mode-node-checker: no check named {o:?}; checks: {}", health::CHECK_NAMES.join(", ")));
-        return Err(ExitCode::from(EXIT_USAGE));
-    }
-    let opts = CheckOptions { deep: a.deep, drain: !a.no_drain, node: a.node, only: a.only };
+    let opts = a.options().map_err(|e| {
+        stderr_line(&format!("gpu-mode-node-checker: {e}"));
+        ExitCode::from(EXIT_USAGE)
+    })?;
     let report = node_check::check_node(&config, &opts).report;
     stdout_text(&if a.json { report.to_json() } else { report.to_table() });
-    Ok(match (&report.action_error, report.status) {
-        (Some(_), _) => ExitCode::from(EXIT_ACTION),
-        (None, Status::Fail) => ExitCode::from(EXIT_FAIL),
-        _ => ExitCode::SUCCESS,
-    })
+    Ok(ExitCode::from(exit_code(report.action_error.is_some(), report.status)))
 }
 
 fn run(cli: Cli) -> Result<ExitCode, ExitCode> {

@@ -26,3 +26,49 @@ pub struct Cli {
 pub fn command() -> clap::Command {
     Cli::command()
 }
+
+impl Cli {
+    /// The `--node` given, if it could be a Slurm node name: it becomes an
+    /// `scontrol show node` argument. The error is the usage line.
+    pub fn explicit_node(&self) -> Result<Option<&str>, String> {
+        match self.node.as_deref() {
+            Some(n) if gpu_mode_core::mig_baseline::tool::node_name(Some(n)).is_none() => {
+                Err(format!("--node {n:?} is not a Slurm node name (letters, digits, -_.)"))
+            }
+            other => Ok(other),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpu_mode_testkit::table::check_row;
+
+    /// What main acts on: (json, config, node) or the usage error's part.
+    type Outcome = Result<(bool, Option<&'static str>, Option<&'static str>), &'static str>;
+
+    fn parse(argv: &[&str]) -> Result<(bool, Option<String>, Option<String>), String> {
+        let cli = Cli::try_parse_from(std::iter::once("gpu-mode-status").chain(argv.iter().copied())).map_err(|e| e.to_string())?;
+        let node = cli.explicit_node()?.map(String::from);
+        Ok((cli.json, cli.config.map(|p| p.display().to_string()), node))
+    }
+
+    #[test]
+    fn the_command_line_decides_output_config_and_node() {
+        let cases: &[(&[&str], Outcome)] = &[
+            (&[], Ok((false, None, None))),
+            (&["--json"], Ok((true, None, None))),
+            (&["--config", "/etc/gm.toml", "--node", "gpu-01.a_b"], Ok((false, Some("/etc/gm.toml"), Some("gpu-01.a_b")))),
+            (&["--node", "gpu 01"], Err("--node \"gpu 01\" is not a Slurm node name")),
+            (&["--node", "n1;reboot"], Err("--node \"n1;reboot\" is not a Slurm node name")),
+            (&["--node", ""], Err("--node \"\" is not a Slurm node name")),
+            (&["--verbose"], Err("unexpected argument '--verbose'")),
+            (&["--config"], Err("a value is required for '--config <CONFIG>'")),
+        ];
+        for (argv, want) in cases {
+            let want = want.map(|(json, config, node)| (json, config.map(String::from), node.map(String::from)));
+            check_row(&format!("{argv:?}"), parse(argv), want);
+        }
+    }
+}

@@ -18,11 +18,14 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_USAGE as u8);
         }
     };
-    if let Some(n) = cli.node.as_deref().filter(|n| node_name(Some(n)).is_none()) {
-        stderr_line(&format!("gpu-mode-status: --node {n:?} is not a Slurm node name (letters, digits, -_.)"));
-        return ExitCode::from(EXIT_USAGE as u8);
-    }
-    let report = gather(&cfg, node_name(cli.node.as_deref()));
+    let node = match cli.explicit_node() {
+        Ok(n) => node_name(n),
+        Err(e) => {
+            stderr_line(&format!("gpu-mode-status: {e}"));
+            return ExitCode::from(EXIT_USAGE as u8);
+        }
+    };
+    let report = gather(&cfg, node);
     print!("{}", if cli.json { report.to_json() } else { report.to_table() });
     ExitCode::from(report.exit_code() as u8)
 }

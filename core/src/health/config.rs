@@ -152,3 +152,66 @@ impl HealthConfig {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpu_mode_testkit::table::check_row;
+
+    /// `[health]` as the site config holds it, read the way the config
+    /// file reads it (unknown keys refused, the rest defaulted).
+    fn section(toml_text: &str) -> Result<HealthConfig, String> {
+        toml::from_str::<HealthConfig>(toml_text).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_section_is_checked_key_by_key() {
+        // (what, [health] text, the error's part; None: valid)
+        let cases: &[(&str, &str, Option<&str>)] = &[
+            ("empty: the defaults", "", None),
+            ("every path absolute", "sysfs_root = \"/host/sys\"\nstate_dir = \"/var/lib/gm\"\nprometheus_textfile = \"/var/lib/ne/gm.prom\"", None),
+            ("a relative sysfs", "sysfs_root = \"sys\"", Some("health.sysfs_root = \"sys\" must be an absolute path")),
+            ("kmsg through ..", "kmsg_path = \"/dev/../tmp/kmsg\"", Some("health.kmsg_path = \"/dev/../tmp/kmsg\" must not contain '..'")),
+            ("a relative state dir", "state_dir = \"health\"", Some("health.state_dir = \"health\" must be an absolute path")),
+            ("a relative textfile", "prometheus_textfile = \"gm.prom\"", Some("health.prometheus_textfile = \"gm.prom\" must be an absolute path")),
+            ("no deadline", "deadline_ms = 0", Some("health.deadline_ms = 0 must be between 1 and 40000")),
+            ("the longest deadline", "deadline_ms = 40000", None),
+            ("past slurmd's kill", "deadline_ms = 40001", Some("health.deadline_ms = 40001 must be between 1 and 40000")),
+            ("no deep memory", "[deep]\nmemory_mib = 0", Some("health.deep.memory_mib and health.deep.context_ms_max must be at least 1")),
+            ("no context time", "[deep]\ncontext_ms_max = 0", Some("must be at least 1")),
+            ("a floor of zero", "[deep.bandwidth_floor_gbps]\nL40S = 0.0", Some("health.deep.bandwidth_floor_gbps.L40S = 0 must be a positive number of GB/s")),
+            ("a NaN floor", "[deep.bandwidth_floor_gbps]\nL40S = nan", Some("bandwidth_floor_gbps.L40S = NaN must be")),
+            ("an infinite floor", "[deep.bandwidth_floor_gbps]\nL40S = inf", Some("bandwidth_floor_gbps.L40S = inf must be")),
+            ("known checks disabled", "disabled = [\"fabric\", \"deep\"]", None),
+            ("an unknown check disabled", "disabled = [\"fabrics\"]", Some("health.disabled: no check named \"fabrics\"; checks: driver, gpu_count,")),
+            ("an unknown key", "xid_fatal = [48]", Some("unknown field `xid_fatal`")),
+            ("an unknown deep key", "[deep]\nmemory_gib = 1", Some("unknown field `memory_gib`")),
+            ("a severity that is neither", "pcie_width_below_max = \"ignore\"", Some("unknown variant `ignore`")),
+        ];
+        for (what, text, want) in cases {
+            check_row(what, section(text).and_then(|h| h.validate()), want.map_or(Ok(()), Err));
+        }
+    }
+
+    #[test]
+    fn keys_left_out_keep_their_defaults_and_a_deep_table_replaces_the_floors() {
+        let h = section("expected_gpus = 8\npcie_width_below_max = \"warn\"\n[deep.bandwidth_floor_gbps]\nL40S = 400.0").unwrap();
+        assert_eq!((h.expected_gpus, h.pcie_width_below_max), (8, Severity::Warn));
+        assert_eq!((h.retired_pages_fail, h.deadline_ms, h.require_persistenced), (63, 30_000, true));
+        assert_eq!(h.xid_fail, vec![48, 74, 79, 95, 119, 120, 140]);
+        assert_eq!((h.clocks_fail_mask, h.clocks_warn_mask), (0xc8, 0x20), "HW slowdown, thermal, power brake fail; SW thermal warns");
+        // A site's floors are the whole table: H100's default is gone.
+        assert_eq!(h.deep.bandwidth_floor_gbps, [("L40S".to_string(), 400.0)].into());
+        assert_eq!((h.deep.memory_mib, h.deep.context_ms_max), (1024, 1000));
+    }
+
+    #[test]
+    fn the_cursor_lives_in_the_state_dir_or_under_the_runtime_dir() {
+        let runtime = Path::new("/run/slurm-gpu-mode");
+        let cases: &[(Option<&str>, &str)] = &[(None, "/run/slurm-gpu-mode/health"), (Some("/var/lib/gm-health"), "/var/lib/gm-health")];
+        for (state_dir, want) in cases {
+            let h = HealthConfig { state_dir: state_dir.map(PathBuf::from), ..HealthConfig::default() };
+            assert_eq!(h.state_dir(runtime), Path::new(want), "{state_dir:?}");
+        }
+    }
+}

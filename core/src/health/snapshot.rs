@@ -173,3 +173,200 @@ fn nvml_buses(nvml: &Result<NvmlSnap, String>) -> Vec<(u32, String)> {
     let Ok(n) = nvml else { return Vec::new() };
     n.gpus.iter().filter_map(|g| Some((g.index, g.inventory.as_ref()?.pci_bus_id.clone()))).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::{ComputeInstance, ErrorKind, GpuLabel, GpuProcess, MigModeChange, MigModes, XidEvent};
+    use crate::health::fake::{healthy_gpu, job, Fixture};
+    use std::cell::RefCell;
+    use std::time::Duration;
+
+    /// Healthy GPUs (health/fake.rs) whose reads answer from a snapshot,
+    /// one call failing on one GPU where asked; records the calls made.
+    struct Scripted {
+        gpus: Vec<GpuSnap>,
+        /// (call, GPU, the error it returns once).
+        fail: RefCell<Option<(&'static str, u32, GpuError)>>,
+        calls: RefCell<Vec<String>>,
+    }
+
+    impl Scripted {
+        fn new(gpus: Vec<GpuSnap>) -> Scripted {
+            Scripted { gpus, fail: RefCell::new(None), calls: RefCell::new(Vec::new()) }
+        }
+
+        fn fail(&self, call: &'static str, gpu: u32, error: GpuError) {
+            *self.fail.borrow_mut() = Some((call, gpu, error));
+        }
+
+        fn answer<T>(&self, call: &'static str, gpu: u32, value: impl FnOnce(&GpuSnap) -> T) -> Result<T, GpuError> {
+            self.calls.borrow_mut().push(format!("{call} {gpu}"));
+            let mut fail = self.fail.borrow_mut();
+            match fail.take() {
+                Some((c, g, e)) if c == call && g == gpu => Err(e),
+                other => {
+                    *fail = other;
+                    Ok(value(&self.gpus[gpu as usize]))
+                }
+            }
+        }
+    }
+
+    impl GpuOps for Scripted {
+        fn driver(&self) -> Result<DriverVersions, GpuError> {
+            self.answer("driver", 0, |_| DriverVersions { driver: "580.159.04".into(), nvml: "13".into(), cuda: "13.0".into() })
+        }
+        fn count(&self) -> Result<u32, GpuError> {
+            self.answer("count", 0, |_| ()).map(|()| self.gpus.len() as u32)
+        }
+        fn inventory(&self, gpu: u32) -> Result<GpuInventory, GpuError> {
+            self.answer("inventory", gpu, |g| g.inventory.clone().unwrap())
+        }
+        fn minor_number(&self, gpu: u32) -> Result<u32, GpuError> {
+            Ok(gpu)
+        }
+        fn modes(&self, gpu: u32) -> Result<GpuModes, GpuError> {
+            self.answer("modes", gpu, |g| g.modes.unwrap())
+        }
+        fn mig_profiles(&self, gpu: u32) -> Result<Vec<MigProfile>, GpuError> {
+            self.answer("mig_profiles", gpu, |_| crate::modes::mig::placement::h100_table())
+        }
+        fn mig_instances(&self, gpu: u32) -> Result<Vec<MigInstance>, GpuError> {
+            let one = MigInstance { gpu_instance: 1, profile_id: 19, placement_start: 0, placement_size: 1, compute_instances: Vec::<ComputeInstance>::new() };
+            self.answer("mig_instances", gpu, |_| vec![one])
+        }
+        fn health(&self, gpu: u32) -> Result<HealthReadings, GpuError> {
+            self.answer("health", gpu, |g| g.health.clone().unwrap())
+        }
+        fn processes(&self, _gpu: u32) -> Result<Vec<GpuProcess>, GpuError> {
+            unreachable!("the snapshot reads processes from /proc")
+        }
+        fn wait_xid_events(&self, _window: Duration) -> Result<Vec<XidEvent>, GpuError> {
+            unreachable!("the snapshot reads XIDs from the kernel log")
+        }
+        fn set_compute_mode(&self, _gpu: u32, _mode: crate::gpu::ComputeMode) -> Result<(), GpuError> {
+            unreachable!("a snapshot changes nothing")
+        }
+        fn set_mig_mode(&self, _gpu: u32, _enable: bool) -> Result<MigModeChange, GpuError> {
+            unreachable!("a snapshot changes nothing")
+        }
+        fn create_mig_instance(&self, _gpu: u32, _profile_id: u32, _placement: Option<u32>) -> Result<MigInstance, GpuError> {
+            unreachable!("a snapshot changes nothing")
+        }
+        fn destroy_mig_instance(&self, _gpu: u32, _gpu_instance: u32) -> Result<(), GpuError> {
+            unreachable!("a snapshot changes nothing")
+        }
+    }
+
+    fn with_mig(current: bool, pending: bool) -> GpuSnap {
+        let mut g = healthy_gpu(0);
+        g.modes.as_mut().unwrap().mig = Some(MigModes { current, pending });
+        g
+    }
+
+    fn lost(call: &'static str) -> GpuError {
+        GpuError::GpuLost { call, gpu: GpuLabel(Some(0)) }
+    }
+
+    /// What a row expects of the GPU read: which parts were read, the MIG
+    /// instances' count and the error's kind.
+    type Read = (bool, bool, bool, usize, Option<&'static str>);
+
+    fn kind(e: &ReadError) -> &'static str {
+        match e {
+            ReadError::Lost(_) => "lost",
+            ReadError::ResetRequired(_) => "reset",
+            ReadError::Other(_) => "other",
+        }
+    }
+
+    #[test]
+    fn a_gpu_read_stops_at_the_first_failure_and_keeps_its_kind() {
+        let reset = GpuError::ResetRequired { call: "nvmlDeviceGetMigMode", gpu: GpuLabel(Some(0)) };
+        let other = GpuError::Nvml { call: "nvmlDeviceGetTemperature", gpu: GpuLabel(Some(0)), kind: ErrorKind::NotSupported };
+        // (what, the GPU, the call that fails and its error, what is read)
+        type Case = (&'static str, GpuSnap, Option<(&'static str, GpuError)>, Read);
+        let cases: Vec<Case> = vec![
+            ("a GPU without MIG: no MIG reads", healthy_gpu(0), None, (true, true, true, 0, None)),
+            ("MIG on: its instances are read", with_mig(true, true), None, (true, true, true, 1, None)),
+            ("MIG on only after a reset: none read", with_mig(false, true), None, (true, true, true, 0, None)),
+            ("lost at the inventory: nothing more", healthy_gpu(0), Some(("inventory", lost("nvmlDeviceGetUUID"))), (false, false, false, 0, Some("lost"))),
+            ("a reset needed at the modes", healthy_gpu(0), Some(("modes", reset)), (true, false, false, 0, Some("reset"))),
+            ("another error at the health readings", healthy_gpu(0), Some(("health", other)), (true, true, false, 0, Some("other"))),
+            ("lost at the MIG instances", with_mig(true, true), Some(("mig_instances", lost("nvmlDeviceGetGpuInstances"))), (true, true, true, 0, Some("lost"))),
+        ];
+        for (what, gpu, fail, want) in cases {
+            let ops = Scripted::new(vec![gpu]);
+            if let Some((call, e)) = fail {
+                ops.fail(call, 0, e);
+            }
+            let s = read_gpu(&ops, 0);
+            let got = (s.inventory.is_some(), s.modes.is_some(), s.health.is_some(), s.mig_instances.len(), s.error.as_ref().map(kind));
+            assert_eq!(got, want, "{what}: calls {:?}", ops.calls.borrow());
+            let read_profiles = ops.calls.borrow().iter().any(|c| c.starts_with("mig_profiles"));
+            assert_eq!(read_profiles, want.3 > 0, "{what}: profiles are read with the instances");
+        }
+    }
+
+    #[test]
+    fn nvml_is_unusable_only_without_a_count() {
+        let ops = Scripted::new(vec![healthy_gpu(0), healthy_gpu(1)]);
+        let n = read_nvml(&ops).unwrap();
+        assert_eq!((n.driver.is_some(), n.gpus.len()), (true, 2));
+        ops.fail("driver", 0, GpuError::MissingSymbol { call: "nvmlSystemGetDriverVersion" });
+        let n = read_nvml(&ops).unwrap();
+        assert_eq!((n.driver.is_some(), n.gpus.iter().map(|g| g.index).collect::<Vec<_>>()), (false, vec![0, 1]), "no driver version: still every GPU");
+        ops.fail("count", 0, GpuError::DriverNotLoaded { call: "nvmlDeviceGetCount" });
+        let err = read_nvml(&ops).unwrap_err();
+        assert!(err.contains("nvmlDeviceGetCount: the NVIDIA driver is not loaded"), "{err}");
+    }
+
+    #[test]
+    fn live_jobs_are_the_readable_states_of_numbered_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let runtime = dir.path();
+        assert!(live_jobs(runtime).is_empty(), "no jobs directory: no jobs");
+        job(3, &[0], "mps").save(runtime).unwrap();
+        job(12, &[1, 2], "checkpoint").save(runtime).unwrap();
+        let jobs = crate::state::jobs_dir(runtime);
+        for (name, text) in [("4.json", "{ corrupt"), ("notes.json", "{}"), ("5.json.tmp", "{}"), ("6.txt", "{}")] {
+            std::fs::write(jobs.join(name), text).unwrap();
+        }
+        let mut ids: Vec<u32> = live_jobs(runtime).iter().map(|j| j.job_id).collect();
+        ids.sort();
+        assert_eq!(ids, vec![3, 12]);
+    }
+
+    #[test]
+    fn a_gpu_is_held_while_a_live_job_lists_it() {
+        let mut f = Fixture::new(vec![healthy_gpu(0), healthy_gpu(1), healthy_gpu(2)]);
+        f.jobs = vec![job(3, &[0], "mps"), job(4, &[2], "mig:1g.10gb")];
+        let held: Vec<bool> = (0..4).map(|g| f.ctx().job_holds(g)).collect();
+        assert_eq!(held, vec![true, false, true, false]);
+        assert_eq!(f.ctx().gpus().len(), 3);
+        f.nvml_error = Some("no NVML".into());
+        assert!(f.ctx().gpus().is_empty(), "without NVML no GPU is known");
+    }
+
+    #[test]
+    fn a_snapshot_names_what_it_could_not_read_and_starts_afresh() {
+        let dir = tempfile::tempdir().unwrap();
+        let health = HealthConfig { kmsg_path: dir.path().join("no-kmsg"), state_dir: Some(dir.path().join("state")), ..HealthConfig::default() };
+        let mut ops = Scripted::new(vec![healthy_gpu(0)]);
+        ops.gpus[0].health.as_mut().unwrap().ecc_uncorrected_volatile = Some(5);
+        let mps_control = dir.path().join("nvidia-cuda-mps-control");
+        std::fs::create_dir(dir.path().join("state")).unwrap();
+        std::fs::write(dir.path().join("state").join(super::super::cursor::CURSOR_FILE), b"{ corrupt").unwrap();
+        let src = |h| Sources { health: h, runtime_dir: dir.path(), mps_control: &mps_control, mig_baseline: Ok(None) };
+        let ctx = take(&src(&health), Ok(&ops));
+        assert!(ctx.kmsg_error.as_deref().is_some_and(|e| e.contains("no-kmsg")), "{:?}", ctx.kmsg_error);
+        assert!(ctx.cursor_error.as_deref().is_some_and(|e| e.contains("cursor.json")), "{:?}", ctx.cursor_error);
+        assert_eq!(ctx.cursor.boot_id, kmsg::boot_id(), "a fresh cursor for this boot");
+        assert_eq!(ctx.cursor.ecc_baseline.get("GPU-0"), Some(&0), "a new GPU's ECC baseline starts at 0, not at its count");
+        assert_eq!(ctx.gpus().len(), 1);
+        let fresh = HealthConfig { state_dir: Some(dir.path().join("empty")), ..health.clone() };
+        let ctx = take(&src(&fresh), Err("libnvidia-ml.so.1: not found".into()));
+        assert_eq!((ctx.nvml.unwrap_err().as_str(), ctx.cursor_error), ("libnvidia-ml.so.1: not found", None));
+    }
+}

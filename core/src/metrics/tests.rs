@@ -79,8 +79,8 @@ fn promtool_accepts_the_textfile() {
     let text = busy_textfile(dir.path());
     let promtool = ["/usr/bin/promtool", "/usr/local/bin/promtool"].into_iter().map(Path::new).find(|p| p.exists());
     let Some(promtool) = promtool else {
-        assert!(std::env::var_os("GPU_MODE_REQUIRE_PROMTOOL").is_none(), "promtool is required here (GPU_MODE_REQUIRE_PROMTOOL): apt-get install prometheus");
-        eprintln!("SKIPPED promtool_accepts_the_textfile: promtool not installed (Debian package prometheus)");
+        assert!(!gpu_mode_testkit::required("GPU_MODE_REQUIRE_PROMTOOL"), "promtool is required here (GPU_MODE_REQUIRE_PROMTOOL): apt-get install prometheus");
+        gpu_mode_testkit::skipped("metrics::tests::promtool_accepts_the_textfile", "promtool not installed (Debian package prometheus)");
         return;
     };
     use std::io::Write;

@@ -382,3 +382,188 @@ fn gpu_text(g: &GpuPlan, s: &mut String) {
         let _ = writeln!(s, "  matches");
     }
 }
+
+/// The decisions made from what NVML reports, on `Observed` values built
+/// here (apply_tests.rs drives the same function through the MIG fake).
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mig_baseline::{Devices, Entry};
+    use crate::modes::mig::placement::h100_table;
+
+    const H100: u32 = 0x2330_10de;
+    const A100: u32 = 0x20b2_10de;
+    const G1: u32 = 19; // 1g.10gb, one slice
+    const G3: u32 = 9; // 3g.40gb, four slices
+
+    fn settings() -> Settings {
+        Settings {
+            mig_mode: MigModeSetting::Switch,
+            mig_instances: MigInstanceSetting::Manage,
+            services: vec!["a.service".into(), "b.service".into()],
+            layout_services: vec!["b.service".into(), "c.service".into()],
+        }
+    }
+
+    /// An H100 (or a GPU without MIG when `mig` is `None`) with these
+    /// `(GPU instance, profile id, start)` instances.
+    fn gpu(index: u32, mig: Option<(bool, bool)>, instances: &[(u32, u32, u32)]) -> Observed {
+        let profiles = h100_table();
+        let size = |id| profiles.iter().find(|p| p.id == id).unwrap().placement_size;
+        Observed {
+            identity: GpuIdentity { index, pci_device_id: H100, pci_subsystem_id: 0x16c1_10de },
+            uuid: format!("GPU-{index}"),
+            pci_bus_id: format!("00000000:0{index}:00.0"),
+            name: if mig.is_some() { "NVIDIA H100 80GB HBM3".into() } else { "NVIDIA L40S".into() },
+            mig: mig.map(|(current, pending)| MigModes { current, pending }),
+            instances: instances
+                .iter()
+                .map(|&(gi, id, start)| MigInstance { gpu_instance: gi, profile_id: id, placement_start: start, placement_size: size(id), compute_instances: vec![] })
+                .collect(),
+            profiles: if mig.is_some() { profiles } else { vec![] },
+            processes: vec![],
+            jobs: vec![],
+        }
+    }
+
+    fn entry(devices: Devices, filter_device: Option<u32>, mig_enabled: bool, list: &[(&str, u32)]) -> Entry {
+        let filter = filter_device.map(|device| crate::mig_baseline::DeviceFilter { device, subsystem: None }).into_iter().collect();
+        Entry { devices, filter, mig_enabled, instances: list.iter().map(|(p, n)| (p.to_string(), *n)).collect() }
+    }
+
+    fn baseline(entries: Vec<Entry>) -> Baseline {
+        Baseline { source: "test".into(), entries }
+    }
+
+    /// What a row expects of GPU 0's plan.
+    struct Want {
+        skipped: Option<&'static str>,
+        /// Each must be one of the GPU's differences; empty: it matches.
+        differs: &'static [&'static str],
+        mode: Option<bool>,
+        destroy: &'static [u32],
+        create: &'static [&'static str],
+        /// Part of the plan's problems, all joined; `None`: no problem.
+        problem: Option<&'static str>,
+    }
+
+    const NOTHING: Want = Want { skipped: None, differs: &[], mode: None, destroy: &[], create: &[], problem: None };
+
+    #[test]
+    fn each_gpu_is_left_alone_matched_changed_or_refused() {
+        let all_on = |list: &[(&str, u32)]| baseline(vec![entry(Devices::All, None, true, list)]);
+        let g0_off = baseline(vec![entry(Devices::Indices(vec![0]), None, false, &[])]);
+        let mut held = gpu(0, Some((true, true)), &[(1, G1, 0)]);
+        held.jobs = vec![7];
+        held.processes = vec![4242];
+        let cases: Vec<(&str, Observed, Baseline, Want)> = vec![
+            (
+                "no entry names it (another model's filter)",
+                gpu(0, Some((false, false)), &[]),
+                baseline(vec![entry(Devices::All, Some(A100), true, &[("1g.10gb", 1)])]),
+                Want { skipped: Some("no entry of the baseline names it"), ..NOTHING },
+            ),
+            ("no MIG, an entry for all GPUs", gpu(0, None, &[]), all_on(&[("1g.10gb", 1)]), Want { skipped: Some("NVIDIA L40S has no MIG mode"), ..NOTHING }),
+            ("no MIG, named with MIG off", gpu(0, None, &[]), g0_off.clone(), Want { skipped: Some("NVIDIA L40S has no MIG mode"), ..NOTHING }),
+            (
+                "no MIG, named with MIG on",
+                gpu(0, None, &[]),
+                baseline(vec![entry(Devices::Indices(vec![0]), None, true, &[])]),
+                Want {
+                    differs: &["NVIDIA L40S has no MIG mode, but entry 1 enables MIG on it"],
+                    problem: Some("GPU 0: NVIDIA L40S has no MIG mode, but entry 1 enables MIG on it"),
+                    ..NOTHING
+                },
+            ),
+            ("off and wanted off", gpu(0, Some((false, false)), &[]), g0_off.clone(), NOTHING),
+            (
+                "on, but off after the next reset: switched on again, the layout made anew",
+                gpu(0, Some((true, false)), &[(1, G1, 6)]),
+                all_on(&[("1g.10gb", 1)]),
+                Want { differs: &["MIG is on (off after the next reset), the baseline wants it on"], mode: Some(true), destroy: &[1], create: &["1g.10gb@0"], ..NOTHING },
+            ),
+            (
+                "off, on after the next reset, wanted off",
+                gpu(0, Some((false, true)), &[]),
+                g0_off.clone(),
+                Want { differs: &["MIG is off (on after the next reset), the baseline wants it off"], mode: Some(false), ..NOTHING },
+            ),
+            (
+                "two entries name it",
+                gpu(0, Some((false, false)), &[]),
+                baseline(vec![entry(Devices::All, None, true, &[]), entry(Devices::Indices(vec![0]), None, false, &[])]),
+                Want { differs: &["test: GPU 0 is matched by entries 1 and 2"], problem: Some("GPU 0: test: GPU 0 is matched by entries 1 and 2"), ..NOTHING },
+            ),
+            (
+                "a matching GPU may be busy",
+                held.clone(),
+                all_on(&[("1g.10gb", 1)]),
+                NOTHING,
+            ),
+            (
+                "a GPU that must change may not be busy",
+                held,
+                g0_off,
+                Want { differs: &["MIG is on, the baseline wants it off"], mode: Some(false), destroy: &[1], problem: Some("held by job(s) 7: drain the node and wait for them first; GPU 0: process(es) 4242 run on it"), ..NOTHING },
+            ),
+            (
+                "the kept 3g leaves room: only the missing one is made",
+                gpu(0, Some((true, true)), &[(2, G3, 4)]),
+                all_on(&[("3g.40gb", 1), ("1g.10gb", 1)]),
+                Want { differs: &["instances: 1x 3g.40gb, the baseline wants 1x 1g.10gb, 1x 3g.40gb"], create: &["1g.10gb@0"], ..NOTHING },
+            ),
+        ];
+        for (what, observed, b, want) in cases {
+            let p = plan(&b, &[observed], &settings());
+            let g = &p.gpus[0];
+            assert_eq!(g.skipped.as_deref(), want.skipped, "{what}");
+            assert_eq!(g.differs, want.differs, "{what}");
+            assert_eq!(g.mode, want.mode, "{what}");
+            assert_eq!(g.destroy.iter().map(|e| e.gpu_instance).collect::<Vec<_>>(), want.destroy, "{what}");
+            let created: Vec<String> = g.create.iter().map(|c| format!("{}@{}", c.name, c.start)).collect();
+            assert_eq!(created, want.create, "{what}");
+            let problems = p.problems().join("; ");
+            match want.problem {
+                Some(needle) => assert!(problems.contains(needle), "{what}: {problems}"),
+                None => assert!(problems.is_empty(), "{what}: {problems}"),
+            }
+            assert_eq!(p.matches(), want.differs.is_empty() && want.problem.is_none(), "{what}");
+        }
+    }
+
+    #[test]
+    fn services_stop_for_a_mode_change_or_a_layout_change_only() {
+        let one = |list: &[(&str, u32)]| baseline(vec![entry(Devices::All, None, true, list)]);
+        let cases: Vec<(&str, Observed, Vec<&str>)> = vec![
+            ("a mode change: services, then the layout's not already listed", gpu(0, Some((false, false)), &[]), vec!["a.service", "b.service", "c.service"]),
+            ("instances only: the layout's", gpu(0, Some((true, true)), &[]), vec!["b.service", "c.service"]),
+            ("nothing to do: none", gpu(0, Some((true, true)), &[(1, G1, 3)]), vec![]),
+        ];
+        for (what, observed, want) in cases {
+            let p = plan(&one(&[("1g.10gb", 1)]), &[observed], &settings());
+            assert_eq!(p.services, want, "{what}");
+        }
+    }
+
+    #[test]
+    fn the_printed_plan_says_what_each_gpu_gets_and_the_verdict() {
+        let b = baseline(vec![entry(Devices::All, None, true, &[("1g.10gb", 1)])]);
+        let matching = gpu(0, Some((true, true)), &[(1, G1, 3)]);
+        let empty = gpu(1, Some((true, true)), &[]);
+        let p = plan(&b, &[matching.clone(), empty], &settings());
+        let text = p.text();
+        assert!(text.starts_with("baseline: test\nGPU 0 NVIDIA H100 80GB HBM3 GPU-0:\n  baseline (entry 1): MIG on, 1x 1g.10gb\n  keep: GI 1 (1g.10gb@3)\n  matches\n"), "{text}");
+        assert!(text.contains("GPU 1 NVIDIA H100 80GB HBM3 GPU-1:\n  baseline (entry 1): MIG on, 1x 1g.10gb\n  differs: instances: none, the baseline wants 1x 1g.10gb\n  create: 1g.10gb@0\n"), "{text}");
+        assert!(text.ends_with("apply would stop the active ones of b.service, c.service first and start them again after, in reverse order\n"), "{text}");
+        assert_eq!(p.differences(), "GPU 1 (GPU-1): instances: none, the baseline wants 1x 1g.10gb\n");
+        let verdicts: Vec<(Settings, Vec<Observed>, &str)> = vec![
+            (settings(), vec![matching.clone()], "nothing to do: the GPUs match the baseline\n"),
+            (Settings { layout_services: vec![], ..settings() }, vec![gpu(0, Some((true, true)), &[])], "apply would make these changes\n"),
+            (Settings { mig_instances: MigInstanceSetting::Leave, ..settings() }, vec![gpu(0, Some((true, true)), &[])], "apply would refuse: nothing would be changed\n"),
+        ];
+        for (s, observed, verdict) in verdicts {
+            let text = plan(&b, &observed, &s).text();
+            assert!(text.ends_with(verdict), "{verdict}: {text}");
+        }
+    }
+}

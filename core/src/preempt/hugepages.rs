@@ -156,6 +156,7 @@ pub fn for_application(cfg: &CheckpointConfig) -> Result<Option<PathBuf>, String
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpu_mode_testkit::user::as_nobody;
     use std::os::unix::fs::PermissionsExt;
 
     fn chmod(p: &Path, mode: u32) {
@@ -220,17 +221,39 @@ mod tests {
         cfg.huge_pages_library = lib.clone();
         // Nothing kept yet: the library itself.
         assert_eq!(for_application(&cfg), Ok(Some(lib.clone())));
-        // Root reads anything: the unreadable case needs another user.
-        if unsafe { libc::geteuid() } != 0 {
-            chmod(&lib, 0o000);
-            assert!(for_application(&cfg).unwrap_err().contains("Permission denied"));
-        }
     }
+
+    /// gpu-mode-run calls `for_application` as the job's user, not as root
+    /// (who reads anything): the user's view runs as uid 65534, on a thread
+    /// that became it when the tests run as root (CI).
+    #[test]
+    fn the_jobs_user_preloads_the_kept_copy_and_is_told_of_a_library_it_cannot_read() {
+        let dir = tempfile::tempdir().unwrap();
+        chmod(dir.path(), 0o755);
+        let cfg = config(dir.path());
+        let lib = cfg.huge_pages_library.clone();
+        std::fs::write(&lib, b"\x7fELF v1").unwrap();
+        chmod(&lib, 0o644);
+        // Only root keeps copies (the agent); a plain user's run has none.
+        let want = if is_root() { keep(&cfg).unwrap().unwrap() } else { lib.clone() };
+        as_nobody("the readable library", || assert_eq!(for_application(&cfg), Ok(Some(want))));
+        chmod(&lib, 0o000);
+        as_nobody("the unreadable library", || {
+            let err = for_application(&cfg).unwrap_err();
+            assert!(err.contains("lib.so") && err.contains("Permission denied"), "{err}");
+        });
+    }
+
+    fn is_root() -> bool {
+        // SAFETY: geteuid has no preconditions.
+        unsafe { libc::geteuid() == 0 }
+    }
+
 
     #[test]
     fn each_version_is_kept_once_and_the_application_preloads_its_own() {
-        if unsafe { libc::geteuid() } != 0 {
-            return; // the kept copies are root's
+        if !gpu_mode_testkit::root_or_skip("preempt::hugepages::tests::each_version_is_kept_once_and_the_application_preloads_its_own", "the kept copies are root's") {
+            return;
         }
         let dir = tempfile::tempdir().unwrap();
         chmod(dir.path(), 0o755);
@@ -254,7 +277,7 @@ mod tests {
 
     #[test]
     fn a_kept_copy_that_someone_else_could_have_written_is_not_preloaded() {
-        if unsafe { libc::geteuid() } != 0 {
+        if !gpu_mode_testkit::root_or_skip("preempt::hugepages::tests::a_kept_copy_that_someone_else_could_have_written_is_not_preloaded", "the kept copies are root's") {
             return;
         }
         let dir = tempfile::tempdir().unwrap();

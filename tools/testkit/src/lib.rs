@@ -17,7 +17,23 @@
 //! the skip into a failure.
 
 use std::io::Write;
+
+pub mod table;
+pub mod user;
 use std::path::PathBuf;
+
+/// Whether this process is root, for a test whose assertions need it.
+/// When not, says that `test` was skipped and `why` root is needed; where
+/// CI runs the tests (`CI=true`, as root) that is a failure instead.
+pub fn root_or_skip(test: &str, why: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    assert!(!required("CI"), "{test}: needs root ({why}), and CI runs the tests as root");
+    skipped(test, &format!("needs root ({why})"));
+    false
+}
 
 /// The notes file: `$GPU_MODE_TEST_NOTES`, else `target/test-notes.log` in
 /// the workspace (found from this crate's own location at build time).
