@@ -26,6 +26,10 @@ export GPU_MODE_REQUIRE_PROMTOOL
 sh scripts/install-criu.sh
 GPU_MODE_REQUIRE_CRIU=1
 export GPU_MODE_REQUIRE_CRIU
+# The huge-page shim's tests must check huge pages, not skip (the kernel's
+# transparent huge pages must be "madvise" or "always").
+GPU_MODE_REQUIRE_THP=1
+export GPU_MODE_REQUIRE_THP
 
 # What tests note as skipped or substituted (tools/testkit), from this run
 # only; test-slurm-debian.sh adds its roots' notes.
