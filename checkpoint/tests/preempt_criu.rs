@@ -694,7 +694,9 @@ fn a_program_that_is_not_pie_is_restored_and_runs_to_its_end() {
 /// mapped with MAP_POPULATE as the real driver maps it, is advised before its
 /// pages are made (the shim's own log line, asked for through the job's
 /// environment), and the restored application still maps the shim for its
-/// next checkpoint. With `huge_pages = false`, none of it; the count and its
+/// next checkpoint. With `huge_pages = false` the library is still kept and
+/// preloaded, for forked children's GPU files (`forked_children_drop_gpu_files`,
+/// on), but gives no advice; with both off, none of it. The count and its
 /// data come back either way.
 #[test]
 fn huge_pages_reach_the_drivers_checkpoint_buffer_only_when_on() {
@@ -704,9 +706,14 @@ fn huge_pages_reach_the_drivers_checkpoint_buffer_only_when_on() {
     let thp = Path::new("/sys/kernel/mm/transparent_hugepage/enabled").exists();
     // The simulated GPU memory is 8 MiB: the shim's threshold comes down to 4.
     let env = [("GPU_MODE_HUGEPAGES_LOG", "1"), ("GPU_MODE_HUGEPAGES_MIN_MIB", "4")];
-    for (name, job, on) in [("hp-on", 9107, true), ("hp-off", 9108, false)] {
+    let cases = [
+        ("hp-on", 9107, "", true, true),
+        ("hp-off", 9108, "huge_pages = false\n", false, true),
+        ("all-off", 9109, "huge_pages = false\nforked_children_drop_gpu_files = false\n", false, false),
+    ];
+    for (name, job, settings, on, preloaded) in cases {
         let images = n.dir.join(format!("images-{name}"));
-        let (cfg_path, cfg) = n.config_with(name, &images, if on { "" } else { "huge_pages = false\n" });
+        let (cfg_path, cfg) = n.config_with(name, &images, settings);
         let shim = cfg.checkpoint.huge_pages_dir.join(gpu_mode_core::preempt::hugepages::kept_name(&bytes));
         let out = n.dir.join(format!("{name}.out"));
         let ready = format!("{}/user/{name}.ready", n.dir.display());
@@ -717,9 +724,9 @@ fn huge_pages_reach_the_drivers_checkpoint_buffer_only_when_on() {
         let mut w = wrapper_with_env(n, &run0, &app, &env);
         wait_for("three steps", Duration::from_secs(20), || last_step(&out) >= 3);
         let pid = ready_pid(&n.dir, &format!("{name}.ready"));
-        assert_eq!(shim.exists(), on, "{name}: the agent keeps the shim's copy");
+        assert_eq!(shim.exists(), preloaded, "{name}: the agent keeps the shim's copy");
         let maps = read(Path::new(&format!("/proc/{pid}/maps")));
-        assert_eq!(maps.contains(&shim.display().to_string()), on, "{name}: the kept shim in the application:\n{maps}");
+        assert_eq!(maps.contains(&shim.display().to_string()), preloaded, "{name}: the kept shim in the application:\n{maps}");
         assert!(!maps.contains(&lib.display().to_string()), "{name}: the library itself is not what is preloaded:\n{maps}");
         signal(&w, libc::SIGUSR1);
         assert_eq!(exit_code(&mut w, Duration::from_secs(60)), 0, "{}", read(&out.with_extension("err")));
@@ -736,7 +743,7 @@ fn huge_pages_reach_the_drivers_checkpoint_buffer_only_when_on() {
         let mut w = wrapper_with_env(n, &run1, &app, &env);
         wait_for("steps after the restore", Duration::from_secs(30), || last_step(&out) > dumped_at + 3);
         let maps = read(Path::new(&format!("/proc/{pid}/maps")));
-        assert_eq!(maps.contains(&shim.display().to_string()), on, "{name}: the shim in the restored application:\n{maps}");
+        assert_eq!(maps.contains(&shim.display().to_string()), preloaded, "{name}: the shim in the restored application:\n{maps}");
         assert_eq!(exit_code(&mut w, Duration::from_secs(60)), 0, "{}", read(&out.with_extension("err")));
         let text = read(&out);
         assert!(text.contains("DONE count=300") && !text.contains("MISMATCH"), "{name}: {text}");
