@@ -110,6 +110,10 @@ def main():
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.benchmark = False
+    # The fused attention kernels' backward passes are not deterministic:
+    # the math one is.
+    torch.backends.cuda.enable_flash_sdp(False)
+    torch.backends.cuda.enable_mem_efficient_sdp(False)
     dim = 64
     dev = torch.device("cuda")
     model = model_of(a.model, dim).to(dev)

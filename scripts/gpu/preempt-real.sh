@@ -168,11 +168,12 @@ EOF
     [ -z "$why" ]; verdict "$name" $? "$why"
 }
 
-# train_case NAME PREEMPT ARGS...: checkpoint/bench/train_app.py ARGS (issue 24: DataLoader
+# train_case NAME PREEMPTS ARGS...: checkpoint/bench/train_app.py ARGS (issue 24: DataLoader
 # workers, pinned memory, NVML) as a plain job (no gpu-mode-run: the reference), then under
-# gpu-mode-run; PREEMPT=1 preempts it after step 5. PASS: the wrapped job completes on its own
-# (restored when preempted) and every step's loss is logged once and bitwise equal to the
-# reference's. The workers' GPU files before the preemption go to worker-files.txt.
+# gpu-mode-run, preempted PREEMPTS times (0, 1 or 2: after step 5, and after step 15 of the
+# restored run). PASS: the wrapped job completes on its own, restored after each preemption,
+# and every step's loss is logged once and bitwise equal to the reference's. The workers' GPU
+# files before the first preemption go to worker-files.txt.
 train_case() {
     local name=$1 preempt=$2 W=$U/$1 job pre pid why="" k
     shift 2
@@ -190,7 +191,9 @@ train_case() {
     say "$name: reference job $job $(field "$job" JobState) $(field "$job" ExitCode), $(grep -c '^step ' "$W/plain.out") steps"
     job=$(submit job)
     say "$name: job $job (as $JOBUSER): $*"
-    if [ "$preempt" = 1 ]; then
+    restored_at_least() { [ "$(grep -c 'restored (pid' "$W/job.out")" -ge "$1" ]; }
+    requeued_times() { state_is "$1" PENDING && [ "$(field "$1" Restarts)" = "$2" ]; }
+    if [ "$preempt" -ge 1 ]; then
         wait_until 240 "step 5" steps_at_least "$W/job.out" 5 || why="$why never reached step 5;"
         pid=$(cat "$W/ready-job" 2>/dev/null)
         for k in $(pgrep -P "${pid:-0}") ; do
@@ -202,11 +205,17 @@ train_case() {
         pre=$(as gmtest2 $S/sbatch --parsable -J preemptor -p high --gres=gpu:"$N" --output="$W/preemptor.out" --wrap 'sleep 5')
         wait_until 240 "the requeue" requeued "$job" || why="$why not requeued;"
     fi
+    if [ "$preempt" -ge 2 ]; then
+        wait_until 300 "the first restore" restored_at_least 1 || why="$why not restored once;"
+        wait_until 240 "step 15" steps_at_least "$W/job.out" 15 || why="$why never reached step 15;"
+        pre=$(as gmtest2 $S/sbatch --parsable -J preemptor -p high --gres=gpu:"$N" --output="$W/preemptor2.out" --wrap 'sleep 5')
+        wait_until 240 "the second requeue" requeued_times "$job" 2 || why="$why not requeued twice;"
+    fi
     wait_until 400 "the job's end" finished "$job" || { why="$why did not end;"; $S/scancel "$job"; }
     say "$name: job $job $(field "$job" JobState), exit code $(field "$job" ExitCode), restarts $(field "$job" Restarts); gpu-mode-run said:"
     grep -E '^gpu-mode-run|Error|Traceback|MISMATCH|DONE' "$W/job.out" | cut -c1-400
     [ "$(field "$job" ExitCode)" = 0:0 ] || why="$why exit code $(field "$job" ExitCode);"
-    [ "$preempt" = 1 ] && ! grep -q "restored (pid" "$W/job.out" && why="$why not restored;"
+    [ "$preempt" -ge 1 ] && ! restored_at_least "$preempt" && why="$why restored $(grep -c 'restored (pid' "$W/job.out") of $preempt times;"
     python3 "$B/train_app.py" --compare "$W/job.out" "$W/plain.out" || why="$why losses differ from the reference;"
     [ -z "$why" ]; verdict "$name" $? "$why"
 }
@@ -226,6 +235,8 @@ if [ "$PART" = all ] || [ "$PART" = e2e ]; then
             train-end) train_case train-end 0 --steps 20 --interval 0.2 --workers 2 --persistent --pin-memory --nvml ;;
             train-fork) train_case train-fork 1 --steps 40 --interval 0.3 --workers 2 --persistent --pin-memory --nvml ;;
             train-spawn) train_case train-spawn 1 --steps 40 --interval 0.3 --workers 2 --persistent --start-method spawn ;;
+            # Issue 24's acceptance shape: a 2-layer transformer, 4 workers, pinned memory, NVML, preempted twice.
+            train-accept) train_case train-accept 2 --steps 60 --interval 0.3 --model transformer --workers 4 --persistent --pin-memory --nvml ;;
         esac
     done
     say "== prolog/epilog lines"; cat "$D/log/hooks.log"
