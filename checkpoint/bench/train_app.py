@@ -14,7 +14,7 @@ exit (SIGTERM), which is what issue 24's item 1 was about.
 
     python3 train_app.py --steps 60 --interval 0.5 --workers 2 \
         --start-method fork|spawn|forkserver --pin-memory --persistent \
-        [--nvml] [--model mlp|transformer] [--ready FILE]
+        [--nvml] [--model mlp|transformer] [--compile] [--cuda-graph] [--events] [--ready FILE]
     python3 train_app.py --compare RUN.out REFERENCE.out   # every step once, losses bitwise equal
 
 --nvml starts a monitoring thread that calls torch.cuda.utilization() and
@@ -38,6 +38,9 @@ def parse():
     p.add_argument("--persistent", action="store_true")
     p.add_argument("--nvml", action="store_true")
     p.add_argument("--model", default="mlp", choices=["mlp", "transformer"])
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--cuda-graph", action="store_true", help="capture the whole step (forward, backward, AdamW) in a CUDA graph")
+    p.add_argument("--events", action="store_true", help="time each step with torch.cuda.Event")
     p.add_argument("--ready", default=None)
     p.add_argument("--compare", nargs=2, metavar=("RUN", "REFERENCE"), help="no training: compare two outputs' losses bitwise")
     return p.parse_args()
@@ -81,6 +84,47 @@ def monitor(stop):
         time.sleep(0.2)
 
 
+def eager_step(torch, model, opt):
+    def step(x, y):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
+    return step
+
+
+def graph_step(torch, model, opt, dim, dev):
+    """The whole step captured in a CUDA graph (PyTorch's "whole network
+    capture"): a few warm-up steps on a side stream, then the capture; each
+    step copies its batch into the static inputs and replays."""
+    static_x = torch.zeros(64, dim, device=dev)
+    static_y = torch.zeros(64, dtype=torch.long, device=dev)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(model(static_x), static_y).backward()
+            opt.step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        static_loss = torch.nn.functional.cross_entropy(model(static_x), static_y)
+        static_loss.backward()
+        opt.step()
+
+    def step(x, y):
+        static_x.copy_(x)
+        static_y.copy_(y)
+        graph.replay()
+        return static_loss
+
+    return step
+
+
 def compare(a, b):
     def losses(path):
         out = {}
@@ -117,7 +161,11 @@ def main():
     dim = 64
     dev = torch.device("cuda")
     model = model_of(a.model, dim).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    if a.compile:
+        model = torch.compile(model)
+    # capturable: the optimizer's state stays on the GPU, as a graph needs.
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=a.cuda_graph)
+    step = graph_step(torch, model, opt, dim, dev) if a.cuda_graph else eager_step(torch, model, opt)
     data = Synthetic(64 * (a.steps + 1), dim)
     # The order as an explicit sampler: each batch can be checked against it.
     order = torch.randperm(len(data), generator=torch.Generator().manual_seed(7)).tolist()
@@ -135,11 +183,16 @@ def main():
             print(f"MISMATCH batch {n}: not the sampler's order", flush=True)
             return 3
         x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        print(f"step {n} loss {loss.item().hex()} batch {idx[0].item()}", flush=True)
+        if a.events:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        loss = step(x, y)
+        timing = ""
+        if a.events:
+            end.record()
+            end.synchronize()
+            timing = f" ms {start.elapsed_time(end):.2f}"
+        print(f"step {n} loss {loss.item().hex()} batch {idx[0].item()}{timing}", flush=True)
         if n == 1 and a.ready:
             with open(a.ready + ".tmp", "w") as f:
                 f.write(str(os.getpid()))

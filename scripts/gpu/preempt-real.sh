@@ -237,6 +237,9 @@ if [ "$PART" = all ] || [ "$PART" = e2e ]; then
             train-spawn) train_case train-spawn 1 --steps 40 --interval 0.3 --workers 2 --persistent --start-method spawn ;;
             # Issue 24's acceptance shape: a 2-layer transformer, 4 workers, pinned memory, NVML, preempted twice.
             train-accept) train_case train-accept 2 --steps 60 --interval 0.3 --model transformer --workers 4 --persistent --pin-memory --nvml ;;
+            # Issue 24 item 4: a torch.compile'd model, a CUDA-graph-captured step, CUDA events.
+            train-compile) train_case train-compile 1 --steps 40 --interval 0.3 --workers 2 --persistent --pin-memory --compile --events ;;
+            train-graph) train_case train-graph 1 --steps 40 --interval 0.3 --workers 2 --persistent --pin-memory --cuda-graph --events ;;
         esac
     done
     say "== prolog/epilog lines"; cat "$D/log/hooks.log"
