@@ -767,7 +767,7 @@ mod tests {
     #[test]
     fn as_root_a_config_others_can_write_is_refused() {
         use std::os::unix::fs::PermissionsExt;
-        if !gpu_mode_testkit::root_or_skip("config::tests::as_root_a_config_others_can_write_is_refused", "the ownership rule applies to root only") {
+        if !gpu_mode_testkit::root_or_skip("the ownership rule applies to root only") {
             return;
         }
         let dir = tempfile::tempdir().unwrap();

@@ -20,11 +20,7 @@ const NOBODY: u32 = 65534;
 /// Whether the test runs as root; when not, it is noted SKIPPED through
 /// the testkit (CI's log and count show it).
 fn root_or_skip() -> bool {
-    let root = unsafe { libc::geteuid() } == 0;
-    if !root {
-        gpu_mode_testkit::skipped(&gpu_mode_testkit::this_test(), "planting paths of other owners needs root");
-    }
-    root
+    gpu_mode_testkit::root_or_skip("planting paths of other owners")
 }
 
 /// A directory root cares about, with one file in it: what a planted

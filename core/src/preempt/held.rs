@@ -392,7 +392,7 @@ mod tests {
         // A non-PIE program (Ubuntu's python3) is mapped at 0x400000, which
         // /proc/<pid>/maps writes as 00400000: the check must find its
         // map_files entry all the same (it refused every PyTorch restore).
-        if !gpu_mode_testkit::root_or_skip("preempt::held::tests::a_file_mapped_below_the_8_digit_addresses_is_checked", "map_files") {
+        if !gpu_mode_testkit::root_or_skip("map_files") {
             return;
         }
         let file = tempfile::NamedTempFile::new().unwrap();
@@ -448,9 +448,9 @@ mod tests {
         Identity { uid: NOBODY, gid: NOBODY, groups: vec![NOBODY] }
     }
 
-    /// A directory others may enter, or `None` (`test` skipped) without root.
-    fn root_tmp(test: &str) -> Option<tempfile::TempDir> {
-        if !gpu_mode_testkit::root_or_skip(test, "the holder runs as nobody") {
+    /// A directory others may enter, or `None` (the test skipped) without root.
+    fn root_tmp() -> Option<tempfile::TempDir> {
+        if !gpu_mode_testkit::root_or_skip("the holder runs as nobody") {
             return None;
         }
         let tmp = tempfile::tempdir().unwrap();
@@ -479,7 +479,7 @@ mod tests {
 
     #[test]
     fn a_file_root_opened_for_the_user_is_refused_and_their_own_is_not() {
-        let Some(tmp) = root_tmp("preempt::held::tests::a_file_root_opened_for_the_user_is_refused_and_their_own_is_not") else { return };
+        let Some(tmp) = root_tmp() else { return };
         let (root_only, theirs) = (tmp.path().join("root-only"), tmp.path().join("theirs"));
         file_with(&root_only, 0o600);
         file_with(&theirs, 0o600);
@@ -494,7 +494,7 @@ mod tests {
 
     #[test]
     fn a_readable_file_behind_a_closed_directory_is_refused() {
-        let Some(tmp) = root_tmp("preempt::held::tests::a_readable_file_behind_a_closed_directory_is_refused") else { return };
+        let Some(tmp) = root_tmp() else { return };
         let closed = tmp.path().join("closed");
         std::fs::create_dir(&closed).unwrap();
         set_mode(&closed, 0o700);
@@ -508,7 +508,7 @@ mod tests {
     fn capabilities_do_not_pass_the_check_for_uid_0() {
         // Root's own check must be that of root *without capabilities*
         // (the CI job user): a file of nobody's, mode 0600, is refused.
-        let Some(tmp) = root_tmp("preempt::held::tests::capabilities_do_not_pass_the_check_for_uid_0") else { return };
+        let Some(tmp) = root_tmp() else { return };
         let file = tmp.path().join("nobodys");
         file_with(&file, 0o600);
         std::os::unix::fs::chown(&file, Some(NOBODY), Some(NOBODY)).unwrap();

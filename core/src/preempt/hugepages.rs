@@ -252,7 +252,7 @@ mod tests {
 
     #[test]
     fn each_version_is_kept_once_and_the_application_preloads_its_own() {
-        if !gpu_mode_testkit::root_or_skip("preempt::hugepages::tests::each_version_is_kept_once_and_the_application_preloads_its_own", "the kept copies are root's") {
+        if !gpu_mode_testkit::root_or_skip("the kept copies are root's") {
             return;
         }
         let dir = tempfile::tempdir().unwrap();
@@ -277,7 +277,7 @@ mod tests {
 
     #[test]
     fn a_kept_copy_that_someone_else_could_have_written_is_not_preloaded() {
-        if !gpu_mode_testkit::root_or_skip("preempt::hugepages::tests::a_kept_copy_that_someone_else_could_have_written_is_not_preloaded", "the kept copies are root's") {
+        if !gpu_mode_testkit::root_or_skip("the kept copies are root's") {
             return;
         }
         let dir = tempfile::tempdir().unwrap();

@@ -356,7 +356,7 @@ mod tests {
     /// job's images (they hold the whole memory of its processes).
     #[test]
     fn another_user_cannot_list_or_read_images() {
-        if !gpu_mode_testkit::root_or_skip("preempt::images::tests::another_user_cannot_list_or_read_images", "the reader runs as nobody") {
+        if !gpu_mode_testkit::root_or_skip("the reader runs as nobody") {
             return;
         }
         let tmp = tempfile::tempdir().unwrap();
@@ -381,7 +381,7 @@ mod tests {
     /// and what it points at is untouched.
     #[test]
     fn planted_image_directories_are_refused_not_followed() {
-        if !gpu_mode_testkit::root_or_skip("preempt::images::tests::planted_image_directories_are_refused_not_followed", "a directory of another owner") {
+        if !gpu_mode_testkit::root_or_skip("a directory of another owner") {
             return;
         }
         let tmp = tempfile::tempdir().unwrap();

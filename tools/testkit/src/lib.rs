@@ -23,15 +23,17 @@ pub mod user;
 use std::path::PathBuf;
 
 /// Whether this process is root, for a test whose assertions need it.
-/// When not, says that `test` was skipped and `why` root is needed; where
-/// CI runs the tests (`CI=true`, as root) that is a failure instead.
-pub fn root_or_skip(test: &str, why: &str) -> bool {
+/// When not, says that the running test ([`this_test`]) was skipped and
+/// `why` root is needed; where CI runs the tests (`CI=true`, as root) that
+/// is a failure instead.
+pub fn root_or_skip(why: &str) -> bool {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == 0 {
         return true;
     }
+    let test = this_test();
     assert!(!required("CI"), "{test}: needs root ({why}), and CI runs the tests as root");
-    skipped(test, &format!("needs root ({why})"));
+    skipped(&test, &format!("needs root ({why})"));
     false
 }
 

@@ -92,7 +92,7 @@ mod tests {
 
     #[test]
     fn the_client_runs_as_the_daemons_owner() {
-        if !gpu_mode_testkit::root_or_skip("modes::mps::control::tests::the_client_runs_as_the_daemons_owner", "to change user") {
+        if !gpu_mode_testkit::root_or_skip("to change user") {
             return;
         }
         let dir = tempfile::tempdir().unwrap();

@@ -58,9 +58,9 @@ struct Fx {
     criu: Arc<RecordingCriu>,
 }
 
-/// Whether `test` can run: it needs root (processes run as nobody).
-fn root_or_skip(test: &str) -> bool {
-    gpu_mode_testkit::root_or_skip(test, "processes run as nobody")
+/// Whether the running test can run: it needs root (processes run as nobody).
+fn root_or_skip() -> bool {
+    gpu_mode_testkit::root_or_skip("processes run as nobody")
 }
 
 fn fixture() -> Fx {
@@ -155,7 +155,7 @@ fn dumped(fx: &Fx) -> (Child, std::path::PathBuf) {
 
 #[test]
 fn a_dump_writes_its_manifest_last_with_the_job_and_user() {
-    if !root_or_skip("preempt::agent::tests::a_dump_writes_its_manifest_last_with_the_job_and_user") {
+    if !root_or_skip() {
         return;
     }
     let fx = fixture();
@@ -184,7 +184,7 @@ fn a_dump_writes_its_manifest_last_with_the_job_and_user() {
 
 #[test]
 fn a_failed_dump_leaves_nothing_that_claims_success_and_the_app_runs_on() {
-    if !root_or_skip("preempt::agent::tests::a_failed_dump_leaves_nothing_that_claims_success_and_the_app_runs_on") {
+    if !root_or_skip() {
         return;
     }
     let fx = fixture();
@@ -204,7 +204,7 @@ fn a_failed_dump_leaves_nothing_that_claims_success_and_the_app_runs_on() {
 /// cannot be made, nothing is dumped and the application runs on.
 #[test]
 fn an_image_directory_that_cannot_be_made_fails_the_checkpoint_and_the_app_runs_on() {
-    if !root_or_skip("preempt::agent::tests::an_image_directory_that_cannot_be_made_fails_the_checkpoint_and_the_app_runs_on") {
+    if !root_or_skip() {
         return;
     }
     let fx = fixture();
@@ -222,7 +222,7 @@ fn an_image_directory_that_cannot_be_made_fails_the_checkpoint_and_the_app_runs_
 
 #[test]
 fn only_the_callers_own_tree_of_the_users_processes_is_dumped() {
-    if !root_or_skip("preempt::agent::tests::only_the_callers_own_tree_of_the_users_processes_is_dumped") {
+    if !root_or_skip() {
         return;
     }
     let fx = fixture();
@@ -250,7 +250,7 @@ fn forge(run: &std::path::Path, edit: impl FnOnce(&mut serde_json::Value)) {
 
 #[test]
 fn restores_refuse_foreign_corrupt_changed_or_incompatible_images_and_keep_them() {
-    if !root_or_skip("preempt::agent::tests::restores_refuse_foreign_corrupt_changed_or_incompatible_images_and_keep_them") {
+    if !root_or_skip() {
         return;
     }
     type Case = (&'static str, Box<dyn Fn(&std::path::Path)>, &'static str);
@@ -326,7 +326,7 @@ fn callers_other_than_the_user_and_root_are_refused() {
 #[test]
 fn the_socket_is_the_users_and_answers_hello_and_stop() {
     use std::os::unix::fs::MetadataExt;
-    if !root_or_skip("preempt::agent::tests::the_socket_is_the_users_and_answers_hello_and_stop") {
+    if !root_or_skip() {
         return;
     }
     let fx = fixture();
@@ -366,7 +366,7 @@ fn another_user_cannot_connect_to_the_agent_socket() {
         };
         std::process::exit(code);
     }
-    if !root_or_skip("preempt::agent::tests::another_user_cannot_connect_to_the_agent_socket") {
+    if !root_or_skip() {
         return;
     }
     let fx = fixture();
@@ -392,7 +392,7 @@ fn another_user_cannot_connect_to_the_agent_socket() {
 /// user's directory) is refused; what it points at is untouched.
 #[test]
 fn a_planted_socket_directory_is_refused() {
-    if !root_or_skip("preempt::agent::tests::a_planted_socket_directory_is_refused") {
+    if !root_or_skip() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
@@ -415,7 +415,7 @@ fn a_planted_socket_directory_is_refused() {
 /// per phase of the manifest's timings, a refusal by reason.
 #[test]
 fn checkpoints_are_counted_in_the_metrics() {
-    if !root_or_skip("preempt::agent::tests::checkpoints_are_counted_in_the_metrics") {
+    if !root_or_skip() {
         return;
     }
     let fx = fixture_with(true);
@@ -490,7 +490,7 @@ fn a_flood_of_silent_connections_is_bounded_and_root_still_stops_the_agent() {
     if let Some(socket) = std::env::var_os(FLOOD_CHILD) {
         flood(&socket);
     }
-    if !root_or_skip("preempt::agent::tests::a_flood_of_silent_connections_is_bounded_and_root_still_stops_the_agent") {
+    if !root_or_skip() {
         return;
     }
     let fx = fixture();
@@ -523,7 +523,7 @@ fn a_flood_of_silent_connections_is_bounded_and_root_still_stops_the_agent() {
 /// alone restarts with every byte, so the thread was held for good).
 #[test]
 fn a_request_trickled_byte_by_byte_is_cut_off_in_time() {
-    if !root_or_skip("preempt::agent::tests::a_request_trickled_byte_by_byte_is_cut_off_in_time") {
+    if !root_or_skip() {
         return;
     }
     let fx = fixture();
@@ -556,7 +556,7 @@ fn a_request_trickled_byte_by_byte_is_cut_off_in_time() {
 /// login session) may ask `hello` but neither checkpoint nor restore.
 #[test]
 fn the_users_processes_outside_the_job_cannot_checkpoint_or_restore() {
-    if !root_or_skip("preempt::agent::tests::the_users_processes_outside_the_job_cannot_checkpoint_or_restore") {
+    if !root_or_skip() {
         return;
     }
     let fx = fixture();
@@ -618,7 +618,7 @@ fn tree_holding(file: &std::path::Path) -> (Child, i32) {
 /// what CRIU had opened for it as root).
 #[test]
 fn every_restored_process_is_checked_before_it_runs_even_one_the_manifest_does_not_list() {
-    if !root_or_skip("preempt::agent::tests::every_restored_process_is_checked_before_it_runs_even_one_the_manifest_does_not_list") {
+    if !root_or_skip() {
         return;
     }
     let fx = fixture();
