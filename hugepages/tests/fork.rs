@@ -8,16 +8,10 @@
 //! opens and maps a file under the prefix and one outside it, forks, and
 //! prints what each process holds.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod common;
 
-/// The library cargo built for this test (as tests/preload.rs finds it).
-fn library() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    let candidates = [deps.join("libgpu_mode_hugepages.so"), deps.parent().unwrap().join("libgpu_mode_hugepages.so")];
-    candidates.iter().find(|p| p.exists()).cloned().unwrap_or_else(|| panic!("libgpu_mode_hugepages.so not built: {candidates:?}"))
-}
+use std::path::Path;
+use std::process::Command;
 
 const PROGRAM: &str = r#"
 import mmap, os, sys
@@ -54,7 +48,7 @@ fn run(dir: &Path, drop: bool) -> String {
         std::fs::write(f, vec![0u8; 4096]).unwrap();
     }
     let mut cmd = Command::new("python3");
-    cmd.args(["-c", PROGRAM]).arg(&dev).arg(&other).env("LD_PRELOAD", library()).env("GPU_MODE_HUGEPAGES", "0");
+    cmd.args(["-c", PROGRAM]).arg(&dev).arg(&other).env("LD_PRELOAD", common::built_library()).env("GPU_MODE_HUGEPAGES", "0");
     cmd.env("GPU_MODE_FORK_DROP_PREFIXES", format!("/nonexistent/:{}/", dev_dir.display()));
     if drop {
         cmd.env("GPU_MODE_FORK_DROP", "1");

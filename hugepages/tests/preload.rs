@@ -9,19 +9,11 @@
 //! and fail where the environment must have THP (`CI=true` or
 //! `GPU_MODE_REQUIRE_THP=1`).
 
-use std::path::PathBuf;
+mod common;
+
 use std::process::Command;
 
 const PROBE: &str = env!("CARGO_BIN_EXE_hugepages-probe");
-
-/// The library cargo built for this test: target/<profile>/deps/ (where
-/// this test runs) or target/<profile>/.
-fn shim() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    let candidates = [deps.join("libgpu_mode_hugepages.so"), deps.parent().unwrap().join("libgpu_mode_hugepages.so")];
-    candidates.iter().find(|p| p.exists()).cloned().unwrap_or_else(|| panic!("libgpu_mode_hugepages.so not built: {candidates:?}"))
-}
 
 /// A `key=` line of the probe's output.
 fn line<'a>(stdout: &'a str, key: &str) -> &'a str {
@@ -41,7 +33,7 @@ fn run(spec: &str, env: &[(&str, &str)]) -> (String, String) {
 /// The probe's stdout and stderr, with the shim preloaded.
 fn run_probe(spec: &str, env: &[(&str, &str)]) -> (String, String) {
     let mut cmd = Command::new(PROBE);
-    cmd.arg(spec).env("LD_PRELOAD", shim());
+    cmd.arg(spec).env("LD_PRELOAD", common::built_library());
     for (k, v) in env {
         cmd.env(k, v);
     }
