@@ -123,18 +123,18 @@ fn bit(sig: i32) -> SignalBits {
     1u64 << (sig - 1)
 }
 
-/// `SigBlk` and `SigIgn` of a `/proc/<pid>/status` text.
-pub fn from_proc_status(status: &str) -> Option<InheritedSignals> {
-    let field = |name: &str| {
-        status.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-    };
-    Some(InheritedSignals { blocked: field("SigBlk:")?, ignored: field("SigIgn:")? })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::os::unix::process::CommandExt;
+
+    /// `SigBlk` and `SigIgn` of a `/proc/<pid>/status` text.
+    fn from_proc_status(status: &str) -> Option<InheritedSignals> {
+        let field = |name: &str| {
+            status.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        };
+        Some(InheritedSignals { blocked: field("SigBlk:")?, ignored: field("SigIgn:")? })
+    }
 
     #[test]
     fn proc_status_fields_are_read_as_the_kernel_prints_them() {

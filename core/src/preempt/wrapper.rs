@@ -120,7 +120,7 @@ fn say(text: &str) {
 /// except those it keeps for itself: CHLD (it reaps the tree), PIPE (its
 /// own stderr), the faults of its own code (ILL, TRAP, ABRT, BUS, FPE,
 /// SEGV, SYS, STKFLT) and KILL/STOP, which no process can take.
-pub fn forwarded_signals() -> Vec<i32> {
+fn forwarded_signals() -> Vec<i32> {
     let mut v = vec![
         libc::SIGHUP,
         libc::SIGINT,
