@@ -30,7 +30,7 @@
 
 use crate::privdrop::Identity;
 use std::ffi::CString;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::time::Duration;
 
@@ -53,6 +53,13 @@ pub struct Held {
     pub exec_ok: bool,
     /// Where to open the file itself: `/proc/<pid>/fd/3`, `/proc/<pid>/map_files/...`.
     source: String,
+}
+
+impl Held {
+    /// Where the file itself can be opened.
+    pub(crate) fn source(&self) -> &str {
+        &self.source
+    }
 }
 
 /// The access an open file's flags (octal, /proc/<pid>/fdinfo) ask for.
@@ -201,102 +208,19 @@ fn user_may_hold(p: &Probe) -> i32 {
     0
 }
 
-/// Takes `who`'s identity with no capabilities at all (uid 0 keeps its
-/// capabilities through setresuid: they are cleared explicitly).
-fn become_user(groups: &[libc::gid_t], uid: u32, gid: u32) -> bool {
-    #[repr(C)]
-    struct CapHeader {
-        version: u32,
-        pid: i32,
-    }
-    #[repr(C)]
-    struct CapData {
-        effective: u32,
-        permitted: u32,
-        inheritable: u32,
-    }
-    // SAFETY: async-signal-safe system calls with buffers we own.
-    unsafe {
-        if libc::setgroups(groups.len(), groups.as_ptr()) != 0 || libc::setresgid(gid, gid, gid) != 0 || libc::setresuid(uid, uid, uid) != 0
-        {
-            return false;
-        }
-        let header = CapHeader { version: 0x2008_0522, pid: 0 };
-        let data = [CapData { effective: 0, permitted: 0, inheritable: 0 }, CapData { effective: 0, permitted: 0, inheritable: 0 }];
-        libc::syscall(libc::SYS_capset, &header as *const CapHeader, data.as_ptr()) == 0
-    }
-}
-
 /// Runs the probes as `who` in a child; the index of the first the user may
 /// not hold and why, or `None`.
 fn first_refused(probes: &[Probe], who: &Identity) -> Result<Option<(usize, i32)>, String> {
-    let (read_end, write_end) = nix::unistd::pipe().map_err(|e| format!("pipe: {e}"))?;
-    let groups: Vec<libc::gid_t> = who.groups.clone();
-    // SAFETY: the child runs only system calls on memory prepared before the
-    // fork (no allocation, no locks) and leaves with _exit.
-    match unsafe { nix::unistd::fork() }.map_err(|e| format!("fork: {e}"))? {
-        nix::unistd::ForkResult::Child => {
-            let w: RawFd = write_end.as_raw_fd();
-            let mut answer = [0u8; 8];
-            let code = if !become_user(&groups, who.uid, who.gid) {
-                2
-            } else {
-                for (i, p) in probes.iter().enumerate() {
-                    let err = user_may_hold(p);
-                    if err != 0 {
-                        answer[..4].copy_from_slice(&(i as u32).to_le_bytes());
-                        answer[4..].copy_from_slice(&err.to_le_bytes());
-                        // SAFETY: write of a local buffer.
-                        unsafe { libc::write(w, answer.as_ptr().cast(), 8) };
-                        break;
-                    }
-                }
-                0
-            };
-            // SAFETY: leaves the child without running the parent's destructors.
-            unsafe { libc::_exit(code) }
-        }
-        nix::unistd::ForkResult::Parent { child } => {
-            drop(write_end);
-            let status = wait_bounded(child, CHECK_BOUND)?;
-            if !matches!(status, nix::sys::wait::WaitStatus::Exited(_, 0)) {
-                return Err(format!("the check as uid {} could not take the user's identity ({status:?})", who.uid));
+    let answer = super::user_child::run_as_user(who, CHECK_BOUND, |w| {
+        for (i, p) in probes.iter().enumerate() {
+            let err = user_may_hold(p);
+            if err != 0 {
+                super::user_child::answer(w, i as u32, err);
+                break;
             }
-            // The child wrote at most 8 bytes (within any pipe's buffer) and is gone.
-            let mut answer = Vec::new();
-            std::io::Read::read_to_end(&mut std::fs::File::from(read_end), &mut answer).map_err(|e| format!("the check's answer: {e}"))?;
-            Ok((answer.len() == 8).then(|| {
-                let i = u32::from_le_bytes(answer[..4].try_into().unwrap_or_default()) as usize;
-                (i, i32::from_le_bytes(answer[4..].try_into().unwrap_or_default()))
-            }))
         }
-    }
-}
-
-/// Waits for the checking child for at most `bound`; past it, kills it.
-fn wait_bounded(child: nix::unistd::Pid, bound: Duration) -> Result<nix::sys::wait::WaitStatus, String> {
-    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
-    let start = std::time::Instant::now();
-    loop {
-        match waitpid(child, Some(WaitPidFlag::WNOHANG)) {
-            Ok(WaitStatus::StillAlive) | Err(nix::errno::Errno::EINTR) => {}
-            Ok(status) => return Ok(status),
-            Err(e) => return Err(format!("waitpid: {e}")),
-        }
-        if start.elapsed() >= bound {
-            let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
-            // Reaped if it goes at once; a child stuck in the kernel (a hung
-            // network mount) must not hang the agent with it.
-            for _ in 0..100 {
-                if !matches!(waitpid(child, Some(WaitPidFlag::WNOHANG)), Ok(WaitStatus::StillAlive)) {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            return Err(format!("the check as the job's user did not finish within {} s", bound.as_secs()));
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    })?;
+    Ok(answer.map(|(i, errno)| (i as usize, errno)))
 }
 
 fn describe_need(h: &Held) -> &'static str {
@@ -355,19 +279,6 @@ mod tests {
     use std::process::{Child, Command};
 
     const NOBODY: u32 = 65534;
-
-    #[test]
-    // wait_bounded kills and reaps the child itself.
-    #[allow(clippy::zombie_processes)]
-    fn a_check_that_does_not_finish_is_killed_and_refuses() {
-        let child = Command::new("/bin/sleep").arg("30").spawn().unwrap();
-        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
-        let start = std::time::Instant::now();
-        let err = wait_bounded(pid, Duration::from_millis(200)).unwrap_err();
-        assert!(err.contains("did not finish within"), "{err}");
-        assert!(start.elapsed() < Duration::from_secs(2), "{:?}", start.elapsed());
-        assert!(crate::procfs::read(child.id() as i32).is_none(), "the check was killed and reaped");
-    }
 
     #[test]
     fn flags_and_map_lines_say_what_access_is_held() {

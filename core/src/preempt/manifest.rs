@@ -98,6 +98,9 @@ pub struct Manifest {
     pub tcp_established: bool,
     pub images: Vec<ImageFile>,
     pub image_bytes: u64,
+    /// The job's /dev/shm files carried in the image (shm.rs; absent when none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shm: Vec<crate::preempt::shm::ShmObject>,
     pub timings: DumpTimings,
     /// Every phase of the dump up to the seal (absent in older manifests).
     #[serde(default)]
@@ -285,6 +288,7 @@ mod tests {
             tcp_established: false,
             image_bytes: 4,
             images,
+            shm: vec![],
             timings: DumpTimings::default(),
             timeline: Timeline::default(),
         }

@@ -37,10 +37,12 @@ pub mod hugepages;
 pub mod images;
 pub mod manifest;
 pub mod protocol;
+pub mod shm;
 pub mod signals;
 pub mod submit;
 pub mod timeline;
 pub mod tree;
+pub(crate) mod user_child;
 pub mod wrapper;
 pub mod writeback;
 

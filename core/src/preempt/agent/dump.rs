@@ -19,10 +19,18 @@ use crate::preempt::images::ImageStore;
 use crate::preempt::manifest::{DumpTimings, Manifest, MANIFEST_VERSION};
 use crate::preempt::protocol::CheckpointSummary;
 use crate::preempt::timeline::{Stopwatch, Timeline};
+use crate::preempt::shm::{self, Staged};
 use crate::preempt::writeback::Writeback;
 use crate::preempt::{now_ms, tree};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
+
+/// What stands ready for CRIU's dump: the driver's checkpoint (none when the
+/// tree holds no GPU files) and the /dev/shm files to carry (shm.rs).
+struct Prepared {
+    cuda: Option<CheckpointReport>,
+    shm: Option<Staged>,
+}
 
 /// The CUDA checkpoint's outcome: its report, or none when the tree holds
 /// no GPU files.
@@ -38,12 +46,16 @@ impl Agent {
         self.check_root(peer, root)?;
         let pids = self.host.with_descendants(root);
         tree::check_owned(&pids, self.params.uid)?;
+        // Before anything is locked: what CRIU could not dump alone is
+        // found (and refused) here.
+        let who = crate::privdrop::Identity::of_user_or_bare(self.params.uid, self.params.gid);
+        let shm = shm::stage(&pids, root, &who).map_err(|e| format!("cannot checkpoint: {e}; nothing was changed"))?;
         sw.since("checks", t);
         let was = self.root_state(root);
         if was.is_some() {
             self.set_root(root, Some(RootState::Dumping));
         }
-        let result = self.dump_tree(root, &pids, signal_at_ms.is_some(), &mut sw);
+        let result = self.dump_tree(root, &pids, shm, signal_at_ms.is_some(), &mut sw);
         if was.is_some() {
             self.set_root(root, Some(if result.is_ok() { RootState::Dumped } else { RootState::Running }));
         }
@@ -53,7 +65,7 @@ impl Agent {
     /// CUDA checkpoint (with the run directory made meanwhile), then CRIU;
     /// a failure removes the run directory: never a partial image, and
     /// never one that claims success.
-    fn dump_tree(&self, root: i32, pids: &[i32], from_signal: bool, sw: &mut Stopwatch) -> Result<CheckpointSummary, String> {
+    fn dump_tree(&self, root: i32, pids: &[i32], shm: Option<Staged>, from_signal: bool, sw: &mut Stopwatch) -> Result<CheckpointSummary, String> {
         let target = Target::Pids(vec![root]);
         let (run, cuda) = self.cuda_checkpoint_and_run_dir(&target, pids, sw);
         let (run, cuda) = match (run, cuda) {
@@ -70,7 +82,7 @@ impl Agent {
                 return Err(format!("cannot prepare the image directory: {e}; {undo}"));
             }
         };
-        let result = self.dump_into(&run, root, pids, cuda, from_signal, sw);
+        let result = self.dump_into(&run, root, pids, Prepared { cuda, shm }, from_signal, sw);
         if result.is_err() {
             let _ = crate::fsutil::remove_tree_if_present(&run);
         }
@@ -132,10 +144,11 @@ impl Agent {
         run: &Path,
         root: i32,
         pids: &[i32],
-        cuda: Option<CheckpointReport>,
+        prepared: Prepared,
         from_signal: bool,
         sw: &mut Stopwatch,
     ) -> Result<CheckpointSummary, String> {
+        let Prepared { cuda, shm } = prepared;
         let target = Target::Pids(vec![root]);
         let req = DumpRequest { pid: root, images_dir: run.to_path_buf(), tcp_established: self.settings.tcp_established };
         // Best effort: without it the seal writes everything, as before.
@@ -152,8 +165,19 @@ impl Agent {
         }
         let _ = CheckpointRecord::remove(&self.settings.checkpoint.record_dir, &target.key());
         // From here on the tree is gone: a failure means starting over.
+        let shm = match shm {
+            Some(s) => {
+                let (objects, note) = sw.time("shm", || s.save(run))?;
+                if let Some(note) = note {
+                    self.log("shm-remove", crate::log::Outcome::Failed, &note);
+                }
+                objects
+            }
+            None => vec![],
+        };
         let images = sw.time("seal", || ImageStore::seal(run)).map_err(|e| format!("cannot seal the images in {}: {e}", run.display()))?;
-        let manifest = self.manifest(root, pids, cuda.as_ref(), images, sw.timeline(), from_signal);
+        let mut manifest = self.manifest(root, pids, cuda.as_ref(), images, sw.timeline(), from_signal);
+        manifest.shm = shm;
         let t = Instant::now();
         manifest.save(run).map_err(|e| format!("cannot write the manifest in {}: {e}", run.display()))?;
         self.settings.images.sync_parents(self.params.job).map_err(|e| format!("cannot sync the image directory: {e}"))?;
@@ -212,6 +236,7 @@ impl Agent {
             tcp_established: self.settings.tcp_established,
             image_bytes: images.iter().map(|f| f.bytes).sum(),
             images,
+            shm: vec![],
             timings: timings_of(timeline, from_signal),
             timeline: timeline.clone(),
         }

@@ -11,6 +11,7 @@ use crate::criu::{RestoreRequest, TargetCgroup};
 use crate::preempt::images::ImageStore;
 use crate::preempt::manifest::Manifest;
 use crate::preempt::protocol::RestoreSummary;
+use crate::preempt::shm;
 use crate::preempt::timeline::Stopwatch;
 use crate::preempt::tree;
 use crate::procfs;
@@ -51,6 +52,9 @@ impl Agent {
         let t = Instant::now();
         let (manifest, map) = self.vet(&dir, sw).map_err(|e| format!("{e}; the image is kept"))?;
         let cgroup = TargetCgroup::of_pid(peer.pid)?;
+        let who = crate::privdrop::Identity::of_user_or_bare(self.params.uid, self.params.gid);
+        // Dropped on any failure below: the names made are removed again.
+        let shm = sw.time("shm", || shm::recreate(&manifest.shm, &dir, peer.pid, &who)).map_err(|e| format!("{e}; the image is kept"))?;
         let check_ms = ms(t);
         let pid = self.criu_restore(&dir, &manifest, cgroup, sw)?;
         let t = Instant::now();
@@ -67,6 +71,9 @@ impl Agent {
             self.log("restore-consume", crate::log::Outcome::Failed, &format!("{}: {e}", dir.display()));
         }
         sw.since("consume", t);
+        if let Some(shm) = shm {
+            shm.keep();
+        }
         self.set_root(pid, Some(RootState::Running));
         let timeline = sw.timeline().clone();
         let summary = RestoreSummary {

@@ -1,0 +1,682 @@
+//! The job's POSIX semaphores and shared memory in /dev/shm that CRIU cannot
+//! dump on its own, carried in the image by the agent.
+//!
+//! glibc's `sem_open(O_CREAT)` makes a semaphore under a temporary name,
+//! maps it, links it to its final name and removes the temporary one, so
+//! the creator maps a deleted file that still has a name
+//! (`/dev/shm/sem.Ab12Cd (deleted)`, also `/dev/shm/sem.mp-xyz`). Python's
+//! multiprocessing keeps such names with the spawn and forkserver start
+//! methods (a DataLoader with `multiprocessing_context="spawn"`). CRIU dumps
+//! a deleted file with no name left as a "ghost" (content in the image), but
+//! one that still has a name only with `--link-remap`: a hard link CRIU makes
+//! as root beside it, in any directory, and opens again by path as root at
+//! restore, where the user may have put something else. The agent does not
+//! use it. Instead, for each such file the tree holds that is the user's own
+//! and sits directly in /dev/shm:
+//!
+//! * **dump**, before the driver is locked: as the user, the deleted name is
+//!   linked back under the literal name CRIU looks up (`sem.Ab12Cd
+//!   (deleted)`: CRIU stats the path /proc shows, suffix included, and dumps
+//!   a file it finds there with the same inode by path, files-reg.c
+//!   `check_path_remap`). Once CRIU has dumped the tree, the file's content
+//!   goes into the image (`shm-<n>.img`, sealed and checksummed with the
+//!   rest) and its names are removed, as the user: they leave the node with
+//!   the job (a killed tree would leave them behind otherwise).
+//! * **restore**, before CRIU: the names are made again as the user (never
+//!   over an existing name or through a symlink) with the content and mode;
+//!   CRIU opens them by path; the alias names go once CRIU is done.
+//!
+//! Root's only act on these paths is CRIU's open at restore. The agent
+//! relies on it only where it cannot be pointed elsewhere: directly in a
+//! root-owned, sticky, world-writable tmpfs directory (checked), with
+//! `fs.protected_symlinks` (root does not follow a symlink the user planted
+//! there) and `fs.protected_hardlinks` (the user cannot link there a file
+//! they could not open) on (checked; both are the default on Debian and
+//! Ubuntu), on a file system that holds only what was made on it. The
+//! restored tree is then checked by held.rs like every other file.
+//! Anything else that needs `--link-remap` is still refused by CRIU.
+
+use crate::privdrop::Identity;
+use crate::preempt::user_child::{answer, errno, run_as_user};
+use serde::{Deserialize, Serialize};
+use std::ffi::CString;
+use std::fs::File;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::Path;
+use std::time::Duration;
+
+/// Where the job's objects live, as the processes name it.
+const SHM_DIR: &str = "/dev/shm/";
+const DELETED: &str = " (deleted)";
+/// How long the work as the user may take.
+const USER_BOUND: Duration = Duration::from_secs(10);
+
+/// One object of the job's, as the manifest records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShmObject {
+    /// Its names in /dev/shm: the first is made, the others linked to it.
+    pub names: Vec<String>,
+    /// The names CRIU recorded for the tree's references through a deleted
+    /// name (`sem.Ab12Cd (deleted)`), made for CRIU and removed after it.
+    pub aliases: Vec<String>,
+    pub mode: u32,
+    pub bytes: u64,
+    /// Its content, a file of the image directory.
+    pub image: String,
+}
+
+/// One descriptor or mapping of the tree that names a file in /dev/shm.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShmRef {
+    pub pid: i32,
+    /// `fd 3`, `mapping 7f00-7f80`.
+    pub what: String,
+    /// The path /proc shows, ` (deleted)` included.
+    pub path: String,
+    pub dev: u64,
+    pub ino: u64,
+    pub nlink: u64,
+    pub uid: u32,
+    pub mode: u32,
+    pub bytes: u64,
+    /// Where the file itself can be opened (`/proc/<pid>/map_files/...`).
+    pub source: String,
+}
+
+/// An object to carry: what the manifest will say, and where to read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Planned {
+    pub ino: u64,
+    pub names: Vec<String>,
+    /// Aliases to make (those already there, from an earlier attempt, are not).
+    pub aliases: Vec<String>,
+    pub existing_aliases: Vec<String>,
+    pub mode: u32,
+    pub bytes: u64,
+    pub source: String,
+}
+
+/// `name` and whether /proc says it was deleted, for a path directly in
+/// /dev/shm; `None` for anything else.
+fn shm_name(path: &str) -> Option<(&str, bool)> {
+    let rest = path.strip_prefix(SHM_DIR)?;
+    let (name, deleted) = match rest.strip_suffix(DELETED) {
+        Some(n) => (n, true),
+        None => (rest, false),
+    };
+    (valid_name(name)).then_some((name, deleted))
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains('/') && !name.contains('\0') && name.len() <= 255
+}
+
+/// Which of the tree's /dev/shm files CRIU could not dump (held through a
+/// deleted name, yet still named), with all their names: `entries` is the
+/// directory's listing (name, inode) and `dev` its device. Pure: the rules
+/// are here, the reading is in [`stage`].
+pub fn plan(refs: &[ShmRef], dev: u64, entries: &[(String, u64)], uid: u32) -> Result<Vec<Planned>, String> {
+    let mut out: Vec<Planned> = Vec::new();
+    for r in refs {
+        let Some((name, true)) = shm_name(&r.path) else { continue };
+        // Another file system's path that reads the same, a non-file, or a
+        // file with no name left (CRIU's ghost file carries it).
+        if r.dev != dev || r.mode & libc::S_IFMT != libc::S_IFREG || r.nlink == 0 {
+            continue;
+        }
+        if r.uid != uid {
+            return Err(format!(
+                "pid {} holds {} ({}), a file of uid {} that was deleted under this name but still has another: \
+                 only the job's own such files are carried in the image: refused",
+                r.pid, r.path, r.what, r.uid
+            ));
+        }
+        let alias = format!("{name}{DELETED}");
+        if let Some(p) = out.iter_mut().find(|p| p.ino == r.ino) {
+            if !p.aliases.contains(&alias) && !p.existing_aliases.contains(&alias) {
+                add_alias(p, alias, entries, r)?;
+            }
+            continue;
+        }
+        let linked = entries.iter().filter(|(_, ino)| *ino == r.ino).count();
+        let names: Vec<String> =
+            entries.iter().filter(|(n, ino)| *ino == r.ino && !n.ends_with(DELETED)).map(|(n, _)| n.clone()).collect();
+        if linked as u64 != r.nlink || names.is_empty() {
+            return Err(format!(
+                "pid {} holds {} ({}), deleted under this name, whose {} name(s) are not all in {SHM_DIR} ({} found): \
+                 CRIU cannot dump it without --link-remap: refused",
+                r.pid,
+                r.path,
+                r.what,
+                r.nlink,
+                names.len()
+            ));
+        }
+        let mut p = Planned {
+            ino: r.ino,
+            names,
+            aliases: vec![],
+            existing_aliases: vec![],
+            mode: r.mode & 0o7777,
+            bytes: r.bytes,
+            source: r.source.clone(),
+        };
+        add_alias(&mut p, alias, entries, r)?;
+        out.push(p);
+    }
+    Ok(out)
+}
+
+fn add_alias(p: &mut Planned, alias: String, entries: &[(String, u64)], r: &ShmRef) -> Result<(), String> {
+    match entries.iter().find(|(n, _)| *n == alias) {
+        None => p.aliases.push(alias),
+        Some((_, ino)) if *ino == r.ino => p.existing_aliases.push(alias),
+        Some(_) => {
+            return Err(format!("pid {} holds {} ({}), and {SHM_DIR}{alias} is another file: refused", r.pid, r.path, r.what));
+        }
+    }
+    Ok(())
+}
+
+/// The tree's descriptors and mappings that name a file in /dev/shm.
+pub fn collect_refs(pids: &[i32]) -> Result<Vec<ShmRef>, String> {
+    let mut out = Vec::new();
+    for &pid in pids {
+        if let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) {
+            for entry in dir.flatten() {
+                let Ok(link) = std::fs::read_link(entry.path()) else { continue };
+                let link = link.to_string_lossy().into_owned();
+                if link.starts_with(SHM_DIR) {
+                    let fd = entry.file_name().to_string_lossy().into_owned();
+                    out.extend(reference(pid, format!("fd {fd}"), link, format!("/proc/{pid}/fd/{fd}")));
+                }
+            }
+        }
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(|e| format!("cannot read pid {pid}'s mappings: {e}"))?;
+        for line in maps.lines().filter(|l| l.contains(" /dev/shm/")) {
+            let Some(h) = crate::preempt::held::mapping_of_line(pid, line) else { continue };
+            out.extend(reference(pid, h.what.clone(), h.path.clone(), h.source().to_string()));
+        }
+    }
+    Ok(out)
+}
+
+fn reference(pid: i32, what: String, path: String, source: String) -> Option<ShmRef> {
+    // The process may have closed or unmapped it since: nothing to carry.
+    let m = std::fs::metadata(&source).ok()?;
+    Some(ShmRef { pid, what, path, dev: m.dev(), ino: m.ino(), nlink: m.nlink(), uid: m.uid(), mode: m.mode(), bytes: m.size(), source })
+}
+
+/// /dev/shm as process `pid` sees it, if it is what the design relies on:
+/// root's, sticky and world-writable, a tmpfs; with root's protection from
+/// the user's symlinks and hard links there on.
+fn shm_dir(pid: i32) -> Result<(OwnedFd, u64), String> {
+    let path = format!("/proc/{pid}/root{}", SHM_DIR.trim_end_matches('/'));
+    let dir = nix::fcntl::open(path.as_str(), nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC, nix::sys::stat::Mode::empty())
+        .map_err(|e| format!("cannot open {SHM_DIR} of pid {pid}: {e}"))?;
+    let st = nix::sys::stat::fstat(&dir).map_err(|e| format!("{SHM_DIR}: {e}"))?;
+    let fs = nix::sys::statfs::fstatfs(&dir).map_err(|e| format!("{SHM_DIR}: {e}"))?;
+    let problem = if st.st_uid != 0 {
+        Some(format!("belongs to uid {}, not root", st.st_uid))
+    } else if st.st_mode & 0o1777 != 0o1777 {
+        Some(format!("has mode {:o}, not 1777", st.st_mode & 0o7777))
+    } else if fs.filesystem_type() != nix::sys::statfs::TMPFS_MAGIC {
+        Some("is not a tmpfs".to_string())
+    } else {
+        None
+    };
+    if let Some(p) = problem {
+        return Err(format!("{SHM_DIR} {p}: the job's semaphores there cannot be carried safely: refused"));
+    }
+    links_protected(|knob| std::fs::read_to_string(format!("/proc/sys/fs/{knob}")).ok())?;
+    Ok((dir, st.st_dev))
+}
+
+/// Root's protection from the user's symlinks and hard links in sticky
+/// directories is on (`read` gives a /proc/sys/fs knob's value).
+fn links_protected(read: impl Fn(&str) -> Option<String>) -> Result<(), String> {
+    for knob in ["protected_symlinks", "protected_hardlinks"] {
+        let v = read(knob).unwrap_or_default();
+        if !matches!(v.trim(), "1" | "2") {
+            return Err(format!(
+                "fs.{knob} is {:?} on this node, not 1: root would follow the user's links in {SHM_DIR} at restore, so the job's \
+                 semaphores there cannot be carried (set fs.{knob}=1, the Debian and Ubuntu default): refused",
+                v.trim()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The directory's entries and their inodes (symlinks and all, not followed).
+fn list(dir: &OwnedFd) -> Result<Vec<(String, u64)>, String> {
+    let listing = std::fs::read_dir(format!("/proc/self/fd/{}", dir.as_raw_fd())).map_err(|e| format!("cannot list {SHM_DIR}: {e}"))?;
+    let mut out = Vec::new();
+    for entry in listing.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let flags = nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW;
+        if let Ok(st) = nix::sys::stat::fstatat(dir, name.as_str(), flags) {
+            out.push((name, st.st_ino));
+        }
+    }
+    Ok(out)
+}
+
+/// One step done as the user in /dev/shm.
+enum Op {
+    /// A new file (never over a name, never through a symlink) with this
+    /// content and mode.
+    Create { name: CString, mode: u32, content: Vec<u8> },
+    Link { from: CString, to: CString },
+    /// Removes `name` if it still is the inode `ino`; gone already is fine.
+    Unlink { name: CString, ino: u64 },
+}
+
+fn cstr(name: &str) -> Result<CString, String> {
+    CString::new(name).map_err(|_| format!("{name:?}: NUL in a name"))
+}
+
+/// In the child: one step; 0 or an errno.
+fn run_op(dir: RawFd, op: &Op) -> i32 {
+    // SAFETY: system calls on CStrings and buffers made before the fork.
+    unsafe {
+        match op {
+            Op::Create { name, mode, content } => {
+                let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+                let fd = libc::openat(dir, name.as_ptr(), flags, 0o600 as libc::c_uint);
+                if fd < 0 {
+                    return errno();
+                }
+                let mut done = 0usize;
+                while done < content.len() {
+                    let n = libc::write(fd, content[done..].as_ptr().cast(), content.len() - done);
+                    if n <= 0 {
+                        let e = errno();
+                        libc::close(fd);
+                        return e;
+                    }
+                    done += n as usize;
+                }
+                let rc = libc::fchmod(fd, *mode as libc::mode_t);
+                let e = if rc != 0 { errno() } else { 0 };
+                libc::close(fd);
+                e
+            }
+            Op::Link { from, to } => {
+                if libc::linkat(dir, from.as_ptr(), dir, to.as_ptr(), 0) != 0 {
+                    return errno();
+                }
+                0
+            }
+            Op::Unlink { name, ino } => {
+                let mut st: libc::stat = std::mem::zeroed();
+                if libc::fstatat(dir, name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) != 0 {
+                    let e = errno();
+                    return if e == libc::ENOENT { 0 } else { e };
+                }
+                // Someone else's file under that name now: not ours to remove.
+                if st.st_ino != *ino {
+                    return 0;
+                }
+                if libc::unlinkat(dir, name.as_ptr(), 0) != 0 && errno() != libc::ENOENT {
+                    return errno();
+                }
+                0
+            }
+        }
+    }
+}
+
+/// Runs `ops` as `who` in `dir`: up to the first failure when `stop` (its
+/// index and errno), else all of them (the first failure is still named).
+fn run_ops(dir: &OwnedFd, ops: &[Op], who: &Identity, stop: bool) -> Result<Option<(usize, i32)>, String> {
+    if ops.is_empty() {
+        return Ok(None);
+    }
+    let d = dir.as_raw_fd();
+    let got = run_as_user(who, USER_BOUND, |w| {
+        let mut first = None;
+        for (i, op) in ops.iter().enumerate() {
+            let e = run_op(d, op);
+            if e != 0 && first.is_none() {
+                first = Some((i as u32, e));
+                if stop {
+                    break;
+                }
+            }
+        }
+        if let Some((i, e)) = first {
+            answer(w, i, e);
+        }
+    })?;
+    Ok(got.map(|(i, e)| (i as usize, e)))
+}
+
+fn op_name(op: &Op) -> String {
+    let n = match op {
+        Op::Create { name, .. } | Op::Unlink { name, .. } => name,
+        Op::Link { to, .. } => to,
+    };
+    format!("{SHM_DIR}{}", n.to_string_lossy())
+}
+
+/// A dump's carried objects, between the stage and the end of CRIU's dump.
+/// Dropped without [`Staged::save`] (a failed dump), the aliases it made are
+/// removed and the files stay as they were.
+pub struct Staged {
+    dir: OwnedFd,
+    who: Identity,
+    objects: Vec<(Planned, File)>,
+    armed: bool,
+}
+
+/// Finds what CRIU could not dump in the tree `pids` (see the module docs),
+/// and makes the aliases CRIU will look up. `None` when there is nothing to
+/// carry (the common case: one read of each process's maps and fds).
+pub fn stage(pids: &[i32], root: i32, who: &Identity) -> Result<Option<Staged>, String> {
+    let refs = collect_refs(pids)?;
+    if !refs.iter().any(|r| r.path.ends_with(DELETED) && r.nlink > 0) {
+        return Ok(None);
+    }
+    let (dir, dev) = shm_dir(root)?;
+    let planned = plan(&refs, dev, &list(&dir)?, who.uid)?;
+    if planned.is_empty() {
+        return Ok(None);
+    }
+    let mut objects = Vec::new();
+    for p in planned {
+        let file = File::open(&p.source).map_err(|e| format!("cannot read {}: {e}", p.source))?;
+        let ino = file.metadata().map_err(|e| format!("{}: {e}", p.source))?.ino();
+        if ino != p.ino {
+            return Err(format!("{} changed while it was looked at: refused", p.source));
+        }
+        objects.push((p, file));
+    }
+    let mut ops = Vec::new();
+    for (p, _) in &objects {
+        for a in &p.aliases {
+            ops.push(Op::Link { from: cstr(&p.names[0])?, to: cstr(a)? });
+        }
+    }
+    let staged = Staged { dir, who: who.clone(), objects, armed: true };
+    if let Some((i, e)) = run_ops(&staged.dir, &ops, who, true)? {
+        // Drop removes the aliases made before the failure.
+        return Err(format!("cannot link {} as uid {}: {}: refused", op_name(&ops[i]), who.uid, std::io::Error::from_raw_os_error(e)));
+    }
+    Ok(Some(staged))
+}
+
+impl Staged {
+    /// After CRIU dumped the tree: each object's content into `run`
+    /// (`shm-<n>.img`), then its names and aliases removed as the user.
+    /// Returns what the manifest records, and a note if a name could not
+    /// be removed (it then stays behind; the image is complete).
+    pub fn save(mut self, run: &Path) -> Result<(Vec<ShmObject>, Option<String>), String> {
+        let mut out = Vec::new();
+        for (i, (p, file)) in self.objects.iter().enumerate() {
+            let image = format!("shm-{i}.img");
+            let content = read_all(file, p.bytes).map_err(|e| format!("cannot read {}{}: {e}", SHM_DIR, p.names[0]))?;
+            let path = run.join(&image);
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .custom_flags_nofollow()
+                .open(&path)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            std::io::Write::write_all(&mut f, &content).map_err(|e| format!("{}: {e}", path.display()))?;
+            let aliases = p.aliases.iter().chain(&p.existing_aliases).cloned().collect();
+            out.push(ShmObject { names: p.names.clone(), aliases, mode: p.mode, bytes: content.len() as u64, image });
+        }
+        self.armed = false;
+        let ops: Vec<Op> = self
+            .objects
+            .iter()
+            .flat_map(|(p, _)| p.names.iter().chain(&p.aliases).chain(&p.existing_aliases).map(move |n| (n, p.ino)))
+            .map(|(n, ino)| Ok(Op::Unlink { name: cstr(n)?, ino }))
+            .collect::<Result<_, String>>()?;
+        let note = match run_ops(&self.dir, &ops, &self.who, false) {
+            Ok(None) => None,
+            Ok(Some((i, e))) => Some(format!("{} stays: {}", op_name(&ops[i]), std::io::Error::from_raw_os_error(e))),
+            Err(e) => Some(e),
+        };
+        Ok((out, note))
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let ops: Vec<Op> = self
+            .objects
+            .iter()
+            .flat_map(|(p, _)| p.aliases.iter().map(move |a| (a, p.ino)))
+            .filter_map(|(a, ino)| Some(Op::Unlink { name: cstr(a).ok()?, ino }))
+            .collect();
+        let _ = run_ops(&self.dir, &ops, &self.who, false);
+    }
+}
+
+fn read_all(file: &File, bytes: u64) -> std::io::Result<Vec<u8>> {
+    let len = file.metadata()?.len().max(bytes);
+    let mut buf = vec![0u8; len as usize];
+    let mut done = 0;
+    while done < buf.len() {
+        let n = file.read_at(&mut buf[done..], done as u64)?;
+        if n == 0 {
+            break;
+        }
+        done += n;
+    }
+    buf.truncate(done);
+    Ok(buf)
+}
+
+trait NoFollow {
+    fn custom_flags_nofollow(&mut self) -> &mut Self;
+}
+
+impl NoFollow for std::fs::OpenOptions {
+    fn custom_flags_nofollow(&mut self) -> &mut Self {
+        use std::os::unix::fs::OpenOptionsExt;
+        self.custom_flags(libc::O_NOFOLLOW).mode(0o600)
+    }
+}
+
+/// The objects of an image made again for a restore. Dropped without
+/// [`Recreated::keep`] (a failed restore), every name made is removed.
+pub struct Recreated {
+    dir: OwnedFd,
+    who: Identity,
+    /// (name, inode) of everything made: names first, aliases after.
+    made: Vec<(String, u64, bool)>,
+    armed: bool,
+}
+
+/// Before CRIU's restore: the image's objects made again in /dev/shm of
+/// process `pid` (the job's new run), as the user. A name that exists
+/// refuses the restore (something made it since the checkpoint), with
+/// nothing left behind.
+pub fn recreate(objects: &[ShmObject], run: &Path, pid: i32, who: &Identity) -> Result<Option<Recreated>, String> {
+    if objects.is_empty() {
+        return Ok(None);
+    }
+    let (dir, _) = shm_dir(pid)?;
+    let run_fd = crate::fsutil::open_dir_nofollow(run).map_err(|e| format!("{}: {e}", run.display()))?;
+    let mut ops = Vec::new();
+    for o in objects {
+        if o.names.is_empty() || !o.names.iter().chain(&o.aliases).all(|n| valid_name(n)) || !valid_name(&o.image) {
+            return Err(format!("the manifest's /dev/shm object {:?} is not valid: corrupt", o.names));
+        }
+        let content = read_image(&run_fd, &o.image, o.bytes).map_err(|e| format!("image file {}: {e}", o.image))?;
+        ops.push(Op::Create { name: cstr(&o.names[0])?, mode: o.mode & 0o7777, content });
+        for n in o.names[1..].iter().chain(&o.aliases) {
+            ops.push(Op::Link { from: cstr(&o.names[0])?, to: cstr(n)? });
+        }
+    }
+    let mut done = Recreated { dir, who: who.clone(), made: vec![], armed: true };
+    let failed = run_ops(&done.dir, &ops, who, true)?;
+    let made = failed.map_or(ops.len(), |(i, _)| i);
+    for op in &ops[..made] {
+        let name = op_name(op)[SHM_DIR.len()..].to_string();
+        let alias = name.ends_with(DELETED);
+        let flags = nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW;
+        let ino = nix::sys::stat::fstatat(&done.dir, name.as_str(), flags).map(|s| s.st_ino).unwrap_or(0);
+        done.made.push((name, ino, alias));
+    }
+    if let Some((i, e)) = failed {
+        let why = if e == libc::EEXIST {
+            "it exists (made since the checkpoint)".to_string()
+        } else {
+            std::io::Error::from_raw_os_error(e).to_string()
+        };
+        // Drop removes what was made.
+        return Err(format!("cannot make {} again as uid {}: {why}: nothing was restored", op_name(&ops[i]), who.uid));
+    }
+    Ok(Some(done))
+}
+
+fn read_image(dir: &OwnedFd, name: &str, bytes: u64) -> std::io::Result<Vec<u8>> {
+    use nix::fcntl::{openat, OFlag};
+    let fd = openat(dir, name, OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, nix::sys::stat::Mode::empty())?;
+    let content = read_all(&File::from(fd), bytes)?;
+    if content.len() as u64 != bytes {
+        return Err(std::io::Error::other(format!("has {} bytes, the manifest says {bytes}", content.len())));
+    }
+    Ok(content)
+}
+
+impl Recreated {
+    /// After a restore that worked: the names stay (the restored processes
+    /// use them), the aliases go.
+    pub fn keep(mut self) {
+        self.armed = false;
+        self.remove(true);
+    }
+
+    fn remove(&self, aliases_only: bool) {
+        let ops: Vec<Op> = self
+            .made
+            .iter()
+            .filter(|(_, _, alias)| *alias || !aliases_only)
+            .filter_map(|(n, ino, _)| Some(Op::Unlink { name: cstr(n).ok()?, ino: *ino }))
+            .collect();
+        let _ = run_ops(&self.dir, &ops, &self.who, false);
+    }
+}
+
+impl Drop for Recreated {
+    fn drop(&mut self) {
+        if self.armed {
+            self.remove(false);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(pid: i32, path: &str, ino: u64, nlink: u64, uid: u32) -> ShmRef {
+        ShmRef {
+            pid,
+            what: format!("mapping {ino:x}"),
+            path: path.into(),
+            dev: 7,
+            ino,
+            nlink,
+            uid,
+            mode: libc::S_IFREG | 0o600,
+            bytes: 32,
+            source: format!("/proc/{pid}/map_files/{ino:x}"),
+        }
+    }
+
+    fn e(list: &[(&str, u64)]) -> Vec<(String, u64)> {
+        list.iter().map(|(n, i)| (n.to_string(), *i)).collect()
+    }
+
+    #[test]
+    fn both_link_protections_must_be_on() {
+        let table: &[(&str, &str, Option<&str>)] = &[
+            ("1", "1", None),
+            ("1\n", "1\n", None),
+            ("0", "1", Some("fs.protected_symlinks is \"0\"")),
+            ("1", "0", Some("fs.protected_hardlinks is \"0\"")),
+            ("", "1", Some("fs.protected_symlinks is \"\"")),
+        ];
+        for (sym, hard, want) in table {
+            let got = links_protected(|k| Some(if k == "protected_symlinks" { sym } else { hard }.to_string()));
+            match want {
+                None => assert_eq!(got, Ok(()), "{sym:?} {hard:?}"),
+                Some(needle) => assert!(got.as_ref().is_err_and(|e| e.contains(needle) && e.contains("refused")), "{sym:?} {hard:?}: {got:?}"),
+            }
+        }
+        assert!(links_protected(|_| None).is_err(), "unreadable counts as off");
+    }
+
+    #[test]
+    fn names_directly_in_dev_shm_only() {
+        let table: &[(&str, Option<(&str, bool)>)] = &[
+            ("/dev/shm/sem.mp-1", Some(("sem.mp-1", false))),
+            ("/dev/shm/sem.Ab12 (deleted)", Some(("sem.Ab12", true))),
+            ("/dev/shm/a b (deleted)", Some(("a b", true))),
+            ("/dev/shm/dir/sem.x (deleted)", None),
+            ("/dev/shm/", None),
+            ("/dev/shm/.. (deleted)", None),
+            ("/tmp/dev/shm/x", None),
+            ("/dev/shmx", None),
+        ];
+        for (path, want) in table {
+            assert_eq!(shm_name(path), *want, "{path}");
+        }
+    }
+
+    #[test]
+    fn a_deleted_but_named_semaphore_is_carried_with_all_its_names() {
+        // The creator maps the temporary name, a worker the final one.
+        let refs = [r(10, "/dev/shm/sem.Ab12 (deleted)", 5, 1, 1000), r(11, "/dev/shm/sem.mp-x", 5, 1, 1000)];
+        let got = plan(&refs, 7, &e(&[("sem.mp-x", 5), ("other", 6)]), 1000).unwrap();
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].names, ["sem.mp-x"]);
+        assert_eq!(got[0].aliases, ["sem.Ab12 (deleted)"]);
+        assert_eq!((got[0].mode, got[0].bytes), (0o600, 32));
+    }
+
+    #[test]
+    fn what_criu_handles_itself_is_left_to_it() {
+        let table: &[(&str, ShmRef)] = &[
+            ("no name left: CRIU's ghost file", r(10, "/dev/shm/torch_1 (deleted)", 5, 0, 1000)),
+            ("not deleted: dumped by path", r(10, "/dev/shm/sem.mp-x", 5, 1, 1000)),
+            ("another file system", ShmRef { dev: 8, ..r(10, "/dev/shm/x (deleted)", 5, 1, 1000) }),
+            ("not a regular file", ShmRef { mode: libc::S_IFDIR | 0o700, ..r(10, "/dev/shm/x (deleted)", 5, 1, 1000) }),
+            ("not in /dev/shm", r(10, "/home/u/x (deleted)", 5, 1, 1000)),
+        ];
+        for (why, one) in table {
+            assert_eq!(plan(std::slice::from_ref(one), 7, &e(&[("sem.mp-x", 5), ("x", 5)]), 1000).unwrap(), vec![], "{why}");
+        }
+    }
+
+    #[test]
+    fn what_cannot_be_carried_is_refused_by_name() {
+        let table: &[(&str, Vec<ShmRef>, Vec<(String, u64)>, &str)] = &[
+            ("another user's", vec![r(10, "/dev/shm/s (deleted)", 5, 1, 1001)], e(&[("t", 5)]), "a file of uid 1001"),
+            ("a name outside /dev/shm", vec![r(10, "/dev/shm/s (deleted)", 5, 2, 1000)], e(&[("t", 5)]), "2 name(s)"),
+            ("the alias taken by another file", vec![r(10, "/dev/shm/s (deleted)", 5, 1, 1000)], e(&[("t", 5), ("s (deleted)", 9)]), "is another file"),
+        ];
+        for (why, refs, entries, needle) in table {
+            let err = plan(refs, 7, entries, 1000).unwrap_err();
+            assert!(err.contains(needle) && err.contains("pid 10"), "{why}: {err}");
+        }
+    }
+
+    #[test]
+    fn an_alias_left_by_an_earlier_attempt_is_reused_and_one_per_name() {
+        let refs = [r(10, "/dev/shm/s (deleted)", 5, 2, 1000), r(10, "/dev/shm/s (deleted)", 5, 2, 1000), r(12, "/dev/shm/u (deleted)", 5, 2, 1000)];
+        let got = plan(&refs, 7, &e(&[("t", 5), ("s (deleted)", 5)]), 1000).unwrap();
+        assert_eq!(got[0].existing_aliases, ["s (deleted)"]);
+        assert_eq!(got[0].aliases, ["u (deleted)"]);
+    }
+}

@@ -1,0 +1,158 @@
+//! Work done as the job's user from the multi-threaded root agent: in a
+//! forked child that takes the user's uid, gids and groups and drops every
+//! capability, so the kernel checks each step against the user's rights
+//! (the held-files check, the job's /dev/shm objects).
+//!
+//! Hand-written: no crate runs a closure as another user without changing
+//! the caller's own credentials, which a multi-threaded root process must not
+//! do (setresuid in one thread is applied to all by glibc).
+
+use crate::privdrop::Identity;
+use std::os::fd::{AsRawFd, RawFd};
+use std::time::Duration;
+
+/// Takes `who`'s identity with no capabilities at all (uid 0 keeps its
+/// capabilities through setresuid: they are cleared explicitly).
+fn become_user(groups: &[libc::gid_t], uid: u32, gid: u32) -> bool {
+    #[repr(C)]
+    struct CapHeader {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    struct CapData {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    // SAFETY: async-signal-safe system calls with buffers we own.
+    unsafe {
+        if libc::setgroups(groups.len(), groups.as_ptr()) != 0 || libc::setresgid(gid, gid, gid) != 0 || libc::setresuid(uid, uid, uid) != 0
+        {
+            return false;
+        }
+        let header = CapHeader { version: 0x2008_0522, pid: 0 };
+        let data = [CapData { effective: 0, permitted: 0, inheritable: 0 }, CapData { effective: 0, permitted: 0, inheritable: 0 }];
+        libc::syscall(libc::SYS_capset, &header as *const CapHeader, data.as_ptr()) == 0
+    }
+}
+
+/// In the child: reports step `index` and its outcome (an errno, or 0) to
+/// the parent. At most one answer per run is read.
+pub(crate) fn answer(w: RawFd, index: u32, errno: i32) {
+    let mut buf = [0u8; 8];
+    buf[..4].copy_from_slice(&index.to_le_bytes());
+    buf[4..].copy_from_slice(&errno.to_le_bytes());
+    // SAFETY: write of a local buffer to the pipe the child owns.
+    unsafe { libc::write(w, buf.as_ptr().cast(), 8) };
+}
+
+/// The calling thread's errno (in the child, where nothing allocates).
+pub(crate) fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+}
+
+/// Runs `body` as `who` in a forked child and returns the one answer it gave
+/// ([`answer`]: a step's index and errno), or `None`. `body` must only make
+/// system calls on memory prepared before the fork (no allocation, no
+/// locks); past `bound` the child is killed and the run refused.
+pub(crate) fn run_as_user(who: &Identity, bound: Duration, body: impl FnOnce(RawFd)) -> Result<Option<(u32, i32)>, String> {
+    let (read_end, write_end) = nix::unistd::pipe().map_err(|e| format!("pipe: {e}"))?;
+    let groups: Vec<libc::gid_t> = who.groups.clone();
+    // SAFETY: the child runs only system calls on memory prepared before the
+    // fork (the caller's promise for `body`) and leaves with _exit.
+    match unsafe { nix::unistd::fork() }.map_err(|e| format!("fork: {e}"))? {
+        nix::unistd::ForkResult::Child => {
+            let code = if become_user(&groups, who.uid, who.gid) {
+                body(write_end.as_raw_fd());
+                0
+            } else {
+                2
+            };
+            // SAFETY: leaves the child without running the parent's destructors.
+            unsafe { libc::_exit(code) }
+        }
+        nix::unistd::ForkResult::Parent { child } => {
+            drop(write_end);
+            let status = wait_bounded(child, bound)?;
+            if !matches!(status, nix::sys::wait::WaitStatus::Exited(_, 0)) {
+                return Err(format!("the work as uid {} could not take the user's identity ({status:?})", who.uid));
+            }
+            // The child wrote at most 8 bytes (within any pipe's buffer) and is gone.
+            let mut buf = Vec::new();
+            std::io::Read::read_to_end(&mut std::fs::File::from(read_end), &mut buf).map_err(|e| format!("the child's answer: {e}"))?;
+            Ok((buf.len() == 8).then(|| {
+                let i = u32::from_le_bytes(buf[..4].try_into().unwrap_or_default());
+                (i, i32::from_le_bytes(buf[4..].try_into().unwrap_or_default()))
+            }))
+        }
+    }
+}
+
+/// Waits for the child for at most `bound`; past it, kills it.
+fn wait_bounded(child: nix::unistd::Pid, bound: Duration) -> Result<nix::sys::wait::WaitStatus, String> {
+    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+    let start = std::time::Instant::now();
+    loop {
+        match waitpid(child, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) | Err(nix::errno::Errno::EINTR) => {}
+            Ok(status) => return Ok(status),
+            Err(e) => return Err(format!("waitpid: {e}")),
+        }
+        if start.elapsed() >= bound {
+            let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
+            // Reaped if it goes at once; a child stuck in the kernel (a hung
+            // network mount) must not hang the agent with it.
+            for _ in 0..100 {
+                if !matches!(waitpid(child, Some(WaitPidFlag::WNOHANG)), Ok(WaitStatus::StillAlive)) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            return Err(format!("the work as the job's user did not finish within {} s", bound.as_secs()));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Command;
+
+    #[test]
+    // wait_bounded kills and reaps the child itself.
+    #[allow(clippy::zombie_processes)]
+    fn a_child_that_does_not_finish_is_killed_and_refuses() {
+        let child = Command::new("/bin/sleep").arg("30").spawn().unwrap();
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        let start = std::time::Instant::now();
+        let err = wait_bounded(pid, Duration::from_millis(200)).unwrap_err();
+        assert!(err.contains("did not finish within"), "{err}");
+        assert!(start.elapsed() < Duration::from_secs(2), "{:?}", start.elapsed());
+        assert!(crate::procfs::read(child.id() as i32).is_none(), "the child was killed and reaped");
+    }
+
+    #[test]
+    fn the_body_runs_with_the_users_ids_and_no_capabilities() {
+        if !gpu_mode_testkit::root_or_skip("setresuid") {
+            return;
+        }
+        let who = Identity { uid: 65534, gid: 65534, groups: vec![65534] };
+        let dir = tempfile::tempdir().unwrap();
+        // Open to all: the refusal below is the file's own mode's.
+        std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let root_only = std::ffi::CString::new(dir.path().join("root-only").into_os_string().into_encoded_bytes()).unwrap();
+        std::fs::write(dir.path().join("root-only"), b"x").unwrap();
+        std::fs::set_permissions(dir.path().join("root-only"), std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+        // SAFETY: getters and open/close in the child on a CString made before the fork.
+        let ids = run_as_user(&who, Duration::from_secs(5), |w| unsafe { answer(w, libc::geteuid(), libc::getegid() as i32) }).unwrap();
+        assert_eq!(ids, Some((65534, 65534)));
+        let open = run_as_user(&who, Duration::from_secs(5), |w| unsafe {
+            let fd = libc::open(root_only.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+            answer(w, 0, if fd < 0 { errno() } else { 0 });
+        })
+        .unwrap();
+        assert_eq!(open, Some((0, libc::EACCES)), "root's 0600 file is closed to the user: no capability was kept");
+    }
+}
