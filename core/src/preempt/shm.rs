@@ -598,6 +598,52 @@ mod tests {
         list.iter().map(|(n, i)| (n.to_string(), *i)).collect()
     }
 
+    /// Made again as the user in this process's /dev/shm: content, mode,
+    /// every name and alias; `keep` removes the aliases only. A name that
+    /// exists refuses, and what was made before it goes again.
+    #[test]
+    fn a_restore_makes_the_names_again_as_the_user_and_never_over_an_existing_one() {
+        if !gpu_mode_testkit::root_or_skip("files made as another user") {
+            return;
+        }
+        if let Err(why) = links_protected(|k| std::fs::read_to_string(format!("/proc/sys/fs/{k}")).ok()) {
+            // scripts/test.sh sets the distro default.
+            assert!(!gpu_mode_testkit::required("GPU_MODE_REQUIRE_CRIU"), "{why}");
+            gpu_mode_testkit::skipped(&gpu_mode_testkit::this_test(), &why);
+            return;
+        }
+        let who = Identity { uid: 65534, gid: 65534, groups: vec![65534] };
+        let run = tempfile::tempdir().unwrap();
+        std::fs::write(run.path().join("shm-0.img"), b"semaphore").unwrap();
+        let tag = format!("gmtest-shm-{}", std::process::id());
+        let (name, other, alias) = (format!("sem.{tag}-a"), format!("sem.{tag}-b"), format!("sem.{tag}-t (deleted)"));
+        let object = ShmObject { names: vec![name.clone(), other.clone()], aliases: vec![alias.clone()], mode: 0o640, bytes: 9, image: "shm-0.img".into() };
+        let at = |n: &str| Path::new("/dev/shm").join(n);
+        let me = std::process::id() as i32;
+
+        let made = recreate(std::slice::from_ref(&object), run.path(), me, &who).unwrap().unwrap();
+        let m = std::fs::symlink_metadata(at(&name)).unwrap();
+        assert_eq!((m.uid(), m.mode() & 0o7777, m.nlink()), (65534, 0o640, 3), "made by the user, with its mode, three names");
+        assert_eq!(std::fs::read(at(&other)).unwrap(), b"semaphore");
+        made.keep();
+        assert!(at(&name).exists() && at(&other).exists() && !at(&alias).exists(), "the names stay, the alias goes");
+
+        // The first name exists now: refused, and nothing else is made.
+        let err = recreate(std::slice::from_ref(&object), run.path(), me, &who).err().unwrap();
+        assert!(err.contains(&name) && err.contains("exists"), "{err}");
+        assert!(!at(&alias).exists());
+        std::fs::remove_file(at(&name)).unwrap();
+        // The second exists: the first, made before the failure, goes again.
+        let err = recreate(std::slice::from_ref(&object), run.path(), me, &who).err().unwrap();
+        assert!(err.contains(&other) && err.contains("nothing was restored"), "{err}");
+        assert!(!at(&name).exists(), "what was made before the refusal is removed");
+        std::fs::remove_file(at(&other)).unwrap();
+
+        // A manifest whose name would leave /dev/shm is corrupt.
+        let bad = ShmObject { names: vec!["../etc/x".into()], ..object };
+        assert!(recreate(&[bad], run.path(), me, &who).err().unwrap().contains("corrupt"));
+    }
+
     #[test]
     fn both_link_protections_must_be_on() {
         let table: &[(&str, &str, Option<&str>)] = &[
