@@ -28,7 +28,9 @@
 //! `accounting.rs` (the events in the job's AdminComment or Comment),
 //! `hugepages.rs` (the huge-page shim preloaded into the application, and
 //! the agent's kept copy of each version), `signals.rs` (the application's
-//! signal mask and ignored set, as the wrapper inherited them).
+//! signal mask and ignored set, as the wrapper inherited them), `shm.rs`
+//! (the job's named semaphores in /dev/shm, carried in the image),
+//! `user_child.rs` (work done as the job's user from the root agent).
 
 pub mod accounting;
 pub mod agent;
