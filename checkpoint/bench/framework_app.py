@@ -8,7 +8,7 @@ waits for the file GO, then checks every tensor against the checksums it took
 before the checkpoint and exits 0 (intact) or 1.
 
     python3 framework_app.py --framework torch|jax --gib 8 --device 0 \
-        --seed 3 --ready DIR/ready0 --go DIR/go
+        --seed 3 --ready DIR/ready0 --go DIR/go [--workers 4 --start-method fork|spawn]
 
 The bench passes it as: --app /usr/bin/python3 --app-args "/abs/framework_app.py
 --framework torch --gib {gib} --device {device} --seed {i} --ready {ready} --go {go}".
@@ -30,6 +30,8 @@ def parse():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ready", required=True)
     p.add_argument("--go", required=True)
+    p.add_argument("--workers", type=int, default=0, help="torch: a DataLoader with this many workers alive across the checkpoint (issue 24)")
+    p.add_argument("--start-method", default="fork", choices=["fork", "spawn", "forkserver"])
     return p.parse_args()
 
 
@@ -60,6 +62,38 @@ def torch_state(a):
     return sums, (data, model, opt)
 
 
+class Counting:
+    """A dataset whose item i is i: batches must come in the sampler's order."""
+
+    def __len__(self):
+        return 1 << 20
+
+    def __getitem__(self, i):
+        import torch
+
+        return torch.tensor([i], dtype=torch.int64)
+
+
+def loader(a):
+    """The DataLoader shape of a training job: persistent workers of the
+    chosen start method, started (one batch taken) before the checkpoint.
+    Returns a check to run after GO: the next batches continue the order."""
+    import torch
+
+    dl = torch.utils.data.DataLoader(
+        Counting(), batch_size=8, num_workers=a.workers, persistent_workers=True, multiprocessing_context=a.start_method
+    )
+    it = iter(dl)
+    first = next(it)
+    assert first.flatten().tolist() == list(range(8)), first
+
+    def check():
+        got = [next(it).flatten().tolist() for _ in range(4)]
+        return got == [list(range(8 * k, 8 * k + 8)) for k in range(1, 5)]
+
+    return check, (dl, it)
+
+
 def jax_state(a):
     import jax
     import jax.numpy as jnp
@@ -87,6 +121,7 @@ def main():
     a = parse()
     state = torch_state if a.framework == "torch" else jax_state
     sums, keep = state(a)
+    batches_ok, workers = loader(a) if a.workers and a.framework == "torch" else (lambda: True, None)
     before = sums()
     tmp = a.ready + ".tmp"
     with open(tmp, "w") as f:
@@ -95,11 +130,15 @@ def main():
     while not os.path.exists(a.go):
         time.sleep(0.05)
     after = sums()
+    if not batches_ok():
+        print(f"framework_app: the DataLoader's {a.workers} {a.start_method} workers lost their order across the checkpoint", file=sys.stderr)
+        return 1
     if after != before:
         print(f"framework_app: data changed across the checkpoint: {before} -> {after}", file=sys.stderr)
         return 1
-    print(f"framework_app: {a.framework} {a.gib} GiB on {a.device}: intact", file=sys.stderr)
-    del keep
+    shape = f", {a.workers} {a.start_method} workers" if workers else ""
+    print(f"framework_app: {a.framework} {a.gib} GiB on {a.device}{shape}: intact", file=sys.stderr)
+    del keep, workers
     return 0
 
 

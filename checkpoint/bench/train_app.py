@@ -19,6 +19,20 @@ exit (SIGTERM), which is what issue 24's item 1 was about.
 
 --nvml starts a monitoring thread that calls torch.cuda.utilization() and
 torch.cuda.memory_usage() every 0.2 s (NVML users, issue 24 item 3).
+
+--ddp gloo|nccl: several processes of one job (issue 24 item 5), run under
+torchrun (RANK, WORLD_SIZE, LOCAL_RANK from its environment):
+
+    torchrun --standalone --nproc_per_node=2 train_app.py --ddp nccl ...
+
+Each rank uses GPU LOCAL_RANK (modulo the GPUs it sees: with gloo and one GPU
+visible, every rank uses cuda:0; NCCL needs a GPU per rank and says so), wraps
+the same model (same seed) in DistributedDataParallel and trains on its share
+of each batch of 64 (rank r: samples r*64/W .. (r+1)*64/W - 1 of the
+sampler's batch, checked as above). Rank 0 alone prints the step lines (its
+own loss; `batch` is the batch's first sample, as without --ddp), writes
+--ready after its first step and prints DONE, so --compare works unchanged
+against a reference run of the same command.
 """
 
 import argparse
@@ -42,6 +56,7 @@ def parse():
     p.add_argument("--cuda-graph", action="store_true", help="capture the whole step (forward, backward, AdamW) in a CUDA graph")
     p.add_argument("--events", action="store_true", help="time each step with torch.cuda.Event")
     p.add_argument("--ready", default=None)
+    p.add_argument("--ddp", default=None, choices=["gloo", "nccl"], help="under torchrun: DistributedDataParallel with this backend")
     p.add_argument("--compare", nargs=2, metavar=("RUN", "REFERENCE"), help="no training: compare two outputs' losses bitwise")
     return p.parse_args()
 
@@ -142,6 +157,35 @@ def compare(a, b):
     return 0 if not (twice or differ or missing) else 1
 
 
+def ddp_init(torch, a):
+    """torchrun's environment -> (rank, world size, this rank's GPU), the
+    process group initialised."""
+    import torch.distributed as dist
+
+    if a.cuda_graph:
+        raise SystemExit("train_app: --cuda-graph is not supported with --ddp")
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    if 64 % world:
+        raise SystemExit(f"train_app: a batch of 64 does not split over {world} ranks")
+    count = torch.cuda.device_count()
+    if count == 0:
+        raise SystemExit(f"train_app: rank {rank}: no GPU visible")
+    if a.ddp == "nccl" and count < local_world:
+        raise SystemExit(
+            f"train_app: rank {rank}: NCCL needs a GPU per rank: {count} visible "
+            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')}) for {local_world} ranks on this node"
+        )
+    dev = torch.device("cuda", local % count)
+    torch.cuda.set_device(dev)
+    dist.init_process_group(a.ddp, rank=rank, world_size=world)
+    if rank == 0:
+        print(f"ddp: backend {a.ddp}, {world} ranks, {count} GPU(s) visible", file=sys.stderr, flush=True)
+    print(f"ddp: rank {rank} pid {os.getpid()} on {dev} ({torch.cuda.get_device_name(dev)})", file=sys.stderr, flush=True)
+    return rank, world, dev
+
+
 def main():
     a = parse()
     if a.compare:
@@ -160,7 +204,14 @@ def main():
     torch.backends.cuda.enable_mem_efficient_sdp(False)
     dim = 64
     dev = torch.device("cuda")
+    rank, world = 0, 1
+    if a.ddp:
+        rank, world, dev = ddp_init(torch, a)
     model = model_of(a.model, dim).to(dev)
+    if a.ddp:
+        # The same seed made the same weights on every rank; DDP broadcasts
+        # rank 0's anyway.
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index], output_device=dev.index)
     if a.compile:
         model = torch.compile(model)
     # capturable: the optimizer's state stays on the GPU, as a graph needs.
@@ -169,7 +220,10 @@ def main():
     data = Synthetic(64 * (a.steps + 1), dim)
     # The order as an explicit sampler: each batch can be checked against it.
     order = torch.randperm(len(data), generator=torch.Generator().manual_seed(7)).tolist()
-    kw = dict(batch_size=64, sampler=order, num_workers=a.workers, pin_memory=a.pin_memory)
+    # Under --ddp each rank takes its share of every batch of 64.
+    per = 64 // world
+    mine = order if world == 1 else [i for b in range(0, len(order), 64) for i in order[b + rank * per : b + (rank + 1) * per]]
+    kw = dict(batch_size=per, sampler=mine, num_workers=a.workers, pin_memory=a.pin_memory)
     if a.workers > 0:
         kw.update(persistent_workers=a.persistent, multiprocessing_context=a.start_method)
     loader = torch.utils.data.DataLoader(data, **kw)
@@ -179,8 +233,8 @@ def main():
     n = 0
     for idx, x, y in loader:
         n += 1
-        if idx.tolist() != order[(n - 1) * 64 : n * 64]:
-            print(f"MISMATCH batch {n}: not the sampler's order", flush=True)
+        if idx.tolist() != order[(n - 1) * 64 + rank * per : (n - 1) * 64 + (rank + 1) * per]:
+            print(f"MISMATCH batch {n}: not the sampler's order" + (f" (rank {rank})" if a.ddp else ""), flush=True)
             return 3
         x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
         if a.events:
@@ -192,8 +246,10 @@ def main():
             end.record()
             end.synchronize()
             timing = f" ms {start.elapsed_time(end):.2f}"
-        print(f"step {n} loss {loss.item().hex()} batch {idx[0].item()}{timing}", flush=True)
-        if n == 1 and a.ready:
+        value = loss.item()
+        if rank == 0:
+            print(f"step {n} loss {value.hex()} batch {idx[0].item()}{timing}", flush=True)
+        if n == 1 and a.ready and rank == 0:
             with open(a.ready + ".tmp", "w") as f:
                 f.write(str(os.getpid()))
             os.rename(a.ready + ".tmp", a.ready)
@@ -201,7 +257,11 @@ def main():
             break
         time.sleep(a.interval)
     stop.set()
-    print(f"DONE steps={n}", flush=True)
+    if a.ddp:
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+    if rank == 0:
+        print(f"DONE steps={n}", flush=True)
     return 0
 
 

@@ -10,15 +10,26 @@
 #          only with 4 GPUs), and its pattern verified. E2E_CASES picks
 #          (default 1gib 16gib 2ranks); torch8 is a PyTorch process of 8 GiB
 #          (checkpoint/bench/framework_app.py) preempted the same way;
+#          torch2-fork, torch2-spawn: 2 GiB of PyTorch with a DataLoader of 4
+#          workers of that start method alive across the checkpoint;
 #          train-end, train-fork, train-spawn: a training job with DataLoader
 #          workers (checkpoint/bench/train_app.py, issue 24; see train_case).
+#          torchrun-gloo, torchrun-gloo2, torchrun-nccl: several processes of
+#          one job (issue 24 item 5): torchrun --standalone --nproc_per_node=2
+#          train_app.py --ddp gloo (both ranks on the job's one GPU), gloo on 2
+#          GPUs, NCCL on 2 GPUs (the 2-GPU cases are skipped, with a line, on a
+#          machine with fewer); see train_case. These turn the agent's syslog
+#          lines on and keep them ($OUT/gpu-mode-syslog.txt, per job in
+#          $OUT/<case>-agent.log).
 #   bench: gpu-mode-preempt-bench, ours and the plain sequence (driver toggle,
 #          criu dump, sync; criu restore, driver restore) side by side, with
 #          the disk's fsync bandwidth and the ratios of issue 17's targets
 #          (cases GiBxprocesses, default 8x1,32x1,4x4). BENCH_APP picks the
 #          program: torch (default: a real PyTorch process,
 #          checkpoint/bench/framework_app.py), jax, or testprog
-#          (gpu-mode-ckpt-testprog, the bare pattern holder). BENCH_REPEAT=N
+#          (gpu-mode-ckpt-testprog, the bare pattern holder); BENCH_APP_ARGS
+#          adds framework_app.py arguments (e.g. "--workers 4 --start-method
+#          spawn": the training shape of issue 24). BENCH_REPEAT=N
 #          runs each case N times, alternating which side goes first, and
 #          prints the medians of the ratios (the driver's own time varies).
 #          WARM_GIB=N first touches N GiB of host memory once and frees it:
@@ -54,6 +65,7 @@ t0=$(date +%s)
 say() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
 left() { echo $(( BUDGET_S - ($(date +%s) - t0) )); }
 FAILS=0
+STARTED_OVER=0
 verdict() { if [ "$2" = 0 ]; then say "CASE $1: PASS"; else say "CASE $1: FAIL ($3)"; FAILS=$((FAILS + 1)); fi; }
 
 say "== GPUs before (nothing below changes these settings)"
@@ -98,9 +110,12 @@ wait_until() {
 apps() { nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv,noheader; }
 
 
-# preempt_case NAME GIB RANKS [torch]: one preemption, end to end (see the header).
+# preempt_case NAME GIB RANKS [torch [ARGS...]]: one preemption, end to end (see the header);
+# ARGS go to framework_app.py (e.g. --workers 4 --start-method spawn: DataLoader workers, issue 24).
 preempt_case() {
     local name=$1 gib=$2 ranks=$3 fw=${4:-} W=$U/$1 app job pre hold="" moved=0 why="" intact="^VERIFY OK"
+    shift 3; [ $# -gt 0 ] && shift
+    local extra="$*"
     mkdir -p "$W"; chmod 1777 "$W"
     # The ranks' launcher is the benchmark's (`launch N GPUS DIR APP ARGS`, a
     # Rust parent that waits for them); rank i runs on the job's GPU i and
@@ -108,7 +123,7 @@ preempt_case() {
     # restore when a short-lived child of it died during the dump.)
     app="$B/gpu-mode-preempt-bench launch $ranks $ranks $W $B/gpu-mode-ckpt-testprog --gib $gib --device {device} --seed {i} --ready {ready} --go $W/go"
     if [ -n "$fw" ]; then
-        app="$B/gpu-mode-preempt-bench launch $ranks $ranks $W $(command -v python3) $B/framework_app.py --framework $fw --gib $gib --device {device} --seed {i} --ready {ready} --go $W/go"
+        app="$B/gpu-mode-preempt-bench launch $ranks $ranks $W $(command -v python3) $B/framework_app.py --framework $fw --gib $gib --device {device} --seed {i} --ready {ready} --go $W/go $extra"
         intact="^framework_app: .*: intact"
     fi
     # exec: gpu-mode-run must be the batch shell, which --signal=B:USR1 reaches.
@@ -168,27 +183,167 @@ EOF
     [ -z "$why" ]; verdict "$name" $? "$why"
 }
 
+# tree_snapshot PID FILE: every process of the job PID belongs to (the tree under
+# its slurmstepd, found by walking up from PID), each with pid, ppid, uid, cmdline,
+# `ls -l /proc/PID/fd`, its maps lines of files under /dev/ (nvidia*, /dev/shm,
+# /dev/zero ...), of memfds and of deleted files, and its sockets (ss, where
+# present); then `ls -l /dev/shm`. Each process's whole maps go beside FILE
+# (maps-PID.txt). Taken just before a preemption: what CRIU will be asked to dump.
+tree_snapshot() {
+    python3 - "$1" "$(dirname "$2")" > "$2" 2>&1 <<'EOF'
+import os, shutil, subprocess, sys
+
+def stat(p):
+    try:
+        s = open(f"/proc/{p}/stat").read()
+    except OSError:
+        return None
+    r = s.rfind(")")
+    return s[s.find("(") + 1 : r], int(s[r + 2 :].split()[1])
+
+start, where = int(sys.argv[1]), sys.argv[2]
+if start <= 1:
+    sys.exit(f"no pid to start from ({start}): the ready file is missing")
+top, p = start, start
+while True:
+    st = stat(p)
+    if st is None:
+        break
+    top = p
+    if st[0] == "slurmstepd" or st[1] <= 1:
+        break
+    p = st[1]
+kids = {}
+for d in os.listdir("/proc"):
+    if d.isdigit():
+        st = stat(int(d))
+        if st:
+            kids.setdefault(st[1], []).append(int(d))
+order, todo = [], [(top, 0)]
+while todo:
+    p, depth = todo.pop()
+    order.append((p, depth))
+    todo.extend((c, depth + 1) for c in sorted(kids.get(p, []), reverse=True))
+print(f"the job's tree, from pid {top} ({(stat(top) or ('?',))[0]}), walked up from pid {start}:")
+for p, depth in order:
+    st = stat(p) or ("?", -1)
+    try:
+        cmd = open(f"/proc/{p}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace").strip()
+        uid = [l.split()[1] for l in open(f"/proc/{p}/status") if l.startswith("Uid:")][0]
+    except OSError as e:
+        cmd, uid = f"({e})", "?"
+    print(f"{'  ' * depth}pid {p} ppid {st[1]} uid {uid} comm {st[0]}: {cmd[:300]}")
+for p, _ in order:
+    st = stat(p) or ("?", -1)
+    if st[0] == "slurmstepd":
+        continue
+    print(f"\n===== pid {p} ({st[0]}), ppid {st[1]}")
+    print(f"--- ls -l /proc/{p}/fd")
+    print(subprocess.run(["ls", "-l", f"/proc/{p}/fd"], capture_output=True, text=True).stdout.rstrip())
+    print(f"--- /proc/{p}/maps, paths under /dev/, memfds, deleted files (all of it: maps-{p}.txt)")
+    try:
+        shutil.copyfile(f"/proc/{p}/maps", os.path.join(where, f"maps-{p}.txt"))
+        for line in open(f"/proc/{p}/maps"):
+            w = line.split(None, 5)
+            path = w[5].strip() if len(w) == 6 else ""
+            if path.startswith(("/dev/", "/memfd:", "/SYSV", "/anon_hugepage")) or path.endswith("(deleted)"):
+                print(line.rstrip())
+    except OSError as e:
+        print(f"({e})")
+pids = {f"pid={p}," for p, _ in order}
+print("\n===== sockets of the tree (ss -anp: tcp, unix)")
+for kind in ("-t", "-x"):
+    try:
+        out = subprocess.run(["ss", "-anp", kind], capture_output=True, text=True).stdout.splitlines()
+        print("\n".join(l for l in out if any(x in l for x in pids)))
+    except OSError as e:
+        print(f"(no ss: {e})")
+        break
+print("\n===== ls -l /dev/shm")
+print(subprocess.run(["ls", "-la", "--full-time", "/dev/shm"], capture_output=True, text=True).stdout.rstrip())
+EOF
+}
+
+# The agent logs to syslog only (its stderr is /dev/null) and the cluster's
+# config turns syslog off. syslog_on turns it on for the agents started from
+# now on, listening on /dev/log itself where nothing does (a socket found dead
+# is set aside and put back by syslog_off); agent_log JOB... prints their lines.
+SYSLOG_FILE=$OUT/gpu-mode-syslog.txt
+SYSLOG_PID=""
+SYSLOG_SINCE=""
+syslog_on() {
+    [ -n "$SYSLOG_SINCE" ] && return 0
+    SYSLOG_SINCE=$(date '+%Y-%m-%d %H:%M:%S')
+    sed -i 's/^syslog = false$/syslog = true/' "$D/gpu-mode.toml"
+    grep -q '^syslog = true$' "$D/gpu-mode.toml" || say "warning: could not turn syslog on in $D/gpu-mode.toml"
+    if python3 -c 'import socket; socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).connect("/dev/log")' 2>/dev/null; then
+        say "syslog: /dev/log has a listener: the agent's lines are read back from it (journalctl or /var/log)"
+        return 0
+    fi
+    if [ -e /dev/log ] || [ -L /dev/log ]; then mv /dev/log /dev/log.gm-preempt-saved && say "syslog: /dev/log had no listener: set aside"; fi
+    python3 -u - "$SYSLOG_FILE" <<'EOF' &
+import os, socket, sys, time
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+s.bind("/dev/log")
+os.chmod("/dev/log", 0o666)
+with open(sys.argv[1], "ab", buffering=0) as f:
+    while True:
+        d = s.recv(1 << 16)
+        f.write(time.strftime("%H:%M:%S ").encode() + d.rstrip(b"\0\n") + b"\n")
+EOF
+    SYSLOG_PID=$!
+    trap syslog_off EXIT
+    wait_until 10 "the syslog listener" test -S /dev/log && say "syslog: listening on /dev/log (pid $SYSLOG_PID) into $SYSLOG_FILE"
+}
+syslog_off() {
+    [ -n "$SYSLOG_PID" ] || return 0
+    kill "$SYSLOG_PID" 2>/dev/null; wait "$SYSLOG_PID" 2>/dev/null
+    rm -f /dev/log
+    if [ -e /dev/log.gm-preempt-saved ] || [ -L /dev/log.gm-preempt-saved ]; then mv /dev/log.gm-preempt-saved /dev/log; fi
+    SYSLOG_PID=""
+}
+agent_log() {
+    [ -n "$SYSLOG_SINCE" ] || return 0
+    local re; re="job=($(echo "$*" | tr ' ' '|'))([^0-9]|$)"
+    if [ -n "$SYSLOG_PID" ]; then
+        grep -E "$re" "$SYSLOG_FILE" 2>/dev/null
+        return 0
+    fi
+    command -v journalctl >/dev/null && journalctl -q -t slurm-gpu-mode --since "$SYSLOG_SINCE" -o short-precise 2>/dev/null | grep -E "$re"
+    grep -hE "slurm-gpu-mode.*$re" /var/log/syslog /var/log/messages 2>/dev/null
+    return 0
+}
+
 # train_case NAME PREEMPTS ARGS...: checkpoint/bench/train_app.py ARGS (issue 24: DataLoader
 # workers, pinned memory, NVML) as a plain job (no gpu-mode-run: the reference), then under
 # gpu-mode-run, preempted PREEMPTS times (0, 1 or 2: after step 5, and after step 15 of the
 # restored run). PASS: the wrapped job completes on its own, restored after each preemption,
 # and every step's loss is logged once and bitwise equal to the reference's. The workers' GPU
-# files before the first preemption go to worker-files.txt.
+# files before the first preemption go to worker-files.txt, the whole tree's files (fds, maps
+# under /dev/, sockets, /dev/shm) to tree-before-preempt.txt (also $OUT/NAME-tree.txt).
+# The caller may set, for one call: TC_LAUNCH, a launcher put before train_app.py (torchrun);
+# TC_GPUS, the job's GPUs (--gres=gpu:N, default 1); TC_STARTOVER=1: a checkpoint the agent
+# refused before locking anything (gpu-mode-run's "checkpoint of job J failed: ..." naming no
+# rollback: neither "GPU state was restored", "could NOT be restored" nor "; rollback: "), after
+# which the job started over and completed
+# with the reference's losses, is reported as "refused cleanly, started over, completed" and
+# not counted as a failure (issue 24 item 5's expected behaviour where the driver cannot).
 train_case() {
-    local name=$1 preempt=$2 W=$U/$1 job pre pid why="" k
+    local name=$1 preempt=$2 W=$U/$1 job pre pid why="" k plainjob failed launch=${TC_LAUNCH:-} gpus=${TC_GPUS:-1}
     shift 2
     mkdir -p "$W"; chmod 1777 "$W"
     for k in plain job; do
-        local app="$(command -v python3) $B/train_app.py --ready $W/ready-$k $*" wrap=""
+        local app="${launch:-$(command -v python3)} $B/train_app.py --ready $W/ready-$k $*" wrap=""
         [ $k = job ] && wrap="$B/gpu-mode-run --config $D/gpu-mode.toml --"
         printf '#!/bin/sh\nexec %s %s %s\n' "$DROP" "$wrap" "$app" > "$W/$k.sh"; chmod 755 "$W/$k.sh"
     done
     submit() { (cd "$W" && as $JOBUSER $S/sbatch --parsable -J "$name-$1" -p low --gpu-mode=checkpoint --signal=B:USR1@60 \
-        --requeue --open-mode=append --gres=gpu:1 --time=10 --output="$W/$1.out" "$W/$1.sh"); }
+        --requeue --open-mode=append --gres=gpu:"$gpus" --time=10 --output="$W/$1.out" "$W/$1.sh"); }
     steps_at_least() { [ "$(grep -c '^step ' "$1")" -ge "$2" ]; }
-    job=$(submit plain)
+    job=$(submit plain); plainjob=$job
     wait_until 240 "the reference run" finished "$job"
     say "$name: reference job $job $(field "$job" JobState) $(field "$job" ExitCode), $(grep -c '^step ' "$W/plain.out") steps"
+    [ -n "$launch" ] && grep -E '^ddp:|Error|Traceback' "$W/plain.out" | cut -c1-300
     job=$(submit job)
     say "$name: job $job (as $JOBUSER): $*"
     restored_at_least() { [ "$(grep -c 'restored (pid' "$W/job.out")" -ge "$1" ]; }
@@ -202,6 +357,9 @@ train_case() {
             grep -E 'nvidia|/dev/shm' /proc/$k/maps | sed 's/^/  map /'
         done > "$W/worker-files.txt"
         say "$name: the workers' GPU and /dev/shm files:"; cat "$W/worker-files.txt"
+        tree_snapshot "${pid:-0}" "$W/tree-before-preempt.txt"; cp "$W/tree-before-preempt.txt" "$OUT/$name-tree.txt"
+        say "$name: the job's processes (fds, maps under /dev/, sockets, /dev/shm: $OUT/$name-tree.txt):"
+        sed -n '2,/^$/p' "$W/tree-before-preempt.txt" | grep -v '^$'
         pre=$(as gmtest2 $S/sbatch --parsable -J preemptor -p high --gres=gpu:"$N" --output="$W/preemptor.out" --wrap 'sleep 5')
         wait_until 240 "the requeue" requeued "$job" || why="$why not requeued;"
     fi
@@ -213,10 +371,33 @@ train_case() {
     fi
     wait_until 400 "the job's end" finished "$job" || { why="$why did not end;"; $S/scancel "$job"; }
     say "$name: job $job $(field "$job" JobState), exit code $(field "$job" ExitCode), restarts $(field "$job" Restarts); gpu-mode-run said:"
-    grep -E '^gpu-mode-run|Error|Traceback|MISMATCH|DONE' "$W/job.out" | cut -c1-400
+    grep -E '^gpu-mode-run|^ddp:|Error|Traceback|MISMATCH|DONE' "$W/job.out" | cut -c1-400
+    agent_log "$plainjob" "$job" > "$W/agent.log"; [ -s "$W/agent.log" ] && cp "$W/agent.log" "$OUT/$name-agent.log"
+    if [ -s "$W/agent.log" ]; then say "$name: the agent's lines (jobs $plainjob, $job):"; cut -c1-600 "$W/agent.log"; fi
     [ "$(field "$job" ExitCode)" = 0:0 ] || why="$why exit code $(field "$job" ExitCode);"
+    failed=$(grep -m1 "^gpu-mode-run: checkpoint of job $job failed" "$W/job.out")
+    if [ "${TC_STARTOVER:-0}" = 1 ] && [ -n "$failed" ] && ! restored_at_least 1; then
+        # Started over: the last run's steps (after "starting the application from the
+        # beginning") must be the reference's.
+        local from; from=$(grep -n 'starting the application from the beginning' "$W/job.out" | tail -n 1 | cut -d: -f1)
+        if [ -n "$from" ]; then tail -n +"$((from + 1))" "$W/job.out" > "$W/job-last.out"; else : > "$W/job-last.out"; why="$why no start-over line;"; fi
+        python3 "$B/train_app.py" --compare "$W/job-last.out" "$W/plain.out" || why="$why the started-over run's losses differ from the reference;"
+        grep -q 'DONE steps=' "$W/job-last.out" || why="$why the started-over run did not finish;"
+        case $failed in
+            *"could NOT be restored"*) why="$why the rollback failed (not refused before locking);" ;;
+            *"GPU state was restored"*|*"; rollback: "*) why="$why locked, then rolled back (not refused before locking);" ;;
+        esac
+        if [ -z "$why" ]; then
+            say "CASE $name: refused cleanly, started over, completed (${failed#gpu-mode-run: })"
+            STARTED_OVER=$((STARTED_OVER + 1))
+        else
+            verdict "$name" 1 "$why checkpoint failed: ${failed#gpu-mode-run: }"
+        fi
+        return
+    fi
     [ "$preempt" -ge 1 ] && ! restored_at_least "$preempt" && why="$why restored $(grep -c 'restored (pid' "$W/job.out") of $preempt times;"
     python3 "$B/train_app.py" --compare "$W/job.out" "$W/plain.out" || why="$why losses differ from the reference;"
+    [ -n "$failed" ] && why="$why ${failed#gpu-mode-run: }"
     [ -z "$why" ]; verdict "$name" $? "$why"
 }
 
@@ -226,10 +407,14 @@ if [ "$PART" = all ] || [ "$PART" = e2e ]; then
     GPU_MODE_GPU_DEVICES=$(seq -s, -f /dev/nvidia%g 0 $((N - 1))) "$B/gpu-mode-cluster" up --name real --gpus "$N" --preempt \
         || { tail -n 30 "$D"/log/*.log; exit 1; }
     say "jobs run as $JOBUSER"
+    # torchrun as installed with PyTorch, else the same module through python3.
+    TORCHRUN=$(command -v torchrun || echo "$(command -v python3) -m torch.distributed.run")
     for c in ${E2E_CASES:-1gib 16gib 2ranks}; do
         case $c in
             1gib) preempt_case ckpt-1gib 1 1 ;;
             torch8) preempt_case ckpt-torch8 8 1 torch ;;
+            torch2-fork) preempt_case ckpt-torch2-fork 2 1 torch --workers 4 --start-method fork ;;
+            torch2-spawn) preempt_case ckpt-torch2-spawn 2 1 torch --workers 4 --start-method spawn ;;
             16gib) preempt_case ckpt-16gib 16 1 ;;
             2ranks) [ "$N" -ge 2 ] && preempt_case ckpt-2ranks 1 2 ;;
             train-end) train_case train-end 0 --steps 20 --interval 0.2 --workers 2 --persistent --pin-memory --nvml ;;
@@ -240,8 +425,22 @@ if [ "$PART" = all ] || [ "$PART" = e2e ]; then
             # Issue 24 item 4: a torch.compile'd model, a CUDA-graph-captured step, CUDA events.
             train-compile) train_case train-compile 1 --steps 40 --interval 0.3 --workers 2 --persistent --pin-memory --compile --events ;;
             train-graph) train_case train-graph 1 --steps 40 --interval 0.3 --workers 2 --persistent --pin-memory --cuda-graph --events ;;
+            # Issue 24 item 5: several processes of one job, torchrun's parent and 2 DDP ranks.
+            # gloo: both ranks on the job's one GPU (cuda:0); gloo2: each on its own GPU; nccl:
+            # each on its own GPU (NCCL refuses two ranks on one). No DataLoader workers: the
+            # tree is torchrun's alone.
+            torchrun-gloo|torchrun-gloo2|torchrun-nccl)
+                tgpus=1 backend=gloo
+                [ "$c" = torchrun-gloo ] || tgpus=2
+                [ "$c" = torchrun-nccl ] && backend=nccl
+                if [ "$N" -lt "$tgpus" ]; then say "CASE $c: skipped: needs $tgpus GPUs, this machine has $N"; continue; fi
+                syslog_on
+                TC_LAUNCH="$TORCHRUN --standalone --nproc_per_node=2" TC_GPUS=$tgpus TC_STARTOVER=1 \
+                    train_case "$c" 1 --ddp "$backend" --steps 40 --interval 0.3 --workers 0 ;;
+            *) say "CASE $c: unknown (no such case)" ;;
         esac
     done
+    syslog_off
     say "== prolog/epilog lines"; cat "$D/log/hooks.log"
     cp "$D/log/hooks.log" "$D/log/slurmctld.log" "$D/log/slurmd.log" "$OUT/" 2>/dev/null
     "$B/gpu-mode-cluster" down --name real
@@ -272,7 +471,7 @@ if [ "$PART" = all ] || [ "$PART" = bench ]; then
             app=$B/gpu-mode-ckpt-testprog; args="--gib {gib} --device {device} --seed {i} --ready {ready} --go {go}"
         else
             app=$(command -v python3)
-            args="$REPO/checkpoint/bench/framework_app.py --framework $BENCH_APP --gib {gib} --device {device} --seed {i} --ready {ready} --go {go}"
+            args="$REPO/checkpoint/bench/framework_app.py --framework $BENCH_APP --gib {gib} --device {device} --seed {i} --ready {ready} --go {go} ${BENCH_APP_ARGS:-}"
         fi
         timeout "$(left)" "$B/gpu-mode-preempt-bench" --config "$W/config.toml" --app "$app" --app-args "$args" \
             --cases "$c" --repeat "$R" --plain-driver "${PLAIN_DRIVER:-raw}" --gpus "$N" --uid "$BUID" --workdir "$W" \
@@ -286,4 +485,4 @@ say "== GPUs after"
 nvidia-smi --query-gpu=index,compute_mode,persistence_mode,mig.mode.current --format=csv,noheader > "$OUT/gpu-settings-after.txt"
 cmp -s "$OUT/gpu-settings-before.txt" "$OUT/gpu-settings-after.txt" && say "GPU settings unchanged" || say "GPU SETTINGS CHANGED"
 apps || true
-say "done: $FAILS failed case(s)"
+say "done: $FAILS failed case(s)$([ "$STARTED_OVER" -gt 0 ] && echo ", $STARTED_OVER refused cleanly and started over")"
