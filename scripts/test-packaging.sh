@@ -51,6 +51,7 @@ expect "$out/deb.list" \
     /usr/share/man/man8/gpu-mode-mig.8.gz /usr/share/man/man1/gpu-mode-run.1.gz \
     /etc/slurm-gpu-mode/config.toml /usr/share/slurm-gpu-mode/plugstack.conf \
     /usr/lib/systemd/system/nvidia-persistenced.service.d/50-slurm-gpu-mode.conf \
+    /usr/lib/sysctl.d/60-slurm-gpu-mode.conf \
     /usr/share/man/man8/gpu-mode.8.gz /usr/share/man/man8/gpu-mode-prolog.8.gz \
     /usr/share/man/man8/gpu-mode-epilog.8.gz /usr/share/man/man8/gpu-mode-node-checker.8.gz \
     /usr/share/man/man8/gpu-mode-checkpoint.8.gz \
@@ -58,6 +59,7 @@ expect "$out/deb.list" \
     /usr/share/doc/slurm-gpu-mode/examples/gpu-mode-dashboard.json
 dpkg-deb -I "$deb" conffiles | grep -qx /etc/slurm-gpu-mode/config.toml || die "config.toml is not a conffile"
 dpkg-deb -I "$deb" postinst | grep -q 'ln -s "$snippet" "$link"' || die "postinst does not link the plugstack snippet"
+dpkg-deb -I "$deb" postinst | grep -q 'sysctl -q -p /usr/lib/sysctl.d/60-slurm-gpu-mode.conf' || die "postinst does not apply the sysctl defaults"
 dpkg-deb -f "$deb" Depends | sed 's/^/   Depends: /'
 
 step "rpm -qlp (SchedMD's rpms: PluginDir /usr/lib64/slurm, /etc/slurm)"
@@ -71,7 +73,7 @@ expect "$out/rpm.list" \
     /usr/libexec/slurm-gpu-mode/libgpu_mode_hugepages.so \
     /usr/lib/systemd/system/gpu-mode-mig-baseline.service /etc/default/gpu-mode-mig-baseline \
     /usr/lib/systemd/system/nvidia-persistenced.service.d/50-slurm-gpu-mode.conf /usr/share/man/man8/gpu-mode.8 \
-    /usr/sbin/gpu-mode-status
+    /usr/lib/sysctl.d/60-slurm-gpu-mode.conf /usr/sbin/gpu-mode-status
 rpm -qcp "$rpm" 2>/dev/null | grep -qx /etc/slurm/plugstack.conf.d/gpu-mode.conf || die "the rpm's plugstack snippet is not %config"
 rpm -qp --requires "$rpm" 2>/dev/null | grep '^slurm' | sed 's/^/   Requires: /'
 

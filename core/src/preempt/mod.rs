@@ -30,7 +30,8 @@
 //! the agent's kept copy of each version), `signals.rs` (the application's
 //! signal mask and ignored set, as the wrapper inherited them), `shm.rs`
 //! (the job's named semaphores in /dev/shm, carried in the image),
-//! `user_child.rs` (work done as the job's user from the root agent).
+//! `user_child.rs` (work done as the job's user from the root agent),
+//! `uncheckpointable.rs` (what CRIU cannot dump: refused before the lock).
 
 pub mod accounting;
 pub mod agent;
@@ -44,6 +45,7 @@ pub mod signals;
 pub mod submit;
 pub mod timeline;
 pub mod tree;
+pub mod uncheckpointable;
 pub(crate) mod user_child;
 pub mod wrapper;
 pub mod writeback;

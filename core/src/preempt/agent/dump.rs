@@ -20,6 +20,7 @@ use crate::preempt::manifest::{DumpTimings, Manifest, MANIFEST_VERSION};
 use crate::preempt::protocol::CheckpointSummary;
 use crate::preempt::timeline::{Stopwatch, Timeline};
 use crate::preempt::shm::{self, Staged};
+use crate::preempt::uncheckpointable;
 use crate::preempt::writeback::Writeback;
 use crate::preempt::{now_ms, tree};
 use std::path::{Path, PathBuf};
@@ -49,6 +50,7 @@ impl Agent {
         // Before anything is locked: what CRIU could not dump alone is
         // found (and refused) here.
         let who = crate::privdrop::Identity::of_user_or_bare(self.params.uid, self.params.gid);
+        uncheckpointable::refuse(&pids).map_err(|e| format!("cannot checkpoint: {e}"))?;
         let shm = shm::stage(&pids, root, &who).map_err(|e| format!("cannot checkpoint: {e}; nothing was changed"))?;
         sw.since("checks", t);
         let was = self.root_state(root);
