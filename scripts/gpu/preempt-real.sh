@@ -243,6 +243,11 @@ for p, _ in order:
     if st[0] == "slurmstepd":
         continue
     print(f"\n===== pid {p} ({st[0]}), ppid {st[1]}")
+    try:
+        names = sorted({open(f"/proc/{p}/task/{t}/comm").read().strip() for t in os.listdir(f"/proc/{p}/task")})
+        print(f"--- threads' names: {', '.join(names)}")
+    except OSError as e:
+        print(f"--- threads: ({e})")
     print(f"--- ls -l /proc/{p}/fd")
     print(subprocess.run(["ls", "-l", f"/proc/{p}/fd"], capture_output=True, text=True).stdout.rstrip())
     print(f"--- /proc/{p}/maps, paths under /dev/, memfds, deleted files (all of it: maps-{p}.txt)")

@@ -31,7 +31,8 @@
 //! signal mask and ignored set, as the wrapper inherited them), `shm.rs`
 //! (the job's named semaphores in /dev/shm, carried in the image),
 //! `user_child.rs` (work done as the job's user from the root agent),
-//! `uncheckpointable.rs` (what CRIU cannot dump: refused before the lock).
+//! `uncheckpointable.rs` (what CRIU or the driver cannot bring back: refused
+//! before the lock).
 
 pub mod accounting;
 pub mod agent;

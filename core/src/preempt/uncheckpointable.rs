@@ -1,24 +1,24 @@
-//! What CRIU cannot dump, found before anything is locked, and the one the
-//! application can be kept from making.
+//! What CRIU or the driver cannot checkpoint and bring back, found before
+//! anything is locked: such a tree is refused and the job starts over.
 //!
-//! io_uring: CRIU 4.1.1 has no support for it; a process that maps an
-//! io_uring instance stops `criu dump` (`Can't open <pid>'s mapfile link
-//! ...: No such device or address`) after the driver has checkpointed the
-//! GPU processes, and the driver's rollback is not always possible (seen on
-//! 2 H200s, torchrun over NCCL: CUDA_ERROR_NOT_SUPPORTED). The common source
-//! is libuv (PyTorch's TCPStore, served by torchrun's agent process, from
-//! PyTorch 2.4; Node.js; Julia), which uses io_uring for file operations and
-//! falls back to epoll and its thread pool when `UV_USE_IO_URING=0`:
-//! gpu-mode-run sets it for the application unless the job set it itself.
+//! * io_uring: CRIU 4.1.1 has no support for it; a process that maps an
+//!   io_uring instance stops `criu dump` (`Can't open <pid>'s mapfile link
+//!   ...: No such device or address`) after the driver has checkpointed the
+//!   GPU processes. Seen on 2 H200s in torchrun's agent process: PyTorch's
+//!   TCPStore (the rendezvous store the agent serves, thread
+//!   `pt_tcpstore_uv`) runs a libuv loop with two rings. Neither
+//!   `UV_USE_IO_URING=0` nor `USE_LIBUV=0` in the environment took them away
+//!   (PyTorch 2.9), so such a tree is refused, and the job starts over.
+//! * PyTorch's NCCL process groups (their watchdog thread,
+//!   `pt_nccl_watchdg`): the driver checkpointed two NCCL ranks and then
+//!   could not restore them (CUDA_ERROR_NOT_SUPPORTED, driver 580, 2 H200s);
+//!   NVIDIA lists CUDA IPC between processes for the r610 branch. Refused on
+//!   drivers before it.
 
-/// Variables gpu-mode-run gives the application (unless already set) so
-/// that it makes nothing CRIU cannot dump.
-const APP_ENV: &[(&str, &str)] = &[("UV_USE_IO_URING", "0")];
-
-/// [`APP_ENV`] less what the job's environment `env` already sets.
-pub fn app_env(env: &dyn Fn(&str) -> Option<String>) -> Vec<(&'static str, String)> {
-    APP_ENV.iter().filter(|(k, _)| env(k).is_none()).map(|(k, v)| (*k, v.to_string())).collect()
-}
+/// The first driver branch NVIDIA lists CUDA IPC checkpoints for.
+const NCCL_DRIVER_MAJOR: u32 = 610;
+/// PyTorch's ProcessGroupNCCL watchdog thread's name.
+const NCCL_THREAD: &str = "pt_nccl_watchdg";
 
 const IO_URING: &str = "anon_inode:[io_uring]";
 
@@ -31,9 +31,24 @@ pub fn io_uring_in(fd_links: &[(String, String)], maps: &str) -> Option<String> 
     maps.lines().find(|l| l.trim_end().ends_with(IO_URING)).and_then(|l| l.split_whitespace().next()).map(|r| format!("mapping {r}"))
 }
 
-/// Refuses a tree that holds what CRIU cannot dump, naming the process.
-pub fn refuse(pids: &[i32]) -> Result<(), String> {
+/// Whether a process whose threads have these names runs a PyTorch NCCL
+/// process group that a driver of branch `driver_major` cannot bring back.
+pub fn nccl_unsupported(thread_names: &[String], driver_major: u32) -> bool {
+    driver_major < NCCL_DRIVER_MAJOR && thread_names.iter().any(|n| n == NCCL_THREAD)
+}
+
+/// The major of a driver version ("580.159.04" → 580; unreadable → 0).
+pub fn driver_major(version: &str) -> u32 {
+    version.split('.').next().and_then(|m| m.trim().parse().ok()).unwrap_or(0)
+}
+
+/// Refuses a tree that holds what CRIU or the driver (`driver_version`)
+/// cannot checkpoint and bring back, naming the process; before anything is
+/// locked.
+pub fn refuse(pids: &[i32], driver_version: &str) -> Result<(), String> {
     for &pid in pids {
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        let comm = comm.trim();
         let links: Vec<(String, String)> = std::fs::read_dir(format!("/proc/{pid}/fd"))
             .map(|d| {
                 d.flatten()
@@ -43,12 +58,19 @@ pub fn refuse(pids: &[i32]) -> Result<(), String> {
             .unwrap_or_default();
         let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
         if let Some(what) = io_uring_in(&links, &maps) {
-            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
             return Err(format!(
-                "pid {pid} ({}) holds an io_uring instance ({what}), which CRIU cannot checkpoint; libuv's users (PyTorch's \
-                 TCPStore in torchrun, Node.js) do without it under UV_USE_IO_URING=0, which gpu-mode-run sets unless the job \
-                 set it: refused, nothing was changed",
-                comm.trim()
+                "pid {pid} ({comm}) holds an io_uring instance ({what}), which CRIU cannot checkpoint (torchrun's agent \
+                 holds one for PyTorch's libuv TCPStore): refused, nothing was changed"
+            ));
+        }
+        let threads: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .map(|d| d.flatten().filter_map(|t| Some(std::fs::read_to_string(t.path().join("comm")).ok()?.trim().to_string())).collect())
+            .unwrap_or_default();
+        if nccl_unsupported(&threads, driver_major(driver_version)) {
+            return Err(format!(
+                "pid {pid} ({comm}) runs a PyTorch NCCL process group (thread {NCCL_THREAD}); NVIDIA driver {driver_version} \
+                 cannot restore NCCL ranks after a checkpoint (CUDA IPC needs the r{NCCL_DRIVER_MAJOR} branch): refused, \
+                 nothing was changed"
             ));
         }
     }
@@ -60,9 +82,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_variable_is_given_unless_the_job_set_it() {
-        assert_eq!(app_env(&|_| None), vec![("UV_USE_IO_URING", "0".to_string())]);
-        assert_eq!(app_env(&|k| (k == "UV_USE_IO_URING").then(|| "1".to_string())), vec![], "the job's own choice stands");
+    fn nccl_groups_are_refused_only_before_the_driver_branch_that_restores_them() {
+        let names = |l: &[&str]| l.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let nccl = names(&["python", "pt_autograd_0", "pt_nccl_heartbt", "pt_nccl_watchdg", "cuda-EvtHandlr"]);
+        let gloo = names(&["python", "pt_autograd_0", "cuda-EvtHandlr"]);
+        let table: &[(&Vec<String>, &str, bool)] = &[(&nccl, "580.159.04", true), (&nccl, "610.10", false), (&gloo, "580.159.04", false), (&nccl, "", true)];
+        for (threads, driver, want) in table {
+            assert_eq!(nccl_unsupported(threads, driver_major(driver)), *want, "{threads:?} on {driver:?}");
+        }
     }
 
     #[test]
@@ -92,10 +119,10 @@ mod tests {
             return;
         }
         let me = std::process::id() as i32;
-        let err = refuse(&[me]).unwrap_err();
+        let err = refuse(&[me], "580.159.04").unwrap_err();
         assert!(err.contains(&format!("pid {me}")) && err.contains(&format!("fd {fd}")) && err.contains("refused"), "{err}");
         // SAFETY: closes the descriptor made above.
         unsafe { libc::close(fd as i32) };
-        assert_eq!(refuse(&[me]), Ok(()));
+        assert_eq!(refuse(&[me], "580.159.04"), Ok(()));
     }
 }

@@ -63,9 +63,6 @@ pub struct RunOptions {
     pub preload: Result<Option<PathBuf>, String>,
     /// What the preloaded library is told to do (its variables).
     pub preload_env: Vec<(&'static str, String)>,
-    /// Variables that keep the application from making what CRIU cannot
-    /// dump (preempt::uncheckpointable), those the job did not set itself.
-    pub app_env: Vec<(&'static str, String)>,
     /// What the application starts with: the mask and ignored set the
     /// wrapper inherited.
     pub signals: InheritedSignals,
@@ -97,7 +94,6 @@ impl RunOptions {
             linger: Duration::from_secs(300),
             preload: super::hugepages::for_application(&cfg.checkpoint),
             preload_env: super::hugepages::preload_env(&cfg.checkpoint),
-            app_env: super::uncheckpointable::app_env(env),
             signals: InheritedSignals::inherited(),
         })
     }
@@ -255,7 +251,6 @@ impl Wrapper<'_> {
                  forked children keep their GPU files (a tree with them cannot be checkpointed)"
             )),
         }
-        cmd.envs(self.o.app_env.iter().map(|(k, v)| (*k, v)));
         let signals = self.o.signals;
         // SAFETY: setsid, sigaction and sigprocmask are async-signal-safe.
         unsafe {

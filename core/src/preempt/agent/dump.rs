@@ -50,7 +50,7 @@ impl Agent {
         // Before anything is locked: what CRIU could not dump alone is
         // found (and refused) here.
         let who = crate::privdrop::Identity::of_user_or_bare(self.params.uid, self.params.gid);
-        uncheckpointable::refuse(&pids).map_err(|e| format!("cannot checkpoint: {e}"))?;
+        uncheckpointable::refuse(&pids, &self.facts.driver_version).map_err(|e| format!("cannot checkpoint: {e}"))?;
         let shm = shm::stage(&pids, root, &who).map_err(|e| format!("cannot checkpoint: {e}; nothing was changed"))?;
         sw.since("checks", t);
         let was = self.root_state(root);
