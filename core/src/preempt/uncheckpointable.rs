@@ -44,11 +44,23 @@ pub fn driver_major(version: &str) -> u32 {
 
 /// Refuses a tree that holds what CRIU or the driver (`driver_version`)
 /// cannot checkpoint and bring back, naming the process; before anything is
-/// locked.
+/// locked. The driver's limits first: they stand whatever CRIU learns.
 pub fn refuse(pids: &[i32], driver_version: &str) -> Result<(), String> {
+    let comm = |pid: i32| std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default().trim().to_string();
     for &pid in pids {
-        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-        let comm = comm.trim();
+        let threads: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .map(|d| d.flatten().filter_map(|t| Some(std::fs::read_to_string(t.path().join("comm")).ok()?.trim().to_string())).collect())
+            .unwrap_or_default();
+        if nccl_unsupported(&threads, driver_major(driver_version)) {
+            return Err(format!(
+                "pid {pid} ({}) runs a PyTorch NCCL process group (thread {NCCL_THREAD}); NVIDIA driver {driver_version} \
+                 cannot restore NCCL ranks after a checkpoint (CUDA IPC needs the r{NCCL_DRIVER_MAJOR} branch): refused, \
+                 nothing was changed",
+                comm(pid)
+            ));
+        }
+    }
+    for &pid in pids {
         let links: Vec<(String, String)> = std::fs::read_dir(format!("/proc/{pid}/fd"))
             .map(|d| {
                 d.flatten()
@@ -59,18 +71,9 @@ pub fn refuse(pids: &[i32], driver_version: &str) -> Result<(), String> {
         let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
         if let Some(what) = io_uring_in(&links, &maps) {
             return Err(format!(
-                "pid {pid} ({comm}) holds an io_uring instance ({what}), which CRIU cannot checkpoint (torchrun's agent \
-                 holds one for PyTorch's libuv TCPStore): refused, nothing was changed"
-            ));
-        }
-        let threads: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
-            .map(|d| d.flatten().filter_map(|t| Some(std::fs::read_to_string(t.path().join("comm")).ok()?.trim().to_string())).collect())
-            .unwrap_or_default();
-        if nccl_unsupported(&threads, driver_major(driver_version)) {
-            return Err(format!(
-                "pid {pid} ({comm}) runs a PyTorch NCCL process group (thread {NCCL_THREAD}); NVIDIA driver {driver_version} \
-                 cannot restore NCCL ranks after a checkpoint (CUDA IPC needs the r{NCCL_DRIVER_MAJOR} branch): refused, \
-                 nothing was changed"
+                "pid {pid} ({}) holds an io_uring instance ({what}), which CRIU cannot checkpoint (torchrun's agent \
+                 holds one for PyTorch's libuv TCPStore): refused, nothing was changed",
+                comm(pid)
             ));
         }
     }
