@@ -56,7 +56,11 @@ impl FullNode {
         let fillers = (1..GPUS)
             .map(|i| c.sbatch(None, &[&format!("--job-name=full-node-filler-{i}"), "--gres=gpu:1"], &wait))
             .collect::<Result<Vec<u32>>>()?;
-        let app = ckpt_jobs::counter_of(c, STEPS, ckpt_jobs::EXIT, None);
+        // The training shape (issue 24): a worker forked after the GPU was
+        // in use, holding the (simulated) driver's files, lives through the
+        // preemption as a DataLoader worker does.
+        let mut app = ckpt_jobs::counter_of(c, STEPS, ckpt_jobs::EXIT, None);
+        app.extend(["--fork-worker".to_string(), "yes".to_string()]);
         let job = ckpt_jobs::try_submit_low(c, who, "full-node-checkpoint", &app)?;
         for &f in &fillers {
             c.wait_job(f, "a filler to run", LIMIT, |j| j.state() == "RUNNING")?;
