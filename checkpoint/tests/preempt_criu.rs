@@ -451,12 +451,18 @@ fn a_preempted_job_is_dumped_requeued_restored_on_another_gpu_preempted_again_an
 /// Run 0 is preempted and its checkpoint fails in `spoil`'s way: the job is
 /// requeued to start over, nothing claims success, and run 1 starts afresh.
 fn failed_checkpoint_starts_over(name: &str, job: u32, images: &Path, spoil: impl FnOnce(i32), needle: &str) {
+    failed_checkpoint_of_starts_over(name, job, images, &[], spoil, needle)
+}
+
+/// [`failed_checkpoint_starts_over`] with `extra` arguments for the counter.
+fn failed_checkpoint_of_starts_over(name: &str, job: u32, images: &Path, extra: &[&str], spoil: impl FnOnce(i32), needle: &str) {
     let n = node().unwrap();
     let (cfg_path, cfg) = n.config(name, images);
     let out = n.dir.join(format!("{name}.out"));
     let ready = format!("{}/user/{name}.ready", n.dir.display());
     let counter = n.counter();
-    let app = [counter.as_str(), "--steps", "2000", "--interval-ms", "20", "--mib", "8", "--ready", &ready];
+    let mut app = vec![counter.as_str(), "--steps", "2000", "--interval-ms", "20", "--mib", "8", "--ready", &ready];
+    app.extend(extra);
     n.agent((&cfg_path, &cfg), job, 0, 0);
     let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 0, cgroup: None, out: &out }, &app);
     wait_for("three steps", Duration::from_secs(20), || last_step(&out) >= 3);
@@ -481,6 +487,24 @@ fn failed_checkpoint_starts_over(name: &str, job: u32, images: &Path, spoil: imp
     assert!(read(&out.with_extension("err")).contains("no checkpoint image to restore: starting the application from the beginning"));
     assert!(read(&out).contains("DONE count=5"));
     stop_agent(&cfg, job, Duration::from_secs(10)).unwrap();
+}
+
+/// What CRIU or the driver cannot bring back (torchrun's io_uring, an NCCL
+/// process group on a driver before r610; issue 24 item 5, seen on 2 H200s)
+/// is refused before anything is locked: no rollback, the job starts over.
+#[test]
+fn a_tree_that_cannot_come_back_is_refused_before_anything_is_locked() {
+    let Some(n) = node() else { return };
+    let cases: &[(&str, u32, &str, &str)] = &[
+        ("io-uring", 9111, "io-uring", "holds an io_uring instance (fd "),
+        ("nccl", 9112, "nccl-thread", "runs a PyTorch NCCL process group (thread pt_nccl_watchdg)"),
+    ];
+    for (name, job, hold, needle) in cases {
+        let images = n.dir.join(format!("images-refuse-{name}"));
+        failed_checkpoint_of_starts_over(&format!("refuse-{name}"), *job, &images, &["--hold", hold], |_| {}, needle);
+        let err = read(&n.dir.join(format!("refuse-{name}.err")));
+        assert!(err.contains("refused, nothing was changed") && !err.contains("rollback") && !err.contains("GPU state"), "{err}");
+    }
 }
 
 #[test]

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cuda-sim-counter --steps N [--interval-ms 100] [--mib 4] [--exit-code C] [--ready FILE] [--device 0]
-//!                  [--signals yes] [--fork-worker yes]
+//!                  [--signals yes] [--fork-worker yes] [--hold io-uring|nccl-thread]
 //! ```
 //! Each step reads the counter from device memory, checks it is the previous
 //! step, writes it back incremented, checks one 64 KiB window of a seeded
@@ -22,6 +22,11 @@
 //! waits for signals, as a DataLoader worker of PyTorch's default start
 //! method does; at the end the parent ends it with SIGTERM and waits for it,
 //! as Python's multiprocessing does at exit.
+//!
+//! `--hold io-uring` keeps an io_uring instance open (as torchrun's agent
+//! does for PyTorch's libuv TCPStore), `--hold nccl-thread` runs a thread
+//! named as PyTorch's NCCL watchdog: what the checkpoint agent must refuse
+//! before it locks anything (preempt::uncheckpointable).
 
 use cuda_sim::process::{Context, DevPtr};
 use std::io::Write;
@@ -38,10 +43,11 @@ struct Opts {
     device: usize,
     signals: bool,
     fork_worker: bool,
+    hold: Option<String>,
 }
 
 fn parse() -> Result<Opts, String> {
-    let mut o = Opts { steps: 10, interval: Duration::from_millis(100), bytes: 4 << 20, exit_code: 0, ready: None, device: 0, signals: false, fork_worker: false };
+    let mut o = Opts { steps: 10, interval: Duration::from_millis(100), bytes: 4 << 20, exit_code: 0, ready: None, device: 0, signals: false, fork_worker: false, hold: None };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let v = args.next().ok_or_else(|| format!("{a} needs a value"))?;
@@ -55,6 +61,7 @@ fn parse() -> Result<Opts, String> {
             "--device" => o.device = num(&v)? as usize,
             "--signals" => o.signals = yes(&a, &v)?,
             "--fork-worker" => o.fork_worker = yes(&a, &v)?,
+            "--hold" if v == "io-uring" || v == "nccl-thread" => o.hold = Some(v),
             _ => return Err(format!("unknown argument {a}")),
         }
     }
@@ -160,6 +167,9 @@ fn run(o: &Opts) -> Result<(), String> {
     let ptr = ctx.alloc(o.device, o.bytes).map_err(|c| format!("alloc {} bytes: {}", o.bytes, cuda_sim::codes::name(c)))?;
     fill(&ctx, ptr, o.bytes)?;
     let worker = if o.fork_worker { Some(fork_worker()?) } else { None };
+    if let Some(what) = &o.hold {
+        hold(what)?;
+    }
     if o.signals {
         catch_term();
     }
@@ -188,6 +198,27 @@ fn run(o: &Opts) -> Result<(), String> {
     }
     println!("DONE count={}", o.steps);
     Ok(())
+}
+
+/// Keeps what `--hold` names for the rest of the run.
+fn hold(what: &str) -> Result<(), String> {
+    if what == "io-uring" {
+        let mut params = [0u32; 30];
+        // SAFETY: io_uring_setup with a zeroed parameter block we own; the
+        // descriptor is kept open on purpose.
+        let fd = unsafe { libc::syscall(libc::SYS_io_uring_setup, 4u32, params.as_mut_ptr()) };
+        if fd < 0 {
+            return Err(format!("io_uring_setup: {}", std::io::Error::last_os_error()));
+        }
+        return Ok(());
+    }
+    std::thread::Builder::new()
+        .name("pt_nccl_watchdg".into())
+        .spawn(|| loop {
+            std::thread::sleep(Duration::from_secs(3600));
+        })
+        .map(|_| ())
+        .map_err(|e| format!("thread: {e}"))
 }
 
 fn main() {
