@@ -130,6 +130,9 @@ fn make_node() -> Result<Node, String> {
     cuda_sim::files::SimDir::from_env().unwrap();
     std::fs::write(dir.join("scontrol"), format!("#!/bin/sh\necho \"$@\" >> {}/scontrol.log\n", dir.display())).unwrap();
     chmod(&dir.join("scontrol"), 0o755);
+    // The agent reads the job's AdminComment with squeue beside scontrol: unset.
+    std::fs::write(dir.join("squeue"), "#!/bin/sh\necho '(null)'\n").unwrap();
+    chmod(&dir.join("squeue"), 0o755);
     std::fs::write(dir.join("scontrol.log"), "").unwrap();
     chmod(&dir.join("scontrol.log"), 0o666);
     Ok(Node { dir, bin, state, gpus, who: job_user() })

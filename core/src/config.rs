@@ -71,7 +71,8 @@ impl Default for MpsConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SlurmConfig {
-    /// Absolute path of scontrol: helpers run with no PATH.
+    /// Absolute path of scontrol: helpers run with no PATH. squeue is run
+    /// from the same directory (`drain::Scontrol::job_field`).
     pub scontrol: PathBuf,
     /// The node's gres.conf, read by the prolog of jobs with a mode and GPUs
     /// to map Slurm's GPU indices to NVML's (`gpu::slurm_index`).

@@ -167,15 +167,33 @@ impl Scontrol {
 
     /// Whether Slurm has finished `job` for good: a final state, or no
     /// longer known (purged after MinJobAge). A pending, requeued, held or
-    /// running job has not; an error (no controller) is an error, never
-    /// taken as an end.
+    /// running job has not; an array whose job id lists several tasks has
+    /// once every task has; an error (no controller) is an error, never
+    /// taken as an end. The state is squeue's `%T` ([`Self::job_field`]):
+    /// `scontrol show job` prints the job's name before its state, and a job
+    /// named `x JobState=PENDING` must not stay unended (issue 27 F5).
     pub fn job_has_ended(&self, job: u32) -> Result<bool, DrainError> {
-        match self.run(&["show", "job", "-o", &job.to_string()]) {
-            Ok(text) => {
-                let state = text.split_whitespace().find_map(|w| w.strip_prefix("JobState=")).unwrap_or("");
-                Ok(FINAL_JOB_STATES.contains(&state))
-            }
-            Err(DrainError::Failed { stderr, .. }) if stderr.contains("Invalid job id specified") => Ok(true),
+        Ok(match self.job_field(job, &["-o", "%T"])? {
+            None => true,
+            Some(states) => !states.is_empty() && states.iter().all(|s| FINAL_JOB_STATES.contains(&s.trim())),
+        })
+    }
+
+    /// One field of job `job`, one line per job record Slurm lists under that
+    /// id (an array's job id lists its tasks): `squeue -h -t all -j <job>
+    /// <format>`, run from scontrol's directory (Slurm installs both in one).
+    /// `format` names that field alone (`-o %T`, `-O admin_comment:N`), so
+    /// no user text (the job's name, command, directory, comment) is printed
+    /// around it and none can be taken for it, as it can in `scontrol show
+    /// job`. `None`: Slurm no longer knows the job (squeue's "Invalid job id
+    /// specified", or no line at all with every state asked for).
+    pub fn job_field(&self, job: u32, format: &[&str]) -> Result<Option<Vec<String>>, DrainError> {
+        let job = job.to_string();
+        let args: Vec<&str> = ["-h", "-t", "all", "-j", &job].into_iter().chain(format.iter().copied()).collect();
+        match self.run_program(&self.path.with_file_name("squeue"), &args) {
+            Ok(text) if text.is_empty() => Ok(None),
+            Ok(text) => Ok(Some(text.lines().map(str::to_string).collect())),
+            Err(DrainError::Failed { stderr, .. }) if stderr.contains("Invalid job id specified") => Ok(None),
             Err(e) => Err(e),
         }
     }
@@ -197,12 +215,16 @@ impl Scontrol {
     }
 
     fn run(&self, args: &[&str]) -> Result<String, DrainError> {
-        let mut cmd = Command::new(&self.path);
+        self.run_program(&self.path, args)
+    }
+
+    fn run_program(&self, program: &Path, args: &[&str]) -> Result<String, DrainError> {
+        let mut cmd = Command::new(program);
         cmd.args(args);
         let out = run_with_timeout(cmd, None, self.timeout).map_err(DrainError::Run)?;
         if !out.status.success() {
             return Err(DrainError::Failed {
-                path: self.path.clone(),
+                path: program.to_path_buf(),
                 args: args.join(" "),
                 status: out.status.to_string(),
                 stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
@@ -213,26 +235,44 @@ impl Scontrol {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
 
+    /// Writes an executable `/bin/sh` script `name` into `dir`.
+    pub(crate) fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
+        let path = dir.join(name);
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    }
+
+    /// Issue 27 F5: the job's name (`x JobState=PENDING`) is printed before
+    /// its state in `scontrol show job -o`; the state comes from squeue's
+    /// `%T` alone, which holds no user text, whatever scontrol would show.
     #[test]
     fn a_job_has_ended_in_a_final_state_or_once_slurm_forgot_it_and_an_error_is_no_answer() {
         let dir = tempfile::tempdir().unwrap();
-        let script = dir.path().join("scontrol");
-        let cases: [(&str, Option<bool>); 6] = [
-            ("echo 'JobId=7 JobName=x JobState=CANCELLED Reason=None'", Some(true)),
-            ("echo 'JobId=7 JobName=x JobState=COMPLETED Reason=None'", Some(true)),
-            ("echo 'JobId=7 JobName=x JobState=PENDING Reason=BeginTime'", Some(false)),
-            ("echo 'JobId=7 JobName=x JobState=RUNNING Reason=None'", Some(false)),
+        let hostile = "echo 'JobId=7 JobName=x JobState=PENDING Comment=JobState=RUNNING JobState=CANCELLED Reason=None'";
+        let scontrol = script(dir.path(), "scontrol", hostile);
+        let cases: [(&str, Option<bool>); 10] = [
+            ("echo CANCELLED", Some(true)),
+            ("echo COMPLETED", Some(true)),
+            ("echo PREEMPTED", Some(true)),
+            ("echo PENDING", Some(false)),
+            ("echo RUNNING", Some(false)),
+            // An array's tasks: ended once every one has.
+            ("printf 'COMPLETED\nRUNNING\n'", Some(false)),
+            ("printf 'COMPLETED\nFAILED\n'", Some(true)),
+            // Purged after MinJobAge: squeue's error, or nothing at all.
             ("echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1", Some(true)),
+            ("exit 0", Some(true)),
             ("echo 'slurm_load_jobs error: Unable to contact slurm controller' >&2; exit 1", None),
         ];
         for (body, want) in cases {
-            std::fs::write(&script, format!("#!/bin/sh\n{body}\n")).unwrap();
-            std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-            assert_eq!(Scontrol::new(&script).job_has_ended(7).ok(), want, "{body}");
+            script(dir.path(), "squeue", &format!("echo \"$*\" > {}/argv\n{body}", dir.path().display()));
+            assert_eq!(Scontrol::new(&scontrol).job_has_ended(7).ok(), want, "{body}");
+            assert_eq!(std::fs::read_to_string(dir.path().join("argv")).unwrap(), "-h -t all -j 7 -o %T\n");
         }
     }
 

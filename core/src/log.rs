@@ -101,6 +101,13 @@ impl FinishedLine {
     }
 }
 
+/// `text` with control characters written as escapes (`\n`, `\r`,
+/// `\u{1b}`, `\u{7f}`, `\u{9b}`): C0, DEL and C1, so that text from a file
+/// or a user stays one line and sends no sequence to a terminal.
+pub fn printable(text: &str) -> String {
+    text.chars().map(|c| if c.is_control() { c.escape_debug().to_string() } else { c.to_string() }).collect()
+}
+
 /// Writes one line to stderr and ignores failure: slurmd may have closed the
 /// pipe, and `eprintln!` would panic on EPIPE (exit 101, a "Prolog error"
 /// drain). Logging must never fail a hook.

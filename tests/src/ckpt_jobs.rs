@@ -234,10 +234,15 @@ pub fn assert_images_removed(c: &Cluster, job: u32) {
 }
 
 
-/// The job's AdminComment as `scontrol show job` prints it (empty if none).
+/// The job's AdminComment as the agent reads it: squeue printing that field
+/// alone (empty if none).
 pub fn admin_comment(c: &Cluster, job: u32) -> String {
-    let info = c.job_info(job).unwrap();
-    gpu_mode_core::preempt::accounting::show_job_value(&info.raw, "AdminComment").unwrap().unwrap_or_default()
+    use gpu_mode_core::preempt::accounting::{squeue_value, AccountingField};
+    let format = AccountingField::AdminComment.squeue_format().unwrap();
+    let out = c.client("squeue", &["-h", "-t", "all", "-j", &job.to_string(), "-O", &format]).run_as_root().unwrap();
+    assert!(out.status.success(), "squeue: {}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect();
+    squeue_value(&lines).unwrap()
 }
 
 /// The checkpoint/restore events the agent recorded in the job's

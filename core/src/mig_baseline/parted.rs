@@ -106,13 +106,10 @@ pub fn parse(text: &str, file: &str, name: &str) -> Result<Baseline, String> {
     parse_spec(text, file, name).map_err(|e| printable(&e))
 }
 
-/// `text` with control characters written as escapes (`\n`, `\u{7}`):
-/// messages quote names, keys and values from the file, and one from a
+/// Messages quote names, keys and values from the file, and one from a
 /// root helper at boot must stay one line (found by the mig_parted fuzz
 /// target: a device-filter spanning lines gave a message spanning lines).
-pub fn printable(text: &str) -> String {
-    text.chars().map(|c| if c.is_control() { c.escape_debug().to_string() } else { c.to_string() }).collect()
-}
+pub use crate::log::printable;
 
 fn parse_spec(text: &str, file: &str, name: &str) -> Result<Baseline, String> {
     let spec = read_spec(text, file)?;

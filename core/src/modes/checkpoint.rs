@@ -209,7 +209,7 @@ mod tests {
     use super::*;
 
     /// Security review (issue 18), S3: every job with an image costs the
-    /// sweep an `scontrol` call, in every checkpoint job's epilog. A user's
+    /// sweep a Slurm query (squeue), in every checkpoint job's epilog. A user's
     /// many requeued jobs waiting with images (or a slow slurmctld) must not
     /// run the epilog into its watchdog: the queries stop at their budget.
     #[test]
@@ -220,12 +220,13 @@ mod tests {
         cfg.checkpoint.image_dir = dir.path().join("images");
         cfg.checkpoint.images_max_gib = 0;
         cfg.checkpoint.images_max_age_hours = 0;
-        let scontrol = dir.path().join("scontrol");
+        // The state comes from squeue beside scontrol (`-o %T`, issue 27 F5).
+        let squeue = dir.path().join("squeue");
         let state = dir.path().join("state");
         std::fs::write(&state, "PENDING").unwrap();
-        std::fs::write(&scontrol, format!("#!/bin/sh\nsleep 0.2\necho \"JobId=$4 JobState=$(cat {})\"\n", state.display())).unwrap();
-        std::fs::set_permissions(&scontrol, std::fs::Permissions::from_mode(0o755)).unwrap();
-        cfg.slurm.scontrol = scontrol;
+        std::fs::write(&squeue, format!("#!/bin/sh\nsleep 0.2\ncat {}\n", state.display())).unwrap();
+        std::fs::set_permissions(&squeue, std::fs::Permissions::from_mode(0o755)).unwrap();
+        cfg.slurm.scontrol = dir.path().join("scontrol");
         let store = ImageStore::new(&cfg.checkpoint.image_dir);
         for job in 1..=20 {
             std::fs::write(store.prepare_run(job, 0).unwrap().join("pages-1.img"), b"x").unwrap();

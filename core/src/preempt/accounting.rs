@@ -21,8 +21,12 @@
 //! this job checkpointed" stays answerable. When the site's text leaves no
 //! room even for that, nothing is written (the site's text wins).
 //!
-//! Reading and writing the field is two scontrol calls (show, then update),
-//! not atomic: a site that changes the same field in the very same moment
+//! The field is read with squeue, which prints it alone
+//! ([`job_value`]): `scontrol show job` prints the user's JobName, Command,
+//! WorkDir and SubmitLine raw before it, and a name holding
+//! `\nAdminComment=...` was once read as the admin's text (issue 27 F2).
+//! Reading and writing the field is two calls (squeue, then scontrol
+//! update), not atomic: a site that changes the same field in the very same moment
 //! may lose one of the two writes. Comment is the job owner's to change, so
 //! a record there is only as trustworthy as the user; AdminComment is not.
 
@@ -253,33 +257,57 @@ pub fn merge(current: &str, event: &Event) -> Result<String, String> {
     Ok(if site.is_empty() { section.text() } else { format!("{site} {}", section.text()) })
 }
 
-/// The value of `key` in `scontrol show job J` (not `-o`): Slurm prints it
-/// on a line of its own, `   AdminComment=<value> ` (22.05 to 24.11 add a
-/// blank). `Ok(None)`: the job has no such value. A value that runs over
-/// several lines cannot be told from the next key: an error, so that an
-/// update never rewrites what it could not read whole.
-pub fn show_job_value(show_job: &str, key: &str) -> Result<Option<String>, String> {
-    let prefix = format!("{key}=");
-    let mut lines = show_job.lines();
-    while let Some(line) = lines.next() {
-        let Some(value) = line.trim_start().strip_prefix(&prefix) else { continue };
-        let next_is_a_key = lines.next().is_none_or(|l| {
-            let l = l.trim_start();
-            l.is_empty() || l.split_once('=').is_some_and(|(k, _)| !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '/' || c == ':'))
-        });
-        if !next_is_a_key {
-            return Err(format!("the job's {key} spans several lines: left as it is"));
-        }
-        return Ok(Some(value.strip_suffix(' ').unwrap_or(value).to_string()));
+/// The width squeue is asked to print a field in (`-O <field>:<width>`):
+/// it cuts a value there, so a value this long may have been cut.
+const SQUEUE_WIDTH: usize = 8 * FIELD_LIMIT;
+
+impl AccountingField {
+    /// squeue's `-O` item that prints this field alone, so that no field of
+    /// the user's is printed ahead of it (issue 27 F2).
+    pub fn squeue_format(self) -> Option<String> {
+        let name = match self {
+            AccountingField::AdminComment => "admin_comment",
+            AccountingField::Comment => "Comment",
+            AccountingField::Off => return None,
+        };
+        Some(format!("{name}:{SQUEUE_WIDTH}"))
     }
-    Ok(None)
+}
+
+/// The field's value from what squeue printed for one job id (no header,
+/// [`AccountingField::squeue_format`]): exactly one line, the value padded
+/// with blanks (trailing blanks are dropped); an unset field is `(null)`.
+/// Several lines (an array's tasks, or a value holding a newline: which is
+/// which cannot be told), none, or a value that may have been cut at the
+/// width are errors, so that an update never rewrites what was not read
+/// whole. The value may hold anything (`AdminComment=`, `JobState=`):
+/// squeue printed nothing else.
+pub fn squeue_value(lines: &[String]) -> Result<String, String> {
+    let [line] = lines else {
+        return Err(format!("squeue printed {} lines for the job, not one: left as it is", lines.len()));
+    };
+    let value = line.trim_end_matches(' ');
+    if value.len() >= SQUEUE_WIDTH {
+        return Err(format!("the value may run past squeue's {SQUEUE_WIDTH} bytes: left as it is"));
+    }
+    Ok(if value == "(null)" { String::new() } else { value.to_string() })
+}
+
+/// Job `job`'s `field` as Slurm holds it, read through squeue next to
+/// `scontrol` ([`Scontrol::job_field`]), never from `scontrol show job`,
+/// whose user fields come first and may hold `\nAdminComment=...`.
+pub fn job_value(scontrol: &Scontrol, field: AccountingField, job: u32) -> Result<String, String> {
+    let Some(format) = field.squeue_format() else { return Ok(String::new()) };
+    match scontrol.job_field(job, &["-O", &format]).map_err(|e| e.to_string())? {
+        Some(lines) => squeue_value(&lines),
+        None => Err(format!("Slurm no longer knows job {job}: left as it is")),
+    }
 }
 
 /// Adds `event` to job `job`'s `field` through scontrol (as root).
 pub fn record(scontrol: &Scontrol, field: AccountingField, job: u32, event: &Event) -> Result<(), String> {
     let Some(key) = field.slurm_key() else { return Ok(()) };
-    let shown = scontrol.show_job(job).map_err(|e| e.to_string())?;
-    let current = show_job_value(&shown, key)?.unwrap_or_default();
+    let current = job_value(scontrol, field, job)?;
     let value = merge(&current, event)?;
     scontrol.update_job(job, key, &value).map_err(|e| e.to_string())
 }
@@ -372,32 +400,94 @@ mod tests {
     const SHOW_JOB: &str = "JobId=7 JobName=t\n   WorkDir=/tmp\n   AdminComment=ticket 1 a=b gpu-mode{ckpt=r0@n1:1.0s} \n   Comment=mine \n   StdErr=/tmp/x\n";
 
     #[test]
-    fn the_value_is_read_from_its_own_line_of_show_job() {
-        assert_eq!(show_job_value(SHOW_JOB, "AdminComment").unwrap().as_deref(), Some("ticket 1 a=b gpu-mode{ckpt=r0@n1:1.0s}"));
-        assert_eq!(show_job_value(SHOW_JOB, "Comment").unwrap().as_deref(), Some("mine"));
-        assert_eq!(show_job_value("JobId=7\n   WorkDir=/tmp\n", "AdminComment").unwrap(), None);
-        // 25.11 prints no trailing blank; the last line has no next key.
-        assert_eq!(show_job_value("JobId=7\n   AdminComment=x y\n", "AdminComment").unwrap().as_deref(), Some("x y"));
-        let err = show_job_value("JobId=7\n   AdminComment=line one\nline two\n   StdErr=/x\n", "AdminComment").unwrap_err();
-        assert!(err.contains("spans several lines"), "{err}");
+    fn the_value_is_squeues_one_line_whole() {
+        let lines = |t: &str| t.lines().map(str::to_string).collect::<Vec<_>>();
+        let cases: [(&str, Result<&str, &str>); 7] = [
+            ("ticket 1 a=b gpu-mode{ckpt=r0@n1:1.0s}      \n", Ok("ticket 1 a=b gpu-mode{ckpt=r0@n1:1.0s}")),
+            ("AdminComment=x JobState=PENDING  \n", Ok("AdminComment=x JobState=PENDING")),
+            ("(null)              \n", Ok("")),
+            ("                    \n", Ok("")),
+            ("", Err("0 lines")),
+            ("line one\nline two\n", Err("2 lines")),
+            ("a\nb\nc\n", Err("3 lines")),
+        ];
+        for (text, want) in cases {
+            let got = squeue_value(&lines(text));
+            match want {
+                Ok(v) => assert_eq!(got.as_deref(), Ok(v), "{text:?}"),
+                Err(e) => assert!(got.as_ref().is_err_and(|g| g.contains(e) && g.contains("left as it is")), "{text:?}: {got:?}"),
+            }
+        }
+        let err = squeue_value(&[format!("{} ", "x".repeat(SQUEUE_WIDTH))]).unwrap_err();
+        assert!(err.contains("may run past"), "{err}");
+    }
+
+    /// Any read that is not one whole value writes nothing.
+    #[test]
+    fn a_failed_or_ambiguous_read_writes_nothing() {
+        let cases = [
+            "echo 'slurm_load_jobs error: Unable to contact slurm controller' >&2; exit 1",
+            "echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1",
+            "exit 0",
+            "printf 'ticket 1\\nticket 2\\n'",
+            "sleep 5",
+        ];
+        for squeue in cases {
+            let dir = tempfile::tempdir().unwrap();
+            let (s, log) = fake_slurm(dir.path(), SHOW_JOB, squeue, 0);
+            let s = s.with_timeout(std::time::Duration::from_millis(300));
+            assert!(record(&s, AccountingField::AdminComment, 7, &restore(1, "n2", 5.2)).is_err(), "{squeue}");
+            assert!(!log.exists(), "{squeue}: nothing may be written");
+        }
+    }
+
+    /// Slurm's record of job 7 as squeue prints each field alone (padded).
+    const SQUEUE: &str = "case \"$*\" in\n\
+        *admin_comment:*) printf '%-30s\\n' 'ticket 1 a=b gpu-mode{ckpt=r0@n1:1.0s}';;\n\
+        *Comment:*) printf '%-30s\\n' mine;;\n\
+        *) exit 9;;\nesac";
+
+    /// A stand-in scontrol that shows `show` and records each update's
+    /// argv, and beside it a squeue running `squeue` (a shell body).
+    fn fake_slurm(dir: &std::path::Path, show: &str, squeue: &str, update_exit: i32) -> (Scontrol, std::path::PathBuf) {
+        let log = dir.join("argv");
+        std::fs::write(dir.join("show"), show).unwrap();
+        let body = format!(
+            "if [ \"$1\" = show ]; then cat {show}; exit 0; fi\nfor a in \"$@\"; do echo \"$a\"; done >> {log}\nexit {update_exit}",
+            show = dir.join("show").display(),
+            log = log.display()
+        );
+        crate::drain::tests::script(dir, "squeue", squeue);
+        (Scontrol::new(&crate::drain::tests::script(dir, "scontrol", &body)), log)
     }
 
     fn fake_scontrol(dir: &std::path::Path, show: &str, update_exit: i32) -> (Scontrol, std::path::PathBuf) {
-        use std::os::unix::fs::PermissionsExt;
-        let log = dir.join("argv");
-        let script = dir.join("scontrol");
-        std::fs::write(dir.join("show"), show).unwrap();
-        std::fs::write(
-            &script,
-            format!(
-                "#!/bin/sh\nif [ \"$1\" = show ]; then cat {show}; exit 0; fi\nfor a in \"$@\"; do echo \"$a\"; done >> {log}\nexit {update_exit}\n",
-                show = dir.join("show").display(),
-                log = log.display()
-            ),
-        )
-        .unwrap();
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-        (Scontrol::new(&script), log)
+        fake_slurm(dir, show, SQUEUE, update_exit)
+    }
+
+    /// Issue 27 F2: `scontrol show job` prints the user's JobName, Comment,
+    /// WorkDir, Command and SubmitLine raw, before AdminComment; a name with
+    /// a newline and `AdminComment=` in it must never be what root writes
+    /// back into the admin's field (dropping the site's text).
+    #[test]
+    fn the_users_fields_are_never_taken_for_the_admin_comment() {
+        let real = "   AdminComment=ticket 1 a=b gpu-mode{ckpt=r0@n1:1.0s} \n   Comment=mine \n";
+        let hostile = [
+            "JobId=7 JobName=train\nAdminComment=billing=free\n   JobState=RUNNING\n",
+            "JobId=7 JobName=x\n   Comment=c\nAdminComment=billing=free JobState=COMPLETED\n   WorkDir=/tmp\n",
+            "JobId=7 JobName=x\n   WorkDir=/home/u/\nAdminComment=billing=free\n   StdErr=/x\n",
+            "JobId=7 JobName=x\n   Command=/bin/sleep\n   SubmitLine=sbatch -J $'\nAdminComment=billing=free'\n   WorkDir=/tmp\n",
+        ];
+        for show in hostile {
+            let dir = tempfile::tempdir().unwrap();
+            let (s, log) = fake_scontrol(dir.path(), &format!("{show}{real}"), 0);
+            record(&s, AccountingField::AdminComment, 7, &restore(1, "n2", 5.2)).unwrap();
+            assert_eq!(
+                std::fs::read_to_string(&log).unwrap(),
+                "update\nJobId=7\nAdminComment=ticket 1 a=b gpu-mode{ckpt=r0@n1:1.0s;restore=r1@n2:5.2s}\n",
+                "{show:?}"
+            );
+        }
     }
 
     #[test]

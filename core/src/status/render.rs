@@ -1,37 +1,42 @@
 //! The status as one screen of text, or as JSON (schema: docs/admin.md).
 
 use super::StatusReport;
-use std::fmt::Write as _;
+use crate::log::printable;
+use std::fmt::Arguments;
 
 impl StatusReport {
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\": \"cannot serialize: {e}\"}}")) + "\n"
     }
 
+    /// One screen of text for the admin's terminal. The job's user wrote
+    /// some of it (a refused mode value, paths in restore refusals): every
+    /// line goes through [`put`], so no control character reaches the
+    /// terminal and no value spans lines (issue 27 F4).
     pub fn to_table(&self) -> String {
         let mut s = String::new();
         let node = self.node.as_deref().unwrap_or("(unknown node)");
         let verdict = if self.healthy { "OK".to_string() } else { format!("NEEDS THE ADMIN ({} problem(s))", self.records.problems.len()) };
-        let _ = writeln!(s, "gpu-mode status of {node}: {verdict}");
-        let _ = match (&self.slurm, &self.slurm_error) {
-            (Some(n), _) if n.reason.is_empty() => writeln!(s, "slurm: {}", n.state),
-            (Some(n), _) => writeln!(s, "slurm: {} ({})", n.state, n.reason),
+        put(&mut s, format_args!("gpu-mode status of {node}: {verdict}"));
+        match (&self.slurm, &self.slurm_error) {
+            (Some(n), _) if n.reason.is_empty() => put(&mut s, format_args!("slurm: {}", n.state)),
+            (Some(n), _) => put(&mut s, format_args!("slurm: {} ({})", n.state, n.reason)),
             // scontrol's last line says why (the first ones are its retries).
-            (None, Some(e)) => writeln!(s, "slurm: unknown: {}", e.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or(e)),
-            (None, None) => Ok(()),
-        };
-        let _ = match &self.records.last_drain {
-            Some(d) => writeln!(s, "last drain we set: {} ({})", d.reason, ago(d.unix, crate::persist::now_unix())),
-            None => writeln!(s, "last drain we set: none since boot"),
-        };
+            (None, Some(e)) => put(&mut s, format_args!("slurm: unknown: {}", e.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or(e))),
+            (None, None) => {}
+        }
+        match &self.records.last_drain {
+            Some(d) => put(&mut s, format_args!("last drain we set: {} ({})", d.reason, ago(d.unix, crate::persist::now_unix()))),
+            None => put(&mut s, format_args!("last drain we set: none since boot")),
+        }
         self.gpu_section(&mut s);
         self.record_sections(&mut s);
-        let _ = writeln!(s, "\nPROBLEMS");
+        title(&mut s, "PROBLEMS");
         if self.records.problems.is_empty() {
-            let _ = writeln!(s, "  (none)");
+            put(&mut s, format_args!("  (none)"));
         }
         for p in &self.records.problems {
-            let _ = writeln!(s, "  - {p}");
+            put(&mut s, format_args!("  - {p}"));
         }
         s
     }
@@ -55,7 +60,7 @@ impl StatusReport {
             .collect();
         section(s, "GPUS", &["GPU", "NAME", "UUID", "COMPUTE", "MIG", "JOBS"], rows);
         if let Some(e) = &self.gpu_error {
-            let _ = writeln!(s, "  NVML: {e}");
+            put(s, format_args!("  NVML: {e}"));
         }
     }
 
@@ -94,21 +99,35 @@ impl StatusReport {
     }
 }
 
-/// A titled table with aligned columns, or `(none)`.
-fn section(s: &mut String, title: &str, header: &[&str], rows: Vec<Vec<String>>) {
-    let _ = writeln!(s, "\n{title}");
+/// One line of the table: control characters escaped, then a newline.
+fn put(s: &mut String, line: Arguments) {
+    s.push_str(&printable(&line.to_string()));
+    s.push('\n');
+}
+
+/// A blank line, then a section's title.
+fn title(s: &mut String, title: &str) {
+    put(s, format_args!(""));
+    put(s, format_args!("{title}"));
+}
+
+/// A titled table with aligned columns, or `(none)`. Cells are escaped
+/// before the columns are measured, so that they stay aligned.
+fn section(s: &mut String, name: &str, header: &[&str], rows: Vec<Vec<String>>) {
+    title(s, name);
     if rows.is_empty() {
-        let _ = writeln!(s, "  (none)");
+        put(s, format_args!("  (none)"));
         return;
     }
+    let rows: Vec<Vec<String>> = rows.iter().map(|r| r.iter().map(|c| printable(c)).collect()).collect();
     let widths: Vec<usize> = (0..header.len()).map(|c| rows.iter().map(|r| r[c].len()).chain([header[c].len()]).max().unwrap_or(0)).collect();
     let line = |cells: Vec<&str>| {
         let padded: Vec<String> = cells.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
         format!("  {}", padded.join("  ").trim_end())
     };
-    let _ = writeln!(s, "{}", line(header.to_vec()));
+    put(s, format_args!("{}", line(header.to_vec())));
     for r in &rows {
-        let _ = writeln!(s, "{}", line(r.iter().map(String::as_str).collect()));
+        put(s, format_args!("{}", line(r.iter().map(String::as_str).collect())));
     }
 }
 

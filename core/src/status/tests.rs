@@ -85,3 +85,52 @@ fn the_json_has_every_section() {
     }
     assert_eq!(v["slurm"]["drained_by_us"], false);
 }
+
+/// [`busy`] with `text` in every field a user's text can reach.
+fn with_user_text(text: &str) -> StatusReport {
+    let mut r = busy();
+    r.records.jobs[0].mode = text.into();
+    r.records.jobs[0].refusal = Some(format!("mode {text:?}... {text}"));
+    r.records.jobs[0].user = text.into();
+    r.records.images.push(super::records::ImageRow {
+        job: 5,
+        run: 0,
+        state: text.into(),
+        bytes: 1,
+        kept_because: vec![format!("restore refused: /home/u/{text}/ckpt")],
+    });
+    r.records.problems.push(format!("job 5: {text}"));
+    r.records.last_drain.as_mut().unwrap().reason = text.into();
+    r.slurm.as_mut().unwrap().reason = text.into();
+    r.gpu_error = Some(text.into());
+    r
+}
+
+/// Issue 27 F4: a refused `--gpu-mode` value is kept raw and restore
+/// refusals quote the user's paths; the table goes to the admin's terminal,
+/// so no control character of theirs reaches it: ESC (colours, cursor
+/// moves), OSC 52 (writes the admin's clipboard), CR (overwrites a line),
+/// a newline (forges a row), DEL and C1's CSI (U+009B) are written as
+/// escapes, and every record stays on its own line.
+#[test]
+fn user_text_in_the_table_cannot_reach_the_terminal_as_control_characters() {
+    let hostile = [
+        ("ESC", "\u{1b}[2J\u{1b}[31m", "\\u{1b}[2J\\u{1b}[31m"),
+        ("OSC 52", "\u{1b}]52;c;cm0gLXJmIH4=\u{7}", "\\u{1b}]52;c;cm0gLXJmIH4=\\u{7}"),
+        ("CR", "mps\rOK  ", "mps\\rOK  "),
+        ("newline", "x\n  7    bob  mps  ready", "x\\n  7    bob  mps  ready"),
+        ("DEL", "a\u{7f}b", "a\\u{7f}b"),
+        ("C1 CSI", "\u{9b}2J", "\\u{9b}2J"),
+    ];
+    let clean = with_user_text("plain").to_table();
+    for (name, text, shown) in hostile {
+        let r = with_user_text(text);
+        let t = r.to_table();
+        let bad: Vec<char> = t.chars().filter(|c| c.is_control() && *c != '\n').collect();
+        assert!(bad.is_empty(), "{name}: {bad:?} reach the terminal in\n{t}");
+        for row in [format!("restore refused: /home/u/{shown}/ckpt"), format!("job 5: {shown}"), format!("last drain we set: {shown} (")] {
+            assert!(t.contains(&row), "{name}: {row:?} missing in\n{t}");
+        }
+        assert_eq!(t.lines().count(), clean.lines().count(), "{name}: a forged line in\n{t}");
+    }
+}
