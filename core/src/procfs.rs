@@ -108,6 +108,19 @@ pub fn exe(pid: i32) -> Option<std::path::PathBuf> {
     std::fs::read_link(format!("/proc/{pid}/exe")).ok()
 }
 
+/// Each descriptor in `fd_dir` (`/proc/<pid>/fd`) and what its link names
+/// (`/dev/nvidia0`, `socket:[123]`, `anon_inode:[io_uring]`). A descriptor
+/// closed while the directory is read is left out. The listing's own
+/// descriptor, when a process reads its own, is closed on return: a caller
+/// that reads more of each descriptor afterwards (held.rs, its flags) walks
+/// the directory itself.
+pub fn fd_links(fd_dir: &Path) -> std::io::Result<Vec<(String, String)>> {
+    Ok(std::fs::read_dir(fd_dir)?
+        .flatten()
+        .filter_map(|e| Some((e.file_name().to_string_lossy().into_owned(), std::fs::read_link(e.path()).ok()?.to_string_lossy().into_owned())))
+        .collect())
+}
+
 /// The value of `name` in a process's environment (root can read any).
 pub fn environ_var(pid: i32, name: &str) -> Option<String> {
     let data = std::fs::read(format!("/proc/{pid}/environ")).ok()?;

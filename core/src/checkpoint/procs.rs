@@ -139,12 +139,10 @@ impl ProcessHost for ProcFs {
     fn nvidia_files(&self, pid: i32) -> Result<Vec<NvidiaFile>, String> {
         let dir = self.root.join(pid.to_string());
         let mut found = Vec::new();
-        let fds = std::fs::read_dir(dir.join("fd")).map_err(|e| format!("cannot read {}: {e}", dir.join("fd").display()))?;
-        for entry in fds.flatten() {
-            let Ok(target) = std::fs::read_link(entry.path()) else { continue };
-            let target = target.to_string_lossy().into_owned();
+        let fds = crate::procfs::fd_links(&dir.join("fd")).map_err(|e| format!("cannot read {}: {e}", dir.join("fd").display()))?;
+        for (fd, target) in fds {
             if is_device_path(&target, &self.device_prefixes) {
-                found.push(NvidiaFile { how: format!("fd {}", entry.file_name().to_string_lossy()), path: target });
+                found.push(NvidiaFile { how: format!("fd {fd}"), path: target });
             }
         }
         let maps = std::fs::read(dir.join("maps")).map_err(|e| format!("cannot read {}: {e}", dir.join("maps").display()))?;

@@ -42,7 +42,7 @@ use serde::{Deserialize, Serialize};
 use std::ffi::CString;
 use std::fs::File;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::time::Duration;
 
@@ -183,15 +183,9 @@ fn add_alias(p: &mut Planned, alias: String, entries: &[(String, u64)], r: &ShmR
 pub fn collect_refs(pids: &[i32]) -> Result<Vec<ShmRef>, String> {
     let mut out = Vec::new();
     for &pid in pids {
-        if let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) {
-            for entry in dir.flatten() {
-                let Ok(link) = std::fs::read_link(entry.path()) else { continue };
-                let link = link.to_string_lossy().into_owned();
-                if link.starts_with(SHM_DIR) {
-                    let fd = entry.file_name().to_string_lossy().into_owned();
-                    out.extend(reference(pid, format!("fd {fd}"), link, format!("/proc/{pid}/fd/{fd}")));
-                }
-            }
+        let links = crate::procfs::fd_links(Path::new(&format!("/proc/{pid}/fd"))).unwrap_or_default();
+        for (fd, link) in links.into_iter().filter(|(_, link)| link.starts_with(SHM_DIR)) {
+            out.extend(reference(pid, format!("fd {fd}"), link, format!("/proc/{pid}/fd/{fd}")));
         }
         let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(|e| format!("cannot read pid {pid}'s mappings: {e}"))?;
         for line in maps.lines().filter(|l| l.contains(" /dev/shm/")) {
@@ -353,12 +347,16 @@ fn run_ops(dir: &OwnedFd, ops: &[Op], who: &Identity, stop: bool) -> Result<Opti
     Ok(got.map(|(i, e)| (i as usize, e)))
 }
 
-fn op_name(op: &Op) -> String {
-    let n = match op {
+/// The name a step makes or removes.
+fn op_target(op: &Op) -> &CString {
+    match op {
         Op::Create { name, .. } | Op::Unlink { name, .. } => name,
         Op::Link { to, .. } => to,
-    };
-    format!("{SHM_DIR}{}", n.to_string_lossy())
+    }
+}
+
+fn op_name(op: &Op) -> String {
+    format!("{SHM_DIR}{}", op_target(op).to_string_lossy())
 }
 
 /// A dump's carried objects, between the stage and the end of CRIU's dump.
@@ -418,10 +416,11 @@ impl Staged {
             let image = format!("shm-{i}.img");
             let content = read_all(file, p.bytes).map_err(|e| format!("cannot read {}{}: {e}", SHM_DIR, p.names[0]))?;
             let path = run.join(&image);
+            // create_new: never over an existing file or through a symlink.
             let mut f = std::fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)
-                .custom_flags_nofollow()
+                .mode(0o600)
                 .open(&path)
                 .map_err(|e| format!("{}: {e}", path.display()))?;
             std::io::Write::write_all(&mut f, &content).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -474,24 +473,14 @@ fn read_all(file: &File, bytes: u64) -> std::io::Result<Vec<u8>> {
     Ok(buf)
 }
 
-trait NoFollow {
-    fn custom_flags_nofollow(&mut self) -> &mut Self;
-}
-
-impl NoFollow for std::fs::OpenOptions {
-    fn custom_flags_nofollow(&mut self) -> &mut Self {
-        use std::os::unix::fs::OpenOptionsExt;
-        self.custom_flags(libc::O_NOFOLLOW).mode(0o600)
-    }
-}
-
 /// The objects of an image made again for a restore. Dropped without
 /// [`Recreated::keep`] (a failed restore), every name made is removed.
 pub struct Recreated {
     dir: OwnedFd,
     who: Identity,
-    /// (name, inode) of everything made: names first, aliases after.
-    made: Vec<(String, u64, bool)>,
+    /// (name, inode) of everything made: names first, aliases (the names
+    /// ending in ` (deleted)`) after.
+    made: Vec<(String, u64)>,
     armed: bool,
 }
 
@@ -520,11 +509,10 @@ pub fn recreate(objects: &[ShmObject], run: &Path, pid: i32, who: &Identity) -> 
     let failed = run_ops(&done.dir, &ops, who, true)?;
     let made = failed.map_or(ops.len(), |(i, _)| i);
     for op in &ops[..made] {
-        let name = op_name(op)[SHM_DIR.len()..].to_string();
-        let alias = name.ends_with(DELETED);
+        let name = op_target(op).to_string_lossy().into_owned();
         let flags = nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW;
         let ino = nix::sys::stat::fstatat(&done.dir, name.as_str(), flags).map(|s| s.st_ino).unwrap_or(0);
-        done.made.push((name, ino, alias));
+        done.made.push((name, ino));
     }
     if let Some((i, e)) = failed {
         let why = if e == libc::EEXIST {
@@ -560,8 +548,8 @@ impl Recreated {
         let ops: Vec<Op> = self
             .made
             .iter()
-            .filter(|(_, _, alias)| *alias || !aliases_only)
-            .filter_map(|(n, ino, _)| Some(Op::Unlink { name: cstr(n).ok()?, ino: *ino }))
+            .filter(|(n, _)| n.ends_with(DELETED) || !aliases_only)
+            .filter_map(|(n, ino)| Some(Op::Unlink { name: cstr(n).ok()?, ino: *ino }))
             .collect();
         let _ = run_ops(&self.dir, &ops, &self.who, false);
     }

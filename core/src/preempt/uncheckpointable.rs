@@ -61,13 +61,7 @@ pub fn refuse(pids: &[i32], driver_version: &str) -> Result<(), String> {
         }
     }
     for &pid in pids {
-        let links: Vec<(String, String)> = std::fs::read_dir(format!("/proc/{pid}/fd"))
-            .map(|d| {
-                d.flatten()
-                    .filter_map(|e| Some((e.file_name().to_string_lossy().into_owned(), std::fs::read_link(e.path()).ok()?.to_string_lossy().into_owned())))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let links = crate::procfs::fd_links(std::path::Path::new(&format!("/proc/{pid}/fd"))).unwrap_or_default();
         let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
         if let Some(what) = io_uring_in(&links, &maps) {
             return Err(format!(
