@@ -11,6 +11,12 @@
 # check its SHA-256, install bookworm's build dependencies and build only the
 # criu binary (~1 min on 2 cores). Field notes section 8.
 #
+# Patches: every packaging/criu/*.patch is applied before the build (each
+# says why in its header; today one, so that an unprivileged restore works
+# where the node's tasks lack a capability, as in containers without
+# CAP_SYS_RESOURCE). The installed tree records them in PATCHES (name and
+# SHA-256); a criu installed without exactly these is rebuilt.
+#
 #   scripts/install-criu.sh                      fetch, build, install (root, Debian/Ubuntu with apt)
 #   scripts/install-criu.sh --bundle DIR         also copy the installed tree to DIR (e.g. .dev-carry/criu)
 #   scripts/install-criu.sh --from DIR           install a bundle made by --bundle (no apt, no build:
@@ -30,9 +36,11 @@ CRIU_ORIG=criu_${CRIU_VERSION}.orig.tar.xz
 CRIU_SHA256=f80a66cb3726bb2116266d4759ce3bcbfab7abdb6b6d430bf20dd41911717afe
 BUILD_DEPS="build-essential pkg-config libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler protobuf-compiler
  python3-protobuf libnl-3-dev libnet1-dev libcap-dev libbsd-dev uuid-dev libnftables-dev libgnutls28-dev
- libaio-dev patchelf xz-utils ca-certificates"
+ libaio-dev patchelf patch xz-utils ca-certificates"
 # The C library itself comes from the target machine, never from the bundle.
 GLIBC_LIBS='^(linux-vdso|ld-linux|libc|libm|libdl|libpthread|librt|libresolv)\.so'
+
+PATCH_DIR=$(cd "$(dirname "$0")/.." && pwd)/packaging/criu
 
 PREFIX=/opt/slurm-gpu-mode/criu
 BUNDLE=""
@@ -58,11 +66,20 @@ criu_major() {
     "$1" --version 2>/dev/null | sed -n 's/^Version: *\([0-9][0-9]*\)\..*/\1/p'
 }
 
-# A criu is "working" when it is 4 or newer and `criu check` passes.
+# The patches this script applies, one "sha256  name" line each.
+expected_patches() {
+    for p in "$PATCH_DIR"/*.patch; do
+        [ -f "$p" ] && (cd "$PATCH_DIR" && sha256sum "$(basename "$p")")
+    done
+}
+
+# A criu is "working" when it is 4 or newer, `criu check` passes, and it was
+# built with exactly this script's patches.
 working() {
     [ -x "$1" ] || return 1
     major=$(criu_major "$1")
-    [ -n "$major" ] && [ "$major" -ge 4 ] && "$1" check >/dev/null 2>&1
+    [ -n "$major" ] && [ "$major" -ge 4 ] && "$1" check >/dev/null 2>&1 || return 1
+    [ "$(cat "$(dirname "$1")/../PATCHES" 2>/dev/null)" = "$(expected_patches)" ]
 }
 
 link_sbin() {
@@ -74,7 +91,7 @@ make_bundle() {
     [ -n "$BUNDLE" ] || return 0
     rm -rf "$BUNDLE"
     mkdir -p "$BUNDLE"
-    cp -a "$PREFIX/bin" "$PREFIX/lib" "$BUNDLE/"
+    cp -a "$PREFIX/bin" "$PREFIX/lib" "$PREFIX/PATCHES" "$BUNDLE/"
     say "bundle in $BUNDLE ($(du -sh "$BUNDLE" | cut -f1)): on the target run $0 --from $BUNDLE"
 }
 
@@ -84,6 +101,7 @@ if [ -n "$FROM" ]; then
     rm -rf "$PREFIX.new"
     mkdir -p "$PREFIX.new"
     cp -a "$FROM/bin" "$FROM/lib" "$PREFIX.new/"
+    cp "$FROM/PATCHES" "$PREFIX.new/PATCHES" 2>/dev/null || say "warning: $FROM has no PATCHES list (a bundle of an unpatched criu)"
     rm -rf "$PREFIX"
     mv "$PREFIX.new" "$PREFIX"
     link_sbin
@@ -136,6 +154,12 @@ fi
 tar -C "$work" -xJf "$work/src/$CRIU_ORIG"
 srcdir=$(find "$work" -maxdepth 1 -type d -name 'criu-*' | head -1)
 [ -n "$srcdir" ] || die "no criu-* directory in $CRIU_ORIG"
+[ -d "$PATCH_DIR" ] || die "$PATCH_DIR is missing: run this script from a checkout of slurm-gpu-mode"
+for p in "$PATCH_DIR"/*.patch; do
+    [ -f "$p" ] || continue
+    say "applying $(basename "$p")"
+    patch -d "$srcdir" -p1 --forward --quiet <"$p" || die "$(basename "$p") does not apply to criu $CRIU_VERSION"
+done
 say "building criu in $srcdir (make criu)"
 start=$(date +%s)
 make -C "$srcdir" -j"$(nproc)" criu >"$work/build.log" 2>&1 || { tail -30 "$work/build.log" >&2; die "make criu failed (last lines above)"; }
@@ -152,6 +176,7 @@ ldd "$PREFIX.new/bin/criu" | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }' | w
     patchelf --set-rpath '$ORIGIN' "$PREFIX.new/lib/$name"
 done
 patchelf --set-rpath '$ORIGIN/../lib' "$PREFIX.new/bin/criu"
+expected_patches >"$PREFIX.new/PATCHES"
 rm -rf "$PREFIX"
 mv "$PREFIX.new" "$PREFIX"
 link_sbin
