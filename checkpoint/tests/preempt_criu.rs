@@ -32,10 +32,10 @@ struct Node {
     who: Who,
 }
 
-/// Who runs the job. The test user when root may read other users' resource
-/// limits (CAP_SYS_RESOURCE, which `criu dump` needs for them); in sandboxes
-/// without it, root with every capability dropped, which CRIU may dump and
-/// the agent accepts (no capabilities), so the whole path still runs.
+/// Who runs the job: the test user, as in production (CRIU runs as the
+/// job's user, so root's capabilities do not matter). Root with every
+/// capability dropped only where GPU_MODE_TEST_JOBS_AS_ROOT=1 asks for it,
+/// and the test is then noted SUBSTITUTED.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Who {
     User(&'static str),
@@ -43,13 +43,10 @@ enum Who {
 }
 
 fn job_user() -> Who {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let eff = status.lines().find_map(|l| l.strip_prefix("CapEff:")).and_then(|v| u64::from_str_radix(v.trim(), 16).ok()).unwrap_or(0);
-    // CAP_SYS_RESOURCE is capability 24.
-    if eff & (1 << 24) != 0 {
-        return Who::User(USER);
+    if gpu_mode_testkit::required("GPU_MODE_TEST_JOBS_AS_ROOT") {
+        return Who::CaplessRoot;
     }
-    Who::CaplessRoot
+    Who::User(USER)
 }
 
 fn ids_of(who: Who) -> (u32, u32) {
@@ -94,7 +91,7 @@ fn node() -> Option<&'static Node> {
         }
         Ok(n) => {
             if n.who == Who::CaplessRoot {
-                let why = format!("the job runs as root without capabilities instead of {USER}: root lacks CAP_SYS_RESOURCE here");
+                let why = format!("the job runs as root without capabilities instead of {USER}: GPU_MODE_TEST_JOBS_AS_ROOT=1");
                 gpu_mode_testkit::substituted(&test, &why);
             }
             Some(n)
@@ -604,6 +601,38 @@ fn holds(pid: i32, file: &Path) -> bool {
 /// writing, and between the dump and the restore swaps its path for a
 /// symlink to a file of another user with the same size and mode: the
 /// restore must not hand the process a descriptor on that file.
+/// A job whose application holds `bait` open, for the swap tests.
+struct Swap<'a> {
+    cfg: (&'a Path, &'a Config),
+    images: &'a Path,
+    job: u32,
+    tag: &'a str,
+    /// Where the application writes its pid once it holds `bait`.
+    ready: &'a Path,
+    bait: &'a Path,
+    victim: &'a Path,
+    owner: (u32, u32),
+}
+
+/// Runs `app` as run 0 of the job, dumps it (SIGUSR1), then makes the
+/// user's move while the job waits: the bait becomes a symlink to the
+/// victim. Returns the application's pid (a restore brings it back).
+fn dump_then_swap(n: &Node, s: &Swap, app: &[&str]) -> i32 {
+    let out = n.dir.join(format!("{}.out", s.tag));
+    n.agent(s.cfg, s.job, 0, 0);
+    let mut w = wrapper(n, &Run { who: n.who, cfg: s.cfg.0, job: s.job, restart: 0, cgroup: None, out: &out }, app);
+    wait_for("the application", Duration::from_secs(20), || read(s.ready).trim().parse::<i32>().is_ok_and(|p| holds(p, s.bait)));
+    let app_pid: i32 = read(s.ready).trim().parse().unwrap();
+    signal(&w, libc::SIGUSR1);
+    assert_eq!(exit_code(&mut w, Duration::from_secs(60)), 0, "{}", read(&out.with_extension("err")));
+    stop_agent(s.cfg.1, s.job, Duration::from_secs(10)).unwrap();
+    assert!(ImageStore::new(s.images).run_dir(s.job, 0).join(MANIFEST_FILE).exists(), "{}", read(&out.with_extension("err")));
+    std::fs::remove_file(s.bait).unwrap();
+    std::os::unix::fs::symlink(s.victim, s.bait).unwrap();
+    std::os::unix::fs::lchown(s.bait, Some(s.owner.0), Some(s.owner.1)).unwrap();
+    app_pid
+}
+
 #[test]
 fn a_file_swapped_for_a_symlink_between_dump_and_restore_is_not_reopened_as_root() {
     let Some(n) = node() else { return };
@@ -628,21 +657,8 @@ fn a_file_swapped_for_a_symlink_between_dump_and_restore_is_not_reopened_as_root
     let ready = home.join("ready");
     let script = format!("echo $$ > {}; exec 3<>{}; exec /bin/sleep 600", ready.display(), bait.display());
     let app = ["/bin/bash", "-c", script.as_str()];
-    let out = n.dir.join("e.out");
-
-    n.agent((&cfg_path, &cfg), job, 0, 0);
-    let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 0, cgroup: None, out: &out }, &app);
-    wait_for("the application", Duration::from_secs(20), || read(&ready).trim().parse::<i32>().is_ok_and(|p| holds(p, &bait)));
-    let app_pid: i32 = read(&ready).trim().parse().unwrap();
-    signal(&w, libc::SIGUSR1);
-    assert_eq!(exit_code(&mut w, Duration::from_secs(60)), 0, "{}", read(&out.with_extension("err")));
-    stop_agent(&cfg, job, Duration::from_secs(10)).unwrap();
-    assert!(ImageStore::new(&images).run_dir(job, 0).join(MANIFEST_FILE).exists(), "{}", read(&out.with_extension("err")));
-
-    // The user's move while the job waits: the bait becomes a symlink.
-    std::fs::remove_file(&bait).unwrap();
-    std::os::unix::fs::symlink(&victim, &bait).unwrap();
-    std::os::unix::fs::lchown(&bait, Some(uid), Some(gid)).unwrap();
+    let swap = Swap { cfg: (&cfg_path, &cfg), images: &images, job, tag: "e", ready: &ready, bait: &bait, victim: &victim, owner: (uid, gid) };
+    let app_pid = dump_then_swap(n, &swap, &app);
 
     n.agent((&cfg_path, &cfg), job, 1, 0);
     let rout = n.dir.join("e-restore.out");
@@ -662,11 +678,85 @@ fn a_file_swapped_for_a_symlink_between_dump_and_restore_is_not_reopened_as_root
     }
     assert_eq!(exit_code(&mut w, Duration::from_secs(30)), 1);
     let err = read(&rout.with_extension("err"));
-    assert!(err.contains("cannot restore job 9105") && err.contains(&victim.display().to_string()), "{err}");
-    assert!(err.contains("the restored processes were killed, the image is kept"), "{err}");
+    // CRIU, restoring as the job's user, cannot open the link's target.
+    let bait_shown = bait.display().to_string();
+    assert!(err.contains("cannot restore job 9105") && err.contains(&format!("Can't open file {}", &bait_shown[1..])), "{err}");
+    assert!(err.contains("Permission denied") && err.contains("the image is kept"), "{err}");
     assert!(gpu_mode_core::procfs::read(app_pid).is_none(), "nothing restored runs on");
     assert_eq!(std::fs::read(&victim).unwrap(), secret, "the victim is untouched");
     stop_agent(&cfg, job, Duration::from_secs(10)).unwrap();
+}
+
+/// Security review F1: between CRIU's end and the agent's checks the
+/// restored tasks are the user's and merely stopped. A thief of the same
+/// user (not in the job) sends them SIGCONT and takes their descriptor with
+/// pidfd_getfd in a loop; the job's own process writes through its
+/// descriptor whenever it runs. The user's file was swapped for a link to a
+/// root-owned file of the same size and mode. Restored by root, the thief
+/// or the process wrote the root file (main before the restore ran as the
+/// user); restored as the user, CRIU cannot open it, and nothing is written.
+#[test]
+fn a_thief_racing_the_restore_never_gets_a_root_file_the_user_swapped_in() {
+    let Some(n) = node() else { return };
+    let Who::User(user) = n.who else {
+        return gpu_mode_testkit::skipped(&gpu_mode_testkit::this_test(), "the thief must be another process of the job's user");
+    };
+    let job = 9113;
+    let images = n.dir.join("images-f1");
+    let (cfg_path, cfg) = n.config("f1", &images);
+    let (uid, gid) = ids(user);
+    let home = n.dir.join("user").join("f1-home");
+    std::fs::create_dir_all(&home).unwrap();
+    std::os::unix::fs::chown(&home, Some(uid), Some(gid)).unwrap();
+    chmod(&home, 0o755);
+    // Root's file, world-readable as config files are, and the user's bait
+    // of the same size and mode.
+    let original = b"root: 0 0 * * * /usr/local/sbin/backup\n";
+    let victim = n.dir.join("f1-root-owned");
+    std::fs::write(&victim, original).unwrap();
+    chmod(&victim, 0o644);
+    let bait = home.join("bait");
+    std::fs::write(&bait, vec![b'x'; original.len()]).unwrap();
+    std::os::unix::fs::chown(&bait, Some(uid), Some(gid)).unwrap();
+    chmod(&bait, 0o644);
+    let ready = home.join("ready");
+    let go = home.join("go");
+    // Writes "job" over the start of fd 3 every 2 ms once `go` exists (the
+    // thief makes it after the dump, so the bait is untouched until then).
+    let code = "import os,sys,time\nfd=os.open(sys.argv[2],os.O_RDWR)\nos.dup2(fd,3)\nopen(sys.argv[1],'w').write(str(os.getpid()))\n\
+                while True:\n    time.sleep(0.002)\n    if os.path.exists(sys.argv[3]): os.pwrite(3,b'job',0)\n";
+    let (ready_s, bait_s, go_s) = (ready.display().to_string(), bait.display().to_string(), go.display().to_string());
+    let app = ["/usr/bin/python3", "-c", code, ready_s.as_str(), bait_s.as_str(), go_s.as_str()];
+    let swap = Swap { cfg: (&cfg_path, &cfg), images: &images, job, tag: "f1", ready: &ready, bait: &bait, victim: &victim, owner: (uid, gid) };
+    let app_pid = dump_then_swap(n, &swap, &app);
+    // The thief: as the user, outside the job, for 20 s.
+    std::fs::write(&go, b"").unwrap();
+    let thief_code = "import ctypes,os,signal,sys,time\nlibc=ctypes.CDLL(None,use_errno=True)\npid=int(sys.argv[1])\n\
+                      end=time.time()+20\nwhile time.time()<end:\n    try:\n        os.kill(pid,signal.SIGCONT)\n\
+                      \x20       p=os.pidfd_open(pid)\n    except OSError:\n        continue\n    fd=libc.syscall(438,p,3,0)\n\
+                      \x20   os.close(p)\n    if fd>=0:\n        os.pwrite(fd,b'thief',0)\n        print('stole',flush=True)\n";
+    let mut thief = Command::new("/usr/bin/python3");
+    thief.args(["-c", thief_code, &app_pid.to_string()]).stdout(Stdio::piped()).stderr(Stdio::null());
+    gpu_mode_core::privdrop::run_as(&mut thief, &gpu_mode_core::privdrop::Identity::of_user(uid, gid).unwrap());
+    let thief = thief.spawn().unwrap();
+
+    n.agent((&cfg_path, &cfg), job, 1, 0);
+    let rout = n.dir.join("f1-restore.out");
+    let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 1, cgroup: None, out: &rout }, &app);
+    let code = exit_code(&mut w, Duration::from_secs(60));
+    let _ = std::process::Command::new("/bin/kill").arg(thief.id().to_string()).status();
+    let stole = String::from_utf8_lossy(&thief.wait_with_output().unwrap().stdout).into_owned();
+    let now = std::fs::read(&victim).unwrap();
+    unsafe { libc::kill(app_pid, libc::SIGKILL) };
+    stop_agent(&cfg, job, Duration::from_secs(10)).unwrap();
+    assert_eq!(String::from_utf8_lossy(&now), String::from_utf8_lossy(original), "the root-owned file was written (thief: {stole:?})");
+    assert!(stole.is_empty(), "the thief took a descriptor of the root-owned file");
+    let err = read(&rout.with_extension("err"));
+    assert_eq!(code, 1, "{err}");
+    // Refused by CRIU's open as the user, or ended by the thief's own
+    // signals to the tasks CRIU (as the user) is making: either way the
+    // user's own restore fails, and the image is kept.
+    assert!(err.contains("cannot restore job 9113") && err.contains("the image is kept"), "{err}");
 }
 
 /// Whether `program` runs mapped below 0x10000000, where /proc/<pid>/maps

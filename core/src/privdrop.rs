@@ -71,6 +71,76 @@ pub fn run_as(cmd: &mut Command, who: &Identity) {
     }
 }
 
+/// Capabilities by number (linux/capability.h), for [`run_as_with_caps`].
+pub const CAP_NET_ADMIN: u32 = 12;
+pub const CAP_CHECKPOINT_RESTORE: u32 = 40;
+
+/// Makes `cmd` run as `who` keeping exactly `caps` (as ambient
+/// capabilities, so they survive the exec of a program without file
+/// capabilities), and nothing else. For CRIU's unprivileged mode: the kernel
+/// checks every file it opens against the user's rights, and the user's own
+/// processes cannot ptrace it (its capabilities are not a subset of theirs).
+/// Hard resource limits are raised first where root may (so CRIU can give
+/// the restored tasks any limit they had); a limit that cannot be raised is
+/// left as it is.
+///
+/// Hand-written: std's `Command::uid` drops every capability, and no crate
+/// keeps ambient capabilities across a uid change between fork and exec.
+pub fn run_as_with_caps(cmd: &mut Command, who: &Identity, caps: &[u32]) {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let (uid, gid, groups, caps) = (who.uid, who.gid, who.groups.clone(), caps.to_vec());
+    let mut mask = [0u32; 2];
+    for c in &caps {
+        mask[(*c / 32) as usize] |= 1 << (c % 32);
+    }
+    let nr_open: libc::rlim_t = std::fs::read_to_string("/proc/sys/fs/nr_open").ok().and_then(|s| s.trim().parse().ok()).unwrap_or(1 << 20);
+    // SAFETY: only async-signal-safe system calls on memory prepared before
+    // the fork. Order: limits and groups/gid while root; KEEPCAPS so the uid
+    // change keeps the permitted set; then exactly `caps`, raised ambient.
+    unsafe {
+        cmd.pre_exec(move || {
+            // Linux's 16 limits (RLIMIT_CPU .. RLIMIT_RTTIME).
+            for r in 0..16 {
+                let max = if r == libc::RLIMIT_NOFILE { nr_open } else { libc::RLIM_INFINITY };
+                let mut cur = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+                if libc::getrlimit(r, &mut cur) == 0 && cur.rlim_max < max {
+                    let _ = libc::setrlimit(r, &libc::rlimit { rlim_cur: cur.rlim_cur, rlim_max: max });
+                }
+            }
+            let fail = || Err(std::io::Error::last_os_error());
+            if libc::prctl(libc::PR_SET_KEEPCAPS, 1, 0, 0, 0) != 0
+                || libc::setgroups(groups.len(), groups.as_ptr()) != 0
+                || libc::setresgid(gid, gid, gid) != 0
+                || libc::setresuid(uid, uid, uid) != 0
+            {
+                return fail();
+            }
+            let header = Header { version: 0x2008_0522, pid: 0 };
+            let data = [0, 1].map(|i| Data { effective: mask[i], permitted: mask[i], inheritable: mask[i] });
+            if libc::syscall(libc::SYS_capset, &header as *const Header, data.as_ptr()) != 0 {
+                return fail();
+            }
+            for c in &caps {
+                if libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_RAISE, *c as libc::c_ulong, 0, 0) != 0 {
+                    return fail();
+                }
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Makes `cmd` run with an empty capability bounding set: a root program
 /// then execs with no capabilities at all. For tests and benchmarks where
 /// root lacks CAP_SYS_RESOURCE (which `criu dump` needs to read another
@@ -127,6 +197,33 @@ mod tests {
         let mut vars: Vec<&str> = text.lines().filter(|l| !l.starts_with("PWD=") && !l.starts_with("SHLVL=") && !l.starts_with("_=")).collect();
         vars.sort();
         assert_eq!(vars, vec!["ONLY=this"]);
+    }
+
+    #[test]
+    fn a_program_run_with_caps_has_the_user_and_exactly_those_capabilities() {
+        if !gpu_mode_testkit::root_or_skip("it changes uid") {
+            return;
+        }
+        let nobody = Identity::of_user_or_bare(65534, 65534);
+        let mut cmd = Command::new("/bin/cat");
+        cmd.arg("/proc/self/status").stdout(Stdio::piped());
+        run_as_with_caps(&mut cmd, &nobody, &[CAP_CHECKPOINT_RESTORE, CAP_NET_ADMIN]);
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let text = String::from_utf8(out.stdout).unwrap();
+        let field = |k: &str| text.lines().find_map(|l| l.strip_prefix(k)).unwrap().trim().to_string();
+        assert_eq!(field("Uid:").split_whitespace().collect::<Vec<_>>(), ["65534"; 4]);
+        assert_eq!(field("Gid:").split_whitespace().collect::<Vec<_>>(), ["65534"; 4]);
+        let want = format!("{:016x}", (1u64 << 40) | (1 << 12));
+        for k in ["CapEff:", "CapPrm:", "CapInh:", "CapAmb:"] {
+            assert_eq!(field(k), want, "{k}");
+        }
+        // None at all: the same call with no capability keeps none.
+        let mut cmd = Command::new("/bin/cat");
+        cmd.arg("/proc/self/status").stdout(Stdio::piped());
+        run_as_with_caps(&mut cmd, &nobody, &[]);
+        let text = String::from_utf8(cmd.output().unwrap().stdout).unwrap();
+        assert!(text.lines().any(|l| l == "CapEff:\t0000000000000000"), "{text}");
     }
 
     #[test]

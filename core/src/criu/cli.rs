@@ -3,13 +3,20 @@
 
 use super::{Criu, CriuError, CriuVersion, DumpReport, DumpRequest, RestoreReport, RestoreRequest};
 use crate::command::{run_with_timeout, CommandError};
+use crate::privdrop::Identity;
 use std::ffi::OsString;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 pub const DUMP_LOG: &str = "dump.log";
 pub const RESTORE_LOG: &str = "restore.log";
+/// Where CRIU writes the restored root's pid, in the images directory.
+pub const PIDFILE: &str = "restore.pid";
+/// CAP_CHECKPOINT_RESTORE exists from Linux 5.9 (capability 40).
+const CAP_LAST_NEEDED: u32 = crate::privdrop::CAP_CHECKPOINT_RESTORE;
 /// `criu --version` and `criu check` take well under a second.
 const QUICK: Duration = Duration::from_secs(30);
 
@@ -19,10 +26,16 @@ pub struct CriuCli {
     pub timeout: Duration,
 }
 
-/// `criu dump`'s arguments.
-pub fn dump_args(req: &DumpRequest) -> Vec<OsString> {
-    let mut a: Vec<OsString> = vec!["dump".into(), "--tree".into(), req.pid.to_string().into()];
-    a.extend(common(&req.images_dir, DUMP_LOG));
+/// Where CRIU (as the user) finds the run directory: the descriptor the
+/// agent opened and CRIU inherits (module docs).
+fn images_arg(dir_fd: RawFd) -> OsString {
+    format!("/proc/self/fd/{dir_fd}").into()
+}
+
+/// `criu dump`'s arguments, the images directory being descriptor `dir_fd`.
+pub fn dump_args(req: &DumpRequest, dir_fd: RawFd) -> Vec<OsString> {
+    let mut a: Vec<OsString> = vec!["dump".into(), "--unprivileged".into(), "--tree".into(), req.pid.to_string().into()];
+    a.extend(common(dir_fd, DUMP_LOG));
     if req.tcp_established {
         a.extend(["--tcp-established".into(), "--network-lock".into(), "nftables".into()]);
     }
@@ -31,22 +44,33 @@ pub fn dump_args(req: &DumpRequest) -> Vec<OsString> {
 
 /// `criu restore`'s arguments: detached, as the caller's child (sibling of
 /// criu), cgroups left alone (criu already runs in the target cgroup), and
-/// stopped: the agent checks what CRIU reopened as root before the tree
-/// runs (preempt::held), then sends SIGCONT.
-pub fn restore_args(req: &RestoreRequest) -> Vec<OsString> {
-    let mut a: Vec<OsString> = vec!["restore".into()];
-    a.extend(common(&req.images_dir, RESTORE_LOG));
-    a.extend(["--restore-detached".into(), "--restore-sibling".into(), "--leave-stopped".into(), "--pidfile".into(), req.pidfile.clone().into()]);
+/// stopped: the agent checks the tree before it runs, then sends SIGCONT.
+/// The root's pid goes to [`PIDFILE`] in the images directory (CRIU's
+/// working directory).
+pub fn restore_args(req: &RestoreRequest, dir_fd: RawFd) -> Vec<OsString> {
+    let mut a: Vec<OsString> = vec!["restore".into(), "--unprivileged".into()];
+    a.extend(common(dir_fd, RESTORE_LOG));
+    a.extend(["--restore-detached".into(), "--restore-sibling".into(), "--leave-stopped".into(), "--pidfile".into(), PIDFILE.into()]);
     if req.tcp_established {
         a.extend(["--tcp-established".into(), "--network-lock".into(), "nftables".into()]);
     }
     a
 }
 
-fn common(images: &Path, log: &str) -> Vec<OsString> {
+/// The capabilities CRIU keeps as the user: CAP_CHECKPOINT_RESTORE always
+/// (pids, /proc/<pid>/map_files), CAP_NET_ADMIN for TCP repair.
+pub fn capabilities(tcp_established: bool) -> Vec<u32> {
+    let mut caps = vec![crate::privdrop::CAP_CHECKPOINT_RESTORE];
+    if tcp_established {
+        caps.push(crate::privdrop::CAP_NET_ADMIN);
+    }
+    caps
+}
+
+fn common(dir_fd: RawFd, log: &str) -> Vec<OsString> {
     vec![
         "--images-dir".into(),
-        images.into(),
+        images_arg(dir_fd),
         "--log-file".into(),
         log.into(),
         "-v2".into(),
@@ -56,17 +80,23 @@ fn common(images: &Path, log: &str) -> Vec<OsString> {
     ]
 }
 
-/// The last few error lines of a CRIU log, for the message.
+/// A CRIU log's error lines for the message: the first two (the cause,
+/// e.g. the file a task could not open) and the last (the verdict). Lines
+/// of restored tasks carry a pid prefix (` 123: Error (...)`).
 pub fn log_errors(log: &Path) -> String {
     let text = std::fs::read_to_string(log).unwrap_or_default();
     // RLIMIT_NOFILE is raised best-effort and reported as an error when the
     // hard limit forbids it; it does not fail the run.
-    let errors: Vec<&str> = text.lines().filter(|l| l.starts_with("Error") && !l.contains("RLIMIT_NOFILE")).collect();
-    let tail: Vec<&str> = errors.iter().rev().take(3).rev().copied().collect();
-    if tail.is_empty() {
+    let is_error = |l: &str| {
+        let body = l.trim_start().split_once(": Error (").map_or(l.trim_start(), |(pid, _)| &l.trim_start()[pid.len() + 2..]);
+        body.starts_with("Error") && !l.contains("RLIMIT_NOFILE")
+    };
+    let errors: Vec<&str> = text.lines().filter(|l| is_error(l)).map(str::trim).collect();
+    let picked: Vec<&str> = if errors.len() <= 3 { errors } else { vec![errors[0], errors[1], errors[errors.len() - 1]] };
+    if picked.is_empty() {
         "no error in its log".into()
     } else {
-        tail.join("; ")
+        picked.join("; ")
     }
 }
 
@@ -75,6 +105,24 @@ impl CriuCli {
         let mut cmd = Command::new(&self.binary);
         cmd.args(args).env_clear().env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin").current_dir("/");
         cmd
+    }
+
+    /// `criu args` as `user` with `caps`, inheriting `dir` (the images
+    /// directory, opened by root; CRIU reopens it through /proc/self/fd).
+    /// Call after anything else that must run as root between fork and exec.
+    fn as_user(cmd: &mut Command, dir: &OwnedFd, user: &Identity, caps: &[u32]) {
+        let fd = dir.as_raw_fd();
+        // SAFETY: fcntl is async-signal-safe; it clears close-on-exec on a
+        // descriptor this process owns until the exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        crate::privdrop::run_as_with_caps(cmd, user, caps);
     }
 
     fn run(&self, verb: &'static str, cmd: Command, log: &Path, bound: Duration) -> Result<(), CriuError> {
@@ -109,6 +157,16 @@ impl CriuCli {
 
 impl Criu for CriuCli {
     fn check(&self) -> Result<CriuVersion, CriuError> {
+        let last = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap").ok().and_then(|s| s.trim().parse::<u32>().ok()).unwrap_or(0);
+        if last < CAP_LAST_NEEDED {
+            return Err(CriuError::CheckFailed {
+                path: self.binary.clone(),
+                detail: format!(
+                    "CRIU runs as the job's user with CAP_CHECKPOINT_RESTORE, which this kernel lacks (its last capability is {last}): \
+                     checkpoint mode needs Linux 5.9 or newer"
+                ),
+            });
+        }
         let version = self.version()?;
         if !version.new_enough() {
             return Err(CriuError::TooOld { path: self.binary.clone(), version: version.to_string() });
@@ -124,27 +182,41 @@ impl Criu for CriuCli {
 
     fn dump(&self, req: &DumpRequest) -> Result<DumpReport, CriuError> {
         let log = req.images_dir.join(DUMP_LOG);
+        let dir = open_images(&req.images_dir, "dump")?;
+        let mut cmd = self.command(&dump_args(req, dir.as_raw_fd()));
+        Self::as_user(&mut cmd, &dir, &req.user, &capabilities(req.tcp_established));
         let start = Instant::now();
-        self.run("dump", self.command(&dump_args(req)), &log, self.timeout)?;
+        self.run("dump", cmd, &log, self.timeout)?;
         Ok(DumpReport { ms: start.elapsed().as_secs_f64() * 1000.0, log })
     }
 
     fn restore(&self, req: &RestoreRequest) -> Result<RestoreReport, CriuError> {
         let log = req.images_dir.join(RESTORE_LOG);
-        crate::fsutil::remove_if_present(&req.pidfile).map_err(|e| CriuError::Other { verb: "restore", detail: e.to_string() })?;
-        let mut cmd = self.command(&restore_args(req));
-        req.cgroup.join_before_exec(&mut cmd).map_err(|detail| CriuError::Other { verb: "restore", detail })?;
+        let other = |detail: String| CriuError::Other { verb: "restore", detail };
+        let pidfile = req.images_dir.join(PIDFILE);
+        crate::fsutil::remove_if_present(&pidfile).map_err(|e| other(e.to_string()))?;
+        let dir = open_images(&req.images_dir, "restore")?;
+        let mut cmd = self.command(&restore_args(req, dir.as_raw_fd()));
+        req.cgroup.join_before_exec(&mut cmd).map_err(other)?;
+        Self::as_user(&mut cmd, &dir, &req.user, &capabilities(req.tcp_established));
         let start = Instant::now();
         self.run("restore", cmd, &log, self.timeout)?;
         let ms = start.elapsed().as_secs_f64() * 1000.0;
-        let text = std::fs::read_to_string(&req.pidfile).unwrap_or_default();
-        let _ = crate::fsutil::remove_if_present(&req.pidfile);
-        let pid = text.trim().parse().map_err(|_| CriuError::Other {
-            verb: "restore",
-            detail: format!("no root pid in {} ({:?})", req.pidfile.display(), text.trim()),
-        })?;
+        // Written by CRIU as the user: read without following links, owned
+        // by the user, bounded; the caller compares it with the image's root.
+        let text = crate::fsutil::read_user_file(&req.images_dir, &[PIDFILE], req.user.uid, 32)
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .map_err(|e| other(e.to_string()))?;
+        let _ = crate::fsutil::remove_if_present(&pidfile);
+        let pid = text.trim().parse().map_err(|_| other(format!("no root pid in {} ({:?})", pidfile.display(), text.trim())))?;
         Ok(RestoreReport { pid, ms, log })
     }
+}
+
+/// The images directory, opened by root without following a link, for
+/// CRIU to inherit.
+fn open_images(dir: &Path, verb: &'static str) -> Result<OwnedFd, CriuError> {
+    crate::fsutil::open_dir_nofollow(dir).map_err(|e| CriuError::Other { verb, detail: e.to_string() })
 }
 
 #[cfg(test)]
@@ -158,26 +230,30 @@ mod tests {
 
     #[test]
     fn argument_vectors_say_what_the_module_docs_promise() {
-        let dump = DumpRequest { pid: 42, images_dir: "/img/7/0".into(), tcp_established: false };
+        let user = Identity { uid: 1001, gid: 1001, groups: vec![1001] };
+        let dump = DumpRequest { pid: 42, images_dir: "/img/7/0".into(), tcp_established: false, user: user.clone() };
         assert_eq!(
-            strings(dump_args(&dump)).join(" "),
-            "dump --tree 42 --images-dir /img/7/0 --log-file dump.log -v2 --file-locks --ext-unix-sk --manage-cgroups=ignore"
+            strings(dump_args(&dump, 9)).join(" "),
+            "dump --unprivileged --tree 42 --images-dir /proc/self/fd/9 --log-file dump.log -v2 --file-locks --ext-unix-sk \
+             --manage-cgroups=ignore"
         );
         let tcp = DumpRequest { tcp_established: true, ..dump };
-        assert!(strings(dump_args(&tcp)).join(" ").ends_with("--tcp-established --network-lock nftables"));
+        assert!(strings(dump_args(&tcp, 9)).join(" ").ends_with("--tcp-established --network-lock nftables"));
         let restore = RestoreRequest {
             images_dir: "/img/7/0".into(),
             cgroup: TargetCgroup { lines: vec![], procs_files: vec![] },
-            pidfile: "/run/x/pid".into(),
             tcp_established: false,
+            user,
         };
-        let text = strings(restore_args(&restore)).join(" ");
+        let text = strings(restore_args(&restore, 11)).join(" ");
         assert_eq!(
             text,
-            "restore --images-dir /img/7/0 --log-file restore.log -v2 --file-locks --ext-unix-sk --manage-cgroups=ignore \
-             --restore-detached --restore-sibling --leave-stopped --pidfile /run/x/pid"
+            "restore --unprivileged --images-dir /proc/self/fd/11 --log-file restore.log -v2 --file-locks --ext-unix-sk \
+             --manage-cgroups=ignore --restore-detached --restore-sibling --leave-stopped --pidfile restore.pid"
         );
         assert!(!text.contains("--shell-job"));
+        assert_eq!(capabilities(false), [40]);
+        assert_eq!(capabilities(true), [40, 12]);
     }
 
     #[test]
@@ -209,6 +285,18 @@ mod tests {
         )
         .unwrap();
         assert_eq!(log_errors(&log), "Error (b): No space left on device");
+        std::fs::write(
+            &log,
+            " 12999: Error (criu/files-reg.c:2353): Can't open file x/bait on restore: Permission denied\n\
+             pie: 1: Warn (x): y\n 12999: Error (criu/files.c:1221): Unable to open fd=3 id=0x9\n\
+             Error (a): step\nError (criu/cr-restore.c:2320): Restoring FAILED.\n",
+        )
+        .unwrap();
+        assert_eq!(
+            log_errors(&log),
+            "12999: Error (criu/files-reg.c:2353): Can't open file x/bait on restore: Permission denied; \
+             12999: Error (criu/files.c:1221): Unable to open fd=3 id=0x9; Error (criu/cr-restore.c:2320): Restoring FAILED."
+        );
         assert_eq!(log_errors(&dir.path().join("none")), "no error in its log");
     }
 }

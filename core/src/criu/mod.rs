@@ -39,9 +39,26 @@
 //!   handling (which would tie the restore to the restoring shell's session).
 //! * the dump kills the tree (no `--leave-running`): the job is being
 //!   preempted; its memory now lives in the images.
-//! * `--leave-stopped` on restore: CRIU reopens the tree's files by path as
-//!   root; the tree must not run before the agent has checked that the
-//!   user may hold each of them (preempt::held, security review S1).
+//! * `--leave-stopped` on restore: the tree does not run before the agent
+//!   has checked it (the job's user, no capabilities, in the job's cgroup,
+//!   files the user may hold: preempt::held).
+//!
+//! # As the job's user (`--unprivileged`)
+//!
+//! CRIU never runs as root: dump and restore run with the job user's uid,
+//! gids and groups and only the capabilities CRIU's unprivileged mode needs
+//! (CAP_CHECKPOINT_RESTORE, kernel 5.9 or newer, and CAP_NET_ADMIN for
+//! `--tcp-established`), as ambient capabilities (privdrop::run_as_with_caps).
+//! So every file CRIU opens, at dump and at restore, is opened with the
+//! user's rights: a path the user swapped for a link to a root file is not
+//! opened (security review F1, R1, R2), and nothing root opened is ever
+//! handed to the user. The user's own processes cannot ptrace CRIU (it has
+//! capabilities they lack) and cannot reach the images: the run directory
+//! is lent to the user only for the CRIU run (preempt::images::Lent) and
+//! lies under root's 0700 directories; CRIU gets it as an inherited
+//! descriptor (`--images-dir /proc/self/fd/N`), and writes its log and the
+//! restored root's pid (`--pidfile restore.pid`) there. The cgroup is joined
+//! as root before the identity changes.
 
 mod cgroup;
 mod cli;
@@ -53,14 +70,18 @@ pub use cli::CriuCli;
 pub use recording::{CriuCall, RecordingCriu};
 pub use version::{CriuVersion, MIN_MAJOR};
 
+use crate::privdrop::Identity;
 use std::path::PathBuf;
 
-/// Dump the tree rooted at `pid` into `images_dir` (which must exist, empty).
+/// Dump the tree rooted at `pid` into `images_dir` (which must exist, empty,
+/// and be writable by `user`), as `user`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DumpRequest {
     pub pid: i32,
     pub images_dir: PathBuf,
     pub tcp_established: bool,
+    /// The job's user: CRIU runs as them (module docs).
+    pub user: Identity,
 }
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -70,15 +91,15 @@ pub struct DumpReport {
     pub log: PathBuf,
 }
 
-/// Restore the tree in `images_dir`, detached, as a child of the caller,
-/// inside `cgroup`.
+/// Restore the tree in `images_dir` (readable and writable by `user`),
+/// detached, as a child of the caller, inside `cgroup`, as `user`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RestoreRequest {
     pub images_dir: PathBuf,
     pub cgroup: TargetCgroup,
-    /// A path that does not exist yet: CRIU writes the root's pid there.
-    pub pidfile: PathBuf,
     pub tcp_established: bool,
+    /// The job's user: CRIU runs as them (module docs).
+    pub user: Identity,
 }
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]

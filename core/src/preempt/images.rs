@@ -27,6 +27,41 @@ fn me() -> (u32, u32) {
     unsafe { (libc::geteuid(), libc::getegid()) }
 }
 
+fn fchown_fd(fd: &std::os::fd::OwnedFd, uid: u32, gid: u32) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: fchown on a descriptor we own.
+    if unsafe { libc::fchown(fd.as_raw_fd(), uid, gid) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A run directory lent to the job's user ([`ImageStore::lend`]).
+pub struct Lent {
+    dir: Option<std::os::fd::OwnedFd>,
+    path: PathBuf,
+}
+
+impl Lent {
+    /// The directory is root's again; an error says it could not be taken
+    /// back (the caller must then not trust it).
+    pub fn give_back(mut self) -> io::Result<()> {
+        self.take_back()
+    }
+
+    fn take_back(&mut self) -> io::Result<()> {
+        let Some(dir) = self.dir.take() else { return Ok(()) };
+        let (uid, gid) = me();
+        fchown_fd(&dir, uid, gid).map_err(|e| io::Error::new(e.kind(), format!("cannot take {} back: {e}", self.path.display())))
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        let _ = self.take_back();
+    }
+}
+
 fn fsync_dir(dir: &Path) -> io::Result<()> {
     fs::File::open(dir)?.sync_all()
 }
@@ -58,10 +93,35 @@ impl ImageStore {
         Ok(run)
     }
 
-    /// Makes every file of a finished dump durable and root-only and
+    /// Lends the run directory to the job's user (`uid`, `gid`) for one CRIU
+    /// run: CRIU runs as the user and writes (dump) or reads (restore) it with
+    /// the user's rights (crate::criu, module docs). The user's other
+    /// processes cannot reach it meanwhile: its parents are root's and 0700.
+    /// The directory is root's again when the loan is returned or dropped.
+    pub fn lend(run: &Path, uid: u32, gid: u32) -> io::Result<Lent> {
+        let dir = fsutil::open_dir_nofollow(run)?;
+        fchown_fd(&dir, uid, gid).map_err(|e| io::Error::new(e.kind(), format!("cannot lend {} to uid {uid}: {e}", run.display())))?;
+        Ok(Lent { dir: Some(dir), path: run.to_path_buf() })
+    }
+
+    /// Before a restore: the image files named in the manifest become the
+    /// user's (CRIU reads them as the user). Images dumped by root (older
+    /// versions) need it; for the rest it changes nothing. The directory is
+    /// root's here, so no name can have been swapped; links are not followed.
+    pub fn hand_files_to(run: &Path, names: &[&str], uid: u32, gid: u32) -> io::Result<()> {
+        let dir = fsutil::open_dir_nofollow(run)?;
+        for name in names {
+            nix::unistd::fchownat(&dir, *name, Some(uid.into()), Some(gid.into()), nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+                .map_err(|e| io::Error::other(format!("cannot hand {} to uid {uid}: {}", run.join(name).display(), e.desc())))?;
+        }
+        Ok(())
+    }
+
+    /// Makes every file of a finished dump durable and private (0600) and
     /// describes it (size, checksum) for the manifest. Anything but a plain
-    /// file in the directory is an error: CRIU writes only files there.
-    pub fn seal(run: &Path) -> io::Result<Vec<ImageFile>> {
+    /// file with one link, owned by root or by the job's user `user` (CRIU
+    /// writes as the user), is an error: CRIU writes only such files there.
+    pub fn seal(run: &Path, user: u32) -> io::Result<Vec<ImageFile>> {
         use std::os::unix::fs::PermissionsExt;
         let dir_fd = fsutil::open_dir_nofollow(run)?;
         let mut names: Vec<String> = Vec::new();
@@ -79,7 +139,13 @@ impl ImageStore {
         // disk and the file system's journal take concurrent fsyncs in one
         // go, where one after the other each waits for its own commit.
         let seal_one = |name: &String| -> io::Result<ImageFile> {
-            let f = fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(run.join(name))?;
+            let f = fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(run.join(name))?;
+            let meta = f.metadata()?;
+            use std::os::unix::fs::MetadataExt;
+            if !meta.is_file() || meta.nlink() != 1 || (meta.uid() != me().0 && meta.uid() != user) {
+                let what = format!("a file with {} links owned by uid {}", meta.nlink(), meta.uid());
+                return Err(io::Error::other(format!("{} is not what CRIU writes ({what})", run.join(name).display())));
+            }
             f.set_permissions(fs::Permissions::from_mode(0o600))?;
             f.sync_all()?;
             describe_file(&dir_fd, name)
@@ -331,7 +397,7 @@ mod tests {
         let run = store.prepare_run(7, 0).unwrap();
         write(&run.join("core-1.img"), 10);
         write(&run.join("pages-1.img"), 100);
-        let files = ImageStore::seal(&run).unwrap();
+        let files = ImageStore::seal(&run, 1001).unwrap();
         assert_eq!(files.iter().map(|f| (f.name.as_str(), f.bytes)).collect::<Vec<_>>(), [("core-1.img", 10), ("pages-1.img", 100)]);
         for p in [store.root.clone(), store.job_dir(7), run.clone()] {
             assert_eq!(fs::metadata(&p).unwrap().mode() & 0o7777, 0o700, "{}", p.display());
@@ -342,7 +408,59 @@ mod tests {
         assert_eq!(fs::read_dir(&again).unwrap().count(), 0);
         // A symlink among the images is refused, not followed.
         std::os::unix::fs::symlink("/etc/passwd", again.join("x.img")).unwrap();
-        assert!(ImageStore::seal(&again).unwrap_err().to_string().contains("not a regular file"));
+        assert!(ImageStore::seal(&again, 1001).unwrap_err().to_string().contains("not a regular file"));
+    }
+
+    /// CRIU writes as the job's user (crate::criu): the seal takes the user's
+    /// files and root's, nothing with a second link and nobody else's.
+    #[test]
+    fn the_seal_takes_only_files_of_root_or_the_user_with_one_link() {
+        if !gpu_mode_testkit::root_or_skip("it chowns files") {
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let store = ImageStore::new(tmp.path().join("images"));
+        let run = store.prepare_run(7, 0).unwrap();
+        write(&run.join("core-1.img"), 10);
+        write(&run.join("pages-1.img"), 10);
+        std::os::unix::fs::chown(run.join("pages-1.img"), Some(1001), Some(1001)).unwrap();
+        assert_eq!(ImageStore::seal(&run, 1001).unwrap().len(), 2);
+        std::os::unix::fs::chown(run.join("pages-1.img"), Some(1002), Some(1002)).unwrap();
+        let err = ImageStore::seal(&run, 1001).unwrap_err().to_string();
+        assert!(err.contains("pages-1.img is not what CRIU writes") && err.contains("owned by uid 1002"), "{err}");
+        std::os::unix::fs::chown(run.join("pages-1.img"), Some(1001), Some(1001)).unwrap();
+        fs::hard_link(run.join("core-1.img"), tmp.path().join("elsewhere")).unwrap();
+        let err = ImageStore::seal(&run, 1001).unwrap_err().to_string();
+        assert!(err.contains("core-1.img is not what CRIU writes (a file with 2 links"), "{err}");
+    }
+
+    /// A loan makes the run directory the user's for one CRIU run and
+    /// always ends with it root's again (given back, or dropped on an error
+    /// path); the user cannot reach it by path meanwhile.
+    #[test]
+    fn a_lent_run_directory_is_unreachable_by_path_and_comes_back() {
+        if !gpu_mode_testkit::root_or_skip("it lends to nobody") {
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        fs::set_permissions(tmp.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let store = ImageStore::new(tmp.path().join("images"));
+        let run = store.prepare_run(7, 0).unwrap();
+        write(&run.join("core-1.img"), 10);
+        let owner = |p: &Path| fs::metadata(p).unwrap().uid();
+        let lent = ImageStore::lend(&run, 65534, 65534).unwrap();
+        assert_eq!(owner(&run), 65534);
+        let (ok, err) = as_nobody("/bin/ls", &[&run]);
+        assert!(!ok && err.contains("Permission denied"), "nobody reached a lent directory by path: {err}");
+        lent.give_back().unwrap();
+        assert_eq!(owner(&run), 0);
+        drop(ImageStore::lend(&run, 65534, 65534).unwrap());
+        assert_eq!(owner(&run), 0, "a dropped loan is taken back");
+        ImageStore::hand_files_to(&run, &["core-1.img"], 65534, 65534).unwrap();
+        assert_eq!(owner(&run.join("core-1.img")), 65534);
+        std::os::unix::fs::symlink("/etc/passwd", run.join("link.img")).unwrap();
+        ImageStore::hand_files_to(&run, &["link.img"], 65534, 65534).unwrap();
+        assert_eq!(owner(Path::new("/etc/passwd")), 0, "a link is not followed");
     }
 
     /// `program args...` run as nobody (no shell): its exit status and stderr.
@@ -365,7 +483,7 @@ mod tests {
         let store = ImageStore::new(tmp.path().join("images"));
         let run = store.prepare_run(7, 0).unwrap();
         write(&run.join("pages-1.img"), 100);
-        ImageStore::seal(&run).unwrap();
+        ImageStore::seal(&run, 1001).unwrap();
         for dir in [&store.root, &store.job_dir(7), &run] {
             let (ok, err) = as_nobody("/bin/ls", &[dir]);
             assert!(!ok && err.contains("Permission denied"), "nobody listed {}: {err}", dir.display());

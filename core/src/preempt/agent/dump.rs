@@ -152,11 +152,16 @@ impl Agent {
     ) -> Result<CheckpointSummary, String> {
         let Prepared { cuda, shm } = prepared;
         let target = Target::Pids(vec![root]);
-        let req = DumpRequest { pid: root, images_dir: run.to_path_buf(), tcp_established: self.settings.tcp_established };
+        let user = crate::privdrop::Identity::of_user_or_bare(self.params.uid, self.params.gid);
+        let req = DumpRequest { pid: root, images_dir: run.to_path_buf(), tcp_established: self.settings.tcp_established, user };
+        // CRIU writes as the user (crate::criu): the directory is theirs for
+        // the run only.
+        let lent = ImageStore::lend(run, self.params.uid, self.params.gid).map_err(|e| format!("{e}; {}", self.roll_back(cuda.is_some(), &target)))?;
         // Best effort: without it the seal writes everything, as before.
         let writeback = self.settings.early_writeback.then(|| Writeback::start(run).ok()).flatten();
         let t = Instant::now();
         let dumped = self.criu.dump(&req);
+        let back = lent.give_back();
         sw.since("criu-dump", t);
         if let Some(w) = writeback {
             w.stop();
@@ -165,6 +170,9 @@ impl Agent {
         if let Err(e) = dumped {
             return Err(format!("{e}; {}", self.roll_back(cuda.is_some(), &target)));
         }
+        // CRIU has killed the tree: an image that is not root's again cannot
+        // be sealed, and the job starts over.
+        back.map_err(|e| format!("{e}; the tree was dumped and the image is dropped"))?;
         let _ = CheckpointRecord::remove(&self.settings.checkpoint.record_dir, &target.key());
         // From here on the tree is gone: a failure means starting over.
         let shm = match shm {
@@ -177,7 +185,7 @@ impl Agent {
             }
             None => vec![],
         };
-        let images = sw.time("seal", || ImageStore::seal(run)).map_err(|e| format!("cannot seal the images in {}: {e}", run.display()))?;
+        let images = sw.time("seal", || ImageStore::seal(run, self.params.uid)).map_err(|e| format!("cannot seal the images in {}: {e}", run.display()))?;
         let mut manifest = self.manifest(root, pids, cuda.as_ref(), images, sw.timeline(), from_signal);
         manifest.shm = shm;
         let t = Instant::now();

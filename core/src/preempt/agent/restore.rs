@@ -158,18 +158,36 @@ impl Agent {
     /// CRIU restore into `cgroup`, then the checks that need the processes:
     /// the root is the image's, in the new job's cgroup, the user's.
     fn criu_restore(&self, dir: &Path, m: &Manifest, cgroup: TargetCgroup, sw: &mut Stopwatch) -> Result<i32, String> {
-        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
-        let record_dir = &self.settings.checkpoint.record_dir;
-        crate::fsutil::ensure_private_dir(record_dir, uid, gid, 0o700).map_err(|e| format!("{}: {e}", record_dir.display()))?;
+        let (uid, gid) = (self.params.uid, self.params.gid);
         let req = RestoreRequest {
             images_dir: dir.to_path_buf(),
             cgroup: cgroup.clone(),
-            pidfile: record_dir.join(format!("criu-restore-{}.pid", self.params.job)),
             tcp_established: m.tcp_established,
+            user: crate::privdrop::Identity::of_user_or_bare(uid, gid),
         };
+        // CRIU reads as the user (crate::criu): the files are theirs, the
+        // directory for the run only.
+        let names: Vec<&str> = m.images.iter().map(|f| f.name.as_str()).collect();
+        let lend = || -> Result<_, String> {
+            ImageStore::hand_files_to(dir, &names, uid, gid).map_err(|e| e.to_string())?;
+            ImageStore::lend(dir, uid, gid).map_err(|e| e.to_string())
+        };
+        let lent = lend().map_err(|e| format!("{e}; the image is kept"))?;
         let t = Instant::now();
-        let r = self.criu.restore(&req).map_err(|e| format!("{e}; the image is kept"))?;
+        let restored = self.criu.restore(&req);
+        let back = lent.give_back();
         sw.since("criu-restore", t);
+        let r = match (restored, back) {
+            (Ok(r), Ok(())) => r,
+            (Err(e), _) => {
+                self.reap_failed_restore(m);
+                return Err(format!("{e}; the image is kept"));
+            }
+            (Ok(_), Err(e)) => {
+                self.kill_restored(m);
+                return Err(format!("{e}; the restored processes were killed, the image is kept"));
+            }
+        };
         let t = Instant::now();
         let check = if r.pid != m.root_pid {
             Err(format!("CRIU restored pid {}, but the image's root is pid {}", r.pid, m.root_pid))
@@ -195,6 +213,21 @@ impl Agent {
         tree::check_owned(&pids, self.params.uid)?;
         let who = crate::privdrop::Identity::of_user_or_bare(self.params.uid, self.params.gid);
         crate::preempt::held::check_user_may_hold(&pids, &who)
+    }
+
+    /// After CRIU failed or was killed (security review F6): what it may
+    /// have left of the tree is killed and reaped. Only a root that is this
+    /// agent's own child (`--restore-sibling`) and what descends from it: a
+    /// pid of the image may belong to another process when CRIU failed
+    /// because it was taken.
+    fn reap_failed_restore(&self, m: &Manifest) {
+        let me = std::process::id() as i32;
+        if procfs::read(m.root_pid).is_none_or(|p| p.ppid != me) {
+            return;
+        }
+        let ids: Vec<procfs::ProcId> = self.host.with_descendants(m.root_pid).iter().filter_map(|p| procfs::read(*p)).map(|p| p.id()).collect();
+        tree::kill_all(&ids);
+        let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(m.root_pid), None);
     }
 
     /// Kills the tree CRIU just made (the image's pids and whatever descends
