@@ -3,6 +3,7 @@
 //! free. The agent runs as root and dumps whatever CRIU is pointed at, so
 //! everything a request names is checked here first.
 
+use crate::privdrop::Identity;
 use crate::procfs;
 use std::time::{Duration, Instant};
 
@@ -31,24 +32,94 @@ pub fn creds(pid: i32) -> Option<Creds> {
     parse_status(&std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?)
 }
 
-/// Every process of `pids` runs as `uid` (all four uids) without
-/// capabilities. CRIU restores credentials as root: a process with more
-/// than its user's rights (a setuid program, file capabilities) would get
-/// them back from the image, so it is refused at dump time.
-pub fn check_owned(pids: &[i32], uid: u32) -> Result<(), String> {
+/// Every process of `pids` runs as `who` (all four uids its uid, all four
+/// gids among its groups) without capabilities, in this agent's user and
+/// pid namespaces. A process with more than its user's rights (a setuid or
+/// setgid program, file capabilities) would ask CRIU to give them back; one
+/// in a user namespace the user made would have CRIU recreate its
+/// namespaces and mounts (security review F9). Refused at dump time, and
+/// the restored tree is checked again.
+pub fn check_owned(pids: &[i32], who: &Identity) -> Result<(), String> {
+    let uid = who.uid;
     for &pid in pids {
         let Some(c) = creds(pid) else { continue };
         if c.uids.iter().any(|u| *u != uid) {
             return Err(format!("pid {pid} runs as uids {:?}, not only as the job's user (uid {uid}): refused", c.uids));
         }
+        if let Some(g) = c.gids.iter().find(|g| **g != who.gid && !who.groups.contains(g)) {
+            return Err(format!("pid {pid} runs with gid {g}, which is not one of the job user's groups (a setgid program?): refused"));
+        }
         if c.cap_eff != 0 || c.cap_prm != 0 {
-            return Err(format!(
-                "pid {pid} holds capabilities ({:x}): a restore as root would give them back; refused",
-                c.cap_eff | c.cap_prm
-            ));
+            return Err(format!("pid {pid} holds capabilities ({:x}), which its user does not have: refused", c.cap_eff | c.cap_prm));
+        }
+        check_namespaces(pid)?;
+    }
+    Ok(())
+}
+
+/// The namespaces a tree must share with the agent: CRIU would recreate a
+/// user namespace (and what its owner may do in it) or restore pids in
+/// another pid namespace.
+const SHARED_NAMESPACES: [&str; 2] = ["user", "pid"];
+
+fn check_namespaces(pid: i32) -> Result<(), String> {
+    for ns in SHARED_NAMESPACES {
+        let mine = std::fs::read_link(format!("/proc/self/ns/{ns}")).ok();
+        let theirs = std::fs::read_link(format!("/proc/{pid}/ns/{ns}")).ok();
+        // Gone meanwhile: the caller's next step finds it gone.
+        if let (Some(mine), Some(theirs)) = (mine, theirs) {
+            if mine != theirs {
+                return Err(format!(
+                    "pid {pid} runs in a {ns} namespace of its own ({}), not the node's ({}): CRIU would recreate it; refused",
+                    theirs.display(),
+                    mine.display()
+                ));
+            }
         }
     }
     Ok(())
+}
+
+/// The dumped tree's root, held from the checks to CRIU (security review
+/// F8): a pidfd and the start time. The driver's checkpoint (root's) and
+/// CRIU are given the root's pid only while [`Pinned::still_there`] says
+/// that pid is still the process that was checked.
+pub struct Pinned {
+    pidfd: std::os::fd::OwnedFd,
+    id: procfs::ProcId,
+}
+
+impl Pinned {
+    pub fn new(pid: i32) -> Result<Pinned, String> {
+        let gone = || format!("pid {pid} has ended");
+        let id = procfs::read(pid).ok_or_else(gone)?.id();
+        // SAFETY: pidfd_open returns a new descriptor we own, or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) } as i32;
+        if fd < 0 {
+            return Err(format!("pidfd_open({pid}): {}", std::io::Error::last_os_error()));
+        }
+        // SAFETY: fd was just returned by the kernel and is ours alone.
+        let pidfd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        let pinned = Pinned { pidfd, id };
+        // Opened after the read: the pid may have been reused in between.
+        pinned.still_there()?;
+        Ok(pinned)
+    }
+
+    /// The process is alive (its pidfd is not readable: a pidfd turns
+    /// readable when its process exits, and its pid cannot be reused before
+    /// that) and the pid's start time is the checked one.
+    pub fn still_there(&self) -> Result<(), String> {
+        use std::os::fd::AsRawFd;
+        let mut poll = libc::pollfd { fd: self.pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one pollfd we own, no wait.
+        let exited = unsafe { libc::poll(&mut poll, 1, 0) } != 0;
+        let same = procfs::read(self.id.pid).is_some_and(|p| p.start_time == self.id.start_time);
+        if exited || !same {
+            return Err(format!("pid {} ended after it was checked: nothing was dumped", self.id.pid));
+        }
+        Ok(())
+    }
 }
 
 /// Whether `ancestor` is `pid` or one of its ancestors.
@@ -123,14 +194,44 @@ mod tests {
         let pid = child.id() as i32;
         assert!(descends_from(pid, me));
         assert!(!descends_from(me, pid));
+        let my_gid = unsafe { libc::getgid() };
+        let as_me = Identity { uid: my_uid, gid: my_gid, groups: vec![my_gid] };
         if my_uid == 0 {
             // Root holds capabilities: refused, as a setuid program would be.
-            assert!(check_owned(&[pid], 0).unwrap_err().contains("holds capabilities"));
+            assert!(check_owned(&[pid], &as_me).unwrap_err().contains("holds capabilities"));
         }
-        assert!(check_owned(&[pid], my_uid + 1).unwrap_err().contains("not only as the job's user"));
+        let other = Identity { uid: my_uid + 1, ..as_me.clone() };
+        assert!(check_owned(&[pid], &other).unwrap_err().contains("not only as the job's user"));
+        let other_group = Identity { gid: my_gid + 1, groups: vec![my_gid + 1, my_gid + 2], ..as_me.clone() };
+        assert!(check_owned(&[pid], &other_group).unwrap_err().contains("which is not one of the job user's groups"));
+        let pinned = Pinned::new(pid).unwrap();
+        pinned.still_there().unwrap();
         assert!(wait_pids_free(&[pid], Duration::from_millis(50)).unwrap_err().contains("in use on this node (sleep"));
         child.kill().unwrap();
         child.wait().unwrap();
+        assert!(pinned.still_there().unwrap_err().contains("ended after it was checked"));
         wait_pids_free(&[pid], Duration::from_secs(5)).unwrap();
+    }
+
+    #[test]
+    fn a_process_in_a_user_namespace_of_its_own_is_refused() {
+        if unsafe { libc::geteuid() } != 0 {
+            return;
+        }
+        // unshare(1) as nobody: an unprivileged user namespace, as a user makes one.
+        use std::os::unix::process::CommandExt;
+        let mut child = std::process::Command::new("/usr/bin/unshare").args(["--user", "--", "/bin/sleep", "5"]).uid(65534).gid(65534).spawn().unwrap();
+        let pid = child.id() as i32;
+        let start = Instant::now();
+        // unshare execs sleep once the namespace is made.
+        while procfs::read(pid).is_none_or(|p| p.comm != "sleep") && start.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let nobody = Identity { uid: 65534, gid: 65534, groups: vec![65534] };
+        let err = check_owned(&[pid], &nobody);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let err = err.unwrap_err();
+        assert!(err.contains("runs in a user namespace of its own"), "{err}");
     }
 }

@@ -28,9 +28,11 @@ use std::time::Instant;
 
 /// What stands ready for CRIU's dump: the driver's checkpoint (none when the
 /// tree holds no GPU files) and the /dev/shm files to carry (shm.rs).
-struct Prepared {
+struct Prepared<'a> {
     cuda: Option<CheckpointReport>,
     shm: Option<Staged>,
+    /// The checked root (F8), looked at again just before CRIU.
+    pinned: &'a tree::Pinned,
 }
 
 /// The CUDA checkpoint's outcome: its report, or none when the tree holds
@@ -45,11 +47,12 @@ impl Agent {
         self.criu_status.clone().map_err(|e| format!("cannot checkpoint: {e}"))?;
         let t = Instant::now();
         self.check_root(peer, root)?;
+        let pinned = tree::Pinned::new(root)?;
         let pids = self.host.with_descendants(root);
-        tree::check_owned(&pids, self.params.uid)?;
+        let who = crate::privdrop::Identity::of_user_or_bare(self.params.uid, self.params.gid);
+        tree::check_owned(&pids, &who)?;
         // Before anything is locked: what CRIU could not dump alone is
         // found (and refused) here.
-        let who = crate::privdrop::Identity::of_user_or_bare(self.params.uid, self.params.gid);
         uncheckpointable::refuse(&pids, &self.facts.driver_version).map_err(|e| format!("cannot checkpoint: {e}"))?;
         let shm = shm::stage(&pids, root, &who).map_err(|e| format!("cannot checkpoint: {e}; nothing was changed"))?;
         sw.since("checks", t);
@@ -57,7 +60,8 @@ impl Agent {
         if was.is_some() {
             self.set_root(root, Some(RootState::Dumping));
         }
-        let result = self.dump_tree(root, &pids, shm, signal_at_ms.is_some(), &mut sw);
+        // The root checked above is the one the driver and CRIU get.
+        let result = pinned.still_there().and_then(|_| self.dump_tree(&pinned, root, &pids, shm, signal_at_ms.is_some(), &mut sw));
         if was.is_some() {
             self.set_root(root, Some(if result.is_ok() { RootState::Dumped } else { RootState::Running }));
         }
@@ -67,7 +71,15 @@ impl Agent {
     /// CUDA checkpoint (with the run directory made meanwhile), then CRIU;
     /// a failure removes the run directory: never a partial image, and
     /// never one that claims success.
-    fn dump_tree(&self, root: i32, pids: &[i32], shm: Option<Staged>, from_signal: bool, sw: &mut Stopwatch) -> Result<CheckpointSummary, String> {
+    fn dump_tree(
+        &self,
+        pinned: &tree::Pinned,
+        root: i32,
+        pids: &[i32],
+        shm: Option<Staged>,
+        from_signal: bool,
+        sw: &mut Stopwatch,
+    ) -> Result<CheckpointSummary, String> {
         let target = Target::Pids(vec![root]);
         let (run, cuda) = self.cuda_checkpoint_and_run_dir(&target, pids, sw);
         let (run, cuda) = match (run, cuda) {
@@ -84,7 +96,7 @@ impl Agent {
                 return Err(format!("cannot prepare the image directory: {e}; {undo}"));
             }
         };
-        let result = self.dump_into(&run, root, pids, Prepared { cuda, shm }, from_signal, sw);
+        let result = self.dump_into(&run, root, pids, Prepared { cuda, shm, pinned }, from_signal, sw);
         if result.is_err() {
             let _ = crate::fsutil::remove_tree_if_present(&run);
         }
@@ -150,13 +162,16 @@ impl Agent {
         from_signal: bool,
         sw: &mut Stopwatch,
     ) -> Result<CheckpointSummary, String> {
-        let Prepared { cuda, shm } = prepared;
+        let Prepared { cuda, shm, pinned } = prepared;
         let target = Target::Pids(vec![root]);
         let user = crate::privdrop::Identity::of_user_or_bare(self.params.uid, self.params.gid);
         let req = DumpRequest { pid: root, images_dir: run.to_path_buf(), tcp_established: self.settings.tcp_established, user };
         // CRIU writes as the user (crate::criu): the directory is theirs for
         // the run only.
-        let lent = ImageStore::lend(run, self.params.uid, self.params.gid).map_err(|e| format!("{e}; {}", self.roll_back(cuda.is_some(), &target)))?;
+        let lent = pinned
+            .still_there()
+            .and_then(|_| ImageStore::lend(run, self.params.uid, self.params.gid).map_err(|e| e.to_string()))
+            .map_err(|e| format!("{e}; {}", self.roll_back(cuda.is_some(), &target)))?;
         // Best effort: without it the seal writes everything, as before.
         let writeback = self.settings.early_writeback.then(|| Writeback::start(run).ok()).flatten();
         let t = Instant::now();

@@ -210,8 +210,8 @@ impl Agent {
     /// CRIU froze the tree, which may have forked since (security review S4).
     pub(super) fn check_stopped_tree(&self, root: i32) -> Result<(), String> {
         let pids = self.host.with_descendants(root);
-        tree::check_owned(&pids, self.params.uid)?;
         let who = crate::privdrop::Identity::of_user_or_bare(self.params.uid, self.params.gid);
+        tree::check_owned(&pids, &who)?;
         crate::preempt::held::check_user_may_hold(&pids, &who)
     }
 
