@@ -86,7 +86,7 @@ pub static FAMILIES: &[Family] = &[
     Family { name: CHECKPOINT_PHASE, kind: Kind::Histogram, help: "Duration of each phase of successful checkpoints (the manifest's timings).", buckets: PHASE_BUCKETS },
     plain(CHECKPOINT_BYTES, Kind::Counter, "Bytes of checkpoint images written."),
     plain(RESTORES, Kind::Counter, "Restores by the checkpoint agents, by outcome."),
-    plain(RESTORE_FAILURES, Kind::Counter, "Failed or refused restores by reason."),
+    plain(RESTORE_FAILURES, Kind::Counter, "Failed restores by reason (refused requests are not counted)."),
     Family { name: RESTORE_PHASE, kind: Kind::Histogram, help: "Duration of each phase of successful restores.", buckets: PHASE_BUCKETS },
     plain(DRAINS, Kind::Counter, "Drains this project set on the node, by source (prolog, epilog, node-checker, mig-baseline) and reason."),
     plain("gpu_mode_jobs", Kind::Gauge, "Jobs with a GPU mode on the node now, by mode kind."),

@@ -11,7 +11,7 @@
 //! dumps it (writeback.rs). Every phase lands in the timeline (timeline.rs).
 
 use super::server::Peer;
-use super::{Agent, RootState};
+use super::{Agent, RefusalKind, RequestError, RootState};
 use crate::checkpoint::record::CheckpointRecord;
 use crate::checkpoint::{CheckpointError, CheckpointReport, DeviceMap, FoundBy, Target};
 use crate::criu::DumpRequest;
@@ -40,11 +40,11 @@ struct Prepared<'a> {
 type CudaOutcome = Result<Option<CheckpointReport>, String>;
 
 impl Agent {
-    pub(super) fn checkpoint(&self, peer: Peer, root: i32, signal_at_ms: Option<u64>) -> Result<CheckpointSummary, String> {
+    pub(super) fn checkpoint(&self, peer: Peer, root: i32, signal_at_ms: Option<u64>) -> Result<CheckpointSummary, RequestError> {
         let lead_ms = signal_at_ms.map(|at| now_ms().saturating_sub(at) as f64);
         let mut sw = Stopwatch::new("request", lead_ms);
         let _op = self.exclusive()?;
-        self.criu_status.clone().map_err(|e| format!("cannot checkpoint: {e}"))?;
+        self.criu_usable("checkpoint")?;
         let t = Instant::now();
         self.check_root(peer, root)?;
         let pinned = tree::Pinned::new(root)?;
@@ -65,7 +65,7 @@ impl Agent {
         if was.is_some() {
             self.set_root(root, Some(if result.is_ok() { RootState::Dumped } else { RootState::Running }));
         }
-        result
+        Ok(result?)
     }
 
     /// CUDA checkpoint (with the run directory made meanwhile), then CRIU;
@@ -134,22 +134,30 @@ impl Agent {
     /// The root must be the caller's own descendant or a tree this agent
     /// restored, and the caller must be one of the job's processes (root,
     /// the admin, is trusted).
-    fn check_root(&self, peer: Peer, root: i32) -> Result<(), String> {
+    fn check_root(&self, peer: Peer, root: i32) -> Result<(), RequestError> {
+        if root <= 1 {
+            return Err(RequestError::refused(RefusalKind::InvalidRoot, format!("pid {root} cannot be checkpointed: refused")));
+        }
         if peer.uid != 0 {
             self.peer_in_job(peer)?;
         }
         if self.root_state(root).is_some() || tree::descends_from(root, peer.pid) {
             return Ok(());
         }
-        Err(format!("pid {root} is neither a descendant of the caller (pid {}) nor a tree this agent restored: refused", peer.pid))
+        let message = format!("pid {root} is neither a descendant of the caller (pid {}) nor a tree this agent restored: refused", peer.pid);
+        Err(RequestError::refused(RefusalKind::NotDescendant, message))
     }
 
     /// Another job of the same user on this node must not use this agent.
-    pub(super) fn peer_in_job(&self, peer: Peer) -> Result<(), String> {
+    /// A scan that fails is a failure, not a refusal: the node has a problem.
+    pub(super) fn peer_in_job(&self, peer: Peer) -> Result<(), RequestError> {
         match self.host.is_job_process(peer.pid, self.params.job) {
             Ok(true) => Ok(()),
-            Ok(false) => Err(format!("the caller (pid {}) is not a process of job {}: refused", peer.pid, self.params.job)),
-            Err(e) => Err(format!("cannot tell the processes of job {}: {e}", self.params.job)),
+            Ok(false) => {
+                let message = format!("the caller (pid {}) is not a process of job {}: refused", peer.pid, self.params.job);
+                Err(RequestError::refused(RefusalKind::NotInJob, message))
+            }
+            Err(e) => Err(RequestError::Failed(format!("cannot tell the processes of job {}: {e}", self.params.job))),
         }
     }
 

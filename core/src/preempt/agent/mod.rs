@@ -15,7 +15,9 @@
 //! appeared within `start_grace`.
 
 mod dump;
+mod ratelimit;
 mod real;
+mod refusal;
 mod restore;
 mod server;
 mod spawn;
@@ -25,6 +27,7 @@ mod tests;
 pub use real::{gpu_facts, node_gpus, real_backends};
 pub use server::{listen, ExitReason};
 pub use spawn::{spawn_agent, stop_agent, AgentLaunch};
+use refusal::{RefusalKind, RequestError};
 
 use super::accounting::{self, AccountingField, Event, EventKind};
 use super::images::ImageStore;
@@ -139,6 +142,10 @@ pub struct Agent {
     started: Instant,
     /// Open connections of the job's user (server.rs bounds them).
     connections: AtomicUsize,
+    /// Requests per uid (refusal.rs): a loop of requests is refused at once.
+    budget: Mutex<ratelimit::RequestBudget>,
+    /// Refusal log lines per uid (refusal.rs).
+    refusal_log: Mutex<ratelimit::LogLimit>,
 }
 
 /// The backends an agent drives: real ones in the binary, doubles in tests.
@@ -166,6 +173,8 @@ impl Agent {
             stop: AtomicBool::new(false),
             started: Instant::now(),
             connections: AtomicUsize::new(0),
+            budget: Mutex::new(refusal::request_budget()),
+            refusal_log: Mutex::new(refusal::refusal_log()),
         }
     }
 
@@ -187,8 +196,15 @@ impl Agent {
 
     /// One checkpoint or restore at a time: a second request is refused
     /// rather than queued (the grace time is short).
-    fn exclusive(&self) -> Result<std::sync::MutexGuard<'_, ()>, String> {
-        self.op.try_lock().map_err(|_| format!("a checkpoint or restore of job {} is already running", self.params.job))
+    fn exclusive(&self) -> Result<std::sync::MutexGuard<'_, ()>, RequestError> {
+        let busy = || format!("a checkpoint or restore of job {} is already running", self.params.job);
+        self.op.try_lock().map_err(|_| RequestError::refused(RefusalKind::Busy, busy()))
+    }
+
+    /// `criu check` failed at start: nothing can be dumped or restored.
+    fn criu_usable(&self, verb: &str) -> Result<(), RequestError> {
+        let unusable = |e: &String| RequestError::refused(RefusalKind::CriuUnavailable, format!("cannot {verb}: {e}"));
+        self.criu_status.as_ref().map(|_| ()).map_err(unusable)
     }
 
     fn count(&self, events: &[crate::metrics::Event]) {
@@ -213,12 +229,11 @@ impl Agent {
     }
 
     fn log(&self, action: &str, outcome: crate::log::Outcome, detail: &str) {
-        crate::log::ActionLine::new(action)
-            .field("job", self.params.job)
-            .field("uid", self.params.uid)
-            .field("node", &self.params.node)
-            .field("detail", detail)
-            .outcome(outcome)
-            .emit(&self.settings.log);
+        self.action_line(action).field("detail", detail).outcome(outcome).emit(&self.settings.log);
+    }
+
+    /// A log line of this agent: the job, its user and the node.
+    fn action_line(&self, action: &str) -> crate::log::ActionLine {
+        crate::log::ActionLine::new(action).field("job", self.params.job).field("uid", self.params.uid).field("node", &self.params.node)
     }
 }

@@ -5,7 +5,7 @@
 //! consumed: it is never restored twice.
 
 use super::server::Peer;
-use super::{Agent, RootState};
+use super::{Agent, RefusalKind, RequestError, RootState};
 use crate::checkpoint::DeviceMap;
 use crate::criu::{RestoreRequest, TargetCgroup};
 use crate::preempt::images::ImageStore;
@@ -23,18 +23,18 @@ fn ms(since: Instant) -> f64 {
 }
 
 impl Agent {
-    pub(super) fn restore(&self, peer: Peer) -> Result<(i32, RestoreSummary), String> {
+    pub(super) fn restore(&self, peer: Peer) -> Result<(i32, RestoreSummary), RequestError> {
         let mut sw = Stopwatch::new("request", None);
         let _op = self.exclusive()?;
-        self.criu_status.clone().map_err(|e| format!("cannot restore: {e}"))?;
+        self.criu_usable("restore")?;
         if peer.uid != 0 {
             self.peer_in_job(peer)?;
         }
-        let (restart, dir) = self
-            .settings
-            .images
-            .latest(self.params.job)
-            .ok_or_else(|| format!("no checkpoint image of job {} in {}", self.params.job, self.settings.images.root.display()))?;
+        let no_image = || {
+            let message = format!("no checkpoint image of job {} in {}", self.params.job, self.settings.images.root.display());
+            RequestError::refused(RefusalKind::NoImage, message)
+        };
+        let (restart, dir) = self.settings.images.latest(self.params.job).ok_or_else(no_image)?;
         let result = self.restore_image(peer, restart, &dir, &mut sw);
         if let Err(e) = &result {
             // The epilog of this run would otherwise remove the image that
@@ -44,7 +44,7 @@ impl Agent {
                 self.log("restore-mark", crate::log::Outcome::Failed, &io.to_string());
             }
         }
-        result
+        Ok(result?)
     }
 
     fn restore_image(&self, peer: Peer, restart: u32, dir: &Path, sw: &mut Stopwatch) -> Result<(i32, RestoreSummary), String> {

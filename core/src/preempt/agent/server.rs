@@ -4,7 +4,7 @@
 //! SO_PEERCRED on every connection (the file mode alone is not trusted).
 //! One thread per connection; requests are a line each (protocol.rs).
 
-use super::{Agent, RootState};
+use super::{Agent, RefusalKind, RequestError, RootState};
 use crate::fsutil;
 use crate::log::Outcome;
 use crate::metrics::{self, Event};
@@ -133,6 +133,7 @@ impl Agent {
         let mut life = Life { seen: false, last_seen: Instant::now(), last_check: None };
         loop {
             if let Some(reason) = self.exit_reason(&mut life) {
+                self.report_unlogged_refusals();
                 return Ok(reason);
             }
             match listener.accept() {
@@ -211,8 +212,12 @@ impl Agent {
             Ok(None) => return,
             Err(e) => return reply(&mut out, &Response::Error { message: e.to_string() }),
         };
+        // Before anything else: a request over budget costs nothing more.
+        if let Err(message) = self.within_budget(peer.uid) {
+            return reply(&mut out, &Response::Error { message });
+        }
         if let Err(message) = authorize(peer, self.params.uid, self.params.job, &req) {
-            self.log("agent-refused", Outcome::Refused, &message);
+            self.refused(peer.uid, "agent-refused", RefusalKind::Unauthorized, &message);
             return reply(&mut out, &Response::Error { message });
         }
         match req {
@@ -255,7 +260,11 @@ impl Agent {
                 self.account(EventKind::Checkpoint, summary.timings.total_ms / 1000.0, Some(summary.image_bytes));
                 Response::Checkpointed(summary)
             }
-            Err(message) => {
+            Err(RequestError::Refused { kind, message }) => {
+                self.refused(peer.uid, "checkpoint", kind, &message);
+                Response::Error { message }
+            }
+            Err(RequestError::Failed(message)) => {
                 self.log("checkpoint", Outcome::Failed, &message);
                 self.count(&failure_events(metrics::CHECKPOINTS, metrics::CHECKPOINT_FAILURES, &message));
                 self.account(EventKind::CheckpointFailed, start.elapsed().as_secs_f64(), None);
@@ -267,11 +276,16 @@ impl Agent {
     /// Restores, answers `restored`, then waits for the tree and answers
     /// how it ended (or that it was dumped again). A restore's event is
     /// recorded after the answer: the application runs meanwhile.
-    fn restore_request(&self, peer: Peer, out: &mut UnixStream) {
+    pub(super) fn restore_request(&self, peer: Peer, out: &mut UnixStream) {
         let start = Instant::now();
         let (pid, summary) = match self.restore(peer) {
             Ok(r) => r,
-            Err(message) => {
+            Err(RequestError::Refused { kind, message }) => {
+                self.refused(peer.uid, "restore", kind, &message);
+                let _ = protocol::send(out, &Response::Error { message });
+                return;
+            }
+            Err(RequestError::Failed(message)) => {
                 self.log("restore", Outcome::Failed, &message);
                 self.count(&failure_events(metrics::RESTORES, metrics::RESTORE_FAILURES, &message));
                 // Before the answer: the job fails on it, and Slurm takes

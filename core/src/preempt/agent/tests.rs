@@ -64,13 +64,36 @@ fn root_or_skip() -> bool {
 }
 
 fn fixture() -> Fx {
-    fixture_with(false)
+    fixture_with(false, crate::preempt::accounting::AccountingField::Off)
 }
 
-/// `counting`: with `[metrics] textfile` at `<dir>/gpu-mode.prom`.
-fn fixture_with(counting: bool) -> Fx {
+/// Stand-ins for scontrol and squeue in `<dir>/bin`: each call appends a
+/// line to `<dir>/scontrol.calls`; squeue reports an unset field.
+fn fake_scontrol(dir: &std::path::Path) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let bin = dir.join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let calls = dir.join("scontrol.calls");
+    for (name, answer) in [("scontrol", ""), ("squeue", "echo '(null)'")] {
+        let script = format!("#!/bin/sh\necho \"$0 $*\" >> {}\n{answer}\n", calls.display());
+        std::fs::write(bin.join(name), script).unwrap();
+        std::fs::set_permissions(bin.join(name), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    bin.join("scontrol")
+}
+
+/// The lines the fake scontrol and squeue recorded (one per call).
+fn scontrol_calls(fx: &Fx) -> Vec<String> {
+    let text = std::fs::read_to_string(fx._dir.path().join("scontrol.calls")).unwrap_or_default();
+    text.lines().map(str::to_string).collect()
+}
+
+/// `counting`: with `[metrics] textfile` at `<dir>/gpu-mode.prom`;
+/// `accounting`: the field written through the fake scontrol.
+fn fixture_with(counting: bool, accounting: crate::preempt::accounting::AccountingField) -> Fx {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path();
+    let scontrol = fake_scontrol(p);
     let settings = AgentSettings {
         socket_dir: p.join("sock"),
         images: ImageStore::new(p.join("images")),
@@ -97,8 +120,8 @@ fn fixture_with(counting: bool) -> Fx {
             cfg.log = LogConfig { syslog: false, stderr: false };
             Box::new(cfg)
         }),
-        accounting: crate::preempt::accounting::AccountingField::Off,
-        scontrol: "/nonexistent/scontrol".into(),
+        accounting,
+        scontrol,
     };
     let params = AgentParams {
         job: 7,
@@ -191,7 +214,7 @@ fn a_failed_dump_leaves_nothing_that_claims_success_and_the_app_runs_on() {
     let mut child = app();
     let fail = CriuError::Failed { verb: "dump", status: "exit status: 1".into(), detail: "No space left on device".into(), log: "/x".into() };
     *fx.criu.fail_dump.lock().unwrap() = Some(fail);
-    let err = fx.agent.checkpoint(me(), child.id() as i32, None).unwrap_err();
+    let err = fx.agent.checkpoint(me(), child.id() as i32, None).unwrap_err().to_string();
     assert!(err.contains("criu dump failed") && err.contains("No space left") && err.contains("the application runs on"), "{err}");
     assert!(!fx.agent.settings.images.run_dir(7, 0).exists(), "the partial dump is removed");
     assert_eq!(fx.agent.settings.images.latest(7), None);
@@ -212,7 +235,7 @@ fn an_image_directory_that_cannot_be_made_fails_the_checkpoint_and_the_app_runs_
     // for any failure to make the directory.
     std::fs::write(&fx.agent.settings.images.root, b"not a directory").unwrap();
     let mut child = app();
-    let err = fx.agent.checkpoint(me(), child.id() as i32, None).unwrap_err();
+    let err = fx.agent.checkpoint(me(), child.id() as i32, None).unwrap_err().to_string();
     assert!(err.starts_with("cannot prepare the image directory") && err.ends_with("the application runs on"), "{err}");
     assert!(matches!(&fx.criu.calls()[..], [CriuCall::Check]), "CRIU never ran: {:?}", fx.criu.calls());
     assert_eq!(child.try_wait().unwrap(), None, "the application still runs");
@@ -228,13 +251,13 @@ fn only_the_callers_own_tree_of_the_users_processes_is_dumped() {
     let fx = fixture();
     // Not a descendant of the caller (the caller is a child of ours).
     let mut other = app();
-    let err = fx.agent.checkpoint(Peer { pid: other.id() as i32, uid: 0 }, std::process::id() as i32, None).unwrap_err();
+    let err = fx.agent.checkpoint(Peer { pid: other.id() as i32, uid: 0 }, std::process::id() as i32, None).unwrap_err().to_string();
     assert!(err.contains("is neither a descendant of the caller"), "{err}");
     other.kill().unwrap();
     other.wait().unwrap();
     // A process with root's rights in the tree.
     let mut rooted = Command::new("/bin/sleep").arg("30").spawn().unwrap();
-    let err = fx.agent.checkpoint(me(), rooted.id() as i32, None).unwrap_err();
+    let err = fx.agent.checkpoint(me(), rooted.id() as i32, None).unwrap_err().to_string();
     assert!(err.contains("not only as the job's user") || err.contains("holds capabilities"), "{err}");
     rooted.kill().unwrap();
     rooted.wait().unwrap();
@@ -291,7 +314,7 @@ fn restores_refuse_foreign_corrupt_changed_or_incompatible_images_and_keep_them(
         let fx = fixture();
         let (_child, run) = dumped(&fx);
         spoil(&run);
-        let err = fx.agent.restore(me()).unwrap_err();
+        let err = fx.agent.restore(me()).unwrap_err().to_string();
         assert!(err.contains(needle) && err.contains("the image is kept"), "{name}: {err}");
         assert!(run.join(MANIFEST_FILE).exists(), "{name}: the image is kept");
         assert!(!fx.criu.calls().iter().any(|c| matches!(c, CriuCall::Restore(_))), "{name}: nothing was restored");
@@ -301,7 +324,7 @@ fn restores_refuse_foreign_corrupt_changed_or_incompatible_images_and_keep_them(
 #[test]
 fn no_image_is_a_clear_refusal() {
     let fx = fixture();
-    let err = fx.agent.restore(me()).unwrap_err();
+    let err = fx.agent.restore(me()).unwrap_err().to_string();
     assert!(err.contains("no checkpoint image of job 7 in"), "{err}");
 }
 
@@ -412,14 +435,23 @@ fn a_planted_socket_directory_is_refused() {
 }
 
 /// Checkpoints are counted: a success with its bytes and one observation
-/// per phase of the manifest's timings, a refusal by reason.
+/// per phase of the manifest's timings, a failure by reason; a refusal is not.
 #[test]
 fn checkpoints_are_counted_in_the_metrics() {
     if !root_or_skip() {
         return;
     }
-    let fx = fixture_with(true);
+    let fx = fixture_with(true, crate::preempt::accounting::AccountingField::Off);
     let textfile = fx._dir.path().join("gpu-mode.prom");
+    // A failure is counted; a refusal (pid 1) is not (security review F3).
+    // The failure comes first: a failed dump replaces the run's image.
+    let mut other = app();
+    let fail = CriuError::Failed { verb: "dump", status: "exit status: 1".into(), detail: "x".into(), log: "/x".into() };
+    *fx.criu.fail_dump.lock().unwrap() = Some(fail);
+    assert!(matches!(fx.agent.checkpoint_request(me(), other.id() as i32, None), Response::Error { .. }));
+    other.kill().unwrap();
+    other.wait().unwrap();
+    assert!(matches!(fx.agent.checkpoint_request(me(), 1, None), Response::Error { .. }));
     let mut child = app();
     let pid = child.id() as i32;
     *fx.criu.on_dump.lock().unwrap() = Some(Box::new(move |_| unsafe {
@@ -427,13 +459,12 @@ fn checkpoints_are_counted_in_the_metrics() {
     }));
     let Response::Checkpointed(summary) = fx.agent.checkpoint_request(me(), pid, None) else { panic!("the dump failed") };
     let _ = child.wait();
-    // pid 1 is nobody's descendant here: refused.
-    assert!(matches!(fx.agent.checkpoint_request(me(), 1, None), Response::Error { .. }));
     let text = std::fs::read_to_string(&textfile).unwrap();
+    assert!(!text.contains("reason=\"refused\""), "a refusal was counted\n{text}");
     for line in [
         "gpu_mode_checkpoints_total{outcome=\"ok\"} 1".to_string(),
         "gpu_mode_checkpoints_total{outcome=\"failed\"} 1".to_string(),
-        "gpu_mode_checkpoint_failures_total{reason=\"refused\"} 1".to_string(),
+        "gpu_mode_checkpoint_failures_total{reason=\"criu\"} 1".to_string(),
         format!("gpu_mode_checkpoint_written_bytes_total {}", summary.image_bytes),
         "gpu_mode_checkpoint_phase_duration_seconds_count{phase=\"criu_dump\"} 1".to_string(),
         "gpu_mode_checkpoint_phase_duration_seconds_count{phase=\"total\"} 1".to_string(),
@@ -562,9 +593,9 @@ fn the_users_processes_outside_the_job_cannot_checkpoint_or_restore() {
     let fx = fixture();
     let mut outsider = app();
     let peer = Peer { pid: outsider.id() as i32, uid: NOBODY };
-    let err = fx.agent.checkpoint(peer, outsider.id() as i32, None).unwrap_err();
+    let err = fx.agent.checkpoint(peer, outsider.id() as i32, None).unwrap_err().to_string();
     assert!(err.contains(&format!("the caller (pid {}) is not a process of job 7: refused", peer.pid)), "{err}");
-    let err = fx.agent.restore(peer).unwrap_err();
+    let err = fx.agent.restore(peer).unwrap_err().to_string();
     assert!(err.contains("is not a process of job 7"), "{err}");
     assert!(!fx.criu.calls().iter().any(|c| matches!(c, CriuCall::Dump(_) | CriuCall::Restore(_))), "CRIU was never asked");
     outsider.kill().unwrap();
@@ -642,7 +673,87 @@ fn every_restored_process_is_checked_before_it_runs_even_one_the_manifest_does_n
         unsafe { libc::kill(pid, libc::SIGKILL) };
     }
     let _ = shell.wait();
-    let err = result.map(|(pid, _)| pid).unwrap_err();
+    let err = result.map(|(pid, _)| pid).unwrap_err().to_string();
     assert!(err.contains(&format!("pid {sleep} was restored holding {}", secret.display())), "{err}");
     assert!(err.contains("the restored processes were killed, the image is kept"), "{err}");
+}
+
+/// Security review (issue 27), F3: every refused request cost root a log
+/// line, a metrics render and two scontrol calls (one a job update), so a
+/// loop of refused requests made the agent an unthrottled amplifier
+/// against slurmctld, the journal and the disk. A refusal now reaches
+/// neither scontrol nor the metrics, and its log lines are rate-limited.
+#[test]
+fn a_loop_of_refused_requests_reaches_neither_slurm_nor_the_metrics() {
+    if !root_or_skip() {
+        return;
+    }
+    let fx = fixture_with(true, crate::preempt::accounting::AccountingField::AdminComment);
+    // The test process is not a process of job 7: every request is refused.
+    let outsider = Peer { pid: std::process::id() as i32, uid: NOBODY };
+    for _ in 0..100 {
+        assert!(matches!(fx.agent.checkpoint_request(outsider, 1, None), Response::Error { .. }));
+    }
+    for _ in 0..100 {
+        let (mut ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        fx.agent.restore_request(me(), &mut ours);
+        drop(theirs);
+    }
+    let calls = scontrol_calls(&fx);
+    assert!(calls.is_empty(), "{} scontrol and squeue calls for 200 refusals, the last: {:?}", calls.len(), calls.last());
+    let textfile = fx._dir.path().join("gpu-mode.prom");
+    assert!(!textfile.exists(), "refusals rendered the metrics:\n{}", std::fs::read_to_string(&textfile).unwrap());
+    // Five lines per uid and minute; the rest counted for one line later.
+    let log = fx.agent.refusal_log.lock().unwrap();
+    assert_eq!((log.counts(NOBODY), log.counts(0)), ((5, 95), (5, 95)), "(logged, suppressed) of the user's and root's refusals");
+    drop(log);
+    // The control: a real failure is still counted and accounted.
+    let mut insider = app_with_env(&[("SLURM_JOB_ID", "7")]);
+    let fail = CriuError::Failed { verb: "dump", status: "exit status: 1".into(), detail: "x".into(), log: "/x".into() };
+    *fx.criu.fail_dump.lock().unwrap() = Some(fail);
+    let answer = fx.agent.checkpoint_request(Peer { pid: insider.id() as i32, uid: NOBODY }, insider.id() as i32, None);
+    insider.kill().unwrap();
+    insider.wait().unwrap();
+    assert!(matches!(answer, Response::Error { .. }), "{answer:?}");
+    assert_eq!(scontrol_calls(&fx).len(), 2, "the failure's squeue read and scontrol update");
+    assert!(std::fs::read_to_string(&textfile).unwrap().contains("gpu_mode_checkpoint_failures_total{reason=\"criu\"} 1"));
+}
+
+/// Security review (issue 27), F3: the job's user has a request budget;
+/// past it a request is refused at once. Root (the epilog) never is.
+#[test]
+fn the_users_requests_have_a_budget_and_roots_do_not() {
+    let fx = fixture();
+    for i in 0..20 {
+        assert_eq!(fx.agent.within_budget(NOBODY), Ok(()), "request {i} of the burst");
+    }
+    let err = fx.agent.within_budget(NOBODY).unwrap_err();
+    assert!(err.starts_with("too many requests from uid 65534: 1 refused in the last 60 s"), "{err}");
+    for _ in 0..1000 {
+        assert_eq!(fx.agent.within_budget(0), Ok(()));
+    }
+}
+
+/// Refusals are told from failures by their type, never by their text.
+#[test]
+fn refusals_are_typed_by_kind() {
+    if !root_or_skip() {
+        return;
+    }
+    let fx = fixture();
+    let kind = |r: Result<_, RequestError>| match r {
+        Err(RequestError::Refused { kind, .. }) => Some(kind),
+        _ => None,
+    };
+    let outsider = Peer { pid: std::process::id() as i32, uid: NOBODY };
+    assert_eq!(kind(fx.agent.checkpoint(me(), 1, None).map(|_| ())), Some(RefusalKind::InvalidRoot));
+    assert_eq!(kind(fx.agent.checkpoint(outsider, 2, None).map(|_| ())), Some(RefusalKind::NotInJob));
+    let mut other = app();
+    let stranger = Peer { pid: other.id() as i32, uid: 0 };
+    assert_eq!(kind(fx.agent.checkpoint(stranger, std::process::id() as i32, None).map(|_| ())), Some(RefusalKind::NotDescendant));
+    other.kill().unwrap();
+    other.wait().unwrap();
+    assert_eq!(kind(fx.agent.restore(me()).map(|_| ())), Some(RefusalKind::NoImage));
+    let _busy = fx.agent.exclusive().unwrap();
+    assert_eq!(kind(fx.agent.restore(me()).map(|_| ())), Some(RefusalKind::Busy));
 }
