@@ -202,8 +202,11 @@ impl Agent {
     }
 
     /// `criu check` failed at start: nothing can be dumped or restored.
+    /// A node without a working CRIU is the admin's fault to see: a
+    /// failure (logged, counted, accounted; the request budget bounds a
+    /// user's loop of them), not a cheap refusal.
     fn criu_usable(&self, verb: &str) -> Result<(), RequestError> {
-        let unusable = |e: &String| RequestError::refused(RefusalKind::CriuUnavailable, format!("cannot {verb}: {e}"));
+        let unusable = |e: &String| RequestError::Failed(format!("cannot {verb}: {e}"));
         self.criu_status.as_ref().map(|_| ()).map_err(unusable)
     }
 

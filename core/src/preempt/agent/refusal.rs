@@ -44,7 +44,6 @@ pub enum RefusalKind {
     /// A checkpoint or restore is already running.
     Busy,
     NoImage,
-    CriuUnavailable,
 }
 
 impl RefusalKind {
@@ -57,7 +56,6 @@ impl RefusalKind {
             RefusalKind::InvalidRoot => "invalid_root",
             RefusalKind::Busy => "busy",
             RefusalKind::NoImage => "no_image",
-            RefusalKind::CriuUnavailable => "criu_unavailable",
         }
     }
 }
