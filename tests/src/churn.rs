@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 
 mod full_node;
 pub mod product;
+mod swap;
 
 use full_node::FullNode;
 
@@ -77,6 +78,10 @@ const MODES: &[(Option<&str>, u32)] = &[
     (Some("mig:@half"), 3),
     (Some("checkpoint"), 15),
 ];
+
+/// Percent of the checkpoint jobs never cancelled whose file is swapped
+/// once they are checkpointed ([`swap`]).
+const SWAP_PERCENT: u32 = 40;
 
 /// Steps of a checkpoint job's counter: 100 ms each, drawn from this range.
 pub const CKPT_STEPS: std::ops::RangeInclusive<u64> = 15..=25;
@@ -135,6 +140,10 @@ struct Planned {
     /// Checkpoint jobs: a preemptor is submitted once the job's counter
     /// reached this step.
     preempt: Option<Preemptor>,
+    /// Checkpoint jobs never cancelled: the counter keeps a file of the
+    /// user's open, swapped for a link to a root file once checkpointed
+    /// ([`swap`]).
+    swap: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -164,6 +173,8 @@ enum CancelAt {
 
 fn plan(o: &Options) -> Vec<Planned> {
     let mut rng = Rng(o.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    // Its own sequence: the swaps leave every other draw as it was.
+    let mut swaps = Rng(o.seed.wrapping_mul(0xD1B5_4A32_D192_ED03) | 1);
     let total: u32 = MODES.iter().map(|(_, w)| w).sum();
     (0..o.jobs)
         .map(|i| {
@@ -193,7 +204,8 @@ fn plan(o: &Options) -> Vec<Planned> {
                 user: USERS[rng.below(USERS.len() as u64) as usize],
                 secs: 0.5 + rng.below(16) as f64 / 10.0,
             });
-            Planned { name: format!("churn-{i}"), user, mode, gpus, kind, secs, cancel, steps, preempt }
+            let swap = swaps.below(100) < SWAP_PERCENT.into() && ckpt && cancel.is_none();
+            Planned { name: format!("churn-{i}"), user, mode, gpus, kind, secs, cancel, steps, preempt, swap }
         })
         .collect()
 }
@@ -248,6 +260,9 @@ pub struct Report {
     /// Requeued runs of checkpoint jobs that Slurm started without their
     /// Prolog (see [`PROLOG_SKIPPED`]), which the plugin requeued again.
     pub prolog_skipped: Vec<String>,
+    /// Checkpoint jobs whose file was swapped for a link to a root file
+    /// between dump and restore (each must fail on the restore's refusal).
+    pub swapped: Vec<String>,
     /// Images kept, as docs/checkpoint.md says, of jobs that ended after a
     /// checkpoint without a run that could restore it (cancelled while
     /// requeued): the sweep's age and
@@ -308,7 +323,8 @@ impl Report {
              checkpoint records left: {}\nagent sockets left: {}\nlocks held: {}\n\
              {}\nproduct's prolog/epilog work by mode: {}\ncancelled jobs whose prolog ran (each with its epilog): {}\n\
              preemptors: {}\ncheckpoint jobs preempted and restored: {} ({} checkpoints taken, {} restores)\n\
-             requeued runs Slurm started without their Prolog (requeued again by the plugin): {}\nimages kept for the sweep (job ended after its checkpoint, not restored): {}\nwrong drains: {}\n\
+             requeued runs Slurm started without their Prolog (requeued again by the plugin): {}\n\
+             files swapped for a root file between dump and restore (each restore refused): {}\nimages kept for the sweep (job ended after its checkpoint, not restored): {}\nwrong drains: {}\n\
              jobs failed for a reason other than the ones injected: {}\nhook runs that failed: {}\n\
              prolog ms: p50 {} p99 {} max {} ({} runs)\nepilog ms: p50 {} p99 {} max {} ({} runs)\n{}",
             self.jobs,
@@ -335,6 +351,7 @@ impl Report {
             self.checkpoints,
             self.restores,
             self.prolog_skipped.len(),
+            self.swapped.len(),
             self.images_kept_by_design.len(),
             self.drains.len(),
             self.unexpected.len(),
@@ -364,7 +381,8 @@ pub fn run(c: &Cluster, o: &Options) -> Result<Report> {
     let drains = Arc::new(Mutex::new(Vec::new()));
     let cancels = Arc::new(Mutex::new(BTreeMap::new()));
     let preemptors = Mutex::new(Vec::new());
-    let shared = Shared { c, cancels: &cancels, stop: &stop, preemptors: &preemptors, who: ckpt_jobs::job_user() };
+    let swapped = Mutex::new(BTreeMap::new());
+    let shared = Shared { c, cancels: &cancels, stop: &stop, preemptors: &preemptors, who: ckpt_jobs::job_user(), swapped: &swapped };
     let full = FullNode::preempt(c, shared.who)?;
     std::thread::scope(|s| -> Result<()> {
         let watch = s.spawn(|| watch_drains(c, &stop, &drains));
@@ -391,7 +409,11 @@ pub fn run(c: &Cluster, o: &Options) -> Result<Report> {
     let preemptors = preemptors.into_inner().unwrap();
     report.preemptors = preemptors.iter().filter(|p| p.is_ok()).count();
     report.unexpected.extend(preemptors.iter().filter_map(|p| p.clone().err()));
-    let kept_jobs = judge(c, &jobs, &cancelled, &preemptors, &mut report)?;
+    let swapped = swapped.into_inner().unwrap();
+    report.swapped = swapped.keys().cloned().collect();
+    let mut kept_jobs = judge(c, &jobs, &cancelled, &preemptors, &swapped, &mut report)?;
+    kept_jobs.extend(full.kept_image());
+    report.swapped.extend(full.kept_image().map(|id| format!("full-node-swap ({id})")));
     judge_hooks(c, &jobs, &mut report)?;
     report.full_node = full.summary(c);
     report.full_node_problems = full.problems(c);
@@ -448,6 +470,8 @@ struct Shared<'a> {
     preemptors: &'a Mutex<Vec<Result<String, String>>>,
     /// Who runs checkpoint jobs here ([`ckpt_jobs::job_user`]).
     who: Who,
+    /// Jobs whose file was swapped ([`swap`]), by name.
+    swapped: &'a Mutex<BTreeMap<String, swap::Bait>>,
 }
 
 fn args_of(j: &Planned) -> Vec<String> {
@@ -474,9 +498,19 @@ fn submit<'s>(s: &'s std::thread::Scope<'s, '_>, sh: &'s Shared<'s>, j: &'s Plan
                 Who::User(_) => Who::User(j.user),
                 Who::CaplessRoot => Who::CaplessRoot,
             };
-            let app = ckpt_jobs::counter_of(c, j.steps, 0, None);
+            let mut app = ckpt_jobs::counter_of(c, j.steps, 0, None);
+            let bait = match who {
+                Who::User(user) if j.swap => Some(swap::prepare(c, user, &j.name)?),
+                _ => None,
+            };
+            if let Some(b) = &bait {
+                app.extend(["--keep-open".to_string(), b.path.display().to_string()]);
+            }
             let job = ckpt_jobs::try_submit_low(c, who, &j.name, &app)?;
             id = Some(job);
+            if let Some(b) = bait {
+                s.spawn(move || swap_later(sh, j, job, who, b));
+            }
             if let Some(p) = &j.preempt {
                 s.spawn(move || preempt_when_reached(sh, j, job, p));
             }
@@ -510,6 +544,17 @@ fn submit<'s>(s: &'s std::thread::Scope<'s, '_>, sh: &'s Shared<'s>, j: &'s Plan
         });
     }
     Ok(())
+}
+
+/// Swaps `j`'s file once it is checkpointed and notes it ([`swap`]).
+fn swap_later(sh: &Shared, j: &Planned, job: u32, who: Who, bait: swap::Bait) {
+    match swap::swap_when_checkpointed(sh.c, job, &bait, who, sh.stop) {
+        Ok(true) => {
+            sh.swapped.lock().unwrap().insert(j.name.clone(), bait);
+        }
+        Ok(false) => {}
+        Err(e) => sh.preemptors.lock().unwrap().push(Err(format!("{}: the swap failed: {e:#}", j.name))),
+    }
 }
 
 /// Waits until checkpoint job `job` has counted to `p.at_step`, then submits
@@ -686,7 +731,14 @@ fn wait_all_ended(c: &Cluster, start: Instant, timeout: Duration) -> Result<()> 
 ///
 /// Returns the job ids whose image is kept by design: cancelled after their
 /// last run completed a checkpoint.
-fn judge(c: &Cluster, jobs: &[Planned], cancelled: &BTreeMap<String, Cancelled>, preemptors: &[Result<String, String>], r: &mut Report) -> Result<Vec<String>> {
+fn judge(
+    c: &Cluster,
+    jobs: &[Planned],
+    cancelled: &BTreeMap<String, Cancelled>,
+    preemptors: &[Result<String, String>],
+    swapped: &BTreeMap<String, swap::Bait>,
+    r: &mut Report,
+) -> Result<Vec<String>> {
     let mut kept = Vec::new();
     let ended = jobs_by_name(c)?;
     let output_of = |id: &str| std::fs::read_to_string(c.dir.join("out").join(format!("{id}.out"))).unwrap_or_default();
@@ -700,6 +752,14 @@ fn judge(c: &Cluster, jobs: &[Planned], cancelled: &BTreeMap<String, Cancelled>,
         let output = output_of(&id);
         let cancel = cancelled.get(&j.name);
         let completed = info.state == "COMPLETED" && info.exit_code == "0:0";
+        if let Some(bait) = swapped.get(&j.name) {
+            // Refused at its restore by design: the image is kept for the sweep.
+            if let Some(why) = swap::judge(&id, &info.state, &output_of(&id), bait) {
+                r.unexpected.push(format!("{} job {id}: {why}; output: {}", j.name, output_of(&id).trim()));
+            }
+            kept.push(id);
+            continue;
+        }
         let mut why = match cancel {
             None if !completed => Some("not COMPLETED with exit 0".to_string()),
             Some(_) if !completed && info.state != "CANCELLED" => Some("neither CANCELLED nor COMPLETED with exit 0".to_string()),

@@ -7,11 +7,18 @@
 //! the checkpoint job. The fillers end once the product says the job's
 //! checkpoint began, and the random churn follows.
 //!
+//! A second checkpoint job beside it keeps a file of its user's open, and
+//! the preemptor takes two GPUs, so both are preempted: once that job was
+//! checkpointed its file is swapped for a link to a root-owned file (the
+//! path-swap attack, [`super::swap`]), and its restore must be refused
+//! while the first job's succeeds (only where the jobs run as a user).
+//!
 //! What is judged is what the product did: `gpu-mode-run`'s lines in the
 //! job's output (the signal, the checkpoint, the restore), the agent's
 //! events in the job's AdminComment, the epilog's image lines, and the
 //! application's own count and exit code.
 
+use super::swap::{self, Bait};
 use super::GPUS;
 use crate::ckpt_jobs::{self, Who};
 use crate::{Cluster, JobInfo};
@@ -38,6 +45,9 @@ pub struct FullNode {
     pub job: u32,
     pub fillers: Vec<u32>,
     pub preemptor: u32,
+    /// The second checkpoint job and its file, swapped once it was
+    /// checkpointed (where the jobs run as a user).
+    pub swapped: Option<(u32, Bait)>,
     /// Its presence ends the fillers.
     release: PathBuf,
     /// From the first filler's submission to their release: what the
@@ -53,7 +63,7 @@ impl FullNode {
         let start = Instant::now();
         let release = c.dir.join("out").join(format!("full-node-release-{}", crate::unique_suffix()));
         let wait = format!("#!/bin/sh\nwhile [ ! -e {} ]; do sleep 0.1; done\n", release.display());
-        let fillers = (1..GPUS)
+        let fillers = (2..GPUS)
             .map(|i| c.sbatch(None, &[&format!("--job-name=full-node-filler-{i}"), "--gres=gpu:1"], &wait))
             .collect::<Result<Vec<u32>>>()?;
         // The training shape (issue 24): a worker forked after the GPU was
@@ -62,17 +72,36 @@ impl FullNode {
         let mut app = ckpt_jobs::counter_of(c, STEPS, ckpt_jobs::EXIT, None);
         app.extend(["--fork-worker".to_string(), "yes".to_string()]);
         let job = ckpt_jobs::try_submit_low(c, who, "full-node-checkpoint", &app)?;
+        let mut second = ckpt_jobs::counter_of(c, STEPS, ckpt_jobs::EXIT, None);
+        let bait = match who {
+            Who::User(user) => Some(swap::prepare(c, user, "full-node-swap")?),
+            Who::CaplessRoot => None,
+        };
+        if let Some(b) = &bait {
+            second.extend(["--keep-open".to_string(), b.path.display().to_string()]);
+        }
+        let other = ckpt_jobs::try_submit_low(c, who, "full-node-swap", &second)?;
         for &f in &fillers {
             c.wait_job(f, "a filler to run", LIMIT, |j| j.state() == "RUNNING")?;
         }
-        wait_output(c, job, "its first steps", |out| ckpt_jobs::steps(out).len() as u64 >= STEPS_BEFORE)?;
-        let preemptor = c.sbatch(None, &["--job-name=full-node-preemptor", "-p", "high", "--gres=gpu:1"], "#!/bin/sh\nsleep 1\n")?;
-        let signalled = format!("gpu-mode-run: SIGUSR1 received: checkpointing job {job}");
-        let seen = wait_output(c, job, "the preemption's signal", |out| out.contains(&signalled));
+        for j in [job, other] {
+            wait_output(c, j, "its first steps", |out| ckpt_jobs::steps(out).len() as u64 >= STEPS_BEFORE)?;
+        }
+        let preemptor = c.sbatch(None, &["--job-name=full-node-preemptor", "-p", "high", "--gres=gpu:2"], "#!/bin/sh\nsleep 1\n")?;
+        let signalled = |j: u32| format!("gpu-mode-run: SIGUSR1 received: checkpointing job {j}");
+        let seen = wait_output(c, job, "the preemption's signal", |out| out.contains(&signalled(job)));
+        let seen = seen.and_then(|_| wait_output(c, other, "the preemption's signal", |out| out.contains(&signalled(other))));
         // Released whatever happened: a failed scene must not hold the node.
         std::fs::write(&release, "").context("releasing the fillers")?;
         seen?;
-        Ok(FullNode { job, fillers, preemptor, release, took: start.elapsed() })
+        let swapped = match bait {
+            Some(b) => {
+                let never = std::sync::atomic::AtomicBool::new(false);
+                swap::swap_when_checkpointed(c, other, &b, who, &never)?.then_some((other, b))
+            }
+            None => None,
+        };
+        Ok(FullNode { job, fillers, preemptor, swapped, release, took: start.elapsed() })
     }
 
     /// What is wrong with the scene's outcome, once every job ended: the
@@ -88,21 +117,36 @@ impl FullNode {
             }
         }
         p.extend(self.job_problems(c).into_iter().map(|why| format!("full node: checkpoint job {}: {why}\n{}", self.job, c.job_output(self.job))));
+        if let Some((id, bait)) = &self.swapped {
+            let state = c.job(*id).map(|i| i.state().to_string()).unwrap_or_default();
+            if let Some(why) = swap::judge(&id.to_string(), &state, &c.job_output(*id), bait) {
+                p.push(format!("full node: swapped job {id}: {why}\n{}", c.job_output(*id)));
+            }
+        }
         p
+    }
+
+    /// The swapped job, whose image is kept after its refused restore.
+    pub fn kept_image(&self) -> Option<String> {
+        self.swapped.as_ref().map(|(id, _)| id.to_string())
     }
 
     /// The line of the churn's report.
     pub fn summary(&self, c: &Cluster) -> String {
         let info = c.job(self.job).unwrap_or_else(|_| JobInfo::default());
         format!(
-            "full node: checkpoint job {} preempted by job {} with {} fillers ({:.0} s before the churn); ended {} exit {} after {} restarts",
+            "full node: checkpoint job {} preempted by job {} with {} fillers ({:.0} s before the churn); ended {} exit {} after {} restarts{}",
             self.job,
             self.preemptor,
             self.fillers.len(),
             self.took.as_secs_f64(),
             info.state(),
             info.get("ExitCode"),
-            info.restarts()
+            info.restarts(),
+            self.swapped.as_ref().map_or(String::new(), |(id, _)| {
+                let state = c.job(*id).map(|i| i.state().to_string()).unwrap_or_default();
+                format!("; job {id}, its file swapped for a root file after its checkpoint, ended {state}")
+            })
         )
     }
 

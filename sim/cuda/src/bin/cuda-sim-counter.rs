@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cuda-sim-counter --steps N [--interval-ms 100] [--mib 4] [--exit-code C] [--ready FILE] [--device 0]
-//!                  [--signals yes] [--fork-worker yes] [--hold io-uring|nccl-thread]
+//!                  [--signals yes] [--fork-worker yes] [--hold io-uring|nccl-thread] [--keep-open FILE]
 //! ```
 //! Each step reads the counter from device memory, checks it is the previous
 //! step, writes it back incremented, checks one 64 KiB window of a seeded
@@ -27,6 +27,10 @@
 //! does for PyTorch's libuv TCPStore), `--hold nccl-thread` runs a thread
 //! named as PyTorch's NCCL watchdog: what the checkpoint agent must refuse
 //! before it locks anything (preempt::uncheckpointable).
+//!
+//! `--keep-open FILE` opens FILE for reading and writing and keeps it open
+//! to the end (never writing it): the file a restore reopens, which the
+//! churn swaps for a link to a root-owned file between dump and restore.
 
 use cuda_sim::process::{Context, DevPtr};
 use std::io::Write;
@@ -44,10 +48,11 @@ struct Opts {
     signals: bool,
     fork_worker: bool,
     hold: Option<String>,
+    keep_open: Option<String>,
 }
 
 fn parse() -> Result<Opts, String> {
-    let mut o = Opts { steps: 10, interval: Duration::from_millis(100), bytes: 4 << 20, exit_code: 0, ready: None, device: 0, signals: false, fork_worker: false, hold: None };
+    let mut o = Opts { steps: 10, interval: Duration::from_millis(100), bytes: 4 << 20, exit_code: 0, ready: None, device: 0, signals: false, fork_worker: false, hold: None, keep_open: None };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let v = args.next().ok_or_else(|| format!("{a} needs a value"))?;
@@ -62,6 +67,7 @@ fn parse() -> Result<Opts, String> {
             "--signals" => o.signals = yes(&a, &v)?,
             "--fork-worker" => o.fork_worker = yes(&a, &v)?,
             "--hold" if v == "io-uring" || v == "nccl-thread" => o.hold = Some(v),
+            "--keep-open" => o.keep_open = Some(v),
             _ => return Err(format!("unknown argument {a}")),
         }
     }
@@ -170,6 +176,11 @@ fn run(o: &Opts) -> Result<(), String> {
     if let Some(what) = &o.hold {
         hold(what)?;
     }
+    // Held to the end of the run (the binding keeps it open).
+    let _kept = match &o.keep_open {
+        Some(path) => Some(std::fs::OpenOptions::new().read(true).write(true).open(path).map_err(|e| format!("{path}: {e}"))?),
+        None => None,
+    };
     if o.signals {
         catch_term();
     }
