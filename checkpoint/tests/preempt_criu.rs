@@ -520,6 +520,69 @@ fn a_failed_cuda_checkpoint_requeues_to_start_over() {
     failed_checkpoint_starts_over("b", 9102, &images, spoil, "CUDA checkpoint failed");
 }
 
+/// Issue 25 item 4: the driver copies GPU memory into the process's host
+/// memory, which its memory cgroup must be able to give. The application
+/// (64 MiB of simulated GPU memory) is moved into a memory cgroup with 32
+/// MiB of room: the checkpoint is refused before anything is locked, by
+/// name of the cgroup's limit, and the job starts over (never OOM-killed
+/// halfway).
+#[test]
+fn a_checkpoint_that_host_memory_cannot_hold_is_refused_before_the_lock() {
+    let Some(n) = node() else { return };
+    let Some(cgroup) = MemoryCgroup::make("gmc-mem-9114") else {
+        let why = "no writable memory cgroup (v1 memory hierarchy or v2 with the memory controller) here";
+        assert!(!gpu_mode_testkit::required("GPU_MODE_REQUIRE_CRIU"), "{why}");
+        return gpu_mode_testkit::skipped(&gpu_mode_testkit::this_test(), why);
+    };
+    let images = n.dir.join("images-mem");
+    let squeeze = |pid: i32| cgroup.hold(pid, 32 << 20);
+    failed_checkpoint_of_starts_over("mem", 9114, &images, &["--mib", "64"], squeeze, "refused before anything was locked");
+    let err = read(&n.dir.join("mem.err"));
+    assert!(err.contains("hold 64 MiB of GPU memory") && err.contains(&cgroup.limit_file().display().to_string()), "{err}");
+    drop(cgroup);
+}
+
+/// A memory cgroup of its own (v1's memory hierarchy, or v2 where the
+/// memory controller is on), removed when dropped.
+struct MemoryCgroup {
+    dir: PathBuf,
+    v2: bool,
+}
+
+impl MemoryCgroup {
+    fn make(name: &str) -> Option<MemoryCgroup> {
+        let v1 = Path::new("/sys/fs/cgroup/memory");
+        let v2_root = Path::new("/sys/fs/cgroup");
+        let v2 = !v1.join("memory.limit_in_bytes").exists();
+        if v2 && !read(&v2_root.join("cgroup.subtree_control")).split_whitespace().any(|c| c == "memory") {
+            return None;
+        }
+        let dir = if v2 { v2_root.join(name) } else { v1.join(name) };
+        let _ = std::fs::remove_dir(&dir);
+        std::fs::create_dir(&dir).ok()?;
+        Some(MemoryCgroup { dir, v2 })
+    }
+
+    fn limit_file(&self) -> PathBuf {
+        self.dir.join(if self.v2 { "memory.max" } else { "memory.limit_in_bytes" })
+    }
+
+    /// Moves `pid` in (its earlier memory stays charged where it was) and
+    /// leaves `room` bytes above what the cgroup holds then.
+    fn hold(&self, pid: i32, room: u64) {
+        std::fs::write(self.dir.join("cgroup.procs"), pid.to_string()).unwrap();
+        let usage: u64 = read(&self.dir.join(if self.v2 { "memory.current" } else { "memory.usage_in_bytes" })).trim().parse().unwrap();
+        std::fs::write(self.limit_file(), (usage + room).to_string()).unwrap();
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        // Empty once the application is gone (the test waited for it).
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
 #[test]
 fn a_dump_onto_a_full_disk_requeues_to_start_over() {
     let Some(n) = node() else { return };

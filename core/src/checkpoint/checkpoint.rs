@@ -61,6 +61,8 @@ impl Checkpointer<'_> {
         });
         ready?;
         let mut record = record?;
+        let footprints: Vec<(i32, u64)> = record.processes.iter().map(|p| (p.pid, p.bytes())).collect();
+        super::host_room::check(&super::host_room::HostPaths::default(), &footprints).map_err(|short| CheckpointError::HostMemory { short })?;
         marks.push(("scan", t, Instant::now()));
         let t = Instant::now();
         // Before the first lock: from here on, whatever stops this run, the

@@ -19,6 +19,7 @@ mod after_criu;
 pub mod bounded;
 pub mod device_map;
 pub mod driver;
+pub mod host_room;
 mod lock;
 pub mod nvml;
 mod parallel;
@@ -119,6 +120,13 @@ pub enum CheckpointError {
     NotCheckpointable { pid: i32, file: NvidiaFile, detail: String },
     #[error("pid {pid} is {state}, not running: refused, nothing was changed")]
     NotRunning { pid: i32, state: String },
+    #[error(
+        "pids {} hold {} MiB of GPU memory, which the driver's checkpoint copies into their host memory ({} MiB with its \
+         margin), but only {} MiB is free there, bounded by {}: refused before anything was locked",
+        short.pids.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(","),
+        (short.need - host_room::MARGIN_BYTES) >> 20, short.need >> 20, short.room.bytes >> 20, short.room.limited_by
+    )]
+    HostMemory { short: host_room::Shortfall },
     #[error("cannot record the GPU memory footprint (needed to check free memory before restore): {0}")]
     Footprint(String),
     #[error("locking failed: {}; rollback: {rollback}", list_failures(failures))]
