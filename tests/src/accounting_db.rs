@@ -9,7 +9,7 @@
 //! database listens on 127.0.0.1; `localhost` would make the client library
 //! take the system's default socket instead.
 
-use crate::Cluster;
+use crate::{Cluster, SlurmInstall};
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -38,19 +38,25 @@ impl AccountingDb {
     }
 }
 
-/// The programs a cluster with accounting needs, and the Debian package of each.
-const PROGRAMS: &[(&str, &str)] = &[
-    ("/usr/sbin/mariadbd", "mariadb-server"),
-    ("/usr/bin/mariadb-install-db", "mariadb-server"),
-    ("/usr/sbin/slurmdbd", "slurmdbd"),
-    ("/usr/bin/sacctmgr", "slurm-client"),
-    ("/usr/bin/sacct", "slurm-client"),
-];
+/// The programs a cluster with accounting needs, and the Debian package of
+/// each: MariaDB's from the system, Slurm's from `install` (the prefix, if any).
+fn programs(install: &SlurmInstall) -> [(PathBuf, &'static str); 5] {
+    [
+        (PathBuf::from("/usr/sbin/mariadbd"), "mariadb-server"),
+        (PathBuf::from("/usr/bin/mariadb-install-db"), "mariadb-server"),
+        (install.sbin("slurmdbd"), "slurmdbd"),
+        (install.plugin_dir().join("accounting_storage_mysql.so"), "slurm-wlm-mysql-plugin, with slurmdbd"),
+        (install.bin("sacct"), "slurm-client"),
+    ]
+}
 
 /// What is missing to run accounting here (`install ...` advice), if anything.
-pub fn missing_programs() -> Option<String> {
-    let missing: Vec<String> =
-        PROGRAMS.iter().filter(|(p, _)| !Path::new(p).exists()).map(|(p, pkg)| format!("{p} (apt package {pkg})")).collect();
+pub fn missing_programs(install: &SlurmInstall) -> Option<String> {
+    let missing: Vec<String> = programs(install)
+        .iter()
+        .filter(|(p, _)| !p.exists())
+        .map(|(p, pkg)| format!("{} (apt package {pkg})", p.display()))
+        .collect();
     (!missing.is_empty()).then(|| format!("missing {}: apt-get install slurmdbd mariadb-server", missing.join(", ")))
 }
 
@@ -76,8 +82,8 @@ pub fn slurm_conf_lines(cluster_dir: &Path, db: Option<&AccountingDb>) -> String
 
 /// Initialises the database's data directory and writes slurmdbd.conf and
 /// the SQL that creates slurmdbd's database user.
-pub fn write(cluster_dir: &Path, db: &AccountingDb, plugin_dir: Option<&Path>) -> Result<()> {
-    if let Some(why) = missing_programs() {
+pub fn write(cluster_dir: &Path, db: &AccountingDb, install: &SlurmInstall) -> Result<()> {
+    if let Some(why) = missing_programs(install) {
         bail!("accounting_db: {why}");
     }
     let dir = db_dir(cluster_dir);
@@ -92,7 +98,8 @@ pub fn write(cluster_dir: &Path, db: &AccountingDb, plugin_dir: Option<&Path>) -
     crate::conf::write(&dir, "init.sql", &grant, 0o600)?;
     // slurmdbd refuses a slurmdbd.conf others can read (it holds the
     // password); it runs as root, the harness's SlurmUser.
-    crate::conf::write(cluster_dir, "slurmdbd.conf", &slurmdbd_conf(cluster_dir, db, plugin_dir), 0o600)
+    let plugin_dir = install.prefixed.then(|| install.plugin_dir());
+    crate::conf::write(cluster_dir, "slurmdbd.conf", &slurmdbd_conf(cluster_dir, db, plugin_dir.as_deref()), 0o600)
 }
 
 /// `mariadb-install-db` into `<dir>/data`, as root (the daemon runs as

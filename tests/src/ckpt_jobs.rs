@@ -159,7 +159,11 @@ pub fn criu_ready() -> bool {
 /// SKIPPED, or a failure where GPU_MODE_REQUIRE_CRIU=1 (scripts/test.sh
 /// installs them with the rest).
 pub fn accounting_db_ready() -> bool {
-    match crate::accounting_db::missing_programs() {
+    let missing = match crate::SlurmInstall::detect() {
+        Ok(install) => crate::accounting_db::missing_programs(&install),
+        Err(e) => Some(format!("{e:#}")),
+    };
+    match missing {
         None => true,
         Some(why) => {
             skip_unless_required(&why);

@@ -295,8 +295,7 @@ pub fn write_all(spec: &ClusterSpec, install: &SlurmInstall) -> Result<()> {
     write(d, "slurm.conf", &slurm_conf(spec, install, gpu_files.len()), 0o644)?;
     write(d, "gres.conf", &gres_conf(&gpu_files), 0o644)?;
     if let Some(db) = &spec.accounting_db {
-        let plugin_dir = install.prefixed.then(|| install.plugin_dir());
-        crate::accounting_db::write(d, db, plugin_dir.as_deref()).context("setting up the accounting database")?;
+        crate::accounting_db::write(d, db, install).context("setting up the accounting database")?;
     }
     if cgroup_v2_only() {
         write(d, "cgroup.conf", "CgroupPlugin=cgroup/v2\nIgnoreSystemd=yes\n", 0o644)?;
