@@ -25,8 +25,10 @@ ensure_packages() {
     fi
     # The Debian packages start no daemons here, but stop any that did: the
     # project's cluster uses its own private ports and directories (and
-    # test.sh installs prometheus only for promtool, not its server).
-    for svc in slurmd slurmctld munge prometheus; do
+    # test.sh installs prometheus only for promtool, not its server, and
+    # mariadb-server and slurmdbd for the accounting test, which runs a
+    # private MariaDB and slurmdbd of its own).
+    for svc in slurmd slurmctld slurmdbd munge prometheus mariadb; do
         if command -v systemctl >/dev/null && systemctl is-active -q "$svc" 2>/dev/null; then
             systemctl stop "$svc" || true
         fi

@@ -13,8 +13,10 @@ set -eu
 cd "$(dirname "$0")/.."
 . scripts/common.sh
 # Every Debian package of every part at once: the parts started in the
-# background below must not race for apt's lock.
-prepare lintian rpm systemd debootstrap python3-venv python3-apt prometheus
+# background below must not race for apt's lock. slurmdbd and mariadb-server:
+# the cluster with accounting in a real database
+# (tests/tests/preempt_accounting_db.rs).
+prepare lintian rpm systemd debootstrap python3-venv python3-apt prometheus slurmdbd mariadb-server
 
 # promtool (Debian package prometheus) lints the rendered metrics textfile
 # (core::metrics tests); here it must run, not skip.

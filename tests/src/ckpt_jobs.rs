@@ -150,12 +150,35 @@ pub fn criu_ready() -> bool {
     if std::process::Command::new(CRIU).arg("check").output().is_ok_and(|o| o.status.success()) {
         return true;
     }
-    let why = format!("{CRIU} missing or `criu check` fails: run scripts/install-criu.sh");
-    if gpu_mode_testkit::required("GPU_MODE_REQUIRE_CRIU") {
-        panic!("CRIU is required here (GPU_MODE_REQUIRE_CRIU): {why}");
-    }
-    gpu_mode_testkit::skipped(&gpu_mode_testkit::this_test(), &why);
+    skip_unless_required(&format!("{CRIU} missing or `criu check` fails: run scripts/install-criu.sh"));
     false
+}
+
+/// Whether slurmdbd and MariaDB are installed here
+/// ([`crate::ClusterSpec::accounting_db`]); when not, as [`criu_ready`]:
+/// SKIPPED, or a failure where GPU_MODE_REQUIRE_CRIU=1 (scripts/test.sh
+/// installs them with the rest).
+pub fn accounting_db_ready() -> bool {
+    let missing = match crate::SlurmInstall::detect() {
+        Ok(install) => crate::accounting_db::missing_programs(&install),
+        Err(e) => Some(format!("{e:#}")),
+    };
+    match missing {
+        None => true,
+        Some(why) => {
+            skip_unless_required(&why);
+            false
+        }
+    }
+}
+
+/// Notes the running test SKIPPED for `why`, or fails it where the tests'
+/// needs are required (GPU_MODE_REQUIRE_CRIU=1, as CI sets).
+fn skip_unless_required(why: &str) {
+    if gpu_mode_testkit::required("GPU_MODE_REQUIRE_CRIU") {
+        panic!("required here (GPU_MODE_REQUIRE_CRIU): {why}");
+    }
+    gpu_mode_testkit::skipped(&gpu_mode_testkit::this_test(), why);
 }
 
 /// `(step, GPU UUID)` of every `step <n> gpu <uuid>` line of the output.
@@ -247,12 +270,17 @@ pub fn admin_comment(c: &Cluster, job: u32) -> String {
 /// the whole value.
 pub fn recorded_events(c: &Cluster, job: u32) -> (Vec<String>, String) {
     let comment = admin_comment(c, job);
+    (events_in(&comment), comment)
+}
+
+/// The events of an AdminComment's `gpu-mode{...}` section, each as
+/// `<kind>=r<run>@<node>` (its timing cut off).
+pub fn events_in(comment: &str) -> Vec<String> {
     let section = comment.split_once(gpu_mode_core::preempt::accounting::SECTION_START).map_or("", |(_, s)| s);
-    let events = section
+    section
         .trim_end_matches('}')
         .split(';')
         .filter(|e| !e.is_empty() && !e.starts_with("omitted="))
         .map(|e| e.rsplit_once(':').map_or(e, |(head, _)| head).to_string())
-        .collect();
-    (events, comment)
+        .collect()
 }

@@ -1,5 +1,6 @@
 //! The cluster's configuration files and where Slurm is installed.
 
+use crate::accounting_db::AccountingDb;
 use crate::Artifacts;
 use anyhow::{bail, Context, Result};
 use std::fs;
@@ -57,6 +58,10 @@ pub struct ClusterSpec {
     /// UUIDs) and runtime directory (crate::netns); `None`: one node on
     /// localhost.
     pub second_node: Option<String>,
+    /// Accounting in a real database: a private MariaDB and slurmdbd on
+    /// these ports, `accounting_storage/slurmdbd` in slurm.conf, so `sacct`
+    /// works (crate::accounting_db); `None`: no accounting storage.
+    pub accounting_db: Option<AccountingDb>,
 }
 
 /// Preemption as docs/checkpoint.md "Site set-up" asks (Slurm 22.05, field
@@ -117,6 +122,7 @@ impl ClusterSpec {
             installed: false,
             preemption: None,
             second_node: None,
+            accounting_db: None,
         }
     }
 }
@@ -149,7 +155,7 @@ fn real_gpu_devices() -> Option<Vec<PathBuf>> {
 }
 
 /// A port nobody listens on right now (the kernel picks it).
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -288,6 +294,9 @@ pub fn write_all(spec: &ClusterSpec, install: &SlurmInstall) -> Result<()> {
     };
     write(d, "slurm.conf", &slurm_conf(spec, install, gpu_files.len()), 0o644)?;
     write(d, "gres.conf", &gres_conf(&gpu_files), 0o644)?;
+    if let Some(db) = &spec.accounting_db {
+        crate::accounting_db::write(d, db, install).context("setting up the accounting database")?;
+    }
     if cgroup_v2_only() {
         write(d, "cgroup.conf", "CgroupPlugin=cgroup/v2\nIgnoreSystemd=yes\n", 0o644)?;
         prepare_cgroup_v2()?;
@@ -341,7 +350,7 @@ fn write_node_dirs(spec: &ClusterSpec) -> Result<()> {
     Ok(())
 }
 
-fn write(dir: &Path, name: &str, text: &str, mode: u32) -> Result<()> {
+pub(crate) fn write(dir: &Path, name: &str, text: &str, mode: u32) -> Result<()> {
     let p = dir.join(name);
     fs::write(&p, text).with_context(|| format!("writing {}", p.display()))?;
     fs::set_permissions(&p, fs::Permissions::from_mode(mode))?;
@@ -437,8 +446,7 @@ SlurmctldLogFile={d}/log/slurmctld.log
 {slurmd_files}SlurmctldDebug=info
 SlurmdDebug=verbose
 {tracking}JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
+{accounting}JobCompType=jobcomp/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/builtin
@@ -456,6 +464,7 @@ InactiveLimit=0
 {preemption}",
         ctld = spec.ctld_port,
         slurmd = spec.slurmd_port,
+        accounting = crate::accounting_db::slurm_conf_lines(&spec.dir, spec.accounting_db.as_ref()),
     )
 }
 

@@ -9,6 +9,7 @@
 //! first kills whatever a previous run left in the same directory (a test
 //! binary killed by a timeout cannot run its destructors).
 
+pub mod accounting_db;
 pub mod artifacts;
 pub mod churn;
 pub mod ckpt_jobs;
@@ -28,6 +29,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 pub use artifacts::Artifacts;
+pub use accounting_db::AccountingDb;
 pub use conf::{ClusterSpec, Preemption, SlurmInstall};
 
 /// A running cluster. Drop stops it.
@@ -100,6 +102,9 @@ impl Cluster {
         process::wait_for_path(&d.join("munge/munge.socket"), Duration::from_secs(10))
             .context("munged did not create its socket")?;
         let conf = d.join("slurm.conf");
+        if let Some(db) = &self.spec.accounting_db {
+            accounting_db::start(self, db)?;
+        }
         if let Some(net) = self.spec.node_net() {
             net.create()?;
         }
@@ -125,9 +130,16 @@ impl Cluster {
 
     /// Starts a daemon that forks into the background, and checks it did.
     fn daemon(&self, program: &Path, args: &[&str]) -> Result<()> {
+        self.daemon_with_env(program, args, &[])
+    }
+
+    /// [`Cluster::daemon`] with `env` added (slurmdbd finds slurmdbd.conf
+    /// beside `SLURM_CONF`).
+    pub(crate) fn daemon_with_env(&self, program: &Path, args: &[&str], env: &[(&str, &str)]) -> Result<()> {
         let out = Command::new(program)
             .args(args)
             .envs(self.install.daemon_env())
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .output()
             .with_context(|| format!("cannot run {}", program.display()))?;
@@ -350,6 +362,9 @@ impl Cluster {
         let mut files: Vec<String> = ["slurmctld.log", "slurmd.log", "hooks.log", "munged.log"].map(String::from).to_vec();
         if self.spec.second_node.is_some() {
             files.extend(self.spec.node_names().iter().map(|n| format!("slurmd-{n}.log")));
+        }
+        if self.spec.accounting_db.is_some() {
+            files.extend(["slurmdbd.log", "mariadbd.log"].map(String::from));
         }
         files
             .iter()

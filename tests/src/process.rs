@@ -54,8 +54,9 @@ pub fn wait_for_path(path: &Path, timeout: Duration) -> Result<()> {
     bail!("{} did not appear within {:?}", path.display(), timeout)
 }
 
-/// Pid files of the daemons, in stop order.
-const PID_FILES: &[&str] = &["slurmd.pid", "slurmctld.pid", "munge/munged.pid"];
+/// Pid files of the daemons, in stop order: slurmctld before slurmdbd (it
+/// sends its last records there), the database after slurmdbd.
+const PID_FILES: &[&str] = &["slurmd.pid", "slurmctld.pid", "slurmdbd.pid", "db/mariadbd.pid", "munge/munged.pid"];
 
 /// Stops the daemons whose pid files are in `dir`: SIGTERM, then SIGKILL
 /// after 10 s. Also kills slurmstepds left by a slurmd of this directory.
