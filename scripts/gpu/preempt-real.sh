@@ -429,6 +429,7 @@ if [ "$PART" = all ] || [ "$PART" = e2e ]; then
             train-end) train_case train-end 0 --steps 20 --interval 0.2 --workers 2 --persistent --pin-memory --nvml ;;
             train-fork) train_case train-fork 1 --steps 40 --interval 0.3 --workers 2 --persistent --pin-memory --nvml ;;
             train-spawn) train_case train-spawn 1 --steps 40 --interval 0.3 --workers 2 --persistent --start-method spawn ;;
+            train-forkserver) train_case train-forkserver 1 --steps 40 --interval 0.3 --workers 2 --persistent --start-method forkserver ;;
             # Issue 24's acceptance shape: a 2-layer transformer, 4 workers, pinned memory, NVML, preempted twice.
             train-accept) train_case train-accept 2 --steps 60 --interval 0.3 --model transformer --workers 4 --persistent --pin-memory --nvml ;;
             # Issue 24 item 4: a torch.compile'd model, a CUDA-graph-captured step, CUDA events.
