@@ -416,6 +416,12 @@ if [ "$PART" = all ] || [ "$PART" = e2e ]; then
     GPU_MODE_GPU_DEVICES=$(seq -s, -f /dev/nvidia%g 0 $((N - 1))) "$B/gpu-mode-cluster" up --name real --gpus "$N" --preempt \
         || { tail -n 30 "$D"/log/*.log; exit 1; }
     say "jobs run as $JOBUSER"
+    # The test users have no home directory; torch.compile (Triton's cache
+    # in ~/.triton) needs one.
+    for u in gmtest1 gmtest2; do
+        h=$(getent passwd "$u" | cut -d: -f6)
+        [ -n "$h" ] && [ ! -d "$h" ] && mkdir -p "$h" && chown "$u:" "$h" && chmod 700 "$h"
+    done
     # torchrun as installed with PyTorch, else the same module through python3.
     TORCHRUN=$(command -v torchrun || echo "$(command -v python3) -m torch.distributed.run")
     for c in ${E2E_CASES:-1gib 16gib 2ranks}; do
