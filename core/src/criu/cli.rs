@@ -87,10 +87,7 @@ pub fn log_errors(log: &Path) -> String {
     let text = std::fs::read_to_string(log).unwrap_or_default();
     // RLIMIT_NOFILE is raised best-effort and reported as an error when the
     // hard limit forbids it; it does not fail the run.
-    let is_error = |l: &str| {
-        let body = l.trim_start().split_once(": Error (").map_or(l.trim_start(), |(pid, _)| &l.trim_start()[pid.len() + 2..]);
-        body.starts_with("Error") && !l.contains("RLIMIT_NOFILE")
-    };
+    let is_error = |l: &str| l.contains("Error (") && !l.contains("RLIMIT_NOFILE");
     let errors: Vec<&str> = text.lines().filter(|l| is_error(l)).map(str::trim).collect();
     let picked: Vec<&str> = if errors.len() <= 3 { errors } else { vec![errors[0], errors[1], errors[errors.len() - 1]] };
     if picked.is_empty() {
