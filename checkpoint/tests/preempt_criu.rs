@@ -1023,3 +1023,42 @@ fn huge_pages_reach_the_drivers_checkpoint_buffer_only_when_on() {
         stop_agent(&cfg, job, Duration::from_secs(10)).unwrap();
     }
 }
+
+/// The application killed while the driver checkpoints it (by its user,
+/// or by the OOM killer while the driver stages its memory): the driver may
+/// never answer for a process that is gone (the simulated one waits 10
+/// minutes). The agent stops waiting as soon as the process ended, and the
+/// job ends at once with the application's status (the wrapper's rule for an
+/// application that died during its checkpoint: not requeued). Before:
+/// "gpu-mode-run did not finish" within 150 s (the call was waited for up to
+/// call_timeout_ms, 300 s, and its rollback as long again).
+#[test]
+fn an_application_killed_during_the_drivers_checkpoint_ends_the_job_at_once() {
+    let Some(n) = node() else { return };
+    let job = 9115;
+    let images = n.dir.join("images-kill");
+    let (cfg_path, cfg) = n.config("kill", &images);
+    let out = n.dir.join("kill.out");
+    let ready = format!("{}/user/kill.ready", n.dir.display());
+    let counter = n.counter();
+    let app = [counter.as_str(), "--steps", "2000", "--interval-ms", "20", "--mib", "8", "--ready", &ready];
+    n.agent((&cfg_path, &cfg), job, 0, 0);
+    let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 0, cgroup: None, out: &out }, &app);
+    wait_for("three steps", Duration::from_secs(20), || last_step(&out) >= 3);
+    let app_pid = ready_pid(&n.dir, "kill.ready");
+    let sim = cuda_sim::files::SimDir::from_env().unwrap();
+    let mut faults = sim.faults();
+    // The checkpoint call reaches the process only after 3 s: killed meanwhile.
+    faults.push(cuda_sim::files::Fault { call: "checkpoint".into(), pid: Some(app_pid), action: cuda_sim::files::Action::DelayMs { ms: 3000 } });
+    sim.set_faults(&faults).unwrap();
+    signal(&w, libc::SIGUSR1);
+    std::thread::sleep(Duration::from_millis(1000));
+    unsafe { libc::kill(app_pid, libc::SIGKILL) };
+    let code = exit_code(&mut w, Duration::from_secs(30));
+    sim.set_faults(&[]).unwrap();
+    let err = read(&out.with_extension("err"));
+    assert_eq!(code, 128 + libc::SIGKILL, "{err}");
+    assert!(err.contains("the application ended (status 137) while it was being checkpointed"), "{err}");
+    assert!(err.contains(&format!("pid {app_pid} ended during the call")) && err.contains("not requeued"), "{err}");
+    stop_agent(&cfg, job, Duration::from_secs(10)).unwrap();
+}

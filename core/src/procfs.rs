@@ -135,6 +135,47 @@ pub fn environ_lookup(data: &[u8], name: &str) -> Option<String> {
     })
 }
 
+/// A process held by a pidfd and its start time: the checkpoint agent pins
+/// the dumped tree's root from its checks to CRIU (security review F8), and
+/// a bounded driver call stops waiting once its process ended.
+pub struct Pinned {
+    pidfd: std::os::fd::OwnedFd,
+    id: ProcId,
+}
+
+impl Pinned {
+    pub fn new(pid: i32) -> Result<Pinned, String> {
+        let gone = || format!("pid {pid} has ended");
+        let id = read(pid).ok_or_else(gone)?.id();
+        // SAFETY: pidfd_open returns a new descriptor we own, or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) } as i32;
+        if fd < 0 {
+            return Err(format!("pidfd_open({pid}): {}", std::io::Error::last_os_error()));
+        }
+        // SAFETY: fd was just returned by the kernel and is ours alone.
+        let pidfd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        let pinned = Pinned { pidfd, id };
+        // Opened after the read: the pid may have been reused in between.
+        pinned.still_there()?;
+        Ok(pinned)
+    }
+
+    /// The process is alive (its pidfd is not readable: a pidfd turns
+    /// readable when its process exits, and its pid cannot be reused before
+    /// that) and the pid's start time is the checked one.
+    pub fn still_there(&self) -> Result<(), String> {
+        use std::os::fd::AsRawFd;
+        let mut poll = libc::pollfd { fd: self.pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one pollfd we own, no wait.
+        let exited = unsafe { libc::poll(&mut poll, 1, 0) } != 0;
+        let same = read(self.id.pid).is_some_and(|p| p.start_time == self.id.start_time);
+        if exited || !same {
+            return Err(format!("pid {} ended after it was checked: nothing was dumped", self.id.pid));
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

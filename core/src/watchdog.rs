@@ -38,6 +38,10 @@ pub enum DeadlineError {
     /// The call panicked on its thread.
     #[error("{what} panicked: {detail}")]
     Panicked { what: String, detail: String },
+    /// The caller stopped waiting because what the call was about is gone
+    /// ([`call_until`]); its thread was left detached.
+    #[error("{what} abandoned: {why}")]
+    Abandoned { what: String, why: String },
 }
 
 /// Runs `f` on a new thread and waits at most `deadline` for its value.
@@ -48,6 +52,20 @@ where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
 {
+    call_until(what, deadline, || None, f)
+}
+
+/// [`call_with_deadline`] that also stops waiting as soon as `gone` says
+/// why the answer no longer matters (looked at before the call and every
+/// 50 ms), e.g. the process a driver call is about has ended: `Abandoned`.
+pub fn call_until<T, F>(what: &str, deadline: Duration, gone: impl Fn() -> Option<String>, f: F) -> Result<T, DeadlineError>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    if let Some(why) = gone() {
+        return Err(DeadlineError::Abandoned { what: what.to_string(), why });
+    }
     // Capacity 1: a call that finishes after the deadline must not block on
     // a receiver that is gone; its send just fails.
     let (tx, rx) = mpsc::sync_channel(1);
@@ -57,7 +75,19 @@ where
             let _ = tx.send(f());
         })
         .map_err(|e| DeadlineError::Spawn { what: what.to_string(), detail: e.to_string() })?;
-    match rx.recv_timeout(deadline) {
+    let start = std::time::Instant::now();
+    let received = loop {
+        let left = deadline.saturating_sub(start.elapsed());
+        match rx.recv_timeout(left.min(Duration::from_millis(50))) {
+            Err(RecvTimeoutError::Timeout) if !left.is_zero() => {
+                if let Some(why) = gone() {
+                    return Err(DeadlineError::Abandoned { what: what.to_string(), why });
+                }
+            }
+            other => break other,
+        }
+    };
+    match received {
         Ok(value) => Ok(value),
         Err(RecvTimeoutError::Timeout) => Err(DeadlineError::Timeout { what: what.to_string(), after: deadline }),
         // The sender went away without a value: `f` panicked.
@@ -192,6 +222,17 @@ pub(crate) fn run_test_in_child(test: &str, env: &[(&str, &std::ffi::OsStr)], ti
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_call_about_something_gone_is_abandoned_at_once() {
+        let start = std::time::Instant::now();
+        let gone = || (start.elapsed() > Duration::from_millis(100)).then(|| "the process ended".to_string());
+        let r = call_until("slow(pid 7)", Duration::from_secs(30), gone, || std::thread::sleep(Duration::from_secs(5)));
+        assert_eq!(r, Err(DeadlineError::Abandoned { what: "slow(pid 7)".into(), why: "the process ended".into() }));
+        assert!(start.elapsed() < Duration::from_secs(2), "{:?}", start.elapsed());
+        // Nothing gone: the value as before.
+        assert_eq!(call_until("quick", Duration::from_secs(5), || None, || 42), Ok(42));
+    }
     use std::time::Instant;
 
     #[test]

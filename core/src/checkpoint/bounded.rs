@@ -3,14 +3,18 @@
 //! must then report which call on which process hung, not hang with it.
 
 use super::driver::{calls, CheckpointDriver, DriverError, GpuPair, ProcessState};
-use crate::watchdog::call_with_deadline;
+use crate::watchdog::call_until;
 use std::sync::Arc;
 use std::time::Duration;
 
 /// Runs each call of `inner` on a thread of its own and waits at most
 /// `call_timeout` for it (Lock: its own timeout plus `call_timeout`, since
 /// the driver itself gives up at its timeout). A call that does not return
-/// is [`DriverError::NoAnswer`], naming the call and the pid.
+/// is [`DriverError::NoAnswer`], naming the call and the pid. A call about a
+/// process that ends meanwhile (killed by its user, or by the OOM killer
+/// while the driver stages its memory) is not waited for: the driver may
+/// never answer for a process that is gone, and the job should start over
+/// now rather than at the deadline (`DeadlineError::Abandoned`).
 #[derive(Clone)]
 pub struct BoundedDriver {
     inner: Arc<dyn CheckpointDriver>,
@@ -30,8 +34,15 @@ impl BoundedDriver {
         f: impl FnOnce(&dyn CheckpointDriver) -> Result<T, DriverError> + Send + 'static,
     ) -> Result<T, DriverError> {
         let inner = Arc::clone(&self.inner);
-        call_with_deadline(&format!("{name}(pid {pid})"), deadline, move || f(&*inner))
-            .unwrap_or_else(|e| Err(DriverError::NoAnswer(e)))
+        // A pid /proc does not show is not watched (the fakes' pids in tests);
+        // one that has ended already (a zombie) is not called at all.
+        let ended = crate::procfs::read(pid).is_some_and(|p| p.state == 'Z');
+        let process = if ended { None } else { crate::procfs::Pinned::new(pid).ok() };
+        let gone = || {
+            let over = ended || process.as_ref().is_some_and(|p| p.still_there().is_err());
+            over.then(|| format!("pid {pid} ended during the call"))
+        };
+        call_until(&format!("{name}(pid {pid})"), deadline, gone, move || f(&*inner)).unwrap_or_else(|e| Err(DriverError::NoAnswer(e)))
     }
 }
 

@@ -80,48 +80,6 @@ fn check_namespaces(pid: i32) -> Result<(), String> {
     Ok(())
 }
 
-/// The dumped tree's root, held from the checks to CRIU (security review
-/// F8): a pidfd and the start time. The driver's checkpoint (root's) and
-/// CRIU are given the root's pid only while [`Pinned::still_there`] says
-/// that pid is still the process that was checked.
-pub struct Pinned {
-    pidfd: std::os::fd::OwnedFd,
-    id: procfs::ProcId,
-}
-
-impl Pinned {
-    pub fn new(pid: i32) -> Result<Pinned, String> {
-        let gone = || format!("pid {pid} has ended");
-        let id = procfs::read(pid).ok_or_else(gone)?.id();
-        // SAFETY: pidfd_open returns a new descriptor we own, or -1.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) } as i32;
-        if fd < 0 {
-            return Err(format!("pidfd_open({pid}): {}", std::io::Error::last_os_error()));
-        }
-        // SAFETY: fd was just returned by the kernel and is ours alone.
-        let pidfd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-        let pinned = Pinned { pidfd, id };
-        // Opened after the read: the pid may have been reused in between.
-        pinned.still_there()?;
-        Ok(pinned)
-    }
-
-    /// The process is alive (its pidfd is not readable: a pidfd turns
-    /// readable when its process exits, and its pid cannot be reused before
-    /// that) and the pid's start time is the checked one.
-    pub fn still_there(&self) -> Result<(), String> {
-        use std::os::fd::AsRawFd;
-        let mut poll = libc::pollfd { fd: self.pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-        // SAFETY: one pollfd we own, no wait.
-        let exited = unsafe { libc::poll(&mut poll, 1, 0) } != 0;
-        let same = procfs::read(self.id.pid).is_some_and(|p| p.start_time == self.id.start_time);
-        if exited || !same {
-            return Err(format!("pid {} ended after it was checked: nothing was dumped", self.id.pid));
-        }
-        Ok(())
-    }
-}
-
 /// Whether `ancestor` is `pid` or one of its ancestors.
 pub fn descends_from(pid: i32, ancestor: i32) -> bool {
     let mut p = pid;
@@ -204,7 +162,7 @@ mod tests {
         assert!(check_owned(&[pid], &other).unwrap_err().contains("not only as the job's user"));
         let other_group = Identity { gid: my_gid + 1, groups: vec![my_gid + 1, my_gid + 2], ..as_me.clone() };
         assert!(check_owned(&[pid], &other_group).unwrap_err().contains("which is not one of the job user's groups"));
-        let pinned = Pinned::new(pid).unwrap();
+        let pinned = procfs::Pinned::new(pid).unwrap();
         pinned.still_there().unwrap();
         assert!(wait_pids_free(&[pid], Duration::from_millis(50)).unwrap_err().contains("in use on this node (sleep"));
         child.kill().unwrap();

@@ -32,7 +32,7 @@ struct Prepared<'a> {
     cuda: Option<CheckpointReport>,
     shm: Option<Staged>,
     /// The checked root (F8), looked at again just before CRIU.
-    pinned: &'a tree::Pinned,
+    pinned: &'a crate::procfs::Pinned,
 }
 
 /// The CUDA checkpoint's outcome: its report, or none when the tree holds
@@ -47,7 +47,7 @@ impl Agent {
         self.criu_usable("checkpoint")?;
         let t = Instant::now();
         self.check_root(peer, root)?;
-        let pinned = tree::Pinned::new(root)?;
+        let pinned = crate::procfs::Pinned::new(root)?;
         let pids = self.host.with_descendants(root);
         let who = crate::privdrop::Identity::of_user_or_bare(self.params.uid, self.params.gid);
         tree::check_owned(&pids, &who)?;
@@ -73,7 +73,7 @@ impl Agent {
     /// never one that claims success.
     fn dump_tree(
         &self,
-        pinned: &tree::Pinned,
+        pinned: &crate::procfs::Pinned,
         root: i32,
         pids: &[i32],
         shm: Option<Staged>,
