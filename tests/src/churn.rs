@@ -263,6 +263,8 @@ pub struct Report {
     /// Checkpoint jobs whose file was swapped for a link to a root file
     /// between dump and restore (each must fail on the restore's refusal).
     pub swapped: Vec<String>,
+    /// Of those, the ones whose restore CRIU refused (`Permission denied`).
+    pub swaps_refused: usize,
     /// Images kept, as docs/checkpoint.md says, of jobs that ended after a
     /// checkpoint without a run that could restore it (cancelled while
     /// requeued): the sweep's age and
@@ -324,7 +326,7 @@ impl Report {
              {}\nproduct's prolog/epilog work by mode: {}\ncancelled jobs whose prolog ran (each with its epilog): {}\n\
              preemptors: {}\ncheckpoint jobs preempted and restored: {} ({} checkpoints taken, {} restores)\n\
              requeued runs Slurm started without their Prolog (requeued again by the plugin): {}\n\
-             files swapped for a root file between dump and restore (each restore refused): {}\nimages kept for the sweep (job ended after its checkpoint, not restored): {}\nwrong drains: {}\n\
+             files swapped for a root file between dump and restore: {} ({} restores refused, the rest ended before one)\nimages kept for the sweep (job ended after its checkpoint, not restored): {}\nwrong drains: {}\n\
              jobs failed for a reason other than the ones injected: {}\nhook runs that failed: {}\n\
              prolog ms: p50 {} p99 {} max {} ({} runs)\nepilog ms: p50 {} p99 {} max {} ({} runs)\n{}",
             self.jobs,
@@ -352,6 +354,7 @@ impl Report {
             self.restores,
             self.prolog_skipped.len(),
             self.swapped.len(),
+            self.swaps_refused,
             self.images_kept_by_design.len(),
             self.drains.len(),
             self.unexpected.len(),
@@ -414,6 +417,7 @@ pub fn run(c: &Cluster, o: &Options) -> Result<Report> {
     let mut kept_jobs = judge(c, &jobs, &cancelled, &preemptors, &swapped, &mut report)?;
     kept_jobs.extend(full.kept_image());
     report.swapped.extend(full.kept_image().map(|id| format!("full-node-swap ({id})")));
+    report.swaps_refused += usize::from(full.kept_image().is_some_and(|id| swap::refused(&id, &c.job_output(id.parse().unwrap_or(0)))));
     judge_hooks(c, &jobs, &mut report)?;
     report.full_node = full.summary(c);
     report.full_node_problems = full.problems(c);
@@ -754,8 +758,11 @@ fn judge(
         let completed = info.state == "COMPLETED" && info.exit_code == "0:0";
         if let Some(bait) = swapped.get(&j.name) {
             // Refused at its restore by design: the image is kept for the sweep.
-            if let Some(why) = swap::judge(&id, &info.state, &output_of(&id), bait) {
+            if let Some(why) = swap::judge(&id, &output_of(&id), bait) {
                 r.unexpected.push(format!("{} job {id}: {why}; output: {}", j.name, output_of(&id).trim()));
+            }
+            if swap::refused(&id, &output_of(&id)) {
+                r.swaps_refused += 1;
             }
             kept.push(id);
             continue;

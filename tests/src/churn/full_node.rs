@@ -118,8 +118,7 @@ impl FullNode {
         }
         p.extend(self.job_problems(c).into_iter().map(|why| format!("full node: checkpoint job {}: {why}\n{}", self.job, c.job_output(self.job))));
         if let Some((id, bait)) = &self.swapped {
-            let state = c.job(*id).map(|i| i.state().to_string()).unwrap_or_default();
-            if let Some(why) = swap::judge(&id.to_string(), &state, &c.job_output(*id), bait) {
+            if let Some(why) = swap::judge(&id.to_string(), &c.job_output(*id), bait) {
                 p.push(format!("full node: swapped job {id}: {why}\n{}", c.job_output(*id)));
             }
         }

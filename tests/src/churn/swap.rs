@@ -55,7 +55,12 @@ pub fn swap_when_checkpointed(c: &Cluster, job: u32, bait: &Bait, owner: Who, st
             return Ok(false);
         }
         let out = c.job_output(job);
-        if out.contains(&checkpointed) {
+        if let Some(at) = out.find(&checkpointed) {
+            // A counter checkpointed before its first step may not have
+            // opened its file yet: nothing of the user's is held to swap.
+            if !out[..at].lines().any(|l| l.starts_with("step ")) {
+                return Ok(false);
+            }
             break;
         }
         if out.contains("DONE count=") || c.job(job).is_ok_and(|i| crate::ckpt_jobs::finished(&i)) {
@@ -70,17 +75,27 @@ pub fn swap_when_checkpointed(c: &Cluster, job: u32, bait: &Bait, owner: Who, st
     Ok(true)
 }
 
-/// What is wrong with a swapped job's end, if anything: it must have failed
-/// on the restore's refusal (CRIU, as the user, could not open the root
-/// file) and left the root file as it was.
-pub fn judge(job: &str, state: &str, output: &str, bait: &Bait) -> Option<String> {
-    let refused = output.lines().any(|l| l.starts_with(&format!("gpu-mode-run: cannot restore job {job}")) && l.contains("Permission denied"));
-    if state != "FAILED" || !refused {
-        return Some(format!("swapped: expected FAILED on the restore's `Permission denied`, got {state}"));
+/// What is wrong with a swapped job's end, if anything: the attack must
+/// have failed. The root file is as it was, and the counter never went on
+/// to its end after the swap (a restored process holding the root file
+/// would). The expected way is the restore's refusal (CRIU, as the user,
+/// cannot open the root file: [`refused`]); a job that Slurm ended before
+/// its restore ran is no attack either.
+pub fn judge(job: &str, output: &str, bait: &Bait) -> Option<String> {
+    let checkpointed = format!("gpu-mode-run: job {job} checkpointed:");
+    let after = output.find(&checkpointed).map_or("", |at| &output[at..]);
+    if after.contains("DONE count=") {
+        return Some("swapped: the counter ran to its end after the swap".into());
     }
     match std::fs::read(&bait.target) {
         Ok(now) if now == ROOT_TEXT => None,
         Ok(now) => Some(format!("swapped: the root-owned file was written: {:?}", String::from_utf8_lossy(&now))),
         Err(e) => Some(format!("swapped: the root-owned file cannot be read: {e}")),
     }
+}
+
+/// Whether the job's restore was refused because CRIU, as the user, could
+/// not open the root file (the report counts these).
+pub fn refused(job: &str, output: &str) -> bool {
+    output.lines().any(|l| l.starts_with(&format!("gpu-mode-run: cannot restore job {job}")) && l.contains("Permission denied"))
 }
