@@ -5,8 +5,10 @@
 //! a symlink to a root-owned file of the same size and mode (the user's
 //! move). The restore, CRIU running as the user, cannot open the target:
 //! the job fails with the restore's refusal, the image is kept, the root
-//! file is untouched, and nothing drains. Jobs the drawn preemptions never
-//! checkpointed just keep their file and end as any other.
+//! file is untouched, and nothing drains ([`judge`] asks only that the
+//! attack failed: Slurm may end a job before its restore runs). Jobs the
+//! drawn preemptions never checkpointed just keep their file and end as
+//! any other.
 
 use crate::ckpt_jobs::Who;
 use crate::Cluster;
