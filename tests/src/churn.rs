@@ -432,7 +432,7 @@ pub fn run(c: &Cluster, o: &Options) -> Result<Report> {
     let mut kept_jobs = judge(c, &jobs, &cancelled, &preemptors, &swapped, &mut report)?;
     kept_jobs.extend(full.kept_image());
     report.swapped.extend(full.kept_image().map(|id| format!("full-node-swap ({id})")));
-    report.swaps_refused += usize::from(full.kept_image().is_some_and(|id| swap::refused(&id, &c.job_output(id.parse().unwrap_or(0)))));
+    report.swaps_refused += usize::from(full.swapped.as_ref().is_some_and(|(id, _)| swap::refused(&id.to_string(), &c.job_output(*id))));
     judge_hooks(c, &jobs, &mut report)?;
     report.full_node = full.summary(c);
     report.full_node_problems = full.problems(c);

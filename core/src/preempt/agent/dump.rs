@@ -49,12 +49,11 @@ impl Agent {
         self.check_root(peer, root)?;
         let pinned = crate::procfs::Pinned::new(root)?;
         let pids = self.host.with_descendants(root);
-        let who = crate::privdrop::Identity::of_user_or_bare(self.params.uid, self.params.gid);
-        tree::check_owned(&pids, &who)?;
+        tree::check_owned(&pids, &self.user)?;
         // Before anything is locked: what CRIU could not dump alone is
         // found (and refused) here.
         uncheckpointable::refuse(&pids, &self.facts.driver_version).map_err(|e| format!("cannot checkpoint: {e}"))?;
-        let shm = shm::stage(&pids, root, &who).map_err(|e| format!("cannot checkpoint: {e}; nothing was changed"))?;
+        let shm = shm::stage(&pids, root, &self.user).map_err(|e| format!("cannot checkpoint: {e}; nothing was changed"))?;
         sw.since("checks", t);
         let was = self.root_state(root);
         if was.is_some() {
@@ -172,8 +171,7 @@ impl Agent {
     ) -> Result<CheckpointSummary, String> {
         let Prepared { cuda, shm, pinned } = prepared;
         let target = Target::Pids(vec![root]);
-        let user = crate::privdrop::Identity::of_user_or_bare(self.params.uid, self.params.gid);
-        let req = DumpRequest { pid: root, images_dir: run.to_path_buf(), tcp_established: self.settings.tcp_established, user };
+        let req = DumpRequest { pid: root, images_dir: run.to_path_buf(), tcp_established: self.settings.tcp_established, user: self.user.clone() };
         // CRIU writes as the user (crate::criu): the directory is theirs for
         // the run only.
         let lent = pinned

@@ -135,6 +135,9 @@ pub struct Agent {
     gpus: Arc<dyn GpuInfo + Send>,
     /// `criu check` at start: a dump is refused up front when CRIU is unusable.
     criu_status: Result<String, String>,
+    /// The job's user with their groups, looked up once (the group database
+    /// may be a network service): CRIU and every check as the user use it.
+    user: crate::privdrop::Identity,
     /// One checkpoint or restore at a time.
     op: Mutex<()>,
     restored: Mutex<BTreeMap<i32, RootState>>,
@@ -159,7 +162,9 @@ pub struct Backends {
 impl Agent {
     pub fn new(params: AgentParams, settings: AgentSettings, facts: NodeFacts, b: Backends) -> Agent {
         let criu_status = b.criu.check().map(|v| v.to_string()).map_err(|e| e.to_string());
+        let user = crate::privdrop::Identity::of_user_or_bare(params.uid, params.gid);
         Agent {
+            user,
             params,
             settings,
             facts,

@@ -52,9 +52,8 @@ impl Agent {
         let t = Instant::now();
         let (manifest, map) = self.vet(&dir, sw).map_err(|e| format!("{e}; the image is kept"))?;
         let cgroup = TargetCgroup::of_pid(peer.pid)?;
-        let who = crate::privdrop::Identity::of_user_or_bare(self.params.uid, self.params.gid);
         // Dropped on any failure below: the names made are removed again.
-        let shm = sw.time("shm", || shm::recreate(&manifest.shm, &dir, peer.pid, &who)).map_err(|e| format!("{e}; the image is kept"))?;
+        let shm = sw.time("shm", || shm::recreate(&manifest.shm, &dir, peer.pid, &self.user)).map_err(|e| format!("{e}; the image is kept"))?;
         let check_ms = ms(t);
         let pid = self.criu_restore(&dir, &manifest, cgroup, sw)?;
         let t = Instant::now();
@@ -163,7 +162,7 @@ impl Agent {
             images_dir: dir.to_path_buf(),
             cgroup: cgroup.clone(),
             tcp_established: m.tcp_established,
-            user: crate::privdrop::Identity::of_user_or_bare(uid, gid),
+            user: self.user.clone(),
         };
         // CRIU reads as the user (crate::criu): the files are theirs, the
         // directory for the run only.
@@ -210,9 +209,8 @@ impl Agent {
     /// CRIU froze the tree, which may have forked since (security review S4).
     pub(super) fn check_stopped_tree(&self, root: i32) -> Result<(), String> {
         let pids = self.host.with_descendants(root);
-        let who = crate::privdrop::Identity::of_user_or_bare(self.params.uid, self.params.gid);
-        tree::check_owned(&pids, &who)?;
-        crate::preempt::held::check_user_may_hold(&pids, &who)
+        tree::check_owned(&pids, &self.user)?;
+        crate::preempt::held::check_user_may_hold(&pids, &self.user)
     }
 
     /// After CRIU failed or was killed (security review F6): what it may
