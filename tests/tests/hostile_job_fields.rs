@@ -2,11 +2,12 @@
 //! comment and working directory, which `scontrol show job` prints raw
 //! ahead of AdminComment and JobState. With newlines and `AdminComment=` /
 //! `JobState=` text in all three, the agent's accounting read (as root)
-//! still finds the site's AdminComment, and the image sweep's "has the job
-//! ended" still finds the job's own state.
+//! still finds the site's AdminComment, the image sweep's "has the job
+//! ended" and gpu-mode-run's state read still find the job's own state.
 
 use gpu_mode_core::drain::Scontrol;
 use gpu_mode_core::preempt::accounting::{self, AccountingField, Event, EventKind};
+use gpu_mode_core::preempt::slurm_view::SlurmView;
 use gpu_mode_tests::ckpt_jobs::admin_comment;
 use gpu_mode_tests::shared::cluster;
 use gpu_mode_tests::Cluster;
@@ -57,6 +58,15 @@ fn the_users_fields_are_never_read_as_the_admin_comment_or_the_job_state() {
     assert!(site.status.success(), "{}", String::from_utf8_lossy(&site.stderr));
     accounting::record(&scontrol, AccountingField::AdminComment, job, &event()).unwrap();
     assert_eq!(admin_comment(c, job), "site ticket 42 gpu-mode{ckpt=r0@n1:1.0s/1MiB}");
+
+    // gpu-mode-run's reads (issue 27 item 2): the state squeue gives, no
+    // preemption, and no node left to move the job to on this one-node cluster.
+    let view = SlurmView::new(&c.install.bin("scontrol"));
+    let state = view.job_state(job).expect("squeue's state and preempt time");
+    assert_eq!((state.state.as_str(), state.being_preempted), ("PENDING", false));
+    let node = &c.spec.node_name;
+    let moved = view.exclusion_with(job, node).unwrap_err();
+    assert_eq!(moved, format!("every node of partition debug ({node}) would be excluded"));
 
     // Held, the job has not ended; cancelled, it has, whatever its name says.
     assert!(!scontrol.job_has_ended(job).unwrap(), "a held job has not ended");

@@ -300,6 +300,30 @@ fn send_checkpoint_signal(c: &Cluster, job: u32) -> Result<(), String> {
 }
 
 
+/// Issue 27 item 2: gpu-mode-run reads its job's state from squeue's own
+/// fields, never from `scontrol show job`, which prints the job's name
+/// before its state: a job named like Slurm's fields is still requeued
+/// after its checkpoint and restored (before: `job J is CANCELLED in Slurm
+/// (...): not requeued by gpu-mode-run`, and the job ended after its
+/// checkpoint without its last steps).
+#[test]
+fn a_job_named_like_slurms_own_fields_is_still_requeued_and_restored() {
+    let Some(c) = c() else { return };
+    let _turn = serial();
+    let ready = c.dir.join("out").join(format!("hostile-name-{}.ready", std::process::id()));
+    let name = "x JobState=CANCELLED PreemptTime=2026-01-01T00:00:00";
+    let job = submit_low(c, job_user(), name, &counter(c, &ready));
+    wait_steps(c, job, 5);
+    send_checkpoint_signal(c, job).unwrap();
+    let end = wait_finished(c, job);
+    let out = c.job_output(job);
+    assert_eq!((end.get("ExitCode"), end.restarts()), (format!("{EXIT}:0").as_str(), 1), "{out}");
+    assert!(!out.contains("not requeued by gpu-mode-run"), "{out}");
+    assert!(out.contains(&format!("gpu-mode-run: job {job} restored (pid")), "{out}");
+    assert_counted_once(&out);
+    assert_images_removed(c, job);
+}
+
 /// The application ends on its own while it is being checkpointed (seen in
 /// the churn: CRIU then fails, its process gone): the job ends with the
 /// application's status, not requeued to start over. Forced here: the

@@ -114,6 +114,63 @@ fn a_job_preempted_on_one_node_is_restored_on_the_other_onto_its_gpus() {
     }
 }
 
+/// A process of `user` holding pid `pid` (free now): the pid allocator is
+/// set just below it (`ns_last_pid`, root's) and a `sleep` forked, until
+/// the fork gets it (other processes of the host may fork meanwhile).
+fn hold_pid(pid: i32, user: &str) -> std::process::Child {
+    use std::os::unix::process::CommandExt;
+    let u = gpu_mode_tests::users::lookup(user).unwrap();
+    for _ in 0..200 {
+        std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string()).unwrap();
+        let mut child = std::process::Command::new("sleep").arg("600").uid(u.uid).gid(u.gid).spawn().unwrap();
+        if child.id() as i32 == pid {
+            return child;
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    panic!("no fork got pid {pid} in 200 tries");
+}
+
+/// Security review F7: a second user's process holds a pid of the image on
+/// the node the requeued job lands on (both nodes share this machine's pid
+/// space). The restore there fails naming the process, the image is kept,
+/// and gpu-mode-run requeues the job with that node excluded; it is then
+/// restored on the other node (before: the job failed on gmb).
+#[test]
+fn a_pid_held_on_the_node_the_job_lands_on_moves_its_restore_to_another_node() {
+    let Some(c) = c() else { return };
+    let _turn = serial();
+    let (job, ready) = start_counter(c, job_user(), "pidheld", 5);
+    assert_eq!(c.job(job).unwrap().get("NodeList"), NODES[0]);
+    let app: i32 = std::fs::read_to_string(&ready).unwrap().trim().parse().unwrap();
+    let preemptor = submit_preemptor(c, Some("gmtest2"), Some(NODES[0]), 2, 45);
+    wait_requeued(c, job, 1);
+    // Before the requeued run may start on gmb (its credential has 10 s to expire).
+    let mut holder = hold_pid(app, "gmtest2");
+    let moved = c.wait_job(job, "the run on gmb to move the job", LONG, |j| j.restarts() == 2 && j.get("ExcNodeList") == NODES[1]);
+    let _ = holder.kill();
+    let _ = holder.wait();
+    moved.unwrap_or_else(|e| panic!("{e}\n{}", c.job_output(job)));
+    let end = c.wait_job(job, "the restored run", LONG, |j| j.restarts() == 2 && finished(j)).unwrap();
+    let _ = c.client("scancel", &[&preemptor.to_string()]).run_as(Some("gmtest2"));
+    let out = c.job_output(job);
+    assert_eq!((end.get("NodeList"), end.get("ExitCode")), (NODES[0], format!("{EXIT}:0").as_str()), "{out}");
+    let line = out.lines().find(|l| l.contains("cannot restore job")).unwrap_or_else(|| panic!("{out}"));
+    let uid = gpu_mode_tests::users::lookup("gmtest2").unwrap().uid;
+    for needle in [
+        format!("cannot restore job {job} on {}: pid {app} is in use on this node (sleep, uid {uid}", NODES[1]),
+        "the image is kept; requeueing it to be restored on another node (ExcNodeList=gmb)".to_string(),
+    ] {
+        assert!(line.contains(&needle), "{needle:?} not in {line:?}");
+    }
+    assert!(out.contains(&format!("job {job} run 2: restoring the checkpoint taken in run 0 on gma")), "{out}");
+    assert_counted_once(&out);
+    let (events, comment) = recorded_events(c, job);
+    assert_eq!(events, ["ckpt=r0@gma", "restore-failed=r1@gmb", "restore=r2@gma"], "{comment}");
+    assert_images_removed(c, job);
+}
+
 /// The job lands on a gmb whose driver differs from gma's: one line says
 /// why, nothing is restored, the image is kept; with the driver matching
 /// again, `scontrol requeue` restores it there.

@@ -43,6 +43,7 @@ pub mod manifest;
 pub mod protocol;
 pub mod shm;
 pub mod signals;
+pub mod slurm_view;
 pub mod submit;
 pub mod timeline;
 pub mod tree;

@@ -92,6 +92,10 @@ pub enum Response {
     Dumped,
     Stopping,
     Error { message: String },
+    /// The restore failed for a reason of this node's (a pid of the image
+    /// is another process's here: security review F7), before anything was
+    /// started; the image is kept and another node may restore it.
+    NotHere { message: String },
 }
 
 #[derive(Serialize, Deserialize)]

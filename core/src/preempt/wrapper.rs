@@ -34,6 +34,7 @@ use super::protocol::{self, request, ExitInfo, Request, Response};
 use super::signal_name;
 use crate::command::run_with_timeout;
 use super::signals::InheritedSignals;
+use super::slurm_view::SlurmView;
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use std::ffi::OsString;
@@ -51,6 +52,8 @@ pub struct RunOptions {
     pub app: Vec<OsString>,
     pub job: u32,
     pub restart_count: u32,
+    /// This node's name in Slurm (SLURMD_NODENAME), for moving the job off it.
+    pub node: Option<String>,
     pub socket: PathBuf,
     /// `checkpoint.signal` as a number.
     pub checkpoint_signal: i32,
@@ -88,6 +91,7 @@ impl RunOptions {
             app,
             job,
             restart_count,
+            node: env("SLURMD_NODENAME"),
             socket,
             checkpoint_signal: super::signal_number(&cfg.checkpoint.signal)?,
             scontrol: cfg.slurm.scontrol.clone(),
@@ -97,6 +101,12 @@ impl RunOptions {
             signals: InheritedSignals::inherited(),
         })
     }
+}
+
+/// Why a restore did not happen; `movable`: another node may do it.
+struct NotRestored {
+    message: String,
+    movable: bool,
 }
 
 enum Event {
@@ -193,9 +203,13 @@ pub fn run(o: &RunOptions) -> i32 {
     match hello {
         Ok((Response::Hello { image: Some(img), .. }, _)) => {
             say(&format!("job {} run {}: restoring the checkpoint taken in run {} on {}", o.job, o.restart_count, img.restart_count, img.node));
-            if let Err(e) = w.restore() {
-                say(&format!("cannot restore job {}: {e}", o.job));
-                return EXIT_FAILED;
+            match w.restore() {
+                Ok(()) => {}
+                Err(NotRestored { message, movable: true }) => return w.restore_elsewhere(&message),
+                Err(NotRestored { message, .. }) => {
+                    say(&format!("cannot restore job {}: {message}", o.job));
+                    return EXIT_FAILED;
+                }
             }
         }
         Ok((Response::Hello { image: None, criu, .. }, _)) => {
@@ -268,8 +282,9 @@ impl Wrapper<'_> {
 
     /// Asks for a restore; the agent answers `restored`, and later how the
     /// tree ended, which a reader thread turns into an event.
-    fn restore(&mut self) -> Result<(), String> {
-        let (resp, mut reader) = request(&self.o.socket, &Request::Restore, None)?;
+    fn restore(&mut self) -> Result<(), NotRestored> {
+        let here = |message| NotRestored { message, movable: false };
+        let (resp, mut reader) = request(&self.o.socket, &Request::Restore, None).map_err(here)?;
         match resp {
             Response::Restored { pid, summary } => {
                 self.root = pid;
@@ -299,9 +314,38 @@ impl Wrapper<'_> {
                 });
                 Ok(())
             }
-            Response::Error { message } => Err(message),
-            other => Err(format!("unexpected answer {other:?}")),
+            Response::Error { message } => Err(here(message)),
+            Response::NotHere { message } => Err(NotRestored { message, movable: true }),
+            other => Err(here(format!("unexpected answer {other:?}"))),
         }
+    }
+
+    /// The agent could not restore the image on this node for a reason of
+    /// the node's (a pid of the image held by another process: security
+    /// review F7): the job is requeued with this node excluded, the image
+    /// kept, so that another node restores it. Where no other node is left,
+    /// or Slurm cannot be asked, the job fails as for any refused restore.
+    fn restore_elsewhere(&self, why: &str) -> i32 {
+        let job = self.o.job;
+        let Some(node) = self.o.node.as_deref() else {
+            say(&format!("cannot restore job {job}: {why} (SLURMD_NODENAME is not set: not moved to another node)"));
+            return EXIT_FAILED;
+        };
+        let view = SlurmView::new(&self.o.scontrol);
+        let nodes = match view.exclusion_with(job, node) {
+            Ok(nodes) => nodes,
+            Err(e) => {
+                say(&format!("cannot restore job {job} on {node}: {why}; not moved to another node: {e}"));
+                return EXIT_FAILED;
+            }
+        };
+        say(&format!("cannot restore job {job} on {node}: {why}; requeueing it to be restored on another node (ExcNodeList={nodes})"));
+        self.plain_requeue();
+        if let Err(e) = view.exclude(job, &nodes) {
+            say(&format!("job {job}: {e}: requeued without excluding {node}"));
+        }
+        self.linger();
+        EXIT_FAILED
     }
 
     /// Until the application ends (its status) or a preemption is handled.
@@ -421,8 +465,8 @@ impl Wrapper<'_> {
     /// this run ends (see [`slurm_requeues_in_grace`]). Whether to wait for
     /// Slurm to end the job afterwards (not when Slurm waits for us).
     fn requeue(&self) -> bool {
-        let shown = self.scontrol(&["show", "job", "-o", &self.o.job.to_string()]);
-        if let Some(state) = shown.as_deref().and_then(job_state_of).filter(|s| s != "RUNNING") {
+        let shown = SlurmView::new(&self.o.scontrol).job_state(self.o.job);
+        if let Some(state) = shown.as_ref().map(|s| s.state.clone()).filter(|s| s != "RUNNING") {
             say(&format!(
                 "job {} is {state} in Slurm (cancelled, or ended at its time or grace limit): not requeued by gpu-mode-run",
                 self.o.job
@@ -430,10 +474,16 @@ impl Wrapper<'_> {
             return true;
         }
         let version = self.scontrol(&["--version"]).as_deref().and_then(slurm_version_of);
-        if shown.as_deref().is_some_and(in_preemption_grace) && version.is_some_and(slurm_requeues_in_grace) {
+        if shown.is_some_and(|s| s.being_preempted) && version.is_some_and(slurm_requeues_in_grace) {
             say(&format!("job {} is being preempted: Slurm requeues it as this run ends", self.o.job));
             return false;
         }
+        self.plain_requeue();
+        true
+    }
+
+    /// `scontrol requeue <job>`; a failure is said, not fatal.
+    fn plain_requeue(&self) {
         let mut cmd = std::process::Command::new(&self.o.scontrol);
         cmd.args(["requeue", &self.o.job.to_string()]);
         match run_with_timeout(cmd, None, Duration::from_secs(30)) {
@@ -446,7 +496,6 @@ impl Wrapper<'_> {
             )),
             Err(e) => say(&format!("{e}: the job may end COMPLETED instead of being requeued")),
         }
-        true
     }
 
     /// scontrol's output, or `None` when it cannot be run or fails: then the
@@ -504,16 +553,6 @@ fn slurm_version_of(text: &str) -> Option<(u32, u32)> {
     Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
 }
 
-/// Whether `scontrol show job -o` says the job is being preempted
-/// (`PreemptTime=` a time; Slurm resets it to None when it requeues).
-fn in_preemption_grace(text: &str) -> bool {
-    text.split_whitespace().find_map(|w| w.strip_prefix("PreemptTime=")).is_some_and(|t| !matches!(t, "" | "None" | "Unknown"))
-}
-
-/// `JobState=...` of `scontrol show job -o` output.
-fn job_state_of(text: &str) -> Option<String> {
-    text.split_whitespace().find_map(|w| w.strip_prefix("JobState=")).map(String::from)
-}
 
 #[cfg(test)]
 mod tests {
@@ -554,13 +593,6 @@ mod tests {
     }
 
     #[test]
-    fn the_job_state_is_read_from_scontrol() {
-        let line = "JobId=9 JobName=x UserId=u(1) JobState=COMPLETING Reason=None Dependency=(null)";
-        assert_eq!(job_state_of(line).as_deref(), Some("COMPLETING"));
-        assert_eq!(job_state_of("slurm_load_jobs error: Invalid job id specified"), None);
-    }
-
-    #[test]
     fn slurm_24_05_and_later_requeue_a_preempted_job_themselves() {
         let cases = [
             ("slurm 24.11.5\n", Some((24, 11)), true),
@@ -574,9 +606,6 @@ mod tests {
             assert_eq!(slurm_version_of(text), version, "{text}");
             assert_eq!(version.is_some_and(slurm_requeues_in_grace), requeues, "{text}");
         }
-        assert!(in_preemption_grace("JobId=9 JobState=RUNNING PreemptTime=2026-11-25T12:35:38 SuspendTime=None"));
-        assert!(!in_preemption_grace("JobId=9 JobState=RUNNING PreemptTime=None SuspendTime=None"));
-        assert!(!in_preemption_grace("JobId=9 JobState=RUNNING"));
     }
 
     fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {

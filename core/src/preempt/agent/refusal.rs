@@ -67,6 +67,10 @@ pub enum RequestError {
     Refused { kind: RefusalKind, message: String },
     #[error("{0}")]
     Failed(String),
+    /// Failed for a reason of this node's, before anything was started:
+    /// another node may do it (the wrapper moves the job, F7).
+    #[error("{0}")]
+    NotHere(String),
 }
 
 impl RequestError {

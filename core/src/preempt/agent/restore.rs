@@ -40,17 +40,21 @@ impl Agent {
             // The epilog of this run would otherwise remove the image that
             // the message promises to keep (it keeps only what a run
             // completed): the mark tells it this run tried and was refused.
-            if let Err(io) = self.settings.images.mark_refused(self.params.job, self.params.restart_count, e) {
+            if let Err(io) = self.settings.images.mark_refused(self.params.job, self.params.restart_count, &e.to_string()) {
                 self.log("restore-mark", crate::log::Outcome::Failed, &io.to_string());
             }
         }
-        Ok(result?)
+        result
     }
 
-    fn restore_image(&self, peer: Peer, restart: u32, dir: &Path, sw: &mut Stopwatch) -> Result<(i32, RestoreSummary), String> {
+    fn restore_image(&self, peer: Peer, restart: u32, dir: &Path, sw: &mut Stopwatch) -> Result<(i32, RestoreSummary), RequestError> {
         let dir = dir.to_path_buf();
         let t = Instant::now();
         let (manifest, map) = self.vet(&dir, sw).map_err(|e| format!("{e}; the image is kept"))?;
+        // Last: a pid another process holds here may be free on another
+        // node, where the wrapper then moves the job (security review F7).
+        sw.time("pids-free", || tree::wait_pids_free(&manifest.pids, self.settings.pid_wait))
+            .map_err(|e| RequestError::NotHere(format!("{e}; the image is kept")))?;
         let cgroup = TargetCgroup::of_pid(peer.pid)?;
         // Dropped on any failure below: the names made are removed again.
         let shm = sw.time("shm", || shm::recreate(&manifest.shm, &dir, peer.pid, &self.user)).map_err(|e| format!("{e}; the image is kept"))?;
@@ -60,7 +64,7 @@ impl Agent {
         if !manifest.cuda.is_empty() {
             if let Err(e) = self.checkpointer().restore_processes(&manifest.cuda, &map) {
                 self.kill_restored(&manifest);
-                return Err(format!("CUDA restore failed: {e}; the restored processes were killed, the image is kept"));
+                return Err(format!("CUDA restore failed: {e}; the restored processes were killed, the image is kept").into());
             }
             sw.since("cuda-restore", t);
         }
@@ -112,7 +116,6 @@ impl Agent {
             self.checkpointer().check_restore_room(&m.cuda, &map).map_err(|e| e.to_string())?;
             Ok(map)
         })?;
-        sw.time("pids-free", || tree::wait_pids_free(&m.pids, self.settings.pid_wait))?;
         Ok((m, map))
     }
 

@@ -264,7 +264,7 @@ impl Agent {
                 self.refused(peer.uid, "checkpoint", kind, &message);
                 Response::Error { message }
             }
-            Err(RequestError::Failed(message)) => {
+            Err(RequestError::Failed(message) | RequestError::NotHere(message)) => {
                 self.log("checkpoint", Outcome::Failed, &message);
                 self.count(&failure_events(metrics::CHECKPOINTS, metrics::CHECKPOINT_FAILURES, &message));
                 self.account(EventKind::CheckpointFailed, start.elapsed().as_secs_f64(), None);
@@ -285,13 +285,16 @@ impl Agent {
                 let _ = protocol::send(out, &Response::Error { message });
                 return;
             }
-            Err(RequestError::Failed(message)) => {
+            Err(e @ (RequestError::Failed(_) | RequestError::NotHere(_))) => {
+                let movable = matches!(e, RequestError::NotHere(_));
+                let message = e.to_string();
                 self.log("restore", Outcome::Failed, &message);
                 self.count(&failure_events(metrics::RESTORES, metrics::RESTORE_FAILURES, &message));
-                // Before the answer: the job fails on it, and Slurm takes
-                // no update of a finished job.
+                // Before the answer: the job fails (or is requeued) on it,
+                // and Slurm takes no update of a finished job.
                 self.account(EventKind::RestoreFailed, start.elapsed().as_secs_f64(), None);
-                let _ = protocol::send(out, &Response::Error { message });
+                let answer = if movable { Response::NotHere { message } } else { Response::Error { message } };
+                let _ = protocol::send(out, &answer);
                 return;
             }
         };

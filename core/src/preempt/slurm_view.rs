@@ -1,0 +1,178 @@
+//! What `gpu-mode-run` reads of its own job from Slurm, and the one change
+//! it makes besides a plain requeue: moving the job off this node.
+//!
+//! Every read asks squeue (or sinfo) for the fields it needs alone, never
+//! `scontrol show job`: that prints the job's name, command, directory and
+//! comment before its state, and a job named `x JobState=CANCELLED` must not
+//! be taken for a cancelled one (security review F5's shape; issue 27 item
+//! 2). The values asked for hold no spaces, so a line that does not split
+//! into exactly the fields asked for is ambiguous and read as unknown.
+
+use crate::command::run_with_timeout;
+use crate::drain::Scontrol;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The job's state and whether Slurm is preempting it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobState {
+    /// squeue's `%T` (`RUNNING`, `CANCELLED`, ...).
+    pub state: String,
+    /// A preemption time is set: Slurm signalled the job to preempt it (it
+    /// resets the field when it requeues the job).
+    pub being_preempted: bool,
+}
+
+impl JobState {
+    /// From squeue's one line for `-O State,PreemptTime`.
+    fn parse(lines: &[String]) -> Option<JobState> {
+        let [line] = lines else { return None };
+        let [state, preempt] = line.split_whitespace().collect::<Vec<_>>()[..] else { return None };
+        let being_preempted = !matches!(preempt, "None" | "Unknown" | "N/A" | "(null)" | "0");
+        Some(JobState { state: state.to_string(), being_preempted })
+    }
+}
+
+/// The Slurm client programs, found beside the configured scontrol.
+pub struct SlurmView {
+    scontrol: PathBuf,
+}
+
+impl SlurmView {
+    pub fn new(scontrol: &Path) -> SlurmView {
+        SlurmView { scontrol: scontrol.to_path_buf() }
+    }
+
+    /// The job's state; `None` when Slurm cannot say or says it ambiguously.
+    pub fn job_state(&self, job: u32) -> Option<JobState> {
+        let lines = self.field(job, &["-O", "State,PreemptTime"])?;
+        JobState::parse(&lines)
+    }
+
+    /// The nodes the job may no longer run on once `node` is added to its
+    /// excluded nodes, as an `ExcNodeList=` value; an error when that would
+    /// leave its partition no node (the job would pend for ever) or when
+    /// Slurm cannot say.
+    pub fn exclusion_with(&self, job: u32, node: &str) -> Result<String, String> {
+        let lines = self.field(job, &["-o", "%P %x"]).ok_or("squeue cannot say the job's partition and excluded nodes")?;
+        let (partition, excluded) = partition_and_excluded(&lines)?;
+        let nodes = self.partition_nodes(&partition)?;
+        exclusion(&excluded, node, &partition, &nodes)
+    }
+
+    /// `scontrol update JobId=<job> ExcNodeList=<nodes>`: Slurm takes it
+    /// only while the job pends, i.e. after its requeue.
+    pub fn exclude(&self, job: u32, nodes: &str) -> Result<(), String> {
+        Scontrol::new(&self.scontrol)
+            .with_timeout(TIMEOUT)
+            .update_job(job, "ExcNodeList", nodes)
+            .map_err(|e| e.to_string())
+    }
+
+    fn field(&self, job: u32, format: &[&str]) -> Option<Vec<String>> {
+        Scontrol::new(&self.scontrol).with_timeout(TIMEOUT).job_field(job, format).ok().flatten()
+    }
+
+    /// `sinfo -h -N -p <partition> -o %N`: one node name per line.
+    fn partition_nodes(&self, partition: &str) -> Result<Vec<String>, String> {
+        let mut cmd = Command::new(self.scontrol.with_file_name("sinfo"));
+        cmd.args(["-h", "-N", "-p", partition, "-o", "%N"]);
+        let out = run_with_timeout(cmd, None, TIMEOUT).map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(format!("sinfo cannot list partition {partition}'s nodes: {}", String::from_utf8_lossy(&out.stderr).trim()));
+        }
+        let mut nodes: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().map(|l| l.trim().to_string()).filter(|l| !l.is_empty()).collect();
+        nodes.dedup();
+        Ok(nodes)
+    }
+}
+
+/// squeue's one `%P %x` line: the partition and the excluded nodes (none
+/// printed as nothing or `(null)`).
+fn partition_and_excluded(lines: &[String]) -> Result<(String, Vec<String>), String> {
+    let [line] = lines else { return Err(format!("squeue printed {} lines for the job, not one", lines.len())) };
+    match line.split_whitespace().collect::<Vec<_>>()[..] {
+        [partition] => Ok((partition.to_string(), Vec::new())),
+        [partition, "(null)"] => Ok((partition.to_string(), Vec::new())),
+        [partition, excluded] => Ok((partition.to_string(), crate::hostlist::expand(excluded)?)),
+        _ => Err(format!("squeue's line {line:?} is not a partition and a node list")),
+    }
+}
+
+/// The excluded nodes with `node` added, unless no node of the partition
+/// would be left.
+fn exclusion(excluded: &[String], node: &str, partition: &str, partition_nodes: &[String]) -> Result<String, String> {
+    let mut list: Vec<String> = excluded.to_vec();
+    if !list.iter().any(|n| n == node) {
+        list.push(node.to_string());
+    }
+    if partition_nodes.iter().all(|n| list.contains(n)) {
+        return Err(format!("every node of partition {partition} ({}) would be excluded", partition_nodes.join(",")));
+    }
+    Ok(list.join(","))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(text: &str) -> Vec<String> {
+        text.lines().map(String::from).collect()
+    }
+
+    #[test]
+    fn the_state_is_squeues_two_fields_or_unknown() {
+        let cases: &[(&str, Option<(&str, bool)>)] = &[
+            ("RUNNING             None                ", Some(("RUNNING", false))),
+            ("RUNNING             2026-11-27T03:00:01 ", Some(("RUNNING", true))),
+            ("CANCELLED           N/A", Some(("CANCELLED", false))),
+            ("PENDING Unknown", Some(("PENDING", false))),
+            // Not the two fields asked for: never guessed.
+            ("RUNNING", None),
+            ("RUNNING None extra", None),
+            ("", None),
+            ("RUNNING None\nRUNNING None", None),
+        ];
+        for (text, want) in cases {
+            let got = JobState::parse(&lines(text));
+            assert_eq!(got.as_ref().map(|s| (s.state.as_str(), s.being_preempted)), *want, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn partition_and_excluded_nodes_come_from_one_line() {
+        let ok: &[(&str, &str, &[&str])] = &[
+            ("low ", "low", &[]),
+            ("low (null)", "low", &[]),
+            ("low gmb", "low", &["gmb"]),
+            ("gpu node[01-03]", "gpu", &["node01", "node02", "node03"]),
+        ];
+        for (text, partition, excluded) in ok {
+            let (p, e) = partition_and_excluded(&lines(text)).unwrap();
+            assert_eq!((p.as_str(), e.iter().map(String::as_str).collect::<Vec<_>>()), (*partition, excluded.to_vec()), "{text:?}");
+        }
+        for bad in ["", "low a b", "low\nlow", "low n[3-1]"] {
+            assert!(partition_and_excluded(&lines(bad)).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn this_node_is_added_unless_the_partition_would_have_none_left() {
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        type Case<'a> = (&'a [&'a str], &'a str, &'a [&'a str], Result<&'a str, &'a str>);
+        let cases: &[Case] = &[
+            (&[], "gma", &["gma", "gmb"], Ok("gma")),
+            (&["gmc"], "gma", &["gma", "gmb"], Ok("gmc,gma")),
+            (&["gma"], "gma", &["gma", "gmb"], Ok("gma")),
+            (&[], "gma", &["gma"], Err("every node of partition low (gma) would be excluded")),
+            (&["gmb"], "gma", &["gma", "gmb"], Err("every node of partition low (gma,gmb) would be excluded")),
+        ];
+        for (excluded, node, nodes, want) in cases {
+            let got = exclusion(&names(excluded), node, "low", &names(nodes));
+            assert_eq!(got.as_deref().map_err(String::as_str), *want, "{excluded:?} + {node} of {nodes:?}");
+        }
+    }
+}
