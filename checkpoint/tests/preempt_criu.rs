@@ -456,8 +456,14 @@ fn failed_checkpoint_starts_over(name: &str, job: u32, images: &Path, spoil: imp
 
 /// [`failed_checkpoint_starts_over`] with `extra` arguments for the counter.
 fn failed_checkpoint_of_starts_over(name: &str, job: u32, images: &Path, extra: &[&str], spoil: impl FnOnce(i32), needle: &str) {
+    failed_checkpoint_with(name, job, images, "", extra, spoil, needle)
+}
+
+/// [`failed_checkpoint_of_starts_over`] with `settings` in the config's
+/// `[checkpoint]` section.
+fn failed_checkpoint_with(name: &str, job: u32, images: &Path, settings: &str, extra: &[&str], spoil: impl FnOnce(i32), needle: &str) {
     let n = node().unwrap();
-    let (cfg_path, cfg) = n.config(name, images);
+    let (cfg_path, cfg) = n.config_with(name, images, settings);
     let out = n.dir.join(format!("{name}.out"));
     let ready = format!("{}/user/{name}.ready", n.dir.display());
     let counter = n.counter();
@@ -492,6 +498,7 @@ fn failed_checkpoint_of_starts_over(name: &str, job: u32, images: &Path, extra: 
 /// What CRIU or the driver cannot bring back (torchrun's io_uring, an NCCL
 /// process group on a driver before r610; issue 24 item 5, seen on 2 H200s)
 /// is refused before anything is locked: no rollback, the job starts over.
+/// The io_uring with `hide_io_uring` off (on, the next test).
 #[test]
 fn a_tree_that_cannot_come_back_is_refused_before_anything_is_locked() {
     let Some(n) = node() else { return };
@@ -501,10 +508,45 @@ fn a_tree_that_cannot_come_back_is_refused_before_anything_is_locked() {
     ];
     for (name, job, hold, needle) in cases {
         let images = n.dir.join(format!("images-refuse-{name}"));
-        failed_checkpoint_of_starts_over(&format!("refuse-{name}"), *job, &images, &["--hold", hold], |_| {}, needle);
+        let settings = "hide_io_uring = false\n";
+        failed_checkpoint_with(&format!("refuse-{name}"), *job, &images, settings, &["--hold", hold], |_| {}, needle);
         let err = read(&n.dir.join(format!("refuse-{name}.err")));
         assert!(err.contains("refused, nothing was changed") && !err.contains("rollback") && !err.contains("GPU state"), "{err}");
     }
+}
+
+/// `[checkpoint] hide_io_uring` (on by default; hugepages/src/io_uring.rs):
+/// an application that asks for an io_uring through the C library's
+/// `syscall()` and falls back to epoll without one, as libuv does under
+/// torchrun's TCPStore, gets none, and is checkpointed and restored instead
+/// of refused (the test above, with the setting off).
+#[test]
+fn an_application_that_falls_back_from_io_uring_is_given_none_and_is_checkpointed() {
+    let Some(n) = node() else { return };
+    let job = 9115;
+    let images = n.dir.join("images-uring");
+    let (cfg_path, cfg) = n.config("uring", &images);
+    let out = n.dir.join("uring.out");
+    let ready = format!("{}/user/uring.ready", n.dir.display());
+    let counter = n.counter();
+    let app = [counter.as_str(), "--steps", "200", "--interval-ms", "20", "--mib", "8", "--hold", "io-uring-or-epoll", "--ready", &ready];
+    n.agent((&cfg_path, &cfg), job, 0, 0);
+    let run0 = Run { who: n.who, cfg: &cfg_path, job, restart: 0, cgroup: None, out: &out };
+    let mut w = wrapper(n, &run0, &app);
+    wait_for("three steps", Duration::from_secs(20), || last_step(&out) >= 3);
+    assert!(read(&out).contains("no io_uring (Function not implemented (os error 38)): epoll"), "{}", read(&out));
+    signal(&w, libc::SIGUSR1);
+    assert_eq!(exit_code(&mut w, Duration::from_secs(60)), 0, "{}", read(&out.with_extension("err")));
+    let dumped_at = last_step(&out);
+    stop_agent(&cfg, job, Duration::from_secs(10)).unwrap();
+
+    n.agent((&cfg_path, &cfg), job, 1, 0);
+    let mut w = wrapper(n, &Run { restart: 1, ..run0 }, &app);
+    assert_eq!(exit_code(&mut w, Duration::from_secs(60)), 0, "{}", read(&out.with_extension("err")));
+    let text = read(&out);
+    assert!(dumped_at < 200 && text.contains("DONE count=200") && !text.contains("MISMATCH"), "{text}");
+    assert!(read(&out.with_extension("err")).contains(&format!("job {job} restored (pid")), "{}", read(&out.with_extension("err")));
+    stop_agent(&cfg, job, Duration::from_secs(10)).unwrap();
 }
 
 #[test]
@@ -982,7 +1024,7 @@ fn huge_pages_reach_the_drivers_checkpoint_buffer_only_when_on() {
     let cases = [
         ("hp-on", 9107, "", true, true),
         ("hp-off", 9108, "huge_pages = false\n", false, true),
-        ("all-off", 9109, "huge_pages = false\nforked_children_drop_gpu_files = false\n", false, false),
+        ("all-off", 9109, "huge_pages = false\nforked_children_drop_gpu_files = false\nhide_io_uring = false\n", false, false),
     ];
     for (name, job, settings, on, preloaded) in cases {
         let images = n.dir.join(format!("images-{name}"));

@@ -253,6 +253,11 @@ pub struct CheckpointConfig {
     /// the GPU files (`device_paths`) it inherited, so that a tree with
     /// DataLoader workers can be checkpointed (hugepages/src/fork.rs).
     pub forked_children_drop_gpu_files: bool,
+    /// The same library answers the application's `io_uring_setup` through
+    /// `syscall()` with ENOSYS, so that libraries that fall back to epoll
+    /// (libuv: torchrun's TCPStore) hold no io_uring, which CRIU cannot
+    /// dump (hugepages/src/io_uring.rs).
+    pub hide_io_uring: bool,
 }
 
 /// Where the packages install the huge-page shim (beside the agent).
@@ -283,6 +288,7 @@ impl Default for CheckpointConfig {
             huge_pages_library: PathBuf::from(DEFAULT_HUGE_PAGES_LIBRARY),
             huge_pages_dir: PathBuf::from("/var/lib/slurm-gpu-mode/hugepages"),
             forked_children_drop_gpu_files: true,
+            hide_io_uring: true,
         }
     }
 }
@@ -580,6 +586,7 @@ mod tests {
             (d.huge_pages, &d.huge_pages_library, &d.huge_pages_dir)
         );
         assert_eq!(cfg.checkpoint.forked_children_drop_gpu_files, d.forked_children_drop_gpu_files);
+        assert_eq!(cfg.checkpoint.hide_io_uring, d.hide_io_uring);
     }
 
     #[test]

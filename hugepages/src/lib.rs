@@ -43,10 +43,12 @@
 //! the application, on any thread, possibly before `main`.
 //!
 //! `GPU_MODE_HUGEPAGES=0` turns the advice off; the library then only does
-//! its other job, [`fork`]: children forked without exec drop the GPU
-//! files they inherited (`GPU_MODE_FORK_DROP=1`).
+//! its other jobs: [`fork`], children forked without exec drop the GPU
+//! files they inherited (`GPU_MODE_FORK_DROP=1`), and [`io_uring`], the
+//! application gets no io_uring from `syscall()` (`GPU_MODE_NO_IO_URING=1`).
 
 pub mod fork;
+pub mod io_uring;
 
 use libc::{c_int, c_void, off64_t, off_t, size_t};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -129,6 +131,7 @@ fn logging() -> bool {
 extern "C" fn init() {
     let _ = (min_bytes(), logging(), real_mmap());
     fork::init(env_bytes(c"GPU_MODE_FORK_DROP"), env_bytes(c"GPU_MODE_FORK_DROP_PREFIXES"));
+    io_uring::init(env_bytes(c"GPU_MODE_NO_IO_URING"));
 }
 
 #[used]

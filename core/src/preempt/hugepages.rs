@@ -117,9 +117,10 @@ pub fn keep(cfg: &CheckpointConfig) -> Result<Option<PathBuf>, String> {
 }
 
 /// Whether gpu-mode-run preloads the library: for the huge pages, for the
-/// forked children's GPU files (hugepages/src/fork.rs), or both.
+/// forked children's GPU files (hugepages/src/fork.rs), for hiding
+/// io_uring (hugepages/src/io_uring.rs), or several.
 pub fn preloaded(cfg: &CheckpointConfig) -> bool {
-    cfg.huge_pages || cfg.forked_children_drop_gpu_files
+    cfg.huge_pages || cfg.forked_children_drop_gpu_files || cfg.hide_io_uring
 }
 
 /// The variables that tell the preloaded library which of its jobs to do:
@@ -133,6 +134,9 @@ pub fn preload_env(cfg: &CheckpointConfig) -> Vec<(&'static str, String)> {
     if cfg.forked_children_drop_gpu_files {
         env.push(("GPU_MODE_FORK_DROP", "1".to_string()));
         env.push(("GPU_MODE_FORK_DROP_PREFIXES", cfg.device_paths.join(":")));
+    }
+    if cfg.hide_io_uring {
+        env.push(("GPU_MODE_NO_IO_URING", "1".to_string()));
     }
     env
 }
@@ -189,10 +193,12 @@ mod tests {
     fn the_library_is_told_which_of_its_jobs_to_do() {
         let mut cfg = CheckpointConfig { device_paths: vec!["/dev/nvidia".into(), "/tmp/sim/gpus/".into()], ..Default::default() };
         let env = |cfg: &CheckpointConfig| preload_env(cfg).into_iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>();
-        assert_eq!(env(&cfg), ["GPU_MODE_FORK_DROP=1", "GPU_MODE_FORK_DROP_PREFIXES=/dev/nvidia:/tmp/sim/gpus/"]);
+        assert_eq!(env(&cfg), ["GPU_MODE_FORK_DROP=1", "GPU_MODE_FORK_DROP_PREFIXES=/dev/nvidia:/tmp/sim/gpus/", "GPU_MODE_NO_IO_URING=1"]);
         cfg.huge_pages = false;
         assert_eq!(env(&cfg)[0], "GPU_MODE_HUGEPAGES=0");
         cfg.forked_children_drop_gpu_files = false;
+        assert_eq!(env(&cfg), ["GPU_MODE_HUGEPAGES=0", "GPU_MODE_NO_IO_URING=1"]);
+        cfg.hide_io_uring = false;
         assert_eq!(env(&cfg), ["GPU_MODE_HUGEPAGES=0"]);
     }
 
@@ -203,13 +209,17 @@ mod tests {
         cfg.huge_pages_library = dir.path().join("none.so");
         cfg.huge_pages = false;
         cfg.forked_children_drop_gpu_files = false;
+        cfg.hide_io_uring = false;
         assert_eq!(for_application(&cfg), Ok(None));
         assert_eq!(keep(&cfg), Ok(None));
-        assert!(!cfg.huge_pages_dir.exists(), "both off: nothing is kept");
-        // Either of the library's jobs needs it.
+        assert!(!cfg.huge_pages_dir.exists(), "all off: nothing is kept");
+        // Any of the library's jobs needs it.
         cfg.forked_children_drop_gpu_files = true;
         assert!(for_application(&cfg).unwrap_err().contains("none.so"));
         cfg.forked_children_drop_gpu_files = false;
+        cfg.hide_io_uring = true;
+        assert!(for_application(&cfg).unwrap_err().contains("none.so"));
+        cfg.hide_io_uring = false;
         cfg.huge_pages = true;
         let err = for_application(&cfg).unwrap_err();
         assert!(err.contains("none.so") && err.contains("No such file"), "{err}");

@@ -637,6 +637,7 @@ mod tests {
         assert!(err.contains("/nonexistent/libgpu_mode_hugepages.so"), "{err}");
         cfg.checkpoint.huge_pages = false;
         cfg.checkpoint.forked_children_drop_gpu_files = false;
+        cfg.checkpoint.hide_io_uring = false;
         assert_eq!(RunOptions::from_env(&cfg, app, &env(&job)).unwrap().preload, Ok(None));
     }
 }

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cuda-sim-counter --steps N [--interval-ms 100] [--mib 4] [--exit-code C] [--ready FILE] [--device 0]
-//!                  [--signals yes] [--fork-worker yes] [--hold io-uring|nccl-thread] [--keep-open FILE]
+//!                  [--signals yes] [--fork-worker yes] [--hold io-uring|io-uring-or-epoll|nccl-thread] [--keep-open FILE]
 //! ```
 //! Each step reads the counter from device memory, checks it is the previous
 //! step, writes it back incremented, checks one 64 KiB window of a seeded
@@ -24,7 +24,9 @@
 //! as Python's multiprocessing does at exit.
 //!
 //! `--hold io-uring` keeps an io_uring instance open (as torchrun's agent
-//! does for PyTorch's libuv TCPStore), `--hold nccl-thread` runs a thread
+//! does for PyTorch's libuv TCPStore), `--hold io-uring-or-epoll` does the
+//! same where `io_uring_setup` works and otherwise falls back as libuv
+//! does (says so, and runs on), `--hold nccl-thread` runs a thread
 //! named as PyTorch's NCCL watchdog: what the checkpoint agent must refuse
 //! before it locks anything (preempt::uncheckpointable).
 //!
@@ -66,7 +68,7 @@ fn parse() -> Result<Opts, String> {
             "--device" => o.device = num(&v)? as usize,
             "--signals" => o.signals = yes(&a, &v)?,
             "--fork-worker" => o.fork_worker = yes(&a, &v)?,
-            "--hold" if v == "io-uring" || v == "nccl-thread" => o.hold = Some(v),
+            "--hold" if ["io-uring", "io-uring-or-epoll", "nccl-thread"].contains(&v.as_str()) => o.hold = Some(v),
             "--keep-open" => o.keep_open = Some(v),
             _ => return Err(format!("unknown argument {a}")),
         }
@@ -213,13 +215,19 @@ fn run(o: &Opts) -> Result<(), String> {
 
 /// Keeps what `--hold` names for the rest of the run.
 fn hold(what: &str) -> Result<(), String> {
-    if what == "io-uring" {
+    if what.starts_with("io-uring") {
         let mut params = [0u32; 30];
         // SAFETY: io_uring_setup with a zeroed parameter block we own; the
-        // descriptor is kept open on purpose.
+        // descriptor is kept open on purpose. Through the C library's
+        // syscall(), as libuv makes it.
         let fd = unsafe { libc::syscall(libc::SYS_io_uring_setup, 4u32, params.as_mut_ptr()) };
         if fd < 0 {
-            return Err(format!("io_uring_setup: {}", std::io::Error::last_os_error()));
+            let e = std::io::Error::last_os_error();
+            if what == "io-uring-or-epoll" {
+                println!("no io_uring ({e}): epoll");
+                return Ok(());
+            }
+            return Err(format!("io_uring_setup: {e}"));
         }
         return Ok(());
     }
