@@ -12,9 +12,10 @@
 # criu binary (~1 min on 2 cores). Field notes section 8.
 #
 # Patches: every packaging/criu/*.patch is applied before the build (each
-# says why in its header; today one, so that an unprivileged restore works
-# where the node's tasks lack a capability, as in containers without
-# CAP_SYS_RESOURCE). The installed tree records them in PATCHES (name and
+# says why and where it comes from in its header; today two: an unprivileged
+# restore works where the node's tasks lack a capability, as in containers
+# without CAP_SYS_RESOURCE; and upstream's fix for dumping TCP/UDP sockets
+# on Linux 6.16 and later). The installed tree records them in PATCHES (name and
 # SHA-256); a criu installed without exactly these is rebuilt.
 #
 #   scripts/install-criu.sh                      fetch, build, install (root, Debian/Ubuntu with apt)

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cuda-sim-counter --steps N [--interval-ms 100] [--mib 4] [--exit-code C] [--ready FILE] [--device 0]
-//!                  [--signals yes] [--fork-worker yes] [--hold io-uring|io-uring-or-epoll|nccl-thread] [--keep-open FILE]
+//!                  [--signals yes] [--fork-worker yes] [--hold io-uring|io-uring-or-epoll|tcp-loopback|nccl-thread] [--keep-open FILE]
 //! ```
 //! Each step reads the counter from device memory, checks it is the previous
 //! step, writes it back incremented, checks one 64 KiB window of a seeded
@@ -26,7 +26,9 @@
 //! `--hold io-uring` keeps an io_uring instance open (as torchrun's agent
 //! does for PyTorch's libuv TCPStore), `--hold io-uring-or-epoll` does the
 //! same where `io_uring_setup` works and otherwise falls back as libuv
-//! does (says so, and runs on), `--hold nccl-thread` runs a thread
+//! does (says so, and runs on), `--hold tcp-loopback` keeps both ends of a
+//! TCP connection over 127.0.0.1 and its listener open (as gloo ranks and
+//! torchrun's store hold them), `--hold nccl-thread` runs a thread
 //! named as PyTorch's NCCL watchdog: what the checkpoint agent must refuse
 //! before it locks anything (preempt::uncheckpointable).
 //!
@@ -68,7 +70,7 @@ fn parse() -> Result<Opts, String> {
             "--device" => o.device = num(&v)? as usize,
             "--signals" => o.signals = yes(&a, &v)?,
             "--fork-worker" => o.fork_worker = yes(&a, &v)?,
-            "--hold" if ["io-uring", "io-uring-or-epoll", "nccl-thread"].contains(&v.as_str()) => o.hold = Some(v),
+            "--hold" if ["io-uring", "io-uring-or-epoll", "tcp-loopback", "nccl-thread"].contains(&v.as_str()) => o.hold = Some(v),
             "--keep-open" => o.keep_open = Some(v),
             _ => return Err(format!("unknown argument {a}")),
         }
@@ -229,6 +231,14 @@ fn hold(what: &str) -> Result<(), String> {
             }
             return Err(format!("io_uring_setup: {e}"));
         }
+        return Ok(());
+    }
+    if what == "tcp-loopback" {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("listen: {e}"))?;
+        let client = std::net::TcpStream::connect(listener.local_addr().map_err(|e| e.to_string())?).map_err(|e| format!("connect: {e}"))?;
+        let (server, _) = listener.accept().map_err(|e| format!("accept: {e}"))?;
+        // Kept open to the end on purpose.
+        std::mem::forget((listener, client, server));
         return Ok(());
     }
     std::thread::Builder::new()
