@@ -45,6 +45,7 @@ pub fn task_init_privileged(spank: &mut Spank, args: &PluginArgs) -> Result<Pend
             {
                 crate::spank::log_verbose(&line);
             }
+            hold_checkpoint_signal(spank, &state);
             Pending::Apply(Box::new(state))
         }
         Err(e @ StateError::Missing { .. }) => {
@@ -52,6 +53,27 @@ pub fn task_init_privileged(spank: &mut Spank, args: &PluginArgs) -> Result<Pend
         }
         Err(e) => Pending::Fail(e.to_string()),
     })
+}
+
+/// In the batch step of a checkpoint job, blocks the checkpoint signal in
+/// this task before exec, so that one sent before gpu-mode-run took it
+/// (`--signal=B:` of a job preempted as it starts) waits for it instead of
+/// ending the batch shell; gpu-mode-run is told (GPU_MODE_SIGNAL_HELD, set
+/// in task_init) and unblocks it for the application
+/// (gpu_mode_core::preempt::signals::hold).
+fn hold_checkpoint_signal(spank: &Spank, state: &JobState) {
+    let Some(sig) = held_signal(spank, state) else { return };
+    if let Err(e) = gpu_mode_core::preempt::signals::hold(sig) {
+        crate::spank::log_verbose(&format!("gpu-mode: cannot block the checkpoint signal {sig} in the batch step: {e}"));
+    }
+}
+
+/// The checkpoint signal to hold back in this task: the batch step of a
+/// job whose prolog recorded one.
+fn held_signal(spank: &Spank, state: &JobState) -> Option<i32> {
+    let batch = spank.step_id().is_ok_and(|s| s == crate::spank::BATCH_STEP_ID);
+    let recorded = state.task_env.get(gpu_mode_core::modes::checkpoint::TASK_SIGNAL_VAR).map(String::as_str);
+    batch.then(|| gpu_mode_core::preempt::signals::recorded_signal(recorded)).flatten()
 }
 
 /// No state: the prolog did not run for this job here. A requeued batch
@@ -96,6 +118,12 @@ pub fn task_init(spank: &mut Spank, args: &PluginArgs, pending: &Pending) -> Res
             continue;
         }
         spank.setenv(name, value, true)?;
+    }
+    if let Some(sig) = held_signal(spank, state) {
+        // Again here, the last step before exec: nothing of slurmstepd's
+        // between task_init_privileged and here may have unblocked it.
+        hold_checkpoint_signal(spank, state);
+        spank.setenv(gpu_mode_core::preempt::signals::HELD_SIGNAL_VAR, &sig.to_string(), true)?;
     }
     Ok(())
 }

@@ -77,14 +77,23 @@ pub fn try_submit_low(c: &Cluster, who: Who, name: &str, app: &[String]) -> anyh
     submit_low_as(c, who, name, app, true)
 }
 
-/// The same checkpoint job with `app` as the batch shell itself, without
-/// gpu-mode-run: the plain run the wrapped one must look like to the
-/// application.
+/// The same job without slurm-gpu-mode (no `--gpu-mode`, `app` as the
+/// batch shell itself, without gpu-mode-run): the plain run the wrapped one
+/// must look like to the application. (A checkpoint job's batch step has
+/// the checkpoint signal blocked by the plugin until gpu-mode-run takes it,
+/// preempt::signals::hold.)
 pub fn submit_low_unwrapped(c: &Cluster, who: Who, name: &str, app: &[String]) -> u32 {
     submit_low_as(c, who, name, app, false).unwrap()
 }
 
 fn submit_low_as(c: &Cluster, who: Who, name: &str, app: &[String], wrapped: bool) -> anyhow::Result<u32> {
+    submit_low_script(c, who, name, &format!("#!/bin/sh\n{}\n", batch_line(c, who, app, wrapped)), wrapped)
+}
+
+/// The batch script's line that runs `app`, under gpu-mode-run if
+/// `wrapped`. exec: the wrapper must be the batch shell, which --signal=B:
+/// reaches.
+pub fn batch_line(c: &Cluster, who: Who, app: &[String], wrapped: bool) -> String {
     let mut words: Vec<String> = vec!["exec".into()];
     if who == Who::CaplessRoot {
         // Root without capabilities stands in for a user (module docs).
@@ -95,11 +104,19 @@ fn submit_low_as(c: &Cluster, who: Who, name: &str, app: &[String], wrapped: boo
         words.extend([bin(c, "gpu-mode-run"), "--config".into(), config, "--".into()]);
     }
     words.extend(app.iter().cloned());
-    // exec: the wrapper must be the batch shell, which --signal=B: reaches.
-    let script = format!("#!/bin/sh\n{}\n", words.join(" "));
-    let args = ["-J", name, "-p", "low", "--gpu-mode=checkpoint", "--signal=B:USR1@60", "--requeue", "--open-mode=append", "--gres=gpu:1"];
-    c.submit(submitter(who), &args, &script, &c.sim_job_env())
+    words.join(" ")
 }
+
+/// Submits `script` as a job on `low` with the checkpoint job's options
+/// (`--gpu-mode=checkpoint` when `checkpoint`).
+pub fn submit_low_script(c: &Cluster, who: Who, name: &str, script: &str, checkpoint: bool) -> anyhow::Result<u32> {
+    let mut args = vec!["-J", name, "-p", "low", "--signal=B:USR1@60", "--requeue", "--open-mode=append", "--gres=gpu:1"];
+    if checkpoint {
+        args.push("--gpu-mode=checkpoint");
+    }
+    c.submit(submitter(who), &args, script, &c.sim_job_env())
+}
+
 
 /// Submits the counter as `name` ([`submit_low`]) and waits for its first
 /// `n` steps; returns the job and the counter's ready file (its pid).

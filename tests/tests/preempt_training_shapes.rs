@@ -90,6 +90,46 @@ fn the_application_has_a_plain_runs_signal_state_fresh_and_restored() {
     assert!(differing.is_empty(), "a plain run has `{expected}`; under gpu-mode-run {} of {} steps differ, e.g. `{}`", differing.len(), lines.len(), differing[0]);
 }
 
+/// A checkpoint signal that reaches the batch shell before gpu-mode-run
+/// started (a job preempted as it starts; the churn saw such jobs end
+/// FAILED 0:10 with no line of gpu-mode-run, the shell ended by SIGUSR1):
+/// the plugin holds the signal back in the batch step, ignored and blocked
+/// (preempt::signals::hold). bash keeps it pending, and gpu-mode-run
+/// checkpoints on it as soon as it runs: requeued and restored. dash clears
+/// its mask at start but keeps the signal ignored: dropped, and the job
+/// runs on (a preemption would requeue it at its grace time's end). Either
+/// way the application has a plain run's state for the signal (neither
+/// blocked nor ignored).
+#[test]
+fn a_checkpoint_signal_sent_before_gpu_mode_run_started_never_ends_the_batch_shell() {
+    let Some(c) = c() else { return };
+    let _turn = serial();
+    let who = job_user();
+    for (shell, restarts) in [("/bin/bash", 1), ("/bin/dash", 0)] {
+        let app = counter_with(c, 40, &["--signals", "yes"]);
+        let script = format!("#!{shell}\necho shell started\nsleep 4\n{}\n", batch_line(c, who, &app, true));
+        let job = submit_low_script(c, who, "sig-early", &script, true).unwrap();
+        wait_for("the batch shell", LONG, || c.job_output(job).contains("shell started"));
+        let sent = c.client("scancel", &["--signal=USR1", "--batch", &job.to_string()]).run_as_root().unwrap();
+        assert!(sent.status.success(), "{}", String::from_utf8_lossy(&sent.stderr));
+        let end = wait_finished(c, job);
+        let out = c.job_output(job);
+        assert_eq!((end.state(), end.get("ExitCode"), end.restarts()), ("COMPLETED", "0:0", restarts), "{shell}:\n{out}");
+        let checkpointed = out.contains(&format!("gpu-mode-run: SIGUSR1 received: checkpointing job {job}")) && out.contains(" restored (pid ");
+        assert_eq!(checkpointed, restarts == 1, "{shell}:\n{out}");
+        if let Err(e) = counted_once(&out, 40) {
+            panic!("{shell}: {e}:\n{out}");
+        }
+        let (lines, _) = signal_lines(&out);
+        let usr1 = 1u64 << (libc::SIGUSR1 - 1);
+        let held = |l: &&str| {
+            let field = |k: &str| l.split_whitespace().find_map(|w| w.strip_prefix(k)).and_then(|v| u64::from_str_radix(v, 16).ok());
+            field("blocked=").is_none_or(|b| b & usr1 != 0) || field("ignored=").is_none_or(|i| i & usr1 != 0)
+        };
+        assert!(!lines.is_empty() && !lines.iter().any(held), "{shell}: {lines:?}");
+    }
+}
+
 /// Python's multiprocessing ends its workers with SIGTERM at exit and waits
 /// for them: with SIGTERM blocked in the workers, such a job never ended.
 #[test]

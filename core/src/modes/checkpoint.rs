@@ -17,6 +17,9 @@ use std::time::Duration;
 
 /// Task variable with the agent's socket (gpu-mode-run finds it there).
 pub const TASK_SOCKET_VAR: &str = "GPU_MODE_CKPT_SOCKET";
+/// The checkpoint signal's number, for the SPANK plugin to hold it back in
+/// the batch step until gpu-mode-run takes it (preempt::signals::hold).
+pub const TASK_SIGNAL_VAR: &str = "GPU_MODE_CKPT_SIGNAL";
 /// How long the prolog waits for the agent to listen.
 const AGENT_START: Duration = Duration::from_secs(20);
 /// How long the epilog waits for the agent to acknowledge `stop`.
@@ -65,9 +68,12 @@ impl ModeDriver for CheckpointDriver {
             preempt::spawn_agent(ctx.cfg, &launch, AGENT_START).map_err(|e| Failure::Node(format!("checkpoint agent: {e}")))?
         };
         let socket = preempt::socket_path(&ctx.cfg.checkpoint.agent_socket_dir(&ctx.cfg.runtime_dir), env.job_id);
+        // Checked when the config was loaded.
+        let signal = preempt::signal_number(&ctx.cfg.checkpoint.signal).map_err(Failure::Node)?;
         Ok(Grant {
             record: GrantRecord::Checkpoint { restart_count: env.restart_count },
-            task_env: [(TASK_SOCKET_VAR.to_string(), socket.display().to_string())].into(),
+            task_env: [(TASK_SOCKET_VAR.to_string(), socket.display().to_string()), (TASK_SIGNAL_VAR.to_string(), signal.to_string())]
+                .into(),
             per_task_env: Default::default(),
             detail: Some(format!("checkpoint agent pid {pid}, run {}", env.restart_count)),
         })

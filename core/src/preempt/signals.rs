@@ -123,6 +123,61 @@ fn bit(sig: i32) -> SignalBits {
     1u64 << (sig - 1)
 }
 
+/// The variable the SPANK plugin sets in the batch step when it held the
+/// checkpoint signal back ([`hold`]); its value is the signal's number.
+pub const HELD_SIGNAL_VAR: &str = "GPU_MODE_SIGNAL_HELD";
+
+/// The checkpoint signal the prolog recorded in the job's task variables
+/// (`GPU_MODE_CKPT_SIGNAL`), if it is one a process may block.
+pub fn recorded_signal(value: Option<&str>) -> Option<i32> {
+    let sig: i32 = value?.parse().ok()?;
+    ((1..=LAST_SIGNAL).contains(&sig) && sig != libc::SIGKILL && sig != libc::SIGSTOP).then_some(sig)
+}
+
+/// Holds `sig` back in this process (the batch step's task, before exec):
+/// ignored and blocked, so that a checkpoint signal sent before
+/// `gpu-mode-run` took it never ends the batch shell (`--signal=B:`; issue
+/// 24's churn: a job preempted as it started ended FAILED 0:10, its shell
+/// ended by SIGUSR1). Both, because shells differ: bash keeps the mask it
+/// was started with, so the signal stays pending and `gpu-mode-run`
+/// checkpoints on it once it runs; dash clears its mask at start but keeps
+/// a signal ignored on entry ignored (POSIX), so the signal is dropped and
+/// the shell lives (a preempted job is then requeued by Slurm at the end of
+/// its grace time and starts over, with no progress to lose). Either way
+/// `gpu-mode-run` gives the application the signal as a job without
+/// slurm-gpu-mode has it ([`InheritedSignals::without_held`]).
+pub fn hold(sig: i32) -> std::io::Result<()> {
+    // SAFETY: this process's disposition and this thread's mask, local sets.
+    unsafe {
+        let mut ignore: libc::sigaction = std::mem::zeroed();
+        ignore.sa_sigaction = libc::SIG_IGN;
+        libc::sigemptyset(&mut ignore.sa_mask);
+        if libc::sigaction(sig, &ignore, std::ptr::null_mut()) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, sig);
+        let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        if rc != 0 {
+            return Err(std::io::Error::from_raw_os_error(rc));
+        }
+    }
+    Ok(())
+}
+
+impl InheritedSignals {
+    /// The state without the signal the plugin held back (`held`: the
+    /// value of [`HELD_SIGNAL_VAR`]), which a job without slurm-gpu-mode
+    /// would not have blocked; only when it is `checkpoint_signal`.
+    pub fn without_held(self, held: Option<&str>, checkpoint_signal: i32) -> InheritedSignals {
+        match recorded_signal(held) {
+            Some(sig) if sig == checkpoint_signal => InheritedSignals { blocked: self.blocked & !bit(sig), ignored: self.ignored & !bit(sig) },
+            _ => self,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -134,6 +189,27 @@ mod tests {
             status.lines().find_map(|l| l.strip_prefix(name)).and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
         };
         Some(InheritedSignals { blocked: field("SigBlk:")?, ignored: field("SigIgn:")? })
+    }
+
+    #[test]
+    fn only_the_checkpoint_signal_the_plugin_held_is_unblocked() {
+        let both = bit(libc::SIGUSR1) | bit(libc::SIGUSR2);
+        let inherited = InheritedSignals { blocked: both, ignored: both | bit(libc::SIGPIPE) };
+        let cases: &[(Option<&str>, i32, SignalBits, SignalBits)] = &[
+            (Some("10"), libc::SIGUSR1, bit(libc::SIGUSR2), bit(libc::SIGUSR2) | bit(libc::SIGPIPE)),
+            // Held by someone else, or another signal: left as inherited.
+            (None, libc::SIGUSR1, inherited.blocked, inherited.ignored),
+            (Some("12"), libc::SIGUSR1, inherited.blocked, inherited.ignored),
+            (Some("x"), libc::SIGUSR1, inherited.blocked, inherited.ignored),
+            (Some("9"), libc::SIGKILL, inherited.blocked, inherited.ignored),
+        ];
+        for (held, sig, blocked, ignored) in cases {
+            let got = inherited.without_held(*held, *sig);
+            assert_eq!((got.blocked, got.ignored), (*blocked, *ignored), "{held:?} {sig}");
+        }
+        for (text, want) in [(Some("10"), Some(10)), (Some("64"), Some(64)), (Some("0"), None), (Some("65"), None), (Some("19"), None), (None, None)] {
+            assert_eq!(recorded_signal(text), want, "{text:?}");
+        }
     }
 
     #[test]

@@ -84,6 +84,7 @@ impl RunOptions {
             .parse()
             .map_err(|_| "SLURM_JOB_ID is not a job id".to_string())?;
         let restart_count = env("SLURM_RESTART_COUNT").and_then(|v| v.parse().ok()).unwrap_or(0);
+        let checkpoint_signal = super::signal_number(&cfg.checkpoint.signal)?;
         let socket = env("GPU_MODE_CKPT_SOCKET")
             .map(PathBuf::from)
             .unwrap_or_else(|| super::socket_path(&cfg.checkpoint.agent_socket_dir(&cfg.runtime_dir), job));
@@ -93,12 +94,12 @@ impl RunOptions {
             restart_count,
             node: env("SLURMD_NODENAME"),
             socket,
-            checkpoint_signal: super::signal_number(&cfg.checkpoint.signal)?,
+            checkpoint_signal,
             scontrol: cfg.slurm.scontrol.clone(),
             linger: Duration::from_secs(300),
             preload: super::hugepages::for_application(&cfg.checkpoint),
             preload_env: super::hugepages::preload_env(&cfg.checkpoint),
-            signals: InheritedSignals::inherited(),
+            signals: InheritedSignals::inherited().without_held(env(super::signals::HELD_SIGNAL_VAR).as_deref(), checkpoint_signal),
         })
     }
 }
@@ -178,6 +179,22 @@ fn start_signal_thread(set: libc::sigset_t, tx: Sender<Event>) -> Result<(), Str
     if rc != 0 {
         return Err(format!("cannot block signals: {}", std::io::Error::from_raw_os_error(rc)));
     }
+    // Taken by sigwait, so never ignored: the plugin may have held the
+    // checkpoint signal back as ignored (preempt::signals::hold), and what
+    // an ignored signal does while blocked is the kernel's choice.
+    for sig in 1..=64 {
+        // SAFETY: sigismember on the set; sigaction with a local, default action.
+        unsafe {
+            if libc::sigismember(&set, sig) == 1 {
+                let mut old: libc::sigaction = std::mem::zeroed();
+                if libc::sigaction(sig, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_IGN {
+                    let mut dfl: libc::sigaction = std::mem::zeroed();
+                    dfl.sa_sigaction = libc::SIG_DFL;
+                    libc::sigaction(sig, &dfl, std::ptr::null_mut());
+                }
+            }
+        }
+    }
     std::thread::spawn(move || loop {
         let mut sig = 0;
         // SAFETY: waits for a signal of the set, all blocked in every thread.
@@ -253,6 +270,8 @@ impl Wrapper<'_> {
     fn start(&mut self) -> Result<(), String> {
         let mut cmd = std::process::Command::new(&self.o.app[0]);
         cmd.args(&self.o.app[1..]);
+        // The plugin's note that it held the checkpoint signal back is ours.
+        cmd.env_remove(super::signals::HELD_SIGNAL_VAR);
         match &self.o.preload {
             Ok(Some(lib)) => {
                 let value = super::hugepages::preload_value(lib, std::env::var_os(super::hugepages::PRELOAD).as_deref());
