@@ -60,6 +60,9 @@ pub struct RunOptions {
     pub scontrol: PathBuf,
     /// After a requeue, how long to wait for Slurm to end the job.
     pub linger: Duration,
+    /// How long the agent may take to answer `hello`: it waits there for a
+    /// staged image's copy from another node (`staging_wait_s`).
+    pub hello_wait: Duration,
     /// The library to preload into the application, for huge pages and
     /// for forked children's GPU files (`Ok(None)`: both off; `Err`: on,
     /// but unusable, and why), preempt::hugepages.
@@ -96,12 +99,16 @@ impl RunOptions {
             checkpoint_signal: super::signal_number(&cfg.checkpoint.signal)?,
             scontrol: cfg.slurm.scontrol.clone(),
             linger: Duration::from_secs(300),
+            hello_wait: HELLO_WAIT + Duration::from_secs(cfg.checkpoint.staging_wait_s),
             preload: super::hugepages::for_application(&cfg.checkpoint),
             preload_env: super::hugepages::preload_env(&cfg.checkpoint),
             signals: InheritedSignals::inherited(),
         })
     }
 }
+
+/// How long the agent may take to answer `hello`, beyond waiting for a copy.
+const HELLO_WAIT: Duration = Duration::from_secs(30);
 
 /// Why a restore did not happen; `movable`: another node may do it.
 struct NotRestored {
@@ -198,7 +205,7 @@ pub fn run(o: &RunOptions) -> i32 {
     }
     // SAFETY: plain prctl on this process.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
-    let hello = request(&o.socket, &Request::Hello, Some(Duration::from_secs(30)));
+    let hello = request(&o.socket, &Request::Hello, Some(o.hello_wait));
     let mut w = Wrapper { o, rx, tx, root: 0, restored: false, agent: hello.is_ok() };
     match hello {
         Ok((Response::Hello { image: Some(img), .. }, _)) => {
@@ -212,8 +219,10 @@ pub fn run(o: &RunOptions) -> i32 {
                 }
             }
         }
-        Ok((Response::Hello { image: None, criu, .. }, _)) => {
-            if o.restart_count > 0 {
+        Ok((Response::Hello { image: None, criu, note, .. }, _)) => {
+            if let Some(note) = note {
+                say(&format!("job {} run {}: {note}: starting the application from the beginning", o.job, o.restart_count));
+            } else if o.restart_count > 0 {
                 say(&format!("job {} run {}: no checkpoint image to restore: starting the application from the beginning", o.job, o.restart_count));
             }
             if let Err(e) = criu {
@@ -290,8 +299,9 @@ impl Wrapper<'_> {
                 self.root = pid;
                 self.restored = true;
                 let moved = if summary.device_map.is_empty() { String::new() } else { format!(", GPUs {:?}", summary.device_map) };
+                let copy = if summary.from_local { "'s node-local copy" } else { "" };
                 say(&format!(
-                    "job {} restored (pid {pid}, {:.2} GiB image from {}) in {:.1} s: checks {:.1} s, CRIU {:.1} s, CUDA {:.1} s{moved}",
+                    "job {} restored (pid {pid}, {:.2} GiB image from {}{copy}) in {:.1} s: checks {:.1} s, CRIU {:.1} s, CUDA {:.1} s{moved}",
                     self.o.job,
                     summary.image_bytes as f64 / (1u64 << 30) as f64,
                     summary.from_node,

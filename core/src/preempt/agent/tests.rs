@@ -104,6 +104,8 @@ fn fixture_with(counting: bool, accounting: crate::preempt::accounting::Accounti
             call_timeout: Duration::from_secs(5),
         },
         tcp_established: false,
+        staging: None,
+        staging_wait: Duration::from_secs(5),
         early_writeback: true,
         pid_wait: Duration::from_secs(2),
         idle_exit: Duration::from_secs(3600),
@@ -366,7 +368,7 @@ fn the_socket_is_the_users_and_answers_hello_and_stop() {
         protocol::receive(&mut std::io::BufReader::new(s)).unwrap().unwrap()
     };
     match ask(&Request::Hello) {
-        Response::Hello { job: 7, restart_count: 0, image: None, criu: Ok(v) } => assert_eq!(v, "4.1.1"),
+        Response::Hello { job: 7, restart_count: 0, image: None, criu: Ok(v), note: None } => assert_eq!(v, "4.1.1"),
         other => panic!("{other:?}"),
     }
     assert_eq!(ask(&Request::Stop), Response::Stopping);
