@@ -65,7 +65,26 @@ fn cancel(c: &Cluster, job: u32) {
     let _ = c.client("scancel", &[&job.to_string()]).run_as(Some("gmtest2"));
 }
 
-fn assert_nodes_in_service(c: &Cluster) {
+/// Run 1 of `job` ended on `node` with the application's exit code,
+/// restored from run 0's image taken on gma (gma's node-local copy, or the
+/// shared one), and counted every step once.
+fn assert_restored_on(c: &Cluster, job: u32, node: &str, local_copy: bool) {
+    let end = wait_finished(c, job);
+    let out = c.job_output(job);
+    assert_eq!((end.get("NodeList"), end.get("ExitCode"), end.restarts()), (node, format!("{EXIT}:0").as_str(), 1), "{out}");
+    assert!(out.contains(&format!("gpu-mode-run: job {job} run 1: restoring the checkpoint taken in run 0 on gma")), "{out}");
+    let from = if local_copy { "image from gma's node-local copy)" } else { "image from gma)" };
+    assert!(out.contains(from), "restored from {from}:\n{out}");
+    assert_counted_once(&out);
+    let (events, comment) = recorded_events(c, job);
+    assert_eq!(events, ["ckpt=r0@gma".to_string(), format!("restore=r1@{node}")], "{comment}");
+}
+
+/// The job's agents (the copying one included) exit, its shared images are
+/// removed, and neither node is drained.
+fn assert_all_gone(c: &Cluster, job: u32) {
+    wait_for("the agents to exit", Duration::from_secs(40), || agents(c, job).is_empty());
+    assert_images_removed(c, job);
     for node in NODES {
         let (state, reason) = c.node_state_of(node).unwrap();
         assert!(!state.contains("DRAIN") && !state.contains("DOWN"), "{node}: {state} {reason}");
@@ -94,22 +113,13 @@ fn a_job_requeued_onto_its_node_restores_the_node_local_copy() {
     let record = images(c).join(job.to_string()).join("staged-0");
     assert_eq!(std::fs::read_to_string(&record).unwrap().trim(), NODES[0]);
 
-    let end = wait_finished(c, job);
+    assert_restored_on(c, job, NODES[0], true);
     cancel(c, blocker);
     cancel(c, preemptor);
-    let out = c.job_output(job);
-    assert_eq!((end.get("NodeList"), end.get("ExitCode"), end.restarts()), (NODES[0], format!("{EXIT}:0").as_str(), 1), "{out}");
-    assert!(out.contains(&format!("gpu-mode-run: job {job} run 1: restoring the checkpoint taken in run 0 on gma")), "{out}");
-    assert!(out.contains("image from gma's node-local copy)"), "restored from the staged copy:\n{out}");
-    assert_counted_once(&out);
-    let (events, comment) = recorded_events(c, job);
-    assert_eq!(events, ["ckpt=r0@gma", "restore=r1@gma"], "{comment}");
     // The run-0 agent finishes (or drops) its copy and exits; the end of the
     // job removes both tiers.
-    wait_for("the agents to exit", Duration::from_secs(40), || agents(c, job).is_empty());
-    assert_images_removed(c, job);
+    assert_all_gone(c, job);
     assert!(!staged_on(c, NODES[0], job).exists(), "the end of the job removes gma's staged copy");
-    assert_nodes_in_service(c);
 }
 
 /// Preempted on gma while the preemptor keeps gma: the requeued run on gmb
@@ -125,18 +135,9 @@ fn a_job_requeued_onto_another_node_restores_the_shared_copy() {
     wait_requeued(c, job, 1);
     assert!(Manifest::load(&staged_on(c, NODES[0], job).join("0")).is_ok(), "staged on gma");
 
-    let end = wait_finished(c, job);
+    assert_restored_on(c, job, NODES[1], false);
     cancel(c, preemptor);
-    let out = c.job_output(job);
-    assert_eq!((end.get("NodeList"), end.get("ExitCode"), end.restarts()), (NODES[1], format!("{EXIT}:0").as_str(), 1), "{out}");
-    assert!(out.contains(&format!("gpu-mode-run: job {job} run 1: restoring the checkpoint taken in run 0 on gma")), "{out}");
-    assert!(out.contains("image from gma)") && !out.contains("node-local copy"), "restored from the shared copy:\n{out}");
-    assert_counted_once(&out);
-    let (events, comment) = recorded_events(c, job);
-    assert_eq!(events, ["ckpt=r0@gma", "restore=r1@gmb"], "{comment}");
-    assert_images_removed(c, job);
-    wait_for("the agents to exit", Duration::from_secs(40), || agents(c, job).is_empty());
-    assert_nodes_in_service(c);
+    assert_all_gone(c, job);
 }
 
 /// gma "dies" during the copy: its agent (which copies) is killed while the
@@ -182,7 +183,5 @@ fn a_node_that_dies_during_the_copy_makes_the_job_start_over_elsewhere() {
     let (events, comment) = recorded_events(c, job);
     assert_eq!(events, ["ckpt=r0@gma"], "no restore: {comment}");
     // The end of the job on gmb removes the shared directory, half copy included.
-    assert_images_removed(c, job);
-    wait_for("the agents to exit", Duration::from_secs(20), || agents(c, job).is_empty());
-    assert_nodes_in_service(c);
+    assert_all_gone(c, job);
 }

@@ -62,6 +62,11 @@ impl Drop for Lent {
     }
 }
 
+/// An error with the path it is about.
+fn ctx(p: &Path, e: io::Error) -> io::Error {
+    io::Error::new(e.kind(), format!("{}: {e}", p.display()))
+}
+
 fn fsync_dir(dir: &Path) -> io::Result<()> {
     fs::File::open(dir)?.sync_all()
 }
@@ -79,14 +84,20 @@ impl ImageStore {
         self.job_dir(job).join(restart.to_string())
     }
 
+    /// The store's and `job`'s directories, root-only (0700), made if missing;
+    /// a symlink or another owner's directory in their place is refused.
+    fn ensure_job_dir(&self, job: u32) -> io::Result<()> {
+        let (uid, gid) = me();
+        fsutil::ensure_private_dir(&self.root, uid, gid, 0o700).map_err(|e| ctx(&self.root, e))?;
+        let job_dir = self.job_dir(job);
+        fsutil::ensure_private_dir(&job_dir, uid, gid, 0o700).map_err(|e| ctx(&job_dir, e))
+    }
+
     /// A fresh, empty, root-only directory for this run's dump. A leftover
     /// of an earlier attempt of the same run (a failed dump) is removed.
     pub fn prepare_run(&self, job: u32, restart: u32) -> io::Result<PathBuf> {
         let (uid, gid) = me();
-        let ctx = |p: &Path, e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", p.display()));
-        fsutil::ensure_private_dir(&self.root, uid, gid, 0o700).map_err(|e| ctx(&self.root, e))?;
-        let job_dir = self.job_dir(job);
-        fsutil::ensure_private_dir(&job_dir, uid, gid, 0o700).map_err(|e| ctx(&job_dir, e))?;
+        self.ensure_job_dir(job)?;
         let run = self.run_dir(job, restart);
         fsutil::remove_tree_if_present(&run).map_err(|e| ctx(&run, e))?;
         fsutil::ensure_private_dir(&run, uid, gid, 0o700).map_err(|e| ctx(&run, e))?;
@@ -200,12 +211,17 @@ impl ImageStore {
 
     /// The runs of `job` whose restore was refused, with the reason each recorded.
     pub fn refusals(&self, job: u32) -> Vec<(u32, String)> {
+        self.marks(job, REFUSED_PREFIX)
+    }
+
+    /// The marks `<prefix><run>` in `job`'s directory, with the first line
+    /// of each (root-written, one line; bounded anyway), by run.
+    fn marks(&self, job: u32, prefix: &str) -> Vec<(u32, String)> {
         let Ok(dir) = fs::read_dir(self.job_dir(job)) else { return Vec::new() };
         let mut out: Vec<(u32, String)> = dir
             .flatten()
             .filter_map(|e| {
-                let run = e.file_name().to_str()?.strip_prefix(REFUSED_PREFIX)?.parse().ok()?;
-                // Root-written, one line; bounded anyway.
+                let run = e.file_name().to_str()?.strip_prefix(prefix)?.parse().ok()?;
                 let text = fs::read_to_string(e.path()).unwrap_or_default();
                 Some((run, text.lines().next().unwrap_or_default().chars().take(300).collect()))
             })
@@ -258,11 +274,7 @@ impl ImageStore {
     /// [`ImageStore::staged_path`]); the store's and the job's directories
     /// are made root-only as for a dump.
     pub fn record_staged(&self, job: u32, run: u32, node: &str) -> io::Result<()> {
-        let (uid, gid) = me();
-        let ctx = |p: &Path, e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", p.display()));
-        fsutil::ensure_private_dir(&self.root, uid, gid, 0o700).map_err(|e| ctx(&self.root, e))?;
-        let job_dir = self.job_dir(job);
-        fsutil::ensure_private_dir(&job_dir, uid, gid, 0o700).map_err(|e| ctx(&job_dir, e))?;
+        self.ensure_job_dir(job)?;
         let path = self.staged_path(job, run);
         fsutil::write_atomic(&path, format!("{node}\n").as_bytes(), 0o600).map_err(|e| ctx(&path, e))?;
         fsync_dir(&self.root)
@@ -270,18 +282,7 @@ impl ImageStore {
 
     /// The staged runs of `job` and the node each is staged on, ascending.
     pub fn staged(&self, job: u32) -> Vec<(u32, String)> {
-        let Ok(dir) = fs::read_dir(self.job_dir(job)) else { return Vec::new() };
-        let mut out: Vec<(u32, String)> = dir
-            .flatten()
-            .filter_map(|e| {
-                let run = e.file_name().to_str()?.strip_prefix(STAGED_PREFIX)?.parse().ok()?;
-                // Root-written, one line; bounded anyway.
-                let text = fs::read_to_string(e.path()).ok()?;
-                Some((run, text.lines().next().unwrap_or_default().chars().take(200).collect()))
-            })
-            .collect();
-        out.sort();
-        out
+        self.marks(job, STAGED_PREFIX)
     }
 
     /// The image of run `run` is no longer wanted from the staging tier
