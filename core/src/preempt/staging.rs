@@ -58,6 +58,17 @@ impl Staging {
     }
 }
 
+/// How long a restore waits for a staged image's copy from another node:
+/// `staging_wait_s` where this node stages too; on a node without
+/// `staging_dir` (a site staging on some nodes only), less than the 30 s
+/// its wrapper gives `hello` (crate::preempt::wrapper), so that the wrapper hears why.
+pub fn wait_bound(cfg: &crate::config::CheckpointConfig) -> Duration {
+    match cfg.staging_dir {
+        Some(_) => Duration::from_secs(cfg.staging_wait_s),
+        None => Duration::from_secs(cfg.staging_wait_s.min(20)),
+    }
+}
+
 /// What the stores hold for a job, as a restore on `node` sees them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Found {
@@ -380,6 +391,19 @@ mod tests {
                 _ => false,
             };
             assert!(ok, "case {i}: {obs:?} waited {waited} idle {idle} wait {wait}: {v:?}, want {want}");
+        }
+    }
+
+    #[test]
+    fn a_node_without_staging_waits_less_than_its_wrapper_gives_hello() {
+        let cfg = |dir: Option<&str>, wait| crate::config::CheckpointConfig {
+            staging_dir: dir.map(PathBuf::from),
+            staging_wait_s: wait,
+            ..Default::default()
+        };
+        let cases = [(Some("/var/lib/s"), 300, 300), (Some("/var/lib/s"), 5, 5), (None, 300, 20), (None, 5, 5)];
+        for (dir, wait, want) in cases {
+            assert_eq!(wait_bound(&cfg(dir, wait)), Duration::from_secs(want), "{dir:?} {wait}");
         }
     }
 

@@ -61,7 +61,8 @@ pub struct RunOptions {
     /// After a requeue, how long to wait for Slurm to end the job.
     pub linger: Duration,
     /// How long the agent may take to answer `hello`: it waits there for a
-    /// staged image's copy from another node (`staging_wait_s`).
+    /// staged image's copy from another node (`staging_wait_s`, where this
+    /// node stages too).
     pub hello_wait: Duration,
     /// The library to preload into the application, for huge pages and
     /// for forked children's GPU files (`Ok(None)`: both off; `Err`: on,
@@ -99,7 +100,8 @@ impl RunOptions {
             checkpoint_signal: super::signal_number(&cfg.checkpoint.signal)?,
             scontrol: cfg.slurm.scontrol.clone(),
             linger: Duration::from_secs(300),
-            hello_wait: HELLO_WAIT + Duration::from_secs(cfg.checkpoint.staging_wait_s),
+            // Unset staging_dir: 30 s, as before the staging tier.
+            hello_wait: HELLO_WAIT + if cfg.checkpoint.staging_dir.is_some() { super::staging::wait_bound(&cfg.checkpoint) } else { Duration::ZERO },
             preload: super::hugepages::for_application(&cfg.checkpoint),
             preload_env: super::hugepages::preload_env(&cfg.checkpoint),
             signals: InheritedSignals::inherited(),

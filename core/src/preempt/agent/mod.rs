@@ -110,7 +110,7 @@ impl AgentSettings {
             socket_dir: cfg.checkpoint.agent_socket_dir(&cfg.runtime_dir),
             images: ImageStore::new(&cfg.checkpoint.image_dir),
             staging: Staging::from_config(&cfg.checkpoint),
-            staging_wait: Duration::from_secs(cfg.checkpoint.staging_wait_s),
+            staging_wait: super::staging::wait_bound(&cfg.checkpoint),
             checkpoint: crate::checkpoint::Settings::from_config(cfg),
             tcp_established: true,
             early_writeback: cfg.checkpoint.early_writeback,
