@@ -6,10 +6,11 @@
 //! copies the image to the shared directory in the background, bounded to
 //! 1 MiB/s here so that the copy of the counter's ~10 MiB image takes about
 //! 10 s. A job requeued onto its node restores the node-local copy; one
-//! requeued onto the other node restores the shared copy; one whose staging
-//! node "dies" during the copy (its agent killed) starts over on the other
-//! node, and nothing is restored from half a copy. Who runs the job: as in
-//! preempt_checkpoint.rs. Needs root, `ip`, CRIU 4 and `cargo build --workspace`.
+//! requeued onto the other node waits for the shared copy and restores it;
+//! one whose staging node "dies" during the copy (its agent killed) starts
+//! over on the other node, and nothing is restored from half a copy. Who
+//! runs the job: as in preempt_checkpoint.rs. Needs root, `ip`, CRIU 4 and
+//! `cargo build --workspace`.
 
 use gpu_mode_core::preempt::manifest::Manifest;
 use gpu_mode_tests::ckpt_jobs::*;
@@ -123,17 +124,26 @@ fn a_job_requeued_onto_its_node_restores_the_node_local_copy() {
 }
 
 /// Preempted on gma while the preemptor keeps gma: the requeued run on gmb
-/// waits for the shared copy (if it is not done yet) and restores it.
+/// starts while the shared copy is still under way (20 MiB of simulated GPU
+/// memory: a ~22 MiB image, ~22 s at 1 MiB/s, against the requeued run's
+/// start after ~11 s), waits for it and restores it.
 #[test]
-fn a_job_requeued_onto_another_node_restores_the_shared_copy() {
+fn a_job_requeued_onto_another_node_waits_for_the_shared_copy_and_restores_it() {
     let Some(c) = c() else { return };
     let _turn = serial();
     let who = job_user();
-    let (job, _) = start_counter(c, who, "moved", 5);
+    let mut app = counter_of(c, STEPS, EXIT, None);
+    let mib = app.iter().position(|a| a == "--mib").unwrap() + 1;
+    app[mib] = "20".into();
+    let job = submit_low(c, who, "moved", &app);
+    wait_steps(c, job, 5);
     assert_eq!(c.job(job).unwrap().get("NodeList"), NODES[0]);
     let preemptor = submit_preemptor(c, Some("gmtest2"), Some(NODES[0]), 2, 60);
     wait_requeued(c, job, 1);
     assert!(Manifest::load(&staged_on(c, NODES[0], job).join("0")).is_ok(), "staged on gma");
+    c.wait_job(job, "the run on gmb", LONG, |j| j.state() == "RUNNING" && j.restarts() == 1).unwrap();
+    let shared = images(c).join(job.to_string());
+    assert!(!shared.join("0").exists() && shared.join(".copy-0-gma").exists(), "the copy is still under way as run 1 starts");
 
     assert_restored_on(c, job, NODES[1], false);
     cancel(c, preemptor);
