@@ -475,6 +475,20 @@ mod tests {
         assert!(!half.exists() && shared.latest(7).is_some());
     }
 
+    /// The staged directory is root's, but what CRIU wrote there is checked
+    /// again: a file with a second link is not copied, and nothing is
+    /// published.
+    #[test]
+    fn a_file_with_a_second_link_fails_the_copy_and_publishes_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (_, shared, run) = staged_image(tmp.path());
+        fs::hard_link(run.join("core-1.img"), tmp.path().join("elsewhere")).unwrap();
+        let err = copy_run(&run, &shared, 7, 0, "a", 0).unwrap_err();
+        assert!(matches!(err, CopyError::NotAFile(ref p) if p.ends_with("core-1.img")), "{err}");
+        assert!(!shared.run_dir(7, 0).exists() && !shared.copy_dir(7, 0, "a").exists());
+        assert_eq!(shared.staged(7), [(0, "a".to_string())], "the record stays: its node still has the image");
+    }
+
     #[test]
     fn the_bandwidth_bound_paces_the_copy() {
         let tmp = tempfile::tempdir().unwrap();
