@@ -218,6 +218,15 @@ pub struct CheckpointConfig {
     pub device_paths: Vec<String>,
     /// Where CRIU images go: `<image_dir>/<job>/<restart count>/`.
     pub image_dir: PathBuf,
+    /// A node-local directory the dump lands in first; the agent then copies
+    /// the image to `image_dir` in the background (core::preempt::staging).
+    /// Unset: the dump goes straight to `image_dir`.
+    pub staging_dir: Option<PathBuf>,
+    /// How long a restore on another node waits for a staged image's copy
+    /// to reach `image_dir` before the job starts over.
+    pub staging_wait_s: u64,
+    /// Bandwidth bound of the background copy, MiB/s; 0: none.
+    pub staging_copy_mib_per_s: u64,
     /// The agents' sockets; unset: `<runtime_dir>/agent`.
     pub agent_socket_dir: Option<PathBuf>,
     /// The per-job agent the prolog starts.
@@ -272,6 +281,9 @@ impl Default for CheckpointConfig {
             call_timeout_ms: 300_000,
             device_paths: vec!["/dev/nvidia".into()],
             image_dir: PathBuf::from("/var/lib/slurm-gpu-mode/images"),
+            staging_dir: None,
+            staging_wait_s: 300,
+            staging_copy_mib_per_s: 0,
             agent_socket_dir: None,
             agent: PathBuf::from("/usr/libexec/slurm-gpu-mode/gpu-mode-ckpt-agent"),
             criu: PathBuf::from("/opt/slurm-gpu-mode/criu/bin/criu"),
@@ -311,6 +323,18 @@ impl CheckpointConfig {
         }
         if let Some(dir) = &self.agent_socket_dir {
             require_absolute("checkpoint.agent_socket_dir", dir)?;
+        }
+        if let Some(dir) = &self.staging_dir {
+            require_absolute("checkpoint.staging_dir", dir)?;
+            if dir.starts_with(&self.image_dir) || self.image_dir.starts_with(dir) {
+                return Err(format!(
+                    "checkpoint.staging_dir = {dir:?} must be a directory of its own, neither inside nor around checkpoint.image_dir = {:?}",
+                    self.image_dir
+                ));
+            }
+        }
+        if self.staging_wait_s == 0 || self.staging_wait_s > 3600 {
+            return Err(format!("checkpoint.staging_wait_s = {} must be between 1 and 3600 (an hour)", self.staging_wait_s));
         }
         for p in &self.device_paths {
             require_absolute("checkpoint.device_paths", Path::new(p))?;
@@ -724,6 +748,10 @@ mod tests {
             ("[checkpoint]\nhuge_pages_library = \"lib.so\"", "checkpoint.huge_pages_library = \"lib.so\" must be an absolute path"),
             ("[checkpoint]\nhuge_pages_dir = \"/var/../x\"", "checkpoint.huge_pages_dir"),
             ("[checkpoint]\nimage_dir = \"images\"", "checkpoint.image_dir"),
+            ("[checkpoint]\nstaging_dir = \"staging\"", "checkpoint.staging_dir = \"staging\" must be an absolute path"),
+            ("[checkpoint]\nstaging_dir = \"/var/lib/slurm-gpu-mode/images/s\"", "staging_dir = \"/var/lib/slurm-gpu-mode/images/s\" must be a directory of its own"),
+            ("[checkpoint]\nstaging_dir = \"/var/lib\"", "neither inside nor around checkpoint.image_dir"),
+            ("[checkpoint]\nstaging_wait_s = 0", "checkpoint.staging_wait_s = 0 must be between 1 and 3600"),
             ("[checkpoint]\nagent_socket_dir = \"/run/../x\"", "checkpoint.agent_socket_dir"),
             ("[checkpoint]\ndevice_paths = [\"dev/nvidia\"]", "checkpoint.device_paths"),
             ("[checkpoint]\nsignal = \"KILL\"", "checkpoint.signal: \"KILL\" is not one of USR1"),

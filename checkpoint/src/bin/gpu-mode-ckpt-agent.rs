@@ -91,6 +91,9 @@ fn main() {
     line().field("detail", "listening").outcome(Outcome::Ok).emit(&cfg.log);
     let reason = agent.serve(listener);
     let _ = gpu_mode_core::fsutil::remove_if_present(&socket_path(&socket_dir, a.job));
+    // A staged image's copy to image_dir outlives the job's run (the epilog's
+    // stop returns once the socket is gone; preempt::staging).
+    agent.finish_copies();
     line().field("detail", format!("exiting: {reason:?}")).outcome(Outcome::Ok).emit(&cfg.log);
     std::process::exit(if reason.is_ok() { 0 } else { 1 });
 }

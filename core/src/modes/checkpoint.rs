@@ -11,6 +11,7 @@
 use crate::config::Config;
 use crate::failure::Failure;
 use crate::modes::{Grant, GrantRecord, ModeDriver, PrepareCtx, Released};
+use crate::preempt::staging::Staging;
 use crate::preempt::{self, AgentLaunch, Cleanup, ImageStore, Limits};
 use crate::watchdog;
 use std::time::Duration;
@@ -118,6 +119,9 @@ fn finish(cfg: &Config, job_id: u32, restart_count: Option<u32>) -> Result<Relea
             Err(e) => return Err(Failure::Node(format!("checkpoint images of job {job_id}: {e}"))),
         }
     }
+    if let Some(staging) = Staging::from_config(&cfg.checkpoint) {
+        parts.extend(tidy_staging(cfg, &store, &staging.local, job_id, restart_count)?);
+    }
     match sweep(cfg, &store, SWEEP_QUERIES) {
         Ok(swept) if !swept.is_empty() => parts.push(format!("swept images of jobs {swept:?}")),
         Ok(_) => {}
@@ -135,6 +139,33 @@ fn finish(cfg: &Config, job_id: u32, restart_count: Option<u32>) -> Result<Relea
         return Err(Failure::Node(stuck.to_string()));
     }
     Ok(Released { found: stopped || restart_count.is_some(), detail: Some(format!("checkpoint: {}", parts.join("; "))) })
+}
+
+/// The node's staging directory (core::preempt::staging) after a run of
+/// `job_id`: its staged image is kept as the shared store's is (this run's
+/// own, or one whose restore it was refused), the rest of the job goes.
+/// Then the sweep: besides the limits and the jobs Slurm has ended, a
+/// staged copy whose run the shared store no longer records (restored
+/// elsewhere, given up, or removed with the job's images) is of no more
+/// use and goes; jobs live on this node are never touched.
+fn tidy_staging(cfg: &Config, shared: &ImageStore, local: &ImageStore, job_id: u32, restart_count: Option<u32>) -> Result<Vec<String>, Failure> {
+    let mut parts = Vec::new();
+    if let Some(run) = restart_count {
+        match preempt::cleanup_after_job(local, job_id, run) {
+            Ok(Cleanup::Kept { .. }) => parts.push(format!("staged image of run {run} kept")),
+            Ok(Cleanup::KeptRefused { restart }) => parts.push(format!("staged image of run {restart} kept: its restore was refused")),
+            Ok(Cleanup::Removed) => {}
+            Err(e) => return Err(Failure::Node(format!("staged checkpoint images of job {job_id}: {e}"))),
+        }
+    }
+    let recorded = |job: u32| local.runs_of(job).iter().any(|(r, _)| shared.staged_path(job, *r).is_file());
+    let ended = |job: u32| !recorded(job);
+    match preempt::sweep_images(local, Limits::from_config(&cfg.checkpoint), &live_jobs(cfg), &ended) {
+        Ok(swept) if !swept.is_empty() => parts.push(format!("swept staged images of jobs {swept:?}")),
+        Ok(_) => {}
+        Err(e) => parts.push(format!("staging sweep failed: {e}")),
+    }
+    Ok(parts)
 }
 
 /// The sweep: the image directory's limits, and the images of jobs Slurm

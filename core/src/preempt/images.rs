@@ -62,6 +62,11 @@ impl Drop for Lent {
     }
 }
 
+/// An error with the path it is about.
+fn ctx(p: &Path, e: io::Error) -> io::Error {
+    io::Error::new(e.kind(), format!("{}: {e}", p.display()))
+}
+
 fn fsync_dir(dir: &Path) -> io::Result<()> {
     fs::File::open(dir)?.sync_all()
 }
@@ -79,14 +84,20 @@ impl ImageStore {
         self.job_dir(job).join(restart.to_string())
     }
 
+    /// The store's and `job`'s directories, root-only (0700), made if missing;
+    /// a symlink or another owner's directory in their place is refused.
+    fn ensure_job_dir(&self, job: u32) -> io::Result<()> {
+        let (uid, gid) = me();
+        fsutil::ensure_private_dir(&self.root, uid, gid, 0o700).map_err(|e| ctx(&self.root, e))?;
+        let job_dir = self.job_dir(job);
+        fsutil::ensure_private_dir(&job_dir, uid, gid, 0o700).map_err(|e| ctx(&job_dir, e))
+    }
+
     /// A fresh, empty, root-only directory for this run's dump. A leftover
     /// of an earlier attempt of the same run (a failed dump) is removed.
     pub fn prepare_run(&self, job: u32, restart: u32) -> io::Result<PathBuf> {
         let (uid, gid) = me();
-        let ctx = |p: &Path, e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", p.display()));
-        fsutil::ensure_private_dir(&self.root, uid, gid, 0o700).map_err(|e| ctx(&self.root, e))?;
-        let job_dir = self.job_dir(job);
-        fsutil::ensure_private_dir(&job_dir, uid, gid, 0o700).map_err(|e| ctx(&job_dir, e))?;
+        self.ensure_job_dir(job)?;
         let run = self.run_dir(job, restart);
         fsutil::remove_tree_if_present(&run).map_err(|e| ctx(&run, e))?;
         fsutil::ensure_private_dir(&run, uid, gid, 0o700).map_err(|e| ctx(&run, e))?;
@@ -200,12 +211,17 @@ impl ImageStore {
 
     /// The runs of `job` whose restore was refused, with the reason each recorded.
     pub fn refusals(&self, job: u32) -> Vec<(u32, String)> {
+        self.marks(job, REFUSED_PREFIX)
+    }
+
+    /// The marks `<prefix><run>` in `job`'s directory, with the first line
+    /// of each (root-written, one line; bounded anyway), by run.
+    fn marks(&self, job: u32, prefix: &str) -> Vec<(u32, String)> {
         let Ok(dir) = fs::read_dir(self.job_dir(job)) else { return Vec::new() };
         let mut out: Vec<(u32, String)> = dir
             .flatten()
             .filter_map(|e| {
-                let run = e.file_name().to_str()?.strip_prefix(REFUSED_PREFIX)?.parse().ok()?;
-                // Root-written, one line; bounded anyway.
+                let run = e.file_name().to_str()?.strip_prefix(prefix)?.parse().ok()?;
                 let text = fs::read_to_string(e.path()).unwrap_or_default();
                 Some((run, text.lines().next().unwrap_or_default().chars().take(300).collect()))
             })
@@ -214,16 +230,85 @@ impl ImageStore {
         out
     }
 
-    /// Removes every run directory of `job` except `keep`.
+    /// Removes every run directory of `job` except `keep`, with the staging
+    /// records of the other runs (a staged image's record, a failed copy's
+    /// mark, a copy under way: crate::preempt::staging).
     pub fn remove_other_runs(&self, job: u32, keep: Option<u32>) -> io::Result<()> {
         for (restart, dir) in runs(&self.job_dir(job)) {
             if Some(restart) != keep {
                 fsutil::remove_tree_if_present(&dir)?;
             }
         }
+        let Ok(entries) = fs::read_dir(self.job_dir(job)) else { return Ok(()) };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let Some(run) = name.to_str().and_then(staging_record_run) else { continue };
+            if Some(run) != keep {
+                fsutil::remove_tree_if_present(&e.path())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `<job dir>/staged-<run>`: run `run`'s image is complete and durable
+    /// on a node's staging directory (the node's name inside), and its copy
+    /// to this store is under way or done. Written by the dump before the
+    /// job is requeued; removed when the image is restored or given up.
+    pub fn staged_path(&self, job: u32, run: u32) -> PathBuf {
+        self.job_dir(job).join(format!("{STAGED_PREFIX}{run}"))
+    }
+
+    /// `<job dir>/copy-failed-<run>`: the copy of run `run`'s staged image
+    /// failed (the reason inside): a restore elsewhere need not wait for it.
+    pub fn copy_failed_path(&self, job: u32, run: u32) -> PathBuf {
+        self.job_dir(job).join(format!("{COPY_FAILED_PREFIX}{run}"))
+    }
+
+    /// `<job dir>/.copy-<run>-<node>`: a copy under way. Its name is no run
+    /// number, so nothing ever takes it for an image.
+    pub fn copy_dir(&self, job: u32, run: u32, node: &str) -> PathBuf {
+        self.job_dir(job).join(format!("{COPY_PREFIX}{run}-{node}"))
+    }
+
+    /// Records durably that run `run` of `job` is staged on `node` (see
+    /// [`ImageStore::staged_path`]); the store's and the job's directories
+    /// are made root-only as for a dump.
+    pub fn record_staged(&self, job: u32, run: u32, node: &str) -> io::Result<()> {
+        self.ensure_job_dir(job)?;
+        let path = self.staged_path(job, run);
+        fsutil::write_atomic(&path, format!("{node}\n").as_bytes(), 0o600).map_err(|e| ctx(&path, e))?;
+        fsync_dir(&self.root)
+    }
+
+    /// The staged runs of `job` and the node each is staged on, ascending.
+    pub fn staged(&self, job: u32) -> Vec<(u32, String)> {
+        self.marks(job, STAGED_PREFIX)
+    }
+
+    /// The image of run `run` is no longer wanted from the staging tier
+    /// (restored, or given up): its record goes, so that no node restores
+    /// its staged copy and a copy still under way is dropped.
+    pub fn unstage(&self, job: u32, run: u32) -> io::Result<()> {
+        if fsutil::remove_if_present(&self.staged_path(job, run))? {
+            fsync_dir(&self.job_dir(job))?;
+        }
         Ok(())
     }
 }
+
+/// The run a staging record of a job directory is about (`staged-<run>`,
+/// `copy-failed-<run>`, `.copy-<run>-<node>`).
+fn staging_record_run(name: &str) -> Option<u32> {
+    let digits = name
+        .strip_prefix(STAGED_PREFIX)
+        .or_else(|| name.strip_prefix(COPY_FAILED_PREFIX))
+        .or_else(|| name.strip_prefix(COPY_PREFIX).map(|r| r.split('-').next().unwrap_or_default()))?;
+    digits.parse().ok()
+}
+
+const STAGED_PREFIX: &str = "staged-";
+const COPY_FAILED_PREFIX: &str = "copy-failed-";
+const COPY_PREFIX: &str = ".copy-";
 
 use std::os::unix::fs::OpenOptionsExt;
 
@@ -258,12 +343,15 @@ pub enum Cleanup {
 /// the whole directory of a job that ended without a checkpoint.
 pub fn cleanup_after_job(store: &ImageStore, job: u32, restart: u32) -> io::Result<Cleanup> {
     let this_run = store.run_dir(job, restart);
-    if this_run.join(MANIFEST_FILE).is_file() {
+    // A staged image of this run (its copy to this store may be under way)
+    // is kept as a complete one is.
+    if this_run.join(MANIFEST_FILE).is_file() || store.staged_path(job, restart).is_file() {
         store.remove_other_runs(job, Some(restart))?;
         return Ok(Cleanup::Kept { restart });
     }
     if store.job_dir(job).join(format!("{REFUSED_PREFIX}{restart}")).is_file() {
-        if let Some((image, _)) = store.latest(job) {
+        let newest = store.latest(job).map(|(r, _)| r).max(store.staged(job).last().map(|s| s.0));
+        if let Some(image) = newest {
             store.remove_other_runs(job, Some(image))?;
             return Ok(Cleanup::KeptRefused { restart: image });
         }

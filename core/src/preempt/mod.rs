@@ -44,6 +44,7 @@ pub mod protocol;
 pub mod shm;
 pub mod signals;
 pub mod slurm_view;
+pub mod staging;
 pub mod submit;
 pub mod timeline;
 pub mod tree;

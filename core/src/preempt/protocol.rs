@@ -76,6 +76,9 @@ pub struct RestoreSummary {
     pub total_ms: f64,
     /// Old GPU → new GPU, when the job moved.
     pub device_map: Vec<(String, String)>,
+    /// The image was this node's staged copy (staging.rs), not the shared one.
+    #[serde(default)]
+    pub from_local: bool,
     /// Every phase, from the request to the unlocked processes.
     #[serde(default)]
     pub timeline: super::timeline::Timeline,
@@ -84,7 +87,16 @@ pub struct RestoreSummary {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Response {
-    Hello { job: u32, restart_count: u32, image: Option<ImageInfo>, criu: Result<String, String> },
+    Hello {
+        job: u32,
+        restart_count: u32,
+        image: Option<ImageInfo>,
+        criu: Result<String, String>,
+        /// Why there is no image although a run was staged (its copy to
+        /// shared storage failed or did not come in time: staging.rs).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        note: Option<String>,
+    },
     Checkpointed(CheckpointSummary),
     Restored { pid: i32, summary: RestoreSummary },
     Exited(ExitInfo),

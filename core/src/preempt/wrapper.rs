@@ -60,6 +60,10 @@ pub struct RunOptions {
     pub scontrol: PathBuf,
     /// After a requeue, how long to wait for Slurm to end the job.
     pub linger: Duration,
+    /// How long the agent may take to answer `hello`: it waits there for a
+    /// staged image's copy from another node (`staging_wait_s`, where this
+    /// node stages too).
+    pub hello_wait: Duration,
     /// The library to preload into the application, for huge pages and
     /// for forked children's GPU files (`Ok(None)`: both off; `Err`: on,
     /// but unusable, and why), preempt::hugepages.
@@ -97,12 +101,17 @@ impl RunOptions {
             checkpoint_signal,
             scontrol: cfg.slurm.scontrol.clone(),
             linger: Duration::from_secs(300),
+            // Unset staging_dir: 30 s, as before the staging tier.
+            hello_wait: HELLO_WAIT + if cfg.checkpoint.staging_dir.is_some() { super::staging::wait_bound(&cfg.checkpoint) } else { Duration::ZERO },
             preload: super::hugepages::for_application(&cfg.checkpoint),
             preload_env: super::hugepages::preload_env(&cfg.checkpoint),
             signals: InheritedSignals::inherited().without_held(env(super::signals::HELD_SIGNAL_VAR).as_deref(), checkpoint_signal),
         })
     }
 }
+
+/// How long the agent may take to answer `hello`, beyond waiting for a copy.
+const HELLO_WAIT: Duration = Duration::from_secs(30);
 
 /// Why a restore did not happen; `movable`: another node may do it.
 struct NotRestored {
@@ -215,7 +224,7 @@ pub fn run(o: &RunOptions) -> i32 {
     }
     // SAFETY: plain prctl on this process.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
-    let hello = request(&o.socket, &Request::Hello, Some(Duration::from_secs(30)));
+    let hello = request(&o.socket, &Request::Hello, Some(o.hello_wait));
     let mut w = Wrapper { o, rx, tx, root: 0, restored: false, agent: hello.is_ok() };
     match hello {
         Ok((Response::Hello { image: Some(img), .. }, _)) => {
@@ -229,8 +238,10 @@ pub fn run(o: &RunOptions) -> i32 {
                 }
             }
         }
-        Ok((Response::Hello { image: None, criu, .. }, _)) => {
-            if o.restart_count > 0 {
+        Ok((Response::Hello { image: None, criu, note, .. }, _)) => {
+            if let Some(note) = note {
+                say(&format!("job {} run {}: {note}: starting the application from the beginning", o.job, o.restart_count));
+            } else if o.restart_count > 0 {
                 say(&format!("job {} run {}: no checkpoint image to restore: starting the application from the beginning", o.job, o.restart_count));
             }
             if let Err(e) = criu {
@@ -309,8 +320,9 @@ impl Wrapper<'_> {
                 self.root = pid;
                 self.restored = true;
                 let moved = if summary.device_map.is_empty() { String::new() } else { format!(", GPUs {:?}", summary.device_map) };
+                let copy = if summary.from_local { "'s node-local copy" } else { "" };
                 say(&format!(
-                    "job {} restored (pid {pid}, {:.2} GiB image from {}) in {:.1} s: checks {:.1} s, CRIU {:.1} s, CUDA {:.1} s{moved}",
+                    "job {} restored (pid {pid}, {:.2} GiB image from {}{copy}) in {:.1} s: checks {:.1} s, CRIU {:.1} s, CUDA {:.1} s{moved}",
                     self.o.job,
                     summary.image_bytes as f64 / (1u64 << 30) as f64,
                     summary.from_node,

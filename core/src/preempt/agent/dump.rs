@@ -19,7 +19,9 @@ use crate::preempt::images::ImageStore;
 use crate::preempt::manifest::{DumpTimings, Manifest, MANIFEST_VERSION};
 use crate::preempt::protocol::CheckpointSummary;
 use crate::preempt::timeline::{Stopwatch, Timeline};
+use crate::log::Outcome;
 use crate::preempt::shm::{self, Staged};
+use crate::preempt::staging;
 use crate::preempt::uncheckpointable;
 use crate::preempt::writeback::Writeback;
 use crate::preempt::{now_ms, tree};
@@ -110,7 +112,7 @@ impl Agent {
         let (run, cuda) = std::thread::scope(|s| {
             let prep = s.spawn(|| {
                 let t = Instant::now();
-                (self.settings.images.prepare_run(job, restart), t, Instant::now())
+                (self.dump_store().prepare_run(job, restart), t, Instant::now())
             });
             let cuda = match self.checkpointer().checkpoint_scope(target, pids, FoundBy::Pid) {
                 Ok(r) => Ok(Some(r)),
@@ -211,10 +213,13 @@ impl Agent {
         manifest.shm = shm;
         let t = Instant::now();
         manifest.save(run).map_err(|e| format!("cannot write the manifest in {}: {e}", run.display()))?;
-        self.settings.images.sync_parents(self.params.job).map_err(|e| format!("cannot sync the image directory: {e}"))?;
+        self.dump_store().sync_parents(self.params.job).map_err(|e| format!("cannot sync the image directory: {e}"))?;
         sw.since("manifest", t);
+        if self.settings.staging.is_some() {
+            sw.time("staged", || self.publish_staged(run))?;
+        }
         // Older images of this job (restored already) are of no more use.
-        let _ = self.settings.images.remove_other_runs(self.params.job, Some(self.params.restart_count));
+        let _ = self.dump_store().remove_other_runs(self.params.job, Some(self.params.restart_count));
         let timeline = sw.timeline().clone();
         Ok(CheckpointSummary {
             image_dir: run.display().to_string(),
@@ -224,6 +229,42 @@ impl Agent {
             timings: timings_of(&timeline, from_signal),
             timeline,
         })
+    }
+
+    /// A staged image (staging.rs) is durable on this node: the shared
+    /// store records it (before the job is requeued: a restore anywhere
+    /// then knows of it), and its copy there starts in the background.
+    fn publish_staged(&self, run: &Path) -> Result<(), String> {
+        let (job, restart, node) = (self.params.job, self.params.restart_count, self.params.node.clone());
+        let shared = self.settings.images.clone();
+        shared
+            .record_staged(job, restart, &node)
+            .map_err(|e| format!("cannot record the staged image in {}: {e}", shared.root.display()))?;
+        let _ = shared.remove_other_runs(job, Some(restart));
+        let bytes_per_s = self.settings.staging.as_ref().map_or(0, |s| s.copy_bytes_per_s);
+        let (run, log) = (run.to_path_buf(), self.settings.log.clone());
+        let line = self.action_line("staging-copy").field("run", restart);
+        let copy = std::thread::Builder::new().name("staging-copy".into()).spawn(move || {
+            let t = Instant::now();
+            let (outcome, detail) = match staging::copy_run(&run, &shared, job, restart, &node, bytes_per_s) {
+                Ok(bytes) => {
+                    let to = shared.run_dir(job, restart);
+                    (Outcome::Ok, format!("{bytes} bytes to {} in {:.1} s", to.display(), t.elapsed().as_secs_f64()))
+                }
+                Err(e @ staging::CopyError::Abandoned { .. }) => (Outcome::Skipped, e.to_string()),
+                Err(e) => {
+                    // A restore elsewhere stops waiting at once.
+                    let _ = std::fs::write(shared.copy_failed_path(job, restart), format!("{e}\n"));
+                    (Outcome::Failed, format!("{e}; a restore on another node starts the job over, this node's copy stays"))
+                }
+            };
+            line.field("detail", detail).outcome(outcome).emit(&log);
+        });
+        match copy {
+            Ok(handle) => self.copies.lock().unwrap_or_else(|p| p.into_inner()).push(handle),
+            Err(e) => self.log("staging-copy", Outcome::Failed, &format!("cannot start the copy of run {restart}: {e}")),
+        }
+        Ok(())
     }
 
     /// After a failed CRIU dump (CRIU resumed the tree): the GPU state goes

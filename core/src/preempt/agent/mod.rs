@@ -32,6 +32,7 @@ use refusal::{RefusalKind, RequestError};
 use super::accounting::{self, AccountingField, Event, EventKind};
 use super::images::ImageStore;
 use super::manifest::GpuFacts;
+use super::staging::Staging;
 use crate::checkpoint::{CheckpointDriver, Checkpointer, GpuInfo, GpuUuid, ProcessHost};
 use crate::config::LogConfig;
 use crate::criu::Criu;
@@ -73,7 +74,14 @@ pub struct NodeFacts {
 #[derive(Debug, Clone)]
 pub struct AgentSettings {
     pub socket_dir: PathBuf,
+    /// `image_dir`: the shared store.
     pub images: ImageStore,
+    /// `staging_dir`: dumps land on the node first and are copied to
+    /// `images` in the background (staging.rs); `None`: straight to `images`.
+    pub staging: Option<Staging>,
+    /// `staging_wait_s`: how long a restore waits for a staged image's copy
+    /// from another node (staging.rs, [`crate::preempt::staging::judge`]).
+    pub staging_wait: Duration,
     pub checkpoint: crate::checkpoint::Settings,
     pub tcp_established: bool,
     /// `checkpoint.early_writeback`.
@@ -101,6 +109,8 @@ impl AgentSettings {
         AgentSettings {
             socket_dir: cfg.checkpoint.agent_socket_dir(&cfg.runtime_dir),
             images: ImageStore::new(&cfg.checkpoint.image_dir),
+            staging: Staging::from_config(&cfg.checkpoint),
+            staging_wait: super::staging::wait_bound(&cfg.checkpoint),
             checkpoint: crate::checkpoint::Settings::from_config(cfg),
             tcp_established: true,
             early_writeback: cfg.checkpoint.early_writeback,
@@ -149,6 +159,9 @@ pub struct Agent {
     budget: Mutex<ratelimit::RequestBudget>,
     /// Refusal log lines per uid (refusal.rs).
     refusal_log: Mutex<ratelimit::LogLimit>,
+    /// Background copies of staged images to the shared store (staging.rs),
+    /// which the agent finishes before it exits ([`Agent::finish_copies`]).
+    copies: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
 
 /// The backends an agent drives: real ones in the binary, doubles in tests.
@@ -180,6 +193,23 @@ impl Agent {
             connections: AtomicUsize::new(0),
             budget: Mutex::new(refusal::request_budget()),
             refusal_log: Mutex::new(refusal::refusal_log()),
+            copies: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Where this agent's dumps go: the node's staging directory if set,
+    /// else the shared image directory.
+    fn dump_store(&self) -> &ImageStore {
+        self.settings.staging.as_ref().map_or(&self.settings.images, |s| &s.local)
+    }
+
+    /// Waits for the background copies of staged images (after the socket
+    /// is gone: the epilog's `stop` does not wait for them, and the
+    /// requeued job does not either).
+    pub fn finish_copies(&self) {
+        let copies = std::mem::take(&mut *self.copies.lock().unwrap_or_else(|p| p.into_inner()));
+        for c in copies {
+            let _ = c.join();
         }
     }
 

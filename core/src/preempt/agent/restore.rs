@@ -12,11 +12,20 @@ use crate::preempt::images::ImageStore;
 use crate::preempt::manifest::Manifest;
 use crate::preempt::protocol::RestoreSummary;
 use crate::preempt::shm;
+use crate::preempt::staging::{self, Found, Source};
 use crate::preempt::timeline::Stopwatch;
 use crate::preempt::tree;
 use crate::procfs;
 use std::path::Path;
 use std::time::Instant;
+
+/// The image a restore takes (Agent::locate).
+pub(super) struct Located {
+    pub restart: u32,
+    pub dir: std::path::PathBuf,
+    /// This node's staged copy (staging.rs), not the shared store's.
+    pub local: bool,
+}
 
 fn ms(since: Instant) -> f64 {
     since.elapsed().as_secs_f64() * 1000.0
@@ -30,24 +39,75 @@ impl Agent {
         if peer.uid != 0 {
             self.peer_in_job(peer)?;
         }
-        let no_image = || {
-            let message = format!("no checkpoint image of job {} in {}", self.params.job, self.settings.images.root.display());
-            RequestError::refused(RefusalKind::NoImage, message)
+        let (located, note) = self.locate();
+        let Some(Located { restart, dir, local }) = located else {
+            let message = note.unwrap_or_else(|| format!("no checkpoint image of job {} in {}", self.params.job, self.settings.images.root.display()));
+            return Err(RequestError::refused(RefusalKind::NoImage, message));
         };
-        let (restart, dir) = self.settings.images.latest(self.params.job).ok_or_else(no_image)?;
-        let result = self.restore_image(peer, restart, &dir, &mut sw);
+        let result = self.restore_image(peer, restart, &dir, local, &mut sw);
         if let Err(e) = &result {
             // The epilog of this run would otherwise remove the image that
             // the message promises to keep (it keeps only what a run
             // completed): the mark tells it this run tried and was refused.
-            if let Err(io) = self.settings.images.mark_refused(self.params.job, self.params.restart_count, &e.to_string()) {
-                self.log("restore-mark", crate::log::Outcome::Failed, &io.to_string());
+            let stores = std::iter::once(&self.settings.images).chain(self.settings.staging.as_ref().filter(|_| local).map(|s| &s.local));
+            for store in stores {
+                if let Err(io) = store.mark_refused(self.params.job, self.params.restart_count, &e.to_string()) {
+                    self.log("restore-mark", crate::log::Outcome::Failed, &io.to_string());
+                }
             }
         }
         result
     }
 
-    fn restore_image(&self, peer: Peer, restart: u32, dir: &Path, sw: &mut Stopwatch) -> Result<(i32, RestoreSummary), RequestError> {
+    /// Where this run's image is (staging::decide): this node's staged
+    /// copy, the shared store's, or, for a run staged on another node whose
+    /// copy is under way, the shared copy once it is complete (waited for
+    /// within `staging_wait_s`). `None` with a note: a staged run whose copy
+    /// failed or did not come is given up (its record removed, so that no
+    /// node restores it later), and the job starts over.
+    pub(super) fn locate(&self) -> (Option<Located>, Option<String>) {
+        let (job, shared) = (self.params.job, &self.settings.images);
+        let local = self.settings.staging.as_ref().map(|s| &s.local);
+        let staged = shared.staged(job);
+        let found = Found {
+            local: local.and_then(|l| l.latest(job)).map(|(r, _)| r),
+            shared: shared.latest(job).map(|(r, _)| r),
+            copy_failed: staged.iter().map(|s| s.0).filter(|r| shared.copy_failed_path(job, *r).is_file()).collect(),
+            staged,
+        };
+        let at = |restart: u32, local: bool| {
+            let store = if local { self.dump_store() } else { shared };
+            Some(Located { restart, dir: store.run_dir(job, restart), local })
+        };
+        let why = match staging::decide(&found, &self.params.node) {
+            Source::Nothing => return (None, None),
+            Source::Local(r) => return (at(r, true), None),
+            Source::Shared(r) => return (at(r, false), None),
+            Source::Wait { run, node } => match staging::wait_for_copy(shared, job, run, &node, self.settings.staging_wait, staging::STALL) {
+                Ok(()) => return (at(run, false), None),
+                Err(why) => (run, why),
+            },
+            Source::CopyFailed { run, node } => {
+                let why = staging::observe(shared, job, run).failed.unwrap_or_default();
+                (run, format!("the copy of run {run}'s image from {node} to shared storage failed: {why}"))
+            }
+        };
+        let (run, why) = why;
+        if let Err(e) = shared.unstage(job, run) {
+            self.log("staging-give-up", crate::log::Outcome::Failed, &e.to_string());
+        }
+        self.log("staging-give-up", crate::log::Outcome::Ok, &why);
+        (None, Some(format!("{why}; nothing is restored from a partial copy")))
+    }
+
+    fn restore_image(
+        &self,
+        peer: Peer,
+        restart: u32,
+        dir: &Path,
+        local: bool,
+        sw: &mut Stopwatch,
+    ) -> Result<(i32, RestoreSummary), RequestError> {
         let dir = dir.to_path_buf();
         let t = Instant::now();
         let (manifest, map) = self.vet(&dir, sw).map_err(|e| format!("{e}; the image is kept"))?;
@@ -69,7 +129,8 @@ impl Agent {
             sw.since("cuda-restore", t);
         }
         let t = Instant::now();
-        if let Err(e) = ImageStore::consume(&dir) {
+        let consumed = ImageStore::consume(&dir).and_then(|_| staging::settle_restored(&self.settings.images, self.params.job, restart, local));
+        if let Err(e) = consumed {
             // It runs; only a second restore of this image is at risk.
             self.log("restore-consume", crate::log::Outcome::Failed, &format!("{}: {e}", dir.display()));
         }
@@ -95,6 +156,7 @@ impl Agent {
                 .filter(|p| manifest.gpus.iter().any(|g| g.uuid == p.old))
                 .map(|p| (p.old.to_string(), p.new.to_string()))
                 .collect(),
+            from_local: local,
             timeline,
         };
         Ok((pid, summary))

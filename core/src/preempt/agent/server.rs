@@ -231,8 +231,12 @@ impl Agent {
         }
     }
 
+    /// What the wrapper needs to know first: is there an image to restore?
+    /// A run staged on another node whose copy is under way is waited for
+    /// here (Agent::locate), so the answer is final.
     fn hello(&self) -> Response {
-        let image = self.settings.images.latest(self.params.job).map(|(restart, dir)| match super::super::Manifest::load(&dir) {
+        let (located, note) = self.locate();
+        let image = located.map(|l| (l.restart, l.dir)).map(|(restart, dir)| match super::super::Manifest::load(&dir) {
             Ok(m) => ImageInfo { restart_count: m.restart_count, node: m.node, image_bytes: m.image_bytes, created_unix: m.created_unix },
             // Unreadable: the restore will say why, precisely.
             Err(_) => ImageInfo { restart_count: restart, node: "(manifest unreadable)".into(), image_bytes: 0, created_unix: 0 },
@@ -242,6 +246,7 @@ impl Agent {
             restart_count: self.params.restart_count,
             image,
             criu: self.criu_status.clone(),
+            note,
         }
     }
 

@@ -91,6 +91,12 @@ fn scontrol_calls(fx: &Fx) -> Vec<String> {
 /// `counting`: with `[metrics] textfile` at `<dir>/gpu-mode.prom`;
 /// `accounting`: the field written through the fake scontrol.
 fn fixture_with(counting: bool, accounting: crate::preempt::accounting::AccountingField) -> Fx {
+    fixture_opts(counting, accounting, false)
+}
+
+/// With `staged`, dumps go to `<dir>/staging` first (staging.rs) and a
+/// restore waits for another node's copy for 1 s.
+fn fixture_opts(counting: bool, accounting: crate::preempt::accounting::AccountingField, staged: bool) -> Fx {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path();
     let scontrol = fake_scontrol(p);
@@ -104,6 +110,8 @@ fn fixture_with(counting: bool, accounting: crate::preempt::accounting::Accounti
             call_timeout: Duration::from_secs(5),
         },
         tcp_established: false,
+        staging: staged.then(|| crate::preempt::staging::Staging { local: ImageStore::new(p.join("staging")), copy_bytes_per_s: 0 }),
+        staging_wait: Duration::from_secs(1),
         early_writeback: true,
         pid_wait: Duration::from_secs(2),
         idle_exit: Duration::from_secs(3600),
@@ -203,6 +211,37 @@ fn a_dump_writes_its_manifest_last_with_the_job_and_user() {
         other => panic!("{other:?}"),
     }
     assert_eq!(fx.agent.settings.images.latest(7).map(|(r, _)| r), Some(0));
+}
+
+/// With staging_dir: the image lands on the node, the shared store records
+/// it before the checkpoint is answered, the background copy publishes it
+/// whole, and a restore on this node takes the local copy. A run staged on
+/// another node whose copy never comes is given up (its record removed)
+/// with a note, and nothing is restored.
+#[test]
+fn a_staged_dump_is_recorded_copied_in_the_background_and_restored_from_its_node_first() {
+    if !root_or_skip() {
+        return;
+    }
+    let fx = fixture_opts(false, crate::preempt::accounting::AccountingField::Off, true);
+    let (_child, run) = dumped(&fx);
+    let (local, shared) = (&fx.agent.settings.staging.as_ref().unwrap().local, &fx.agent.settings.images);
+    assert_eq!(run, local.run_dir(7, 0), "the dump lands on the node");
+    assert_eq!(shared.staged(7), [(0, "n1".to_string())], "recorded before the answer");
+    fx.agent.finish_copies();
+    let manifest = |dir: &std::path::Path| std::fs::read(dir.join(MANIFEST_FILE)).unwrap();
+    assert_eq!(manifest(&shared.run_dir(7, 0)), manifest(&run), "the copy is published whole");
+    assert!(Manifest::load(&shared.run_dir(7, 0)).unwrap().check_files(&shared.run_dir(7, 0)).is_ok());
+    let (found, note) = fx.agent.locate();
+    let found = found.unwrap();
+    assert_eq!((found.restart, found.local, found.dir.as_path(), note), (0, true, run.as_path(), None), "the node's own copy first");
+    // A newer run staged elsewhere whose copy never comes: given up.
+    shared.record_staged(7, 1, "n2").unwrap();
+    let (found, note) = fx.agent.locate();
+    let note = note.unwrap();
+    assert!(found.is_none(), "the older image is not restored over a newer run");
+    assert!(note.contains("run 1's image from n2") && note.ends_with("nothing is restored from a partial copy"), "{note}");
+    assert_eq!(shared.staged(7), [(0, "n1".to_string())], "the given-up run's record is removed");
 }
 
 #[test]
@@ -366,7 +405,7 @@ fn the_socket_is_the_users_and_answers_hello_and_stop() {
         protocol::receive(&mut std::io::BufReader::new(s)).unwrap().unwrap()
     };
     match ask(&Request::Hello) {
-        Response::Hello { job: 7, restart_count: 0, image: None, criu: Ok(v) } => assert_eq!(v, "4.1.1"),
+        Response::Hello { job: 7, restart_count: 0, image: None, criu: Ok(v), note: None } => assert_eq!(v, "4.1.1"),
         other => panic!("{other:?}"),
     }
     assert_eq!(ask(&Request::Stop), Response::Stopping);
