@@ -288,12 +288,12 @@ pub struct Report {
     pub cancelled_after_prolog: usize,
 }
 
-/// A known limitation (issue 24, "churn flake (b)"), counted apart rather
-/// than failing the run: Slurm preempted a checkpoint job while its batch
-/// step was starting, and the checkpoint signal (SIGUSR1, 10) ended the
-/// batch shell before `gpu-mode-run` could take it (the output holds no line
-/// of the wrapper). The fix (the plugin blocking the signal before the
-/// batch script runs) changes every batch script's signal mask and is open.
+/// Issue 24's "churn flake (b)", fixed: Slurm preempted a checkpoint job
+/// while its batch step was starting, and the checkpoint signal (SIGUSR1,
+/// 10) ended the batch shell before `gpu-mode-run` could take it (the
+/// output holds no line of the wrapper). The plugin now holds the signal
+/// back in the batch step (preempt::signals::hold): such a job is a failure
+/// of the run, named apart so that its report says what it is.
 fn signalled_before_the_wrapper(state: &str, exit_code: &str, output: &str) -> bool {
     state == "FAILED" && exit_code == "0:10" && !output.contains("gpu-mode-run:")
 }
@@ -315,6 +315,9 @@ impl Report {
         }
         if !self.unexpected.is_empty() {
             p.push(format!("jobs failed for a reason not injected: {:#?}", self.unexpected));
+        }
+        if !self.signalled_before_wrapper.is_empty() {
+            p.push(format!("checkpoint jobs the checkpoint signal ended before gpu-mode-run started: {:?}", self.signalled_before_wrapper));
         }
         if !self.hook_failures.is_empty() {
             p.push(format!("hooks that failed: {:?}", self.hook_failures));
@@ -340,7 +343,7 @@ impl Report {
              preemptors: {}\ncheckpoint jobs preempted and restored: {} ({} checkpoints taken, {} restores)\n\
              requeued runs Slurm started without their Prolog (requeued again by the plugin): {}\n\
              files swapped for a root file between dump and restore: {} ({} restores refused, the rest ended before one)\n\
-             checkpoint jobs the checkpoint signal ended before gpu-mode-run started (known, issue 24): {:?}\nimages kept for the sweep (job ended after its checkpoint, not restored): {}\nwrong drains: {}\n\
+             checkpoint jobs the checkpoint signal ended before gpu-mode-run started: {:?}\nimages kept for the sweep (job ended after its checkpoint, not restored): {}\nwrong drains: {}\n\
              jobs failed for a reason other than the ones injected: {}\nhook runs that failed: {}\n\
              prolog ms: p50 {} p99 {} max {} ({} runs)\nepilog ms: p50 {} p99 {} max {} ({} runs)\n{}",
             self.jobs,

@@ -86,8 +86,13 @@ pub fn submit_low_unwrapped(c: &Cluster, who: Who, name: &str, app: &[String]) -
     submit_low_as(c, who, name, app, false).unwrap()
 }
 
+/// The batch script is bash's, as most sites' job scripts are: bash keeps
+/// the checkpoint signal the plugin holds back pending until gpu-mode-run
+/// takes it, so a preemption as the job starts is checkpointed (with dash
+/// it is dropped and Slurm requeues the job at its grace time's end to
+/// start over; preempt_training_shapes.rs tests both).
 fn submit_low_as(c: &Cluster, who: Who, name: &str, app: &[String], wrapped: bool) -> anyhow::Result<u32> {
-    submit_low_script(c, who, name, &format!("#!/bin/sh\n{}\n", batch_line(c, who, app, wrapped)), wrapped)
+    submit_low_script(c, who, name, &format!("#!/bin/bash\n{}\n", batch_line(c, who, app, wrapped)), wrapped)
 }
 
 /// The batch script's line that runs `app`, under gpu-mode-run if
