@@ -20,7 +20,7 @@ set -eu
 cd "$(dirname "$0")/.."
 CASES=${1:-1x1,4x1,1x4}
 APP=${2:-both}
-B=$PWD/target/release
+B=${GPU_MODE_BENCH_BIN:-$PWD/target/release}
 W=${GPU_MODE_BENCH_DIR:-/var/tmp/gm-preempt-bench-host}
 CRIU=$(command -v criu || echo /usr/local/sbin/criu)
 rm -rf "$W"
@@ -46,10 +46,11 @@ early_writeback = ${EARLY_WRITEBACK:-true}
 huge_pages = ${HUGE_PAGES:-true}
 huge_pages_library = "$B/libgpu_mode_hugepages.so"
 EOF
-# Root without CAP_SYS_RESOURCE (containers) cannot dump another user's
-# processes: then the programs run as root without capabilities (--uid 0).
-cap=$(sed -n 's/^CapEff:[[:space:]]*//p' /proc/self/status)
-if [ $(( 0x$cap >> 24 & 1 )) = 1 ]; then uid=65534; else uid=0; fi
+# The programs run as nobody, and both sides run CRIU as that user (as the
+# agent does): root without CAP_SYS_RESOURCE (containers, the GPU
+# machines) cannot dump another user's processes itself. BENCH_UID=0: as
+# root without capabilities, as before session 10.
+uid=${BENCH_UID:-65534}
 bench() { "$B/gpu-mode-preempt-bench" --config "$W/config.toml" --uid "$uid" --workdir "$W/bench" --cases "$CASES" --repeat "${BENCH_REPEAT:-1}" --plain-driver "${PLAIN_DRIVER:-raw}" "$@"; }
 echo "== $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, kernel $(uname -r), images under $W ($(df -h "$W" | awk 'NR==2 {print $1}'))"
 FW=$APP; [ "$APP" = both ] && FW=jax

@@ -186,6 +186,8 @@ impl Fleet {
         let me = std::env::current_exe()?;
         let mut cmd = Command::new(me);
         let log = std::fs::File::create(dir.join("out.log"))?;
+        // The programs' own log: CRIU, which runs as their user, reopens it at restore.
+        std::os::unix::fs::chown(dir.join("out.log"), Some(o.uid), Some(o.uid))?;
         cmd.arg("launch").arg(n.to_string()).arg(o.gpus.to_string()).arg(&dir).arg(&o.app).args(args).current_dir(&dir);
         cmd.stdin(std::process::Stdio::null()).stdout(log.try_clone()?).stderr(log);
         if let Some(lib) = preload {
@@ -309,9 +311,21 @@ impl Plain {
     }
 }
 
-fn criu(cfg: &Config, args: &[&str], dir: &Path) -> anyhow::Result<f64> {
+/// `criu ARGS -D dir`, as root for root's programs; for a user's, as that
+/// user with the capabilities the agent gives it (`--unprivileged`): root
+/// may lack CAP_SYS_RESOURCE, without which CRIU as root cannot dump
+/// another user's processes (the GPU machines), and the plain sequence
+/// then runs CRIU as ours does.
+fn criu(cfg: &Config, uid: u32, args: &[&str], dir: &Path) -> anyhow::Result<f64> {
+    let mut cmd = Command::new(&cfg.checkpoint.criu);
+    cmd.args(args).arg("-D").arg(dir);
+    if uid != 0 {
+        std::os::unix::fs::chown(dir, Some(uid), Some(uid))?;
+        cmd.arg("--unprivileged");
+        gpu_mode_core::privdrop::run_as_with_caps(&mut cmd, &Identity::of_user_or_bare(uid, uid), &gpu_mode_core::criu::capabilities(false));
+    }
     let t = Instant::now();
-    let out = Command::new(&cfg.checkpoint.criu).args(args).arg("-D").arg(dir).output()?;
+    let out = cmd.output()?;
     anyhow::ensure!(out.status.success(), "criu {}: {}", args[0], String::from_utf8_lossy(&out.stderr));
     Ok(t.elapsed().as_secs_f64() * 1e3)
 }
@@ -347,13 +361,13 @@ fn plain(o: &Opts, cfg: &Config, driver: &dyn CheckpointDriver, case: &str, gib:
         driver.checkpoint(p)?;
     }
     let mut s = Plain { driver_ms: t.elapsed().as_secs_f64() * 1e3, ..Plain::default() };
-    s.dump_ms = criu(cfg, &["dump", "-t", &root.to_string(), "--file-locks", "--ext-unix-sk", "-o", "dump.log"], &dir)?;
+    s.dump_ms = criu(cfg, o.uid, &["dump", "-t", &root.to_string(), "--file-locks", "--ext-unix-sk", "-o", "dump.log"], &dir)?;
     s.sync_ms = sync_fs(&dir)?;
     s.image_bytes = std::fs::read_dir(&dir)?.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum();
     wait_pid(root);
     reap_orphans();
     gpu_mode_core::preempt::tree::wait_pids_free(&pids, Duration::from_secs(10)).map_err(anyhow::Error::msg)?;
-    s.criu_restore_ms = criu(cfg, &["restore", "-d", "-o", "restore.log"], &dir)?;
+    s.criu_restore_ms = criu(cfg, o.uid, &["restore", "-d", "-o", "restore.log"], &dir)?;
     let t = Instant::now();
     for &p in &cuda {
         driver.restore(p, &[])?;

@@ -66,7 +66,7 @@ mod recording;
 mod version;
 
 pub use cgroup::{CgroupLine, TargetCgroup};
-pub use cli::CriuCli;
+pub use cli::{capabilities, CriuCli};
 pub use recording::{CriuCall, RecordingCriu};
 pub use version::{CriuVersion, MIN_MAJOR};
 
