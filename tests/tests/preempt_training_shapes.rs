@@ -96,27 +96,39 @@ fn the_application_has_a_plain_runs_signal_state_fresh_and_restored() {
 /// the plugin holds the signal back in the batch step, ignored and blocked
 /// (preempt::signals::hold). bash keeps it pending, and gpu-mode-run
 /// checkpoints on it as soon as it runs: requeued and restored. dash clears
-/// its mask at start but keeps the signal ignored: dropped, and the job
-/// runs on (a preemption would requeue it at its grace time's end). Either
-/// way the application has a plain run's state for the signal (neither
-/// blocked nor ignored).
+/// its mask at start but keeps the signal ignored: dropped; sent by hand,
+/// the job runs on; sent by a real preemption, gpu-mode-run finds the job
+/// being preempted when it starts and checkpoints then (before, the job ran
+/// to its grace time's end and started over). Either way the application
+/// has a plain run's state for the signal (neither blocked nor ignored).
 #[test]
 fn a_checkpoint_signal_sent_before_gpu_mode_run_started_never_ends_the_batch_shell() {
     let Some(c) = c() else { return };
     let _turn = serial();
     let who = job_user();
-    for (shell, restarts) in [("/bin/bash", 1), ("/bin/dash", 0)] {
+    for (shell, preemption, restarts) in [("/bin/bash", false, 1), ("/bin/dash", false, 0), ("/bin/dash", true, 1)] {
         let app = counter_with(c, 40, &["--signals", "yes"]);
-        let script = format!("#!{shell}\necho shell started\nsleep 4\n{}\n", batch_line(c, who, &app, true));
+        let script = format!("#!{shell}\necho shell started\nsleep 8\n{}\n", batch_line(c, who, &app, true));
         let job = submit_low_script(c, who, "sig-early", &script, true).unwrap();
         wait_for("the batch shell", LONG, || c.job_output(job).contains("shell started"));
-        let sent = c.client("scancel", &["--signal=USR1", "--batch", &job.to_string()]).run_as_root().unwrap();
-        assert!(sent.status.success(), "{}", String::from_utf8_lossy(&sent.stderr));
+        let preemptor = if preemption {
+            Some(submit_preemptor(c, None, None, 2, 3))
+        } else {
+            let sent = c.client("scancel", &["--signal=USR1", "--batch", &job.to_string()]).run_as_root().unwrap();
+            assert!(sent.status.success(), "{}", String::from_utf8_lossy(&sent.stderr));
+            None
+        };
         let end = wait_finished(c, job);
+        if let Some(p) = preemptor {
+            wait_finished(c, p);
+        }
+        let shell = format!("{shell}{}", if preemption { " (a preemption)" } else { "" });
         let out = c.job_output(job);
         assert_eq!((end.state(), end.get("ExitCode"), end.restarts()), ("COMPLETED", "0:0", restarts), "{shell}:\n{out}");
         let checkpointed = out.contains(&format!("gpu-mode-run: SIGUSR1 received: checkpointing job {job}")) && out.contains(" restored (pid ");
         assert_eq!(checkpointed, restarts == 1, "{shell}:\n{out}");
+        let caught_up = out.contains(&format!("job {job} was preempted before gpu-mode-run could take its checkpoint signal"));
+        assert_eq!(caught_up, preemption, "{shell}: Slurm's preemption seen when gpu-mode-run started:\n{out}");
         if let Err(e) = counted_once(&out, 40) {
             panic!("{shell}: {e}:\n{out}");
         }

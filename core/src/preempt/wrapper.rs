@@ -73,6 +73,10 @@ pub struct RunOptions {
     /// What the application starts with: the mask and ignored set the
     /// wrapper inherited.
     pub signals: InheritedSignals,
+    /// The plugin held the checkpoint signal back in the batch step
+    /// (preempt::signals::hold): one sent before the wrapper ran may have
+    /// been dropped (dash), so the wrapper asks Slurm once it runs.
+    pub signal_held: bool,
 }
 
 impl RunOptions {
@@ -106,6 +110,7 @@ impl RunOptions {
             preload: super::hugepages::for_application(&cfg.checkpoint),
             preload_env: super::hugepages::preload_env(&cfg.checkpoint),
             signals: InheritedSignals::inherited().without_held(env(super::signals::HELD_SIGNAL_VAR).as_deref(), checkpoint_signal),
+            signal_held: super::signals::recorded_signal(env(super::signals::HELD_SIGNAL_VAR).as_deref()) == Some(checkpoint_signal),
         })
     }
 }
@@ -264,6 +269,7 @@ pub fn run(o: &RunOptions) -> i32 {
             }
         }
     }
+    w.catch_up_on_preemption();
     w.watch()
 }
 
@@ -308,6 +314,24 @@ impl Wrapper<'_> {
         let child = cmd.spawn().map_err(|e| format!("cannot start {}: {e}", self.o.app[0].to_string_lossy()))?;
         self.root = child.id() as i32;
         Ok(())
+    }
+
+    /// A preemption whose checkpoint signal came before the wrapper ran and
+    /// was dropped (the plugin holds it back ignored and blocked; dash
+    /// clears its mask at start, so there it was dropped): Slurm says the
+    /// job is being preempted, and the wrapper checkpoints now, as if the
+    /// signal had come. Where it was kept pending (bash), the signal itself
+    /// follows and finds the checkpoint taken. One squeue call, only where
+    /// the plugin held the signal.
+    fn catch_up_on_preemption(&self) {
+        if !self.o.signal_held {
+            return;
+        }
+        let view = SlurmView::new(&self.o.scontrol);
+        if view.job_state(self.o.job).is_some_and(|s| s.being_preempted && s.state == "RUNNING") {
+            say(&format!("job {} was preempted before gpu-mode-run could take its checkpoint signal: checkpointing now", self.o.job));
+            let _ = self.tx.send(Event::Signal(self.o.checkpoint_signal));
+        }
     }
 
     /// Asks for a restore; the agent answers `restored`, and later how the
