@@ -11,6 +11,7 @@
 
 pub mod accounting_db;
 pub mod artifacts;
+pub mod bench;
 pub mod churn;
 pub mod ckpt_jobs;
 pub mod conf;

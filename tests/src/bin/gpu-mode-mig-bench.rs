@@ -17,7 +17,7 @@ use std::sync::Arc;
 use gpu_mode_core::job_env::JobEnv;
 use gpu_mode_core::lifecycle::{epilog, prolog};
 use gpu_mode_core::modes::mig::placement::{place, Occupied};
-use gpu_mode_tests::Artifacts;
+use gpu_mode_tests::{bench, Artifacts};
 use std::time::{Duration, Instant};
 
 const LAYOUTS: [&str; 2] = ["mig:1g.10gbx7", "mig:3g.40gbx2"];
@@ -49,7 +49,7 @@ fn run() -> Result<()> {
     );
     for layout in LAYOUTS {
         for gpus in [1u32, 8] {
-            let state = node(dir.path(), &sim.fixtures, gpus)?;
+            let state = bench::sim_node(dir.path(), &sim.fixtures, "h100-80gb.toml", gpus)?;
             std::env::set_var("GPU_MODE_SIM_STATE", &state);
             let mut cfg = Config::default();
             cfg.nvml.library = Some(sim.nvml_library.clone());
@@ -76,21 +76,6 @@ fn run() -> Result<()> {
     Ok(())
 }
 
-/// A simulated node of `gpus` H100s; returns its state file.
-fn node(dir: &std::path::Path, fixtures: &std::path::Path, gpus: u32) -> Result<std::path::PathBuf> {
-    let fixture = dir.join(format!("node-{gpus}.toml"));
-    std::fs::write(
-        &fixture,
-        format!(
-            "driver_version = \"580.159.04\"\nnvml_version = \"13.580.159.04\"\ncuda_driver_version = 13000\n\n[[gpus]]\nmodel = \"{}\"\ncount = {gpus}\n",
-            fixtures.join("h100-80gb.toml").display()
-        ),
-    )?;
-    let state = dir.join(format!("state-{gpus}.json"));
-    nvml_sim::store::create(&state, &fixture).map_err(|e| anyhow::anyhow!("{e}"))?;
-    Ok(state)
-}
-
 /// Our prolog then epilog for one job on GPUs 0..gpus; the prolog's time
 /// inside NVML calls is added to `in_nvml`.
 fn hooks(cfg: &Config, layout: &str, gpus: u32, job: u32, in_nvml: &Arc<AtomicU64>) -> Result<(Duration, Duration)> {
@@ -113,30 +98,10 @@ fn hooks(cfg: &Config, layout: &str, gpus: u32, job: u32, in_nvml: &Arc<AtomicU6
     Ok((p, t.elapsed()))
 }
 
-/// The same NVML work with nothing around it: MIG on, the instances at the
-/// solver's placements; then destroy, MIG off.
+/// The same NVML work with nothing around it (the NVML open not counted).
 fn raw_calls(cfg: &Config, layout: &str, gpus: u32) -> Result<(Duration, Duration)> {
     let ops = NvmlGpus::from_config(cfg)?;
-    let (name, count) = layout.trim_start_matches("mig:").split_once('x').context("layout")?;
-    let table = ops.mig_profiles(0)?;
-    let profile = table.iter().find(|p| p.name == name).context("profile")?;
-    let placed = place(&[(profile, count.parse()?)], &Occupied::default(), 7).context("placement")?;
-    let t = Instant::now();
-    for g in 0..gpus {
-        ops.set_mig_mode(g, true)?;
-        for p in &placed {
-            ops.create_mig_instance(g, p.profile_id, Some(p.start))?;
-        }
-    }
-    let create = t.elapsed();
-    let t = Instant::now();
-    for g in 0..gpus {
-        for i in ops.mig_instances(g)? {
-            ops.destroy_mig_instance(g, i.gpu_instance)?;
-        }
-        ops.set_mig_mode(g, false)?;
-    }
-    Ok((create, t.elapsed()))
+    bench::mig_raw_calls(&ops, layout, &(0..gpus).collect::<Vec<_>>())
 }
 
 fn measure(n: usize, mut f: impl FnMut(usize) -> Result<(Duration, Duration)>) -> Result<Vec<(f64, f64)>> {

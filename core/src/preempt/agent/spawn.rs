@@ -70,6 +70,11 @@ impl AgentLaunch {
     }
 }
 
+/// How often the prolog looks for the agent's socket and the epilog for its
+/// removal. Every checkpoint job's prolog waits on this: at 20 ms its times
+/// came in 20 ms steps (gpu-mode-hook-bench, docs/metrics.md "Hook cost").
+const SOCKET_POLL: Duration = Duration::from_millis(5);
+
 /// Starts the job's agent and waits (at most `wait`) for its socket.
 /// Returns its pid.
 pub fn spawn_agent(cfg: &Config, launch: &AgentLaunch, wait: Duration) -> Result<u32, String> {
@@ -106,7 +111,7 @@ pub fn spawn_agent(cfg: &Config, launch: &AgentLaunch, wait: Duration) -> Result
             let _ = child.wait();
             return Err(format!("{} did not open {} within {} s", program.display(), socket.display(), wait.as_secs()));
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(SOCKET_POLL);
     }
 }
 
@@ -133,7 +138,7 @@ pub fn stop_agent(cfg: &Config, job: u32, wait: Duration) -> Result<bool, String
             // it if the agent was too slow.
             let deadline = Instant::now() + wait;
             while socket.exists() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(20));
+                std::thread::sleep(SOCKET_POLL);
             }
             let _ = crate::fsutil::remove_if_present(&socket);
             Ok(true)
