@@ -55,11 +55,11 @@ pub fn task_init_privileged(spank: &mut Spank, args: &PluginArgs) -> Result<Pend
     })
 }
 
-/// In the batch step of a checkpoint job, blocks the checkpoint signal in
-/// this task before exec, so that one sent before gpu-mode-run took it
-/// (`--signal=B:` of a job preempted as it starts) waits for it instead of
-/// ending the batch shell; gpu-mode-run is told (GPU_MODE_SIGNAL_HELD, set
-/// in task_init) and unblocks it for the application
+/// In the batch step of a checkpoint job, holds the checkpoint signal back
+/// (ignored and blocked) in this task before exec, so that one sent before
+/// gpu-mode-run took it (`--signal=B:` of a job preempted as it starts)
+/// never ends the batch shell; gpu-mode-run is told (GPU_MODE_SIGNAL_HELD,
+/// set in task_init) and gives the application the signal's default state
 /// (gpu_mode_core::preempt::signals::hold).
 fn hold_checkpoint_signal(spank: &Spank, state: &JobState) {
     let Some(sig) = held_signal(spank, state) else { return };
@@ -120,8 +120,9 @@ pub fn task_init(spank: &mut Spank, args: &PluginArgs, pending: &Pending) -> Res
         spank.setenv(name, value, true)?;
     }
     if let Some(sig) = held_signal(spank, state) {
-        // Again here, the last step before exec: nothing of slurmstepd's
-        // between task_init_privileged and here may have unblocked it.
+        // Here, the last hook before exec, is what counts: slurmstepd resets
+        // the task's signals after task_init_privileged (22.05's
+        // _unblock_signals in mgr.c), undoing the hold made there.
         hold_checkpoint_signal(spank, state);
         spank.setenv(gpu_mode_core::preempt::signals::HELD_SIGNAL_VAR, &sig.to_string(), true)?;
     }
