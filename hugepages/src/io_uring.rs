@@ -46,15 +46,7 @@ pub fn hidden(number: c_long, enabled: bool) -> bool {
 }
 
 fn real_syscall() -> usize {
-    match REAL_SYSCALL.load(Ordering::Acquire) {
-        0 => {
-            // SAFETY: dlsym with a constant name.
-            let p = unsafe { libc::dlsym(libc::RTLD_NEXT, c"syscall".as_ptr()) } as usize;
-            REAL_SYSCALL.store(p, Ordering::Release);
-            p
-        }
-        p => p,
-    }
+    super::next_definition(&REAL_SYSCALL, c"syscall")
 }
 
 /// `syscall(2)` as the C library does it, but for `io_uring_setup` when

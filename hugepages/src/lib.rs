@@ -141,12 +141,18 @@ static INIT: extern "C" fn() = init;
 /// The C library's `mmap` (the next definition after this library), or 0
 /// when there is none.
 fn real_mmap() -> usize {
-    match REAL_MMAP.load(Ordering::Acquire) {
+    next_definition(&REAL_MMAP, c"mmap")
+}
+
+/// The next definition of `name` after this library (the C library's), or
+/// 0 when there is none; looked up once and kept in `slot`.
+pub(crate) fn next_definition(slot: &AtomicUsize, name: &std::ffi::CStr) -> usize {
+    match slot.load(Ordering::Acquire) {
         0 => {
             // SAFETY: dlsym with a NUL-terminated name; RTLD_NEXT skips this
             // library, so it never returns our own definition.
-            let p = unsafe { libc::dlsym(libc::RTLD_NEXT, c"mmap".as_ptr()) } as usize;
-            REAL_MMAP.store(p, Ordering::Release);
+            let p = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
+            slot.store(p, Ordering::Release);
             p
         }
         p => p,
