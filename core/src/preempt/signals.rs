@@ -145,7 +145,7 @@ pub fn recorded_signal(value: Option<&str>) -> Option<i32> {
 /// the shell lives (a preempted job is then requeued by Slurm at the end of
 /// its grace time and starts over, with no progress to lose). Either way
 /// `gpu-mode-run` gives the application the signal as a job without
-/// slurm-gpu-mode has it ([`InheritedSignals::without_held`]).
+/// slurm-gpu-mode has it ([`InheritedSignals::without`]).
 pub fn hold(sig: i32) -> std::io::Result<()> {
     // SAFETY: this process's disposition and this thread's mask, local sets.
     unsafe {
@@ -166,15 +166,17 @@ pub fn hold(sig: i32) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Whether the plugin held `checkpoint_signal` back ([`hold`]; `held`: the
+/// value of [`HELD_SIGNAL_VAR`]).
+pub fn held_back(held: Option<&str>, checkpoint_signal: i32) -> bool {
+    recorded_signal(held) == Some(checkpoint_signal)
+}
+
 impl InheritedSignals {
-    /// The state without the signal the plugin held back (`held`: the
-    /// value of [`HELD_SIGNAL_VAR`]), which a job without slurm-gpu-mode
-    /// would not have blocked; only when it is `checkpoint_signal`.
-    pub fn without_held(self, held: Option<&str>, checkpoint_signal: i32) -> InheritedSignals {
-        match recorded_signal(held) {
-            Some(sig) if sig == checkpoint_signal => InheritedSignals { blocked: self.blocked & !bit(sig), ignored: self.ignored & !bit(sig) },
-            _ => self,
-        }
+    /// The state with `sig` neither blocked nor ignored: the checkpoint
+    /// signal the plugin held back, as a job without slurm-gpu-mode has it.
+    pub fn without(self, sig: i32) -> InheritedSignals {
+        InheritedSignals { blocked: self.blocked & !bit(sig), ignored: self.ignored & !bit(sig) }
     }
 }
 
@@ -204,7 +206,7 @@ mod tests {
             (Some("9"), libc::SIGKILL, inherited.blocked, inherited.ignored),
         ];
         for (held, sig, blocked, ignored) in cases {
-            let got = inherited.without_held(*held, *sig);
+            let got = if held_back(*held, *sig) { inherited.without(*sig) } else { inherited };
             assert_eq!((got.blocked, got.ignored), (*blocked, *ignored), "{held:?} {sig}");
         }
         for (text, want) in [(Some("10"), Some(10)), (Some("64"), Some(64)), (Some("0"), None), (Some("65"), None), (Some("19"), None), (None, None)] {

@@ -93,6 +93,8 @@ impl RunOptions {
             .map_err(|_| "SLURM_JOB_ID is not a job id".to_string())?;
         let restart_count = env("SLURM_RESTART_COUNT").and_then(|v| v.parse().ok()).unwrap_or(0);
         let checkpoint_signal = super::signal_number(&cfg.checkpoint.signal)?;
+        let signal_held = super::signals::held_back(env(super::signals::HELD_SIGNAL_VAR).as_deref(), checkpoint_signal);
+        let inherited = InheritedSignals::inherited();
         let socket = env("GPU_MODE_CKPT_SOCKET")
             .map(PathBuf::from)
             .unwrap_or_else(|| super::socket_path(&cfg.checkpoint.agent_socket_dir(&cfg.runtime_dir), job));
@@ -109,8 +111,8 @@ impl RunOptions {
             hello_wait: HELLO_WAIT + if cfg.checkpoint.staging_dir.is_some() { super::staging::wait_bound(&cfg.checkpoint) } else { Duration::ZERO },
             preload: super::hugepages::for_application(&cfg.checkpoint),
             preload_env: super::hugepages::preload_env(&cfg.checkpoint),
-            signals: InheritedSignals::inherited().without_held(env(super::signals::HELD_SIGNAL_VAR).as_deref(), checkpoint_signal),
-            signal_held: super::signals::recorded_signal(env(super::signals::HELD_SIGNAL_VAR).as_deref()) == Some(checkpoint_signal),
+            signals: if signal_held { inherited.without(checkpoint_signal) } else { inherited },
+            signal_held,
         })
     }
 }
