@@ -45,7 +45,6 @@ pub fn task_init_privileged(spank: &mut Spank, args: &PluginArgs) -> Result<Pend
             {
                 crate::spank::log_verbose(&line);
             }
-            hold_checkpoint_signal(spank, &state);
             Pending::Apply(Box::new(state))
         }
         Err(e @ StateError::Missing { .. }) => {
@@ -55,21 +54,12 @@ pub fn task_init_privileged(spank: &mut Spank, args: &PluginArgs) -> Result<Pend
     })
 }
 
-/// In the batch step of a checkpoint job, holds the checkpoint signal back
-/// (ignored and blocked) in this task before exec, so that one sent before
+/// The checkpoint signal to hold back in this task (ignored and blocked,
+/// gpu_mode_core::preempt::signals::hold), so that one sent before
 /// gpu-mode-run took it (`--signal=B:` of a job preempted as it starts)
-/// never ends the batch shell; gpu-mode-run is told (GPU_MODE_SIGNAL_HELD,
-/// set in task_init) and gives the application the signal's default state
-/// (gpu_mode_core::preempt::signals::hold).
-fn hold_checkpoint_signal(spank: &Spank, state: &JobState) {
-    let Some(sig) = held_signal(spank, state) else { return };
-    if let Err(e) = gpu_mode_core::preempt::signals::hold(sig) {
-        crate::spank::log_verbose(&format!("gpu-mode: cannot block the checkpoint signal {sig} in the batch step: {e}"));
-    }
-}
-
-/// The checkpoint signal to hold back in this task: the batch step of a
-/// job whose prolog recorded one.
+/// never ends the batch shell; gpu-mode-run is told (GPU_MODE_SIGNAL_HELD)
+/// and gives the application the signal's default state: the batch step of
+/// a job whose prolog recorded one.
 fn held_signal(spank: &Spank, state: &JobState) -> Option<i32> {
     let batch = spank.step_id().is_ok_and(|s| s == crate::spank::BATCH_STEP_ID);
     let recorded = state.task_env.get(gpu_mode_core::modes::checkpoint::TASK_SIGNAL_VAR).map(String::as_str);
@@ -120,10 +110,12 @@ pub fn task_init(spank: &mut Spank, args: &PluginArgs, pending: &Pending) -> Res
         spank.setenv(name, value, true)?;
     }
     if let Some(sig) = held_signal(spank, state) {
-        // Here, the last hook before exec, is what counts: slurmstepd resets
-        // the task's signals after task_init_privileged (22.05's
-        // _unblock_signals in mgr.c), undoing the hold made there.
-        hold_checkpoint_signal(spank, state);
+        // Here, the last hook before exec: slurmstepd resets the task's
+        // signals after task_init_privileged (22.05's _unblock_signals in
+        // mgr.c), so a hold made there would not reach the batch script.
+        if let Err(e) = gpu_mode_core::preempt::signals::hold(sig) {
+            crate::spank::log_verbose(&format!("gpu-mode: cannot hold back the checkpoint signal {sig} in the batch step: {e}"));
+        }
         spank.setenv(gpu_mode_core::preempt::signals::HELD_SIGNAL_VAR, &sig.to_string(), true)?;
     }
     Ok(())
