@@ -198,6 +198,15 @@ impl Scontrol {
         }
     }
 
+    /// The nodes of partition `partition`, one name each: `sinfo -h -N -p
+    /// <partition> -o %N`, run from scontrol's directory as squeue is.
+    pub fn partition_nodes(&self, partition: &str) -> Result<Vec<String>, DrainError> {
+        let text = self.run_program(&self.path.with_file_name("sinfo"), &["-h", "-N", "-p", partition, "-o", "%N"])?;
+        let mut nodes: Vec<String> = text.lines().map(|l| l.trim().to_string()).filter(|l| !l.is_empty()).collect();
+        nodes.dedup();
+        Ok(nodes)
+    }
+
     /// `scontrol show job <job>` (one field per line), raw text.
     pub fn show_job(&self, job: u32) -> Result<String, DrainError> {
         self.run(&["show", "job", &job.to_string()])

@@ -8,10 +8,8 @@
 //! 2). The values asked for hold no spaces, so a line that does not split
 //! into exactly the fields asked for is ambiguous and read as unknown.
 
-use crate::command::run_with_timeout;
 use crate::drain::Scontrol;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::Duration;
 
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -38,12 +36,12 @@ impl JobState {
 
 /// The Slurm client programs, found beside the configured scontrol.
 pub struct SlurmView {
-    scontrol: PathBuf,
+    scontrol: Scontrol,
 }
 
 impl SlurmView {
     pub fn new(scontrol: &Path) -> SlurmView {
-        SlurmView { scontrol: scontrol.to_path_buf() }
+        SlurmView { scontrol: Scontrol::new(scontrol).with_timeout(TIMEOUT) }
     }
 
     /// The job's state; `None` when Slurm cannot say or says it ambiguously.
@@ -59,34 +57,18 @@ impl SlurmView {
     pub fn exclusion_with(&self, job: u32, node: &str) -> Result<String, String> {
         let lines = self.field(job, &["-o", "%P %x"]).ok_or("squeue cannot say the job's partition and excluded nodes")?;
         let (partition, excluded) = partition_and_excluded(&lines)?;
-        let nodes = self.partition_nodes(&partition)?;
+        let nodes = self.scontrol.partition_nodes(&partition).map_err(|e| format!("sinfo cannot list partition {partition}'s nodes: {e}"))?;
         exclusion(&excluded, node, &partition, &nodes)
     }
 
     /// `scontrol update JobId=<job> ExcNodeList=<nodes>`: Slurm takes it
     /// only while the job pends, i.e. after its requeue.
     pub fn exclude(&self, job: u32, nodes: &str) -> Result<(), String> {
-        Scontrol::new(&self.scontrol)
-            .with_timeout(TIMEOUT)
-            .update_job(job, "ExcNodeList", nodes)
-            .map_err(|e| e.to_string())
+        self.scontrol.update_job(job, "ExcNodeList", nodes).map_err(|e| e.to_string())
     }
 
     fn field(&self, job: u32, format: &[&str]) -> Option<Vec<String>> {
-        Scontrol::new(&self.scontrol).with_timeout(TIMEOUT).job_field(job, format).ok().flatten()
-    }
-
-    /// `sinfo -h -N -p <partition> -o %N`: one node name per line.
-    fn partition_nodes(&self, partition: &str) -> Result<Vec<String>, String> {
-        let mut cmd = Command::new(self.scontrol.with_file_name("sinfo"));
-        cmd.args(["-h", "-N", "-p", partition, "-o", "%N"]);
-        let out = run_with_timeout(cmd, None, TIMEOUT).map_err(|e| e.to_string())?;
-        if !out.status.success() {
-            return Err(format!("sinfo cannot list partition {partition}'s nodes: {}", String::from_utf8_lossy(&out.stderr).trim()));
-        }
-        let mut nodes: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().map(|l| l.trim().to_string()).filter(|l| !l.is_empty()).collect();
-        nodes.dedup();
-        Ok(nodes)
+        self.scontrol.job_field(job, format).ok().flatten()
     }
 }
 
