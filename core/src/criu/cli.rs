@@ -33,9 +33,12 @@ fn images_arg(dir_fd: RawFd) -> OsString {
 }
 
 /// `criu dump`'s arguments, the images directory being descriptor `dir_fd`.
+/// The tree is left stopped, as CRIU dumped it: the agent looks at it once
+/// more, then kills it (preempt::agent::dump).
 pub fn dump_args(req: &DumpRequest, dir_fd: RawFd) -> Vec<OsString> {
     let mut a: Vec<OsString> = vec!["dump".into(), "--unprivileged".into(), "--tree".into(), req.pid.to_string().into()];
     a.extend(common(dir_fd, DUMP_LOG));
+    a.push("--leave-stopped".into());
     if req.tcp_established {
         a.extend(["--tcp-established".into(), "--network-lock".into(), "nftables".into()]);
     }
@@ -232,7 +235,7 @@ mod tests {
         assert_eq!(
             strings(dump_args(&dump, 9)).join(" "),
             "dump --unprivileged --tree 42 --images-dir /proc/self/fd/9 --log-file dump.log -v2 --file-locks --ext-unix-sk \
-             --manage-cgroups=ignore"
+             --manage-cgroups=ignore --leave-stopped"
         );
         let tcp = DumpRequest { tcp_established: true, ..dump };
         assert!(strings(dump_args(&tcp, 9)).join(" ").ends_with("--tcp-established --network-lock nftables"));

@@ -37,8 +37,10 @@
 //!   session of its own, with no controlling terminal, so the tree shares no
 //!   session or terminal with the batch shell and CRIU needs no shell-job
 //!   handling (which would tie the restore to the restoring shell's session).
-//! * the dump kills the tree (no `--leave-running`): the job is being
-//!   preempted; its memory now lives in the images.
+//! * `--leave-stopped` on dump: the tree stays as CRIU froze it, so the
+//!   agent can see what the image holds (a GPU file opened after its scan
+//!   makes an image that can never be restored) before it kills the tree:
+//!   the job is being preempted; its memory now lives in the images.
 //! * `--leave-stopped` on restore: the tree does not run before the agent
 //!   has checked it (the job's user, no capabilities, in the job's cgroup,
 //!   files the user may hold: preempt::held).

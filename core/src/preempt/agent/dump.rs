@@ -193,8 +193,12 @@ impl Agent {
         if let Err(e) = dumped {
             return Err(format!("{e}; {}", self.roll_back(cuda.is_some(), &target)));
         }
-        // CRIU has killed the tree: an image that is not root's again cannot
-        // be sealed, and the job starts over.
+        if let Err(e) = self.end_dumped_tree(root) {
+            // The tree runs again: its GPU state goes back too.
+            return Err(format!("{e}; {}", self.roll_back(cuda.is_some(), &target)));
+        }
+        // The tree is killed: an image that is not root's again cannot be
+        // sealed, and the job starts over.
         back.map_err(|e| format!("{e}; the tree was dumped and the image is dropped"))?;
         let _ = CheckpointRecord::remove(&self.settings.checkpoint.record_dir, &target.key());
         // From here on the tree is gone: a failure means starting over.
@@ -265,6 +269,34 @@ impl Agent {
             Err(e) => self.log("staging-copy", Outcome::Failed, &format!("cannot start the copy of run {restart}: {e}")),
         }
         Ok(())
+    }
+
+    /// CRIU leaves the dumped tree stopped as it froze it (`--leave-stopped`,
+    /// crate::criu::cli::dump_args), so what these processes hold now is what
+    /// the image holds. A GPU file among it, opened after the scan by a
+    /// process the driver therefore never checkpointed (a job preempted as
+    /// its application starts), makes an image that cannot be restored (seen
+    /// in the churn test: CRIU's restore could not reopen the simulated
+    /// device file and the job ended FAILED). Such a tree runs on and the
+    /// dump fails, as when CRIU fails; otherwise the tree is killed, as CRIU
+    /// would have killed it. The real driver's files are character devices
+    /// CRIU refuses on its own; this catches every `device_paths` file.
+    fn end_dumped_tree(&self, root: i32) -> Result<(), String> {
+        let pids = self.host.with_descendants(root);
+        let ids: Vec<crate::procfs::ProcId> = pids.iter().filter_map(|p| crate::procfs::read(*p)).map(|p| p.id()).collect();
+        let held = pids.iter().find_map(|p| Some((*p, self.host.nvidia_files(*p).ok()?.into_iter().next()?)));
+        match held {
+            None => {
+                tree::kill_all(&ids);
+                Ok(())
+            }
+            Some((pid, file)) => {
+                tree::resume_all(&pids);
+                Err(format!(
+                    "pid {pid} opened {file} after the GPU scan and before CRIU froze the tree: the image could never be restored and is dropped"
+                ))
+            }
+        }
     }
 
     /// After a failed CRIU dump (CRIU resumed the tree): the GPU state goes

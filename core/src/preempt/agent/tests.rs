@@ -141,7 +141,9 @@ fn fixture_opts(counting: bool, accounting: crate::preempt::accounting::Accounti
         deadline: None,
     };
     let criu = Arc::new(RecordingCriu::default());
-    let backends = Backends { criu: criu.clone(), driver: Arc::new(NoCuda), host: Arc::new(ProcFs::default()), gpus: Arc::new(RoomyGpus) };
+    // `<dir>/gpus/` plays the simulated driver's device-memory folder.
+    let host = ProcFs { device_prefixes: vec!["/dev/nvidia".into(), format!("{}/gpus/", p.display())], ..ProcFs::default() };
+    let backends = Backends { criu: criu.clone(), driver: Arc::new(NoCuda), host: Arc::new(host), gpus: Arc::new(RoomyGpus) };
     let facts = NodeFacts { driver_version: "580.159.04".into(), cuda_version: 13000, node_gpus: vec![GpuUuid::parse(GPU_A).unwrap()] };
     Fx { _dir: dir, agent: Arc::new(Agent::new(params, settings, facts, backends)), criu }
 }
@@ -153,9 +155,15 @@ fn app() -> Child {
 
 fn app_with_env(vars: &[(&str, &str)]) -> Child {
     let mut cmd = Command::new("/bin/sleep");
-    // No inherited terminal: a restored tree's files are checked as its user (held.rs).
+    cmd.arg("30").envs(vars.iter().copied());
+    as_nobody(cmd)
+}
+
+/// `cmd` as nobody, in a session of its own, without inherited terminal (a
+/// restored tree's files are checked as its user, held.rs).
+fn as_nobody(mut cmd: Command) -> Child {
     let null = std::process::Stdio::null;
-    cmd.arg("30").envs(vars.iter().copied()).stdin(null()).stdout(null()).stderr(null());
+    cmd.stdin(null()).stdout(null()).stderr(null());
     unsafe {
         cmd.pre_exec(|| {
             libc::setsid();
@@ -172,16 +180,64 @@ fn me() -> Peer {
     Peer { pid: std::process::id() as i32, uid: 0 }
 }
 
-/// A dump through the recording CRIU that kills the tree, as CRIU does.
+/// A dump through the recording CRIU that leaves the tree stopped, as
+/// `criu dump --leave-stopped` does; the agent kills it.
 fn dumped(fx: &Fx) -> (Child, std::path::PathBuf) {
     let mut child = app();
     let pid = child.id() as i32;
     *fx.criu.on_dump.lock().unwrap() = Some(Box::new(move |_| unsafe {
-        libc::kill(pid, libc::SIGKILL);
+        libc::kill(pid, libc::SIGSTOP);
     }));
     let s = fx.agent.checkpoint(me(), pid, Some(crate::preempt::now_ms())).unwrap();
-    let _ = child.wait();
+    let status = child.wait().unwrap();
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL), "the agent kills the dumped tree");
     (child, s.image_dir.into())
+}
+
+/// A job preempted as its application starts: the application opens a GPU
+/// file after the agent's scan and before CRIU freezes it (seen in the
+/// churn test with the simulated driver, whose device files CRIU dumps as
+/// regular files; the image then failed to restore and the job ended
+/// FAILED). The image is dropped and the application runs on, as after any
+/// failed dump; the wrapper then starts the job over.
+#[test]
+fn a_gpu_file_opened_while_crius_dump_began_drops_the_image_and_the_app_runs_on() {
+    use std::os::unix::fs::PermissionsExt;
+    if !root_or_skip() {
+        return;
+    }
+    let fx = fixture();
+    let dir = fx._dir.path().to_path_buf();
+    let device = dir.join("gpus/0.mem");
+    std::fs::create_dir(dir.join("gpus")).unwrap();
+    std::fs::write(&device, b"gpu").unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // Opens the device file once `go` exists, and keeps it open.
+    let script = r#"while [ ! -e "$1/go" ]; do sleep 0.01; done; exec 3<"$1/gpus/0.mem"; exec sleep 30"#;
+    let mut cmd = Command::new("/bin/sh");
+    cmd.args(["-c", script, "sh"]).arg(&dir);
+    let mut child = as_nobody(cmd);
+    let pid = child.id() as i32;
+    let (go, opened) = (dir.join("go"), device.display().to_string());
+    *fx.criu.on_dump.lock().unwrap() = Some(Box::new(move |_| {
+        std::fs::write(&go, b"").unwrap();
+        let holds = || crate::procfs::fd_links(std::path::Path::new(&format!("/proc/{pid}/fd"))).unwrap().iter().any(|(_, t)| *t == opened);
+        let start = std::time::Instant::now();
+        while !holds() {
+            assert!(start.elapsed() < Duration::from_secs(10), "the application never opened the device file");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+    }));
+    let err = fx.agent.checkpoint(me(), pid, None).unwrap_err().to_string();
+    let expected = format!("pid {pid} opened {} (fd 3) after the GPU scan and before CRIU froze the tree", device.display());
+    assert!(err.contains(&expected) && err.contains("is dropped; the application runs on"), "{err}");
+    assert!(!fx.agent.settings.images.run_dir(7, 0).exists(), "the image is removed");
+    assert_eq!(fx.agent.settings.images.latest(7), None);
+    assert_eq!(child.try_wait().unwrap(), None, "the application still runs");
+    assert_ne!(crate::procfs::read(pid).unwrap().state, 'T', "and is no longer stopped");
+    child.kill().unwrap();
+    child.wait().unwrap();
 }
 
 #[test]
