@@ -13,6 +13,7 @@
 //!   agent/                  checkpoint agents' sockets (default place)
 //!   checkpoint/             gpu-mode-checkpoint's records
 //!   boot-id                 the boot these records belong to
+//!   criu-check              a passed `criu check` of this boot (criu::CheckCache)
 //! ```
 
 use std::path::{Path, PathBuf};

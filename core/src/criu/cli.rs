@@ -1,6 +1,7 @@
 //! The real CRIU: the `criu` binary, by absolute path, with argument vectors,
 //! a clean environment and a bound on every run (module docs: why the CLI).
 
+use super::check_cache::CheckCache;
 use super::{Criu, CriuError, CriuVersion, DumpReport, DumpRequest, RestoreReport, RestoreRequest};
 use crate::command::{run_with_timeout, CommandError};
 use crate::privdrop::Identity;
@@ -24,6 +25,9 @@ pub struct CriuCli {
     pub binary: PathBuf,
     /// Bound on one dump or restore (`checkpoint.criu_timeout_ms`).
     pub timeout: Duration,
+    /// Where a passed check is remembered for the boot (check_cache.rs);
+    /// none: every check runs CRIU.
+    pub check_cache: Option<CheckCache>,
 }
 
 /// Where CRIU (as the user) finds the run directory: the descriptor the
@@ -153,10 +157,10 @@ impl CriuCli {
         CriuVersion::parse(&text)
             .ok_or_else(|| CriuError::Missing { path: self.binary.clone(), detail: format!("no version in {:?}", text.trim()) })
     }
-}
 
-impl Criu for CriuCli {
-    fn check(&self) -> Result<CriuVersion, CriuError> {
+    /// `criu --version` and `criu check` (with the kernel's capability
+    /// floor first).
+    fn check_now(&self) -> Result<CriuVersion, CriuError> {
         let last = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap").ok().and_then(|s| s.trim().parse::<u32>().ok()).unwrap_or(0);
         if last < CAP_LAST_NEEDED {
             return Err(CriuError::CheckFailed {
@@ -176,6 +180,19 @@ impl Criu for CriuCli {
         if !out.status.success() {
             let text = String::from_utf8_lossy(&out.stderr).lines().filter(|l| l.starts_with("Error")).collect::<Vec<_>>().join("; ");
             return Err(CriuError::CheckFailed { path: self.binary.clone(), detail: text });
+        }
+        Ok(version)
+    }
+}
+
+impl Criu for CriuCli {
+    fn check(&self) -> Result<CriuVersion, CriuError> {
+        if let Some(version) = self.check_cache.as_ref().and_then(|c| c.passed(&self.binary)) {
+            return Ok(version);
+        }
+        let version = self.check_now()?;
+        if let Some(cache) = &self.check_cache {
+            cache.remember(&self.binary, &version);
         }
         Ok(version)
     }
@@ -258,10 +275,10 @@ mod tests {
 
     #[test]
     fn a_missing_or_relative_binary_is_named() {
-        let cli = CriuCli { binary: "/nonexistent/criu".into(), timeout: Duration::from_secs(5) };
+        let cli = CriuCli { binary: "/nonexistent/criu".into(), timeout: Duration::from_secs(5), check_cache: None };
         let err = cli.check().unwrap_err().to_string();
         assert!(err.contains("CRIU is not installed at /nonexistent/criu") && err.contains("install-criu.sh"), "{err}");
-        let cli = CriuCli { binary: "criu".into(), timeout: Duration::from_secs(5) };
+        let cli = CriuCli { binary: "criu".into(), timeout: Duration::from_secs(5), check_cache: None };
         assert!(matches!(cli.check(), Err(CriuError::Missing { .. })));
     }
 
@@ -271,7 +288,7 @@ mod tests {
         let fake = dir.path().join("criu");
         std::fs::write(&fake, "#!/bin/sh\necho 'Version: 3.17.1'\n").unwrap();
         std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-        let err = CriuCli { binary: fake, timeout: Duration::from_secs(5) }.check().unwrap_err().to_string();
+        let err = CriuCli { binary: fake, timeout: Duration::from_secs(5), check_cache: None }.check().unwrap_err().to_string();
         assert!(err.contains("is version 3.17.1") && err.contains("needs CRIU 4.0 or later"), "{err}");
     }
 

@@ -63,11 +63,13 @@
 //! as root before the identity changes.
 
 mod cgroup;
+mod check_cache;
 mod cli;
 mod recording;
 mod version;
 
 pub use cgroup::{CgroupLine, TargetCgroup};
+pub use check_cache::{CheckCache, FILE as CHECK_CACHE_FILE};
 pub use cli::{capabilities, CriuCli};
 pub use recording::{CriuCall, RecordingCriu};
 pub use version::{CriuVersion, MIN_MAJOR};
@@ -135,7 +137,8 @@ pub enum CriuError {
 pub trait Criu: Send + Sync {
     /// The binary exists, is new enough, and `criu check` passes here.
     fn check(&self) -> Result<CriuVersion, CriuError>;
-    /// Dumps and kills the tree. On failure CRIU resumes it.
+    /// Dumps the tree and leaves it stopped (the caller kills it). On
+    /// failure CRIU resumes it.
     fn dump(&self, req: &DumpRequest) -> Result<DumpReport, CriuError>;
     /// Restores the tree detached, as the caller's child, in `req.cgroup`.
     fn restore(&self, req: &RestoreRequest) -> Result<RestoreReport, CriuError>;

@@ -336,7 +336,7 @@ impl Agent {
             node_gpus: self.facts.node_gpus.clone(),
             driver_version: self.facts.driver_version.clone(),
             cuda_version: self.facts.cuda_version,
-            criu_version: self.criu_status.clone().unwrap_or_default(),
+            criu_version: self.criu_status().clone().unwrap_or_default(),
             tcp_established: self.settings.tcp_established,
             image_bytes: images.iter().map(|f| f.bytes).sum(),
             images,

@@ -143,8 +143,11 @@ pub struct Agent {
     driver: Arc<dyn CheckpointDriver>,
     host: Arc<dyn ProcessHost + Send>,
     gpus: Arc<dyn GpuInfo + Send>,
-    /// `criu check` at start: a dump is refused up front when CRIU is unusable.
-    criu_status: Result<String, String>,
+    /// `criu check`, started with the agent and awaited by the first
+    /// request that needs it ([`Agent::criu_status`]): a dump is refused up
+    /// front when CRIU is unusable.
+    criu_check: Mutex<Option<std::thread::JoinHandle<Result<String, String>>>>,
+    criu_status: std::sync::OnceLock<Result<String, String>>,
     /// The job's user with their groups, looked up once (the group database
     /// may be a network service): CRIU and every check as the user use it.
     user: crate::privdrop::Identity,
@@ -174,7 +177,16 @@ pub struct Backends {
 
 impl Agent {
     pub fn new(params: AgentParams, settings: AgentSettings, facts: NodeFacts, b: Backends) -> Agent {
-        let criu_status = b.criu.check().map(|v| v.to_string()).map_err(|e| e.to_string());
+        // Off the prolog's path: the prolog waits for the socket, which no
+        // longer waits for CRIU (issue 25 item 5; check_cache.rs).
+        let criu = Arc::clone(&b.criu);
+        let criu_check = std::thread::Builder::new()
+            .name("criu-check".into())
+            .spawn(move || criu.check().map(|v| v.to_string()).map_err(|e| e.to_string()));
+        let (criu_check, criu_status) = match criu_check {
+            Ok(handle) => (Some(handle), std::sync::OnceLock::new()),
+            Err(e) => (None, std::sync::OnceLock::from(Err(format!("cannot start the CRIU check: {e}")))),
+        };
         let user = crate::privdrop::Identity::of_user_or_bare(params.uid, params.gid);
         Agent {
             user,
@@ -185,6 +197,7 @@ impl Agent {
             driver: b.driver,
             host: b.host,
             gpus: b.gpus,
+            criu_check: Mutex::new(criu_check),
             criu_status,
             op: Mutex::new(()),
             restored: Mutex::new(BTreeMap::new()),
@@ -242,7 +255,16 @@ impl Agent {
     /// user's loop of them), not a cheap refusal.
     fn criu_usable(&self, verb: &str) -> Result<(), RequestError> {
         let unusable = |e: &String| RequestError::Failed(format!("cannot {verb}: {e}"));
-        self.criu_status.as_ref().map(|_| ()).map_err(unusable)
+        self.criu_status().as_ref().map(|_| ()).map_err(unusable)
+    }
+
+    /// CRIU's version, or why it cannot be used: the start's check, awaited
+    /// once (concurrent callers wait for the same answer).
+    fn criu_status(&self) -> &Result<String, String> {
+        self.criu_status.get_or_init(|| {
+            let handle = self.criu_check.lock().unwrap_or_else(|p| p.into_inner()).take();
+            handle.and_then(|h| h.join().ok()).unwrap_or_else(|| Err("the CRIU check ended without an answer".into()))
+        })
     }
 
     fn count(&self, events: &[crate::metrics::Event]) {

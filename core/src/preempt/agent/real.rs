@@ -5,7 +5,7 @@
 
 use super::Backends;
 use crate::checkpoint::{CheckpointDriver, CudaDriver, DriverError, GpuPair, GpuUuid, Nvml, ProcFs, ProcessState};
-use crate::criu::CriuCli;
+use crate::criu::{CheckCache, CriuCli};
 use crate::gpu::{GpuOps, NvmlGpus};
 use crate::preempt::manifest::GpuFacts;
 use crate::Config;
@@ -46,7 +46,11 @@ pub fn real_backends(cfg: &Config) -> Result<(Backends, i32), String> {
     };
     let nvml = Nvml::load(cfg.nvml_library().as_deref())?;
     let backends = Backends {
-        criu: Arc::new(CriuCli { binary: cfg.checkpoint.criu.clone(), timeout: Duration::from_millis(cfg.checkpoint.criu_timeout_ms) }),
+        criu: Arc::new(CriuCli {
+            binary: cfg.checkpoint.criu.clone(),
+            timeout: Duration::from_millis(cfg.checkpoint.criu_timeout_ms),
+            check_cache: Some(CheckCache { path: cfg.runtime_dir.join(crate::criu::CHECK_CACHE_FILE) }),
+        }),
         driver,
         host: Arc::new(ProcFs { device_prefixes: cfg.checkpoint.device_paths.clone(), ..ProcFs::default() }),
         gpus: Arc::new(nvml),

@@ -245,7 +245,7 @@ impl Agent {
             job: self.params.job,
             restart_count: self.params.restart_count,
             image,
-            criu: self.criu_status.clone(),
+            criu: self.criu_status().clone(),
             note,
         }
     }
