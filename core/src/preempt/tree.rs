@@ -129,6 +129,21 @@ pub fn kill_all(ids: &[procfs::ProcId]) {
     }
 }
 
+/// Waits (at most `timeout`) until none of `ids` runs any more: each gone
+/// or a zombie, its memory given back. Returns the first still alive.
+/// Exiting a process of many GiB takes a moment, and its parent can reap it
+/// (and a restore take its pid) only after that.
+pub fn wait_dead(ids: &[procfs::ProcId], timeout: Duration) -> Result<(), i32> {
+    let start = Instant::now();
+    loop {
+        let Some(alive) = ids.iter().find(|id| procfs::find(**id).is_some_and(|p| !matches!(p.state, 'Z' | 'X'))) else { return Ok(()) };
+        if start.elapsed() >= timeout {
+            return Err(alive.pid);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

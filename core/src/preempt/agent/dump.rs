@@ -184,6 +184,8 @@ impl Agent {
         let writeback = self.settings.early_writeback.then(|| Writeback::start(run).ok()).flatten();
         let t = Instant::now();
         let dumped = self.criu.dump(&req);
+        // Within the phase: the plain `criu dump` kills the tree and waits for it too.
+        let ended = dumped.is_ok().then(|| self.end_dumped_tree(root));
         let back = lent.give_back();
         sw.since("criu-dump", t);
         if let Some(w) = writeback {
@@ -193,7 +195,7 @@ impl Agent {
         if let Err(e) = dumped {
             return Err(format!("{e}; {}", self.roll_back(cuda.is_some(), &target)));
         }
-        if let Err(e) = self.end_dumped_tree(root) {
+        if let Some(Err(e)) = ended {
             // The tree runs again: its GPU state goes back too.
             return Err(format!("{e}; {}", self.roll_back(cuda.is_some(), &target)));
         }
@@ -279,8 +281,11 @@ impl Agent {
     /// in the churn test: CRIU's restore could not reopen the simulated
     /// device file and the job ended FAILED). Such a tree runs on and the
     /// dump fails, as when CRIU fails; otherwise the tree is killed, as CRIU
-    /// would have killed it. The real driver's files are character devices
-    /// CRIU refuses on its own; this catches every `device_paths` file.
+    /// would have killed it, and waited for, as CRIU waited (a restore on
+    /// this node needs the pids free; seen on 2xH200: a restore right after
+    /// found the 8 GiB process still a zombie its parent had not yet been
+    /// able to reap). The real driver's files are character devices CRIU
+    /// refuses on its own; this catches every `device_paths` file.
     fn end_dumped_tree(&self, root: i32) -> Result<(), String> {
         let pids = self.host.with_descendants(root);
         let ids: Vec<crate::procfs::ProcId> = pids.iter().filter_map(|p| crate::procfs::read(*p)).map(|p| p.id()).collect();
@@ -288,6 +293,9 @@ impl Agent {
         match held {
             None => {
                 tree::kill_all(&ids);
+                if let Err(pid) = tree::wait_dead(&ids, self.settings.pid_wait) {
+                    self.log("dump-kill", crate::log::Outcome::Failed, &format!("pid {pid} of the dumped tree still runs after SIGKILL"));
+                }
                 Ok(())
             }
             Some((pid, file)) => {
