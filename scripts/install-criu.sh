@@ -12,10 +12,11 @@
 # criu binary (~1 min on 2 cores). Field notes section 8.
 #
 # Patches: every packaging/criu/*.patch is applied before the build (each
-# says why and where it comes from in its header; today two: an unprivileged
-# restore works where the node's tasks lack a capability, as in containers
-# without CAP_SYS_RESOURCE; and upstream's fix for dumping TCP/UDP sockets
-# on Linux 6.16 and later). The installed tree records them in PATCHES (name and
+# says why and where it comes from in its header; today three: an
+# unprivileged restore works where the node's tasks lack a capability, as in
+# containers without CAP_SYS_RESOURCE; upstream's fix for dumping TCP/UDP
+# sockets on Linux 6.16 and later; and memory advised MADV_HUGEPAGE is
+# restored into huge pages). The installed tree records them in PATCHES (name and
 # SHA-256); a criu installed without exactly these is rebuilt.
 #
 #   scripts/install-criu.sh                      fetch, build, install (root, Debian/Ubuntu with apt)
