@@ -4,7 +4,8 @@
 //!
 //! ```text
 //! cuda-sim-counter --steps N [--interval-ms 100] [--mib 4] [--exit-code C] [--ready FILE] [--device 0]
-//!                  [--signals yes] [--fork-worker yes] [--hold io-uring|io-uring-or-epoll|tcp-loopback|nccl-thread] [--keep-open FILE]
+//!                  [--signals yes] [--fork-worker yes] [--hold io-uring|io-uring-or-epoll|tcp-loopback|nccl-thread|huge-pages]
+//!                  [--keep-open FILE]
 //! ```
 //! Each step reads the counter from device memory, checks it is the previous
 //! step, writes it back incremented, checks one 64 KiB window of a seeded
@@ -30,7 +31,11 @@
 //! TCP connection over 127.0.0.1 and its listener open (as gloo ranks and
 //! torchrun's store hold them), `--hold nccl-thread` runs a thread
 //! named as PyTorch's NCCL watchdog: what the checkpoint agent must refuse
-//! before it locks anything (preempt::uncheckpointable).
+//! before it locks anything (preempt::uncheckpointable). `--hold huge-pages`
+//! maps 64 MiB of private anonymous host memory, advises it MADV_HUGEPAGE
+//! (as the huge-page shim does for the driver's checkpoint buffer), writes
+//! every page and prints `huge-pages at 0x<address>`: what a restore must
+//! bring back in 2 MiB pages (packaging/criu/0003).
 //!
 //! `--keep-open FILE` opens FILE for reading and writing and keeps it open
 //! to the end (never writing it): the file a restore reopens, which the
@@ -70,7 +75,7 @@ fn parse() -> Result<Opts, String> {
             "--device" => o.device = num(&v)? as usize,
             "--signals" => o.signals = yes(&a, &v)?,
             "--fork-worker" => o.fork_worker = yes(&a, &v)?,
-            "--hold" if ["io-uring", "io-uring-or-epoll", "tcp-loopback", "nccl-thread"].contains(&v.as_str()) => o.hold = Some(v),
+            "--hold" if ["io-uring", "io-uring-or-epoll", "tcp-loopback", "nccl-thread", "huge-pages"].contains(&v.as_str()) => o.hold = Some(v),
             "--keep-open" => o.keep_open = Some(v),
             _ => return Err(format!("unknown argument {a}")),
         }
@@ -231,6 +236,19 @@ fn hold(what: &str) -> Result<(), String> {
             }
             return Err(format!("io_uring_setup: {e}"));
         }
+        return Ok(());
+    }
+    if what == "huge-pages" {
+        const LEN: usize = 64 << 20;
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+        // SAFETY: a fresh anonymous mapping, kept to the end on purpose.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), LEN, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0) };
+        if p == libc::MAP_FAILED || unsafe { libc::madvise(p, LEN, libc::MADV_HUGEPAGE) } != 0 {
+            return Err(format!("huge pages: {}", std::io::Error::last_os_error()));
+        }
+        // SAFETY: within the mapping just made.
+        unsafe { std::ptr::write_bytes(p.cast::<u8>(), 0x5a, LEN) };
+        println!("huge-pages at {p:p}");
         return Ok(());
     }
     if what == "tcp-loopback" {
