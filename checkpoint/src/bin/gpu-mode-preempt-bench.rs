@@ -17,7 +17,11 @@
 //!
 //! Then the ratios the issue's targets are stated in: GPU free (ours /
 //! plain's driver time), durable image (ours / plain, ours / serial limit),
-//! restore (ours / plain).
+//! restore (ours / plain). With several processes, ours' line also gives
+//! each process's lock and checkpoint times (the driver's calls run side by
+//! side), and after the rounds a probe of the host's part: one process's
+//! worth of memory populated in 2 MiB pages, as the driver's buffer is,
+//! against N at once (issue 25 item 2: where the time of N goes).
 //!
 //! Programs: `gpu-mode-ckpt-testprog` (a bare cudarc pattern holder), or a
 //! real framework process, `checkpoint/bench/framework_app.py` (PyTorch or
@@ -423,7 +427,54 @@ fn print_ours(case: &str, c: &CheckpointSummary, r: &RestoreSummary, status: i32
         r.total_ms / 1e3,
     );
     println!("{case:<7}        checkpoint: {}", c.timeline.render());
+    if !c.processes.is_empty() {
+        let each: Vec<String> = c
+            .processes
+            .iter()
+            .map(|p| format!("pid {} {:.2} GiB lock {:.0} + checkpoint {:.0} ms", p.pid, p.gpu_bytes as f64 / GIB, p.lock_ms, p.checkpoint_ms))
+            .collect();
+        println!("{case:<7}        per process (side by side): {}", each.join("; "));
+    }
     println!("{case:<7}        restore:    {}", r.timeline.render());
+}
+
+/// What the host's memory alone allows (issue 25 item 2: N processes
+/// should free the GPU nearly as fast as one): the driver's checkpoint
+/// copies each process's GPU memory into a new mapping of its own, which
+/// the huge-page shim populates in 2 MiB pages. Here: one mapping of `gib`
+/// GiB populated the same way (MADV_HUGEPAGE, MADV_POPULATE_WRITE), then `n`
+/// at once on `n` threads. Returns the seconds of one and of `n` at once.
+fn populate_probe(gib: f64, n: usize) -> anyhow::Result<(f64, f64)> {
+    fn populate(len: usize) -> std::io::Result<()> {
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+        // SAFETY: a fresh anonymous mapping, unmapped below.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0) };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: advice and population of the mapping just made.
+        let ok = unsafe { libc::madvise(p, len, libc::MADV_HUGEPAGE) == 0 && libc::madvise(p, len, libc::MADV_POPULATE_WRITE) == 0 };
+        let err = std::io::Error::last_os_error();
+        // SAFETY: our own mapping, unmapped once.
+        unsafe { libc::munmap(p, len) };
+        if ok {
+            Ok(())
+        } else {
+            Err(err)
+        }
+    }
+    let len = (gib * GIB) as usize;
+    let t = Instant::now();
+    populate(len)?;
+    let one = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let results: Vec<std::io::Result<()>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..n).map(|_| s.spawn(|| populate(len))).collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(std::io::Error::other("panicked")))).collect()
+    });
+    let all = t.elapsed().as_secs_f64();
+    results.into_iter().collect::<std::io::Result<Vec<()>>>()?;
+    Ok((one, all))
 }
 
 fn print_plain(case: &str, s: &Plain) {
@@ -589,6 +640,16 @@ fn main() -> anyhow::Result<()> {
         }
         if rounds.len() > 1 {
             Ratios::median(&rounds).print(&format!("{case:<7} median of {} rounds:", rounds.len()), "");
+        }
+        if n > 1 {
+            match populate_probe(gib, n) {
+                Ok((one, all)) => println!(
+                    "{case:<7} host   populating {gib} GiB in 2 MiB pages (as the driver's buffer): one {one:.3} s ({:.2} GiB/s), {n} at once {all:.3} s ({:.2}x one)",
+                    gib / one,
+                    all / one
+                ),
+                Err(e) => println!("{case:<7} host   populate probe FAILED: {e}"),
+            }
         }
     }
     anyhow::ensure!(failed == 0, "{failed} case(s) failed");

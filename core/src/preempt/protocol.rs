@@ -63,6 +63,35 @@ pub struct CheckpointSummary {
     /// Every phase, from the signal to the durable manifest.
     #[serde(default)]
     pub timeline: super::timeline::Timeline,
+    /// Each CUDA process's driver calls, which run side by side: with
+    /// several processes, whether all slowed down (a shared resource) or
+    /// one held the rest up.
+    #[serde(default)]
+    pub processes: Vec<ProcessSteps>,
+}
+
+/// One CUDA process's lock and checkpoint, as the driver answered them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProcessSteps {
+    pub pid: i32,
+    pub gpu_bytes: u64,
+    pub lock_ms: f64,
+    pub checkpoint_ms: f64,
+}
+
+impl ProcessSteps {
+    /// The report's per-process times, in the order of its processes.
+    pub fn of(report: &crate::checkpoint::CheckpointReport) -> Vec<ProcessSteps> {
+        use crate::checkpoint::Step;
+        let ms = |step: Step, pid: i32| {
+            report.phases.iter().filter(|p| p.step == step).flat_map(|p| &p.runs).find(|r| r.pid == pid).map_or(0.0, |r| r.ms)
+        };
+        report
+            .processes
+            .iter()
+            .map(|p| ProcessSteps { pid: p.pid, gpu_bytes: p.bytes(), lock_ms: ms(Step::Lock, p.pid), checkpoint_ms: ms(Step::Checkpoint, p.pid) })
+            .collect()
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -172,6 +201,43 @@ pub fn request(socket: &Path, req: &Request, timeout: Option<Duration>) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each process's own lock and checkpoint times, matched by pid, its
+    /// GPU bytes summed over its GPUs; an older agent's summary (no field)
+    /// reads as none.
+    #[test]
+    fn a_summary_carries_each_processs_driver_times() {
+        use crate::checkpoint::{CheckpointReport, Footprint, FoundBy, GpuUuid, Phase, ProcessPhase, ProcessRecord, Step, StepRun};
+        let gpu = |n: u8| GpuUuid::parse(&format!("GPU-00000000-0000-0000-0000-0000000000{n:02x}")).unwrap();
+        let record = |pid: i32, gibs: &[(u8, u64)]| ProcessRecord {
+            pid,
+            start_time: 1,
+            footprint: gibs.iter().map(|(g, n)| Footprint { gpu: gpu(*g), bytes: n << 30 }).collect(),
+            phase: ProcessPhase::Checkpointed,
+            unanswered: None,
+        };
+        let phase = |step: Step, runs: &[(i32, f64)]| Phase {
+            step,
+            wall_ms: 0.0,
+            runs: runs.iter().map(|(pid, ms)| StepRun { pid: *pid, ms: *ms, result: Ok(()) }).collect(),
+        };
+        let report = CheckpointReport {
+            target: "pids 10".into(),
+            found_by: FoundBy::Pid,
+            processes: vec![record(10, &[(1, 4)]), record(11, &[(1, 2), (2, 2)])],
+            phases: vec![phase(Step::Lock, &[(11, 2.0), (10, 1.0)]), phase(Step::Checkpoint, &[(10, 3000.0), (11, 3300.0)])],
+            total_ms: 3300.0,
+            record: "/r".into(),
+            marks: vec![],
+        };
+        let steps = ProcessSteps::of(&report);
+        let want = [(10, 4u64 << 30, 1.0, 3000.0), (11, 4 << 30, 2.0, 3300.0)];
+        let got: Vec<_> = steps.iter().map(|s| (s.pid, s.gpu_bytes, s.lock_ms, s.checkpoint_ms)).collect();
+        assert_eq!(got, want);
+        let old: CheckpointSummary =
+            serde_json::from_str(r#"{"image_dir":"/i","image_bytes":1,"gpu_bytes":0,"cuda_processes":0,"timings":{"cuda_lock_ms":0,"cuda_checkpoint_ms":0,"criu_dump_ms":0,"seal_ms":0,"total_ms":0}}"#).unwrap();
+        assert!(old.processes.is_empty());
+    }
 
     #[test]
     fn messages_round_trip_with_their_version() {

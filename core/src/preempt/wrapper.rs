@@ -624,6 +624,7 @@ mod tests {
             cuda_processes: 1,
             timings: Default::default(),
             timeline: Default::default(),
+            processes: vec![],
         };
         s.timings.total_ms = 12_000.0;
         assert_eq!(checkpointed_line(7, &s), "job 7 checkpointed: 8.58 GiB image in 12.0 s; requeueing");

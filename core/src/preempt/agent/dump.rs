@@ -232,6 +232,7 @@ impl Agent {
             image_bytes: manifest.image_bytes,
             gpu_bytes: cuda.as_ref().map_or(0, |r| r.bytes()),
             cuda_processes: manifest.cuda.len(),
+            processes: cuda.as_ref().map(crate::preempt::protocol::ProcessSteps::of).unwrap_or_default(),
             timings: timings_of(&timeline, from_signal),
             timeline,
         })
