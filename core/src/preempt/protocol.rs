@@ -137,6 +137,11 @@ pub enum Response {
     /// is another process's here: security review F7), before anything was
     /// started; the image is kept and another node may restore it.
     NotHere { message: String },
+    /// The checkpoint failed after the tree was dumped and killed (sealing
+    /// or recording the image): the application is gone and no image was
+    /// kept. The job must start over, not end with the killed
+    /// application's status.
+    TreeLost { message: String },
 }
 
 #[derive(Serialize, Deserialize)]

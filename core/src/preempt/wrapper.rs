@@ -458,11 +458,17 @@ impl Wrapper<'_> {
     fn preempted(&mut self, sig: i32) -> i32 {
         let at = super::now_ms();
         say(&format!("{} received: checkpointing job {} (pid {})", signal_name(sig), self.o.job, self.root));
+        // `tree_lost`: the agent killed the tree after dumping it, then failed.
+        let mut tree_lost = false;
         let result = if self.agent {
             let req = Request::Checkpoint { root_pid: self.root, signal_at_ms: Some(at) };
             match request(&self.o.socket, &req, None) {
                 Ok((Response::Checkpointed(s), _)) => Ok(s),
                 Ok((Response::Error { message }, _)) => Err(message),
+                Ok((Response::TreeLost { message }, _)) => {
+                    tree_lost = true;
+                    Err(message)
+                }
                 Ok((other, _)) => Err(format!("unexpected answer {other:?}")),
                 Err(e) => Err(e),
             }
@@ -481,7 +487,8 @@ impl Wrapper<'_> {
                 // The application may have ended on its own while it was being
                 // dumped (CRIU then fails, the process gone): its end stands,
                 // and the job ends with its status instead of starting over.
-                if let Some(status) = self.ended_meanwhile() {
+                // Not when the agent killed it: that end is the checkpoint's.
+                if let Some(status) = (!tree_lost).then(|| self.ended_meanwhile()).flatten() {
                     say(&format!(
                         "job {}: the application ended (status {status}) while it was being checkpointed ({e}); not requeued",
                         self.o.job

@@ -62,11 +62,14 @@ impl Agent {
             self.set_root(root, Some(RootState::Dumping));
         }
         // The root checked above is the one the driver and CRIU get.
-        let result = pinned.still_there().and_then(|_| self.dump_tree(&pinned, root, &pids, shm, signal_at_ms.is_some(), &mut sw));
+        let result = pinned
+            .still_there()
+            .map_err(RequestError::from)
+            .and_then(|_| self.dump_tree(&pinned, root, &pids, shm, signal_at_ms.is_some(), &mut sw));
         if was.is_some() {
             self.set_root(root, Some(if result.is_ok() { RootState::Dumped } else { RootState::Running }));
         }
-        Ok(result?)
+        result
     }
 
     /// CUDA checkpoint (with the run directory made meanwhile), then CRIU;
@@ -80,7 +83,7 @@ impl Agent {
         shm: Option<Staged>,
         from_signal: bool,
         sw: &mut Stopwatch,
-    ) -> Result<CheckpointSummary, String> {
+    ) -> Result<CheckpointSummary, RequestError> {
         let target = Target::Pids(vec![root]);
         let (run, cuda) = self.cuda_checkpoint_and_run_dir(&target, pids, sw);
         let (run, cuda) = match (run, cuda) {
@@ -90,11 +93,11 @@ impl Agent {
                 if let Ok(run) = run {
                     let _ = crate::fsutil::remove_tree_if_present(&run);
                 }
-                return Err(e);
+                return Err(e.into());
             }
             (Err(e), Ok(cuda)) => {
                 let undo = self.roll_back(cuda.is_some(), &target);
-                return Err(format!("cannot prepare the image directory: {e}; {undo}"));
+                return Err(format!("cannot prepare the image directory: {e}; {undo}").into());
             }
         };
         let result = self.dump_into(&run, root, pids, Prepared { cuda, shm, pinned }, from_signal, sw);
@@ -170,7 +173,7 @@ impl Agent {
         prepared: Prepared,
         from_signal: bool,
         sw: &mut Stopwatch,
-    ) -> Result<CheckpointSummary, String> {
+    ) -> Result<CheckpointSummary, RequestError> {
         let Prepared { cuda, shm, pinned } = prepared;
         let target = Target::Pids(vec![root]);
         let req = DumpRequest { pid: root, images_dir: run.to_path_buf(), tcp_established: self.settings.tcp_established, user: self.user.clone() };
@@ -193,17 +196,35 @@ impl Agent {
             sw.since("writeback", t);
         }
         if let Err(e) = dumped {
-            return Err(format!("{e}; {}", self.roll_back(cuda.is_some(), &target)));
+            return Err(format!("{e}; {}", self.roll_back(cuda.is_some(), &target)).into());
         }
         if let Some(Err(e)) = ended {
             // The tree runs again: its GPU state goes back too.
-            return Err(format!("{e}; {}", self.roll_back(cuda.is_some(), &target)));
+            return Err(format!("{e}; {}", self.roll_back(cuda.is_some(), &target)).into());
         }
-        // The tree is killed: an image that is not root's again cannot be
-        // sealed, and the job starts over.
-        back.map_err(|e| format!("{e}; the tree was dumped and the image is dropped"))?;
         let _ = CheckpointRecord::remove(&self.settings.checkpoint.record_dir, &target.key());
-        // From here on the tree is gone: a failure means starting over.
+        // From here on the tree is gone: a failure means starting over,
+        // which the wrapper must be told (it would take the killed
+        // application's status for the job's otherwise).
+        let lost = |e: String| RequestError::TreeLost(format!("{e}; the tree was dumped and killed, and the image is dropped"));
+        // An image that is not root's again cannot be sealed.
+        back.map_err(|e| lost(e.to_string()))?;
+        self.seal_dumped(run, root, pids, cuda.as_ref(), shm, from_signal, sw).map_err(lost)
+    }
+
+    /// The dumped (and killed) tree's image: /dev/shm files, sealed images,
+    /// the manifest written last and synced, the staged copy recorded.
+    #[allow(clippy::too_many_arguments)]
+    fn seal_dumped(
+        &self,
+        run: &Path,
+        root: i32,
+        pids: &[i32],
+        cuda: Option<&CheckpointReport>,
+        shm: Option<Staged>,
+        from_signal: bool,
+        sw: &mut Stopwatch,
+    ) -> Result<CheckpointSummary, String> {
         let shm = match shm {
             Some(s) => {
                 let (objects, note) = sw.time("shm", || s.save(run))?;
@@ -215,7 +236,7 @@ impl Agent {
             None => vec![],
         };
         let images = sw.time("seal", || ImageStore::seal(run, self.params.uid)).map_err(|e| format!("cannot seal the images in {}: {e}", run.display()))?;
-        let mut manifest = self.manifest(root, pids, cuda.as_ref(), images, sw.timeline(), from_signal);
+        let mut manifest = self.manifest(root, pids, cuda, images, sw.timeline(), from_signal);
         manifest.shm = shm;
         let t = Instant::now();
         manifest.save(run).map_err(|e| format!("cannot write the manifest in {}: {e}", run.display()))?;
@@ -230,9 +251,9 @@ impl Agent {
         Ok(CheckpointSummary {
             image_dir: run.display().to_string(),
             image_bytes: manifest.image_bytes,
-            gpu_bytes: cuda.as_ref().map_or(0, |r| r.bytes()),
+            gpu_bytes: cuda.map_or(0, |r| r.bytes()),
             cuda_processes: manifest.cuda.len(),
-            processes: cuda.as_ref().map(crate::preempt::protocol::ProcessSteps::of).unwrap_or_default(),
+            processes: cuda.map(crate::preempt::protocol::ProcessSteps::of).unwrap_or_default(),
             timings: timings_of(&timeline, from_signal),
             timeline,
         })

@@ -71,6 +71,10 @@ pub enum RequestError {
     /// another node may do it (the wrapper moves the job, F7).
     #[error("{0}")]
     NotHere(String),
+    /// A checkpoint failed after the tree was dumped and killed: nothing
+    /// of it is left (protocol::Response::TreeLost).
+    #[error("{0}")]
+    TreeLost(String),
 }
 
 impl RequestError {

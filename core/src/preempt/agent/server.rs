@@ -269,11 +269,17 @@ impl Agent {
                 self.refused(peer.uid, "checkpoint", kind, &message);
                 Response::Error { message }
             }
-            Err(RequestError::Failed(message) | RequestError::NotHere(message)) => {
+            Err(e @ (RequestError::Failed(_) | RequestError::NotHere(_) | RequestError::TreeLost(_))) => {
+                let lost = matches!(e, RequestError::TreeLost(_));
+                let message = e.to_string();
                 self.log("checkpoint", Outcome::Failed, &message);
                 self.count(&failure_events(metrics::CHECKPOINTS, metrics::CHECKPOINT_FAILURES, &message));
                 self.account(EventKind::CheckpointFailed, start.elapsed().as_secs_f64(), None);
-                Response::Error { message }
+                if lost {
+                    Response::TreeLost { message }
+                } else {
+                    Response::Error { message }
+                }
             }
         }
     }
@@ -290,7 +296,7 @@ impl Agent {
                 let _ = protocol::send(out, &Response::Error { message });
                 return;
             }
-            Err(e @ (RequestError::Failed(_) | RequestError::NotHere(_))) => {
+            Err(e @ (RequestError::Failed(_) | RequestError::NotHere(_) | RequestError::TreeLost(_))) => {
                 let movable = matches!(e, RequestError::NotHere(_));
                 let message = e.to_string();
                 self.log("restore", Outcome::Failed, &message);

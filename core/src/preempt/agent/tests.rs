@@ -194,6 +194,33 @@ fn dumped(fx: &Fx) -> (Child, std::path::PathBuf) {
     (child, s.image_dir.into())
 }
 
+/// A failure after CRIU's dump (here the seal refuses a link left among
+/// the images): the agent has killed the tree, and its answer says so
+/// (`TreeLost`), so that the wrapper starts the job over instead of ending
+/// it with the killed application's status.
+#[test]
+fn a_failure_after_the_dump_answers_that_the_tree_is_lost() {
+    if !root_or_skip() {
+        return;
+    }
+    let fx = fixture();
+    let mut child = app();
+    let pid = child.id() as i32;
+    *fx.criu.on_dump.lock().unwrap() = Some(Box::new(move |req| {
+        std::os::unix::fs::symlink("/etc/passwd", req.images_dir.join("files.img")).unwrap();
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+    }));
+    match fx.agent.checkpoint_request(me(), pid, None) {
+        Response::TreeLost { message } => {
+            assert!(message.contains("cannot seal the images") && message.ends_with("the tree was dumped and killed, and the image is dropped"), "{message}")
+        }
+        other => panic!("{other:?}"),
+    }
+    let status = child.wait().unwrap();
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL));
+    assert!(!fx.agent.settings.images.run_dir(7, 0).exists(), "the image is removed");
+}
+
 /// A job preempted as its application starts: the application opens a GPU
 /// file after the agent's scan and before CRIU freezes it (seen in the
 /// churn test with the simulated driver, whose device files CRIU dumps as
