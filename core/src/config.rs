@@ -342,7 +342,7 @@ impl CheckpointConfig {
         if self.criu_timeout_ms == 0 || self.criu_timeout_ms > 3_600_000 {
             return Err(format!("checkpoint.criu_timeout_ms = {} must be between 1 and 3600000 (an hour)", self.criu_timeout_ms));
         }
-        crate::preempt::signal_number(&self.signal).map_err(|e| format!("checkpoint.signal: {e}"))?;
+        crate::signal::signal_number(&self.signal).map_err(|e| format!("checkpoint.signal: {e}"))?;
         Ok(())
     }
 }

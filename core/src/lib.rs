@@ -28,6 +28,7 @@ pub mod preempt;
 pub mod privdrop;
 pub mod procfs;
 pub mod runtime;
+pub mod signal;
 pub mod skipped_prolog;
 pub mod state;
 pub mod status;

@@ -60,37 +60,9 @@ pub use submit::{checkpoint_submit_check, SubmitSite};
 
 use std::path::PathBuf;
 
-/// The signals a site may name in `checkpoint.signal`, by name or number.
-const SIGNALS: &[(&str, i32)] = &[
-    ("USR1", libc::SIGUSR1),
-    ("USR2", libc::SIGUSR2),
-    ("TERM", libc::SIGTERM),
-    ("INT", libc::SIGINT),
-    ("HUP", libc::SIGHUP),
-    ("URG", libc::SIGURG),
-    ("XCPU", libc::SIGXCPU),
-];
-
-/// `USR1`, `SIGUSR1` or `10` → 10. Only signals a job may safely be sent
-/// without dying by default being useful here, the set is small on purpose.
-pub fn signal_number(name: &str) -> Result<i32, String> {
-    let bare = name.trim().trim_start_matches("SIG");
-    if let Ok(n) = bare.parse::<i32>() {
-        if let Some((_, v)) = SIGNALS.iter().find(|(_, v)| *v == n) {
-            return Ok(*v);
-        }
-    }
-    SIGNALS
-        .iter()
-        .find(|(n, _)| n.eq_ignore_ascii_case(bare))
-        .map(|(_, v)| *v)
-        .ok_or_else(|| format!("{name:?} is not one of {}", SIGNALS.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")))
-}
-
-/// The name of a signal number (for messages): `USR1`.
-pub fn signal_name(n: i32) -> String {
-    SIGNALS.iter().find(|(_, v)| *v == n).map_or_else(|| format!("signal {n}"), |(name, _)| format!("SIG{name}"))
-}
+/// Signal names and numbers live in the base layer (configuration checks
+/// them too); these paths stay for the preemption code.
+pub use crate::signal::{signal_name, signal_number};
 
 /// The agent socket of job `job`: `<socket_dir>/job-<job>.sock`.
 pub fn socket_path(socket_dir: &std::path::Path, job: u32) -> PathBuf {
@@ -149,13 +121,7 @@ mod tests {
     }
 
     #[test]
-    fn signals_by_name_or_number() {
-        assert_eq!(signal_number("USR1"), Ok(libc::SIGUSR1));
-        assert_eq!(signal_number("SIGusr2"), Ok(libc::SIGUSR2));
-        assert_eq!(signal_number("10"), Ok(libc::SIGUSR1));
-        assert!(signal_number("KILL").unwrap_err().contains("is not one of USR1"));
-        assert!(signal_number("9").is_err());
-        assert_eq!(signal_name(libc::SIGUSR1), "SIGUSR1");
+    fn the_agent_socket_is_named_by_the_job() {
         assert_eq!(socket_path(std::path::Path::new("/run/x"), 7), PathBuf::from("/run/x/job-7.sock"));
     }
 }
