@@ -3,12 +3,43 @@
 //! errors: a typo must not silently fall back to a default on a root helper.
 
 use crate::fsutil::require_absolute;
-use crate::gpu::{ComputeModeSetting, MigInstanceSetting, MigModeSetting};
+
 /// `[health]` is the node checker's own section (health/config.rs).
 pub use crate::health::config::{DeepConfig, HealthConfig, Severity};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+
+/// `[gpu] mps_compute_mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ComputeModeSetting {
+    ExclusiveProcess,
+    Default,
+    Prohibited,
+    /// Never change the compute mode.
+    Leave,
+}
+
+/// `[gpu] mig_mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MigModeSetting {
+    /// Enable/disable MIG as jobs ask.
+    Switch,
+    /// Never change MIG mode; a job that needs another mode is refused.
+    Leave,
+}
+
+/// `[gpu] mig_instances`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MigInstanceSetting {
+    /// Create and destroy instances as jobs ask.
+    Manage,
+    /// Never create or destroy; a job whose layout is not there is refused.
+    Leave,
+}
 
 /// The largest `checkpoint.memory_margin_mib` accepted (1 TiB).
 pub const MAX_MARGIN_MIB: u64 = 1 << 20;

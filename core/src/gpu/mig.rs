@@ -46,15 +46,7 @@ pub struct MigInstance {
     pub compute_instances: Vec<ComputeInstance>,
 }
 
-/// `[gpu] mig_instances`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum MigInstanceSetting {
-    /// Create and destroy instances as jobs ask.
-    Manage,
-    /// Never create or destroy; a job whose layout is not there is refused.
-    Leave,
-}
+pub use crate::config::MigInstanceSetting;
 
 fn refused(gpu: u32, detail: String) -> GpuError {
     GpuError::Refused { gpu: GpuLabel(Some(gpu)), detail }

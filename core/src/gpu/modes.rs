@@ -40,26 +40,9 @@ pub enum MigModeChange {
     Pending { reason: String },
 }
 
-/// `[gpu] mps_compute_mode`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ComputeModeSetting {
-    ExclusiveProcess,
-    Default,
-    Prohibited,
-    /// Never change the compute mode.
-    Leave,
-}
-
-/// `[gpu] mig_mode`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum MigModeSetting {
-    /// Enable/disable MIG as jobs ask.
-    Switch,
-    /// Never change MIG mode; a job that needs another mode is refused.
-    Leave,
-}
+/// The settings live with the rest of the configuration (a leaf); what
+/// they mean for a GPU is here.
+pub use crate::config::{ComputeModeSetting, MigModeSetting};
 
 /// What an `apply_*` function did.
 #[derive(Debug, Clone, PartialEq)]
