@@ -7,7 +7,8 @@
 //! scontrol, the cursor file and the outputs together.
 
 pub mod clocks;
-pub mod config;
+/// `[health]`: configuration's (crate::config::health); this path stays.
+pub use crate::config::health as config;
 pub mod count;
 pub mod cursor;
 pub mod deep;
@@ -35,10 +36,8 @@ pub use snapshot::{Ctx, GpuSnap};
 use crate::gpu::HealthReadings;
 use serde::{Deserialize, Serialize};
 
-/// Every check by name, in the order they run and are reported. The drain
-/// reason names the first failing one.
-pub const CHECK_NAMES: &[&str] =
-    &["driver", "gpu_count", "memory", "xid", "pcie", "clocks", "persistence", "fabric", "mps", "leftovers", "mig", "deep"];
+/// Every check by name (configuration's, which `health.disabled` is checked against).
+pub use crate::config::health::CHECK_NAMES;
 
 /// A result's verdict. Ordered from best to worst so `max` is the worst.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]

@@ -4,8 +4,9 @@
 
 use crate::fsutil::require_absolute;
 
-/// `[health]` is the node checker's own section (health/config.rs).
-pub use crate::health::config::{DeepConfig, HealthConfig, Severity};
+/// `[health]`, the node checker's own section.
+pub mod health;
+pub use health::{DeepConfig, HealthConfig, Severity};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -629,7 +630,7 @@ mod tests {
 
     #[test]
     fn the_documented_example_config_parses() {
-        let text = include_str!("../../etc/config.toml");
+        let text = include_str!("../../../etc/config.toml");
         let cfg = parse(text).expect("etc/config.toml must stay valid");
         assert_eq!(cfg.runtime_dir, PathBuf::from("/run/slurm-gpu-mode"));
         assert_eq!(cfg.health, HealthConfig::default(), "etc/config.toml documents the [health] defaults");

@@ -1,11 +1,17 @@
-//! `[health]`: the node checker's section of the site config. It lives
-//! with the checks (the config file embeds it), so the config needs no
-//! check names and the checks need nothing of the rest of the config.
+//! `[health]`: the node checker's section of the site config, with the
+//! names of the checks it may turn off. Configuration is a leaf: the checks
+//! (crate::health) read this section, never the other way round.
 
 use crate::fsutil::require_absolute;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+
+/// Every check by name, in the order they run and are reported. The drain
+/// reason names the first failing one. Here, with the section that names
+/// them (`health.disabled`); the checks themselves are in crate::health.
+pub const CHECK_NAMES: &[&str] =
+    &["driver", "gpu_count", "memory", "xid", "pcie", "clocks", "persistence", "fabric", "mps", "leftovers", "mig", "deep"];
 
 /// `[health]`: gpu-mode-node-checker's thresholds and files. Defaults follow
 /// DCGM/gpud practice (field notes section 7).
@@ -145,8 +151,8 @@ impl HealthConfig {
             }
         }
         for name in &h.disabled {
-            if !super::CHECK_NAMES.contains(&name.as_str()) {
-                return Err(format!("health.disabled: no check named {name:?}; checks: {}", super::CHECK_NAMES.join(", ")));
+            if !CHECK_NAMES.contains(&name.as_str()) {
+                return Err(format!("health.disabled: no check named {name:?}; checks: {}", CHECK_NAMES.join(", ")));
             }
         }
         Ok(())
