@@ -42,6 +42,31 @@ pub enum MigInstanceSetting {
     Leave,
 }
 
+/// `[metrics]`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// The textfile written for node_exporter's textfile collector (a
+    /// `.prom` file in its `--collector.textfile.directory`); unset: no
+    /// metrics are kept.
+    pub textfile: Option<PathBuf>,
+}
+
+impl MetricsConfig {
+    pub fn validate(&self, health_textfile: Option<&PathBuf>) -> Result<(), String> {
+        if let Some(p) = &self.textfile {
+            crate::fsutil::require_absolute("metrics.textfile", p)?;
+            if p.extension().and_then(|e| e.to_str()) != Some("prom") {
+                return Err(format!("metrics.textfile = {}: node_exporter reads only files ending in .prom", p.display()));
+            }
+            if Some(p) == health_textfile {
+                return Err("metrics.textfile and health.prometheus_textfile name the same file: each writer would replace the other's".into());
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The largest `checkpoint.memory_margin_mib` accepted (1 TiB).
 pub const MAX_MARGIN_MIB: u64 = 1 << 20;
 
@@ -69,7 +94,7 @@ pub struct Config {
     pub mps: MpsConfig,
     pub health: HealthConfig,
     /// `[metrics]`: the Prometheus textfile (docs/metrics.md).
-    pub metrics: crate::metrics::MetricsConfig,
+    pub metrics: MetricsConfig,
 }
 
 /// `[mps]`: the per-job MPS daemons.
@@ -393,7 +418,7 @@ impl Default for Config {
             checkpoint: CheckpointConfig::default(),
             mps: MpsConfig::default(),
             health: HealthConfig::default(),
-            metrics: crate::metrics::MetricsConfig::default(),
+            metrics: MetricsConfig::default(),
         }
     }
 }
@@ -635,7 +660,7 @@ mod tests {
         assert_eq!(cfg.runtime_dir, PathBuf::from("/run/slurm-gpu-mode"));
         assert_eq!(cfg.health, HealthConfig::default(), "etc/config.toml documents the [health] defaults");
         assert_eq!(cfg.mig, MigConfig::default(), "etc/config.toml documents the [mig] defaults");
-        assert_eq!(cfg.metrics, crate::metrics::MetricsConfig::default(), "etc/config.toml documents the [metrics] defaults");
+        assert_eq!(cfg.metrics, MetricsConfig::default(), "etc/config.toml documents the [metrics] defaults");
         let d = CheckpointConfig::default();
         assert_eq!(
             (cfg.checkpoint.huge_pages, &cfg.checkpoint.huge_pages_library, &cfg.checkpoint.huge_pages_dir),

@@ -16,34 +16,11 @@ pub mod store;
 use crate::config::Config;
 use crate::log::{ActionLine, Outcome};
 use exposition::Kind;
-use serde::{Deserialize, Serialize};
-use std::path::PathBuf;
+use serde::Serialize;
 pub use store::Event;
 
-/// `[metrics]`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct MetricsConfig {
-    /// The textfile written for node_exporter's textfile collector (a
-    /// `.prom` file in its `--collector.textfile.directory`); unset: no
-    /// metrics are kept.
-    pub textfile: Option<PathBuf>,
-}
-
-impl MetricsConfig {
-    pub fn validate(&self, health_textfile: Option<&PathBuf>) -> Result<(), String> {
-        if let Some(p) = &self.textfile {
-            crate::fsutil::require_absolute("metrics.textfile", p)?;
-            if p.extension().and_then(|e| e.to_str()) != Some("prom") {
-                return Err(format!("metrics.textfile = {}: node_exporter reads only files ending in .prom", p.display()));
-            }
-            if Some(p) == health_textfile {
-                return Err("metrics.textfile and health.prometheus_textfile name the same file: each writer would replace the other's".into());
-            }
-        }
-        Ok(())
-    }
-}
+/// `[metrics]`: configuration's (crate::config::MetricsConfig).
+pub use crate::config::MetricsConfig;
 
 /// One metric family: its name, type and help, and for histograms the
 /// bucket bounds. The one list; docs/metrics.md documents each (a test

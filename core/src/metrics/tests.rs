@@ -1,7 +1,7 @@
 use super::*;
 use crate::preempt::manifest::DumpTimings;
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 fn cfg(dir: &Path) -> Config {
     let mut c = Config::default();
