@@ -67,6 +67,31 @@ impl MetricsConfig {
     }
 }
 
+/// systemd unit names as the config may give them: no options, no paths.
+pub fn check_unit_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 256
+        && !name.starts_with('-')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || ":_.@-\\".contains(c));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("\"{name}\" is not a systemd unit name (letters, digits and :_.@-\\ only, not starting with -)"))
+    }
+}
+
+/// `checkpoint.accounting`: which field of the job gets the events.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AccountingField {
+    /// Only admins (root, SlurmUser) may set it: the agent is root.
+    #[default]
+    AdminComment,
+    /// The job's owner may set it too; for sites that use AdminComment.
+    Comment,
+    Off,
+}
+
 /// The largest `checkpoint.memory_margin_mib` accepted (1 TiB).
 pub const MAX_MARGIN_MIB: u64 = 1 << 20;
 
@@ -210,7 +235,7 @@ impl MigConfig {
         }
         for (key, list) in [("mig.services", &self.services), ("mig.layout_services", &self.layout_services)] {
             for unit in list {
-                crate::mig_baseline::services::check_unit_name(unit).map_err(|e| format!("{key}: {e}"))?;
+                check_unit_name(unit).map_err(|e| format!("{key}: {e}"))?;
             }
         }
         match (&self.baseline, &self.baseline_config) {
@@ -307,7 +332,7 @@ pub struct CheckpointConfig {
     pub early_writeback: bool,
     /// Which field of the job's Slurm record gets its checkpoint and
     /// restore events (core::preempt::accounting).
-    pub accounting: crate::preempt::accounting::AccountingField,
+    pub accounting: AccountingField,
     /// gpu-mode-run preloads the huge-page shim into the application
     /// (core::preempt::hugepages).
     pub huge_pages: bool,
@@ -352,7 +377,7 @@ impl Default for CheckpointConfig {
             images_max_gib: 0,
             images_max_age_hours: 168,
             early_writeback: true,
-            accounting: crate::preempt::accounting::AccountingField::AdminComment,
+            accounting: AccountingField::AdminComment,
             huge_pages: true,
             huge_pages_library: PathBuf::from(DEFAULT_HUGE_PAGES_LIBRARY),
             huge_pages_dir: PathBuf::from("/var/lib/slurm-gpu-mode/hugepages"),

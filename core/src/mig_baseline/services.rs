@@ -14,18 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-/// systemd unit names as the config may give them: no options, no paths.
-pub fn check_unit_name(name: &str) -> Result<(), String> {
-    let ok = !name.is_empty()
-        && name.len() <= 256
-        && !name.starts_with('-')
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || ":_.@-\\".contains(c));
-    if ok {
-        Ok(())
-    } else {
-        Err(format!("\"{name}\" is not a systemd unit name (letters, digits and :_.@-\\ only, not starting with -)"))
-    }
-}
+/// Unit names are checked where the config is read (crate::config).
+pub use crate::config::check_unit_name;
 
 /// Stops and starts units.
 pub trait Services {

@@ -31,7 +31,6 @@
 //! a record there is only as trustworthy as the user; AdminComment is not.
 
 use crate::drain::Scontrol;
-use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// Opens our section; it ends at the next `}`.
@@ -46,17 +45,8 @@ pub const FIELD_LIMIT: usize = 1024;
 /// Node names are cut to this in an event.
 const MAX_NODE: usize = 64;
 
-/// `checkpoint.accounting`: which field of the job gets the events.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum AccountingField {
-    /// Only admins (root, SlurmUser) may set it: the agent is root.
-    #[default]
-    AdminComment,
-    /// The job's owner may set it too; for sites that use AdminComment.
-    Comment,
-    Off,
-}
+/// `checkpoint.accounting`: configuration's; what it means for Slurm is here.
+pub use crate::config::AccountingField;
 
 impl AccountingField {
     /// The field's name in `scontrol show job` and `scontrol update`.
