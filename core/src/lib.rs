@@ -12,6 +12,7 @@ pub mod failure;
 pub mod fsutil;
 pub mod gpu;
 pub mod gpu_lock;
+pub mod grant;
 pub mod gres;
 pub mod health;
 pub mod hostlist;

@@ -7,7 +7,7 @@
 //! with a clear error rather than guessing.
 
 use crate::fsutil;
-use crate::modes::GrantRecord;
+use crate::grant::GrantRecord;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -16,12 +16,14 @@ pub mod mig;
 pub mod mps;
 
 pub use crate::failure::Failure;
+/// What a mode gave a job is plain data below the modes (crate::grant):
+/// the job state and the plugin read it without the modes.
+pub use crate::grant::{per_task_value, GrantRecord};
 
 use crate::config::Config;
 use crate::gpu::LazyGpus;
 use crate::job_env::JobEnv;
 use crate::mode::GpuMode;
-use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -33,24 +35,6 @@ pub struct PrepareCtx<'a> {
     pub gpus: &'a [u32],
     /// NVML, opened when a mode first needs it.
     pub nvml: &'a LazyGpus<'a>,
-}
-
-/// What a mode gave a job, as the job state records it for the epilog (and
-/// for the plugin's privileged task step). One variant per mode: the
-/// serialized seam between prolog and epilog.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
-pub enum GrantRecord {
-    /// Nothing to undo (no mode, a refusal, a prolog that did not finish).
-    #[default]
-    None,
-    /// The MPS daemon the job uses, by registry key.
-    Mps { daemon: String },
-    /// The MIG instances made for the job.
-    Mig(mig::MigGrant),
-    /// A checkpoint job: its agent and this run's images are the epilog's
-    /// to clean; `restart_count` says which run this was.
-    Checkpoint { restart_count: u32 },
 }
 
 /// A mode's result in the prolog.
@@ -146,32 +130,9 @@ pub fn all_drivers() -> Vec<Box<dyn ModeDriver>> {
     ]
 }
 
-/// The value task `local_id` gets from a per-task list.
-pub fn per_task_value(values: &[String], local_id: u32) -> Option<&str> {
-    (!values.is_empty()).then(|| values[local_id as usize % values.len()].as_str())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn per_task_values_go_round_robin_by_local_id() {
-        let v: Vec<String> = ["MIG-a", "MIG-b", "MIG-c"].iter().map(|s| s.to_string()).collect();
-        let got: Vec<&str> = (0..7).map(|i| per_task_value(&v, i).unwrap()).collect();
-        assert_eq!(got, ["MIG-a", "MIG-b", "MIG-c", "MIG-a", "MIG-b", "MIG-c", "MIG-a"]);
-        assert_eq!(per_task_value(&[], 3), None);
-    }
-
-    #[test]
-    fn grants_serialize_with_their_kind() {
-        let g = GrantRecord::Mps { daemon: "1000-0".into() };
-        let text = serde_json::to_string(&g).unwrap();
-        assert_eq!(text, r#"{"kind":"mps","daemon":"1000-0"}"#);
-        assert_eq!(serde_json::from_str::<GrantRecord>(&text).unwrap(), g);
-        assert_eq!(serde_json::to_string(&GrantRecord::None).unwrap(), r#"{"kind":"none"}"#);
-        assert!(serde_json::from_str::<GrantRecord>(r#"{"kind":"mps","daemon":"k","x":1}"#).is_err());
-    }
 
     #[test]
     fn every_grant_has_its_driver() {

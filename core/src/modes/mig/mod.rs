@@ -20,43 +20,9 @@ use crate::mode::MigRequest;
 use crate::modes::{Grant, GrantRecord, ModeDriver, PrepareCtx, Released};
 use crate::watchdog;
 use journal::MigJournal;
-use serde::{Deserialize, Serialize};
 
-/// What the prolog made (or, with `mig_instances = "leave"`, found) on each
-/// of the job's GPUs.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct MigGrant {
-    /// The job's user: only their processes are killed off an instance.
-    pub uid: u32,
-    pub gpus: Vec<MigGpuGrant>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct MigGpuGrant {
-    /// NVML index.
-    pub gpu: u32,
-    pub gpu_uuid: String,
-    pub instances: Vec<GrantedInstance>,
-    /// The prolog switched MIG on for the job: the epilog switches it off.
-    pub enabled_mig: bool,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct GrantedInstance {
-    pub gpu_instance: u32,
-    pub compute_instance: u32,
-    pub profile: String,
-    pub profile_id: u32,
-    pub placement_start: u32,
-    pub placement_size: u32,
-    /// `MIG-...`, what the job's tasks get.
-    pub uuid: String,
-    /// Made for this job (destroyed by its epilog), or found there.
-    pub made: bool,
-}
+/// The MIG part of a job's grant: plain data (crate::grant).
+pub use crate::grant::{GrantedInstance, MigGpuGrant, MigGrant};
 
 /// Every task's list of the job's MIG devices (for programs that pick their
 /// own); each task's CUDA_VISIBLE_DEVICES holds one of them.
