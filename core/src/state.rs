@@ -152,6 +152,15 @@ impl JobState {
     }
 }
 
+/// Live job states; unreadable ones are skipped (the prolog owns them).
+pub fn live_jobs(runtime_dir: &Path) -> Vec<JobState> {
+    let Ok(entries) = std::fs::read_dir(jobs_dir(runtime_dir)) else { return Vec::new() };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.strip_suffix(".json")?.parse::<u32>().ok())
+        .filter_map(|id| JobState::load(runtime_dir, id).ok())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -107,14 +107,9 @@ pub fn read_nvml(ops: &dyn GpuOps) -> Result<NvmlSnap, String> {
     Ok(NvmlSnap { driver, gpus: (0..count).map(|g| read_gpu(ops, g)).collect() })
 }
 
-/// Live job states; unreadable ones are skipped (the prolog owns them).
-pub fn live_jobs(runtime_dir: &Path) -> Vec<JobState> {
-    let Ok(entries) = std::fs::read_dir(crate::state::jobs_dir(runtime_dir)) else { return Vec::new() };
-    entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.strip_suffix(".json")?.parse::<u32>().ok())
-        .filter_map(|id| JobState::load(runtime_dir, id).ok())
-        .collect()
-}
+/// Live job states (the job state's own reading, which the MIG baseline
+/// uses too).
+pub use crate::state::live_jobs;
 
 /// Where a snapshot reads from, besides NVML: the checker's section of the
 /// config, the two node paths it needs, and the node's MIG baseline (read

@@ -78,7 +78,7 @@ pub fn all_names(cfg: &Config, file: Option<&Path>) -> Result<Vec<String>, Strin
 
 /// Reads every GPU, with the processes on it and the live jobs holding it.
 pub fn observe(ops: &dyn GpuOps, runtime_dir: &Path) -> Result<Vec<Observed>, GpuError> {
-    let jobs = crate::health::snapshot::live_jobs(runtime_dir);
+    let jobs = crate::state::live_jobs(runtime_dir);
     (0..ops.count()?).map(|gpu| observe_gpu(ops, gpu, &jobs)).collect()
 }
 
