@@ -14,6 +14,7 @@ pub mod error;
 pub mod health;
 pub mod inventory;
 pub mod mig;
+pub mod placement;
 pub mod modes;
 mod raw;
 pub mod report;

@@ -14,7 +14,7 @@
 
 use super::{describe, profile_name, split_instances, Baseline, GpuIdentity, GpuTarget};
 use crate::gpu::{MigInstance, MigInstanceSetting, MigModeSetting, MigModes, MigProfile};
-use crate::modes::mig::placement::{compute_slices, place, suggest, Occupied, Placed};
+use crate::gpu::placement::{compute_slices, place, suggest, Occupied, Placed};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
@@ -389,7 +389,7 @@ fn gpu_text(g: &GpuPlan, s: &mut String) {
 mod tests {
     use super::*;
     use crate::mig_baseline::{Devices, Entry};
-    use crate::modes::mig::placement::h100_table;
+    use crate::gpu::placement::h100_table;
 
     const H100: u32 = 0x2330_10de;
     const A100: u32 = 0x20b2_10de;

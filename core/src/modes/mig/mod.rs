@@ -9,7 +9,9 @@
 
 pub mod journal;
 pub mod layout;
-pub mod placement;
+/// Where MIG instances go on a GPU: the GPU's own geometry (crate::gpu::placement),
+/// which the node baseline uses too.
+pub use crate::gpu::placement;
 pub mod setup;
 pub mod teardown;
 
