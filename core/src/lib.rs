@@ -22,6 +22,7 @@ pub mod log;
 pub mod metrics;
 pub mod mig_baseline;
 pub mod mode;
+pub mod mode_driver;
 pub mod modes;
 pub mod node_check;
 pub mod persist;

@@ -10,7 +10,8 @@
 
 use crate::config::Config;
 use crate::failure::Failure;
-use crate::modes::{Grant, GrantRecord, ModeDriver, PrepareCtx, Released};
+use crate::grant::GrantRecord;
+use crate::mode_driver::{Grant, ModeDriver, PrepareCtx, Released};
 use crate::preempt::staging::Staging;
 use crate::preempt::{self, AgentLaunch, Cleanup, ImageStore, Limits};
 use crate::watchdog;

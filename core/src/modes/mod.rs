@@ -19,88 +19,10 @@ pub use crate::failure::Failure;
 /// What a mode gave a job is plain data below the modes (crate::grant):
 /// the job state and the plugin read it without the modes.
 pub use crate::grant::{per_task_value, GrantRecord};
+/// The interface every mode implements (crate::mode_driver), below them.
+pub use crate::mode_driver::{Grant, ModeDriver, PrepareCtx, Released};
 
-use crate::config::Config;
-use crate::gpu::LazyGpus;
-use crate::job_env::JobEnv;
 use crate::mode::GpuMode;
-use std::collections::BTreeMap;
-use std::path::Path;
-
-/// What a mode works with in the prolog.
-pub struct PrepareCtx<'a> {
-    pub cfg: &'a Config,
-    pub env: &'a JobEnv,
-    /// The job's GPUs as NVML numbers them (never Slurm's indices).
-    pub gpus: &'a [u32],
-    /// NVML, opened when a mode first needs it.
-    pub nvml: &'a LazyGpus<'a>,
-}
-
-/// A mode's result in the prolog.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Grant {
-    pub record: GrantRecord,
-    /// Variables every task of the job gets.
-    pub task_env: BTreeMap<String, String>,
-    /// Variables whose value depends on the task: the task with node-local
-    /// id `i` (SLURM_LOCALID) gets `values[i % values.len()]`.
-    pub per_task_env: BTreeMap<String, Vec<String>>,
-    /// For the prolog's log line.
-    pub detail: Option<String>,
-}
-
-/// What an epilog step undid.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Released {
-    /// Whether there was anything of the job's to undo.
-    pub found: bool,
-    /// For the epilog's log line.
-    pub detail: Option<String>,
-}
-
-impl Released {
-    pub fn nothing() -> Released {
-        Released::default()
-    }
-
-    pub fn did(detail: impl Into<String>) -> Released {
-        Released { found: true, detail: Some(detail.into()) }
-    }
-}
-
-/// One mode's lifecycle. Every step that changes the node has its undo:
-/// `prepare` undoes its own partial work before it returns an error, and
-/// `release`/`release_lost` undo a finished `prepare`, idempotently (twice,
-/// after a slurmd restart, after a reboot that emptied /run).
-pub trait ModeDriver {
-    /// The mode's name in log lines and steps.
-    fn name(&self) -> &'static str;
-
-    /// Job refusals only this node can tell, before anything changes
-    /// (a layout this node does not define, a profile its GPUs lack).
-    fn check(&self, _ctx: &PrepareCtx) -> Result<(), Failure> {
-        Ok(())
-    }
-
-    /// The prolog's work for the job.
-    fn prepare(&self, ctx: &PrepareCtx) -> Result<Grant, Failure>;
-
-    /// Undoes what `grant` records for `job_id`.
-    fn release(&self, cfg: &Config, job_id: u32, grant: &GrantRecord) -> Result<Released, Failure>;
-
-    /// Undoes what this mode holds for `job_id` when no grant says what
-    /// (the state was lost, or the prolog died half-way): searches the
-    /// mode's own records.
-    fn release_lost(&self, cfg: &Config, job_id: u32) -> Result<Released, Failure>;
-
-    /// Runs as root in each task process of the job, before privileges are
-    /// dropped (the plugin's task_init_privileged). Returns a line for
-    /// Slurm's log, if any. Must never fail the task.
-    fn task_privileged(&self, _runtime_dir: &Path, _job_id: u32, _grant: &GrantRecord) -> Option<String> {
-        None
-    }
-}
 
 /// The driver for a job's mode (with its parameters).
 pub fn driver_for(mode: &GpuMode) -> Box<dyn ModeDriver + '_> {

@@ -19,7 +19,8 @@ use crate::config::Config;
 use crate::failure::Failure;
 use crate::gpu::NvmlGpus;
 use crate::mode::MigRequest;
-use crate::modes::{Grant, GrantRecord, ModeDriver, PrepareCtx, Released};
+use crate::grant::GrantRecord;
+use crate::mode_driver::{Grant, ModeDriver, PrepareCtx, Released};
 use crate::watchdog;
 use journal::MigJournal;
 

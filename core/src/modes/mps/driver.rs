@@ -6,7 +6,8 @@ use super::{adopt_into_job, Adoption};
 use crate::config::Config;
 use crate::failure::Failure;
 use crate::mode::MpsParams;
-use crate::modes::{Grant, GrantRecord, ModeDriver, PrepareCtx, Released};
+use crate::grant::GrantRecord;
+use crate::mode_driver::{Grant, ModeDriver, PrepareCtx, Released};
 use crate::watchdog;
 use std::path::Path;
 
