@@ -425,7 +425,7 @@ def tarjan(nodes, edges):
 def main():
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     flags = {a for a in sys.argv[1:] if a.startswith("--")}
-    src = args[0] if args else "/work/main/core/src"
+    src = args[0] if args else os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "core", "src")
     c = Crate(src, with_tests="--with-tests" in flags)
     edges = defaultdict(set)
     examples = defaultdict(list)  # (a,b) -> [(file:line, path, kind)]
