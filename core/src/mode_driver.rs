@@ -22,7 +22,7 @@ pub struct PrepareCtx<'a> {
 }
 
 /// A mode's result in the prolog.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Grant {
     pub record: GrantRecord,
     /// Variables every task of the job gets.
@@ -32,15 +32,20 @@ pub struct Grant {
     pub per_task_env: BTreeMap<String, Vec<String>>,
     /// For the prolog's log line.
     pub detail: Option<String>,
+    /// What the mode did, for the node's metrics: the verb that runs the
+    /// mode records them (modes never write the metrics themselves).
+    pub events: Vec<crate::metrics::Event>,
 }
 
 /// What an epilog step undid.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Released {
     /// Whether there was anything of the job's to undo.
     pub found: bool,
     /// For the epilog's log line.
     pub detail: Option<String>,
+    /// As [`Grant::events`].
+    pub events: Vec<crate::metrics::Event>,
 }
 
 impl Released {
@@ -49,7 +54,7 @@ impl Released {
     }
 
     pub fn did(detail: impl Into<String>) -> Released {
-        Released { found: true, detail: Some(detail.into()) }
+        Released { found: true, detail: Some(detail.into()), events: Vec::new() }
     }
 }
 

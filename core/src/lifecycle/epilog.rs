@@ -61,14 +61,14 @@ pub fn undo_job(cfg: &Config, env: &JobEnv) -> Result<Report, Failure> {
 fn release(cfg: &Config, job_id: u32, state: Option<&JobState>) -> Result<Released, Failure> {
     if let Some(s) = state.filter(|s| s.status == JobStatus::Ready) {
         return match modes::driver_of(&s.grant) {
-            Some(driver) => driver.release(cfg, job_id, &s.grant),
+            Some(driver) => driver.release(cfg, job_id, &s.grant).inspect(|r| super::record_events(cfg, &r.events)),
             None => Ok(Released::nothing()),
         };
     }
     let mut found = Released::nothing();
     let mut first_error = None;
     for driver in modes::all_drivers() {
-        match driver.release_lost(cfg, job_id) {
+        match driver.release_lost(cfg, job_id).inspect(|r| super::record_events(cfg, &r.events)) {
             Ok(r) if r.found => {
                 found.found = true;
                 found.detail = [found.detail.take(), r.detail].into_iter().flatten().reduce(|a, b| format!("{a}; {b}"));

@@ -82,6 +82,14 @@ pub fn finish(verb: &'static str, cfg: &Config, env: &JobEnv, result: Result<Rep
     code
 }
 
+/// What a mode did (its grant's or release's events), recorded by the verb
+/// as soon as the mode returns: modes never write the metrics themselves.
+pub(crate) fn record_events(cfg: &Config, events: &[crate::metrics::Event]) {
+    if !events.is_empty() {
+        crate::metrics::record(cfg, events);
+    }
+}
+
 /// `gpu_mode_{prolog,epilog}_runs_total{mode,outcome}`, for jobs with a mode
 /// only: jobs without one must stay as cheap as they are.
 fn count_run(verb: &'static str, cfg: &Config, env: &JobEnv, outcome: Outcome) {

@@ -66,6 +66,7 @@ fn prepare(cfg: &Config, env: &JobEnv, mode: &GpuMode, nvml: &LazyGpus) -> Resul
     let ctx = PrepareCtx { cfg, env, gpus: &gpus.nvml, nvml };
     driver.check(&ctx)?;
     let grant = driver.prepare(&ctx)?;
+    super::record_events(cfg, &grant.events);
     let mut state = new_state(env, &canonical, BTreeMap::new(), None, JobStatus::Ready);
     state.gpus = gpus.nvml.clone();
     state.task_env = [
@@ -78,7 +79,9 @@ fn prepare(cfg: &Config, env: &JobEnv, mode: &GpuMode, nvml: &LazyGpus) -> Resul
     state.grant = grant.record;
     if let Err(e) = save(cfg, state.clone()) {
         // Undo what was set up: the epilog would find no state to work from.
-        let _ = driver.release(cfg, env.job_id, &state.grant);
+        if let Ok(undone) = driver.release(cfg, env.job_id, &state.grant) {
+            super::record_events(cfg, &undone.events);
+        }
         return Err(e);
     }
     Ok(Report { outcome: Outcome::Ok, mode: Some(canonical), detail: report_detail(&gpus, grant.detail) })

@@ -78,6 +78,7 @@ impl ModeDriver for CheckpointDriver {
                 .into(),
             per_task_env: Default::default(),
             detail: Some(format!("checkpoint agent pid {pid}, run {}", env.restart_count)),
+            events: Vec::new(),
         })
     }
 
@@ -139,7 +140,7 @@ fn finish(cfg: &Config, job_id: u32, restart_count: Option<u32>) -> Result<Relea
         // process the job's end could not remove (checkpoint::settle).
         return Err(Failure::Node(stuck.to_string()));
     }
-    Ok(Released { found: stopped || restart_count.is_some(), detail: Some(format!("checkpoint: {}", parts.join("; "))) })
+    Ok(Released { found: stopped || restart_count.is_some(), detail: Some(format!("checkpoint: {}", parts.join("; "))), events: Vec::new() })
 }
 
 /// The node's staging directory (core::preempt::staging) after a run of

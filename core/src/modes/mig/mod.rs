@@ -59,16 +59,15 @@ impl ModeDriver for MigDriver<'_> {
         };
         let _step = watchdog::step("mig: setup");
         let journal = setup::setup(ctx.cfg, ctx.env, ctx.gpus, request, ops)?;
-        count_made(ctx.cfg, crate::metrics::MIG_CREATED, &journal.grant);
-        Ok(grant_of(journal.grant))
+        let events = made_events(crate::metrics::MIG_CREATED, &journal.grant);
+        Ok(Grant { events, ..grant_of(journal.grant) })
     }
 
     fn release(&self, cfg: &Config, job_id: u32, grant: &GrantRecord) -> Result<Released, Failure> {
         let GrantRecord::Mig(grant) = grant else { return Ok(Released::nothing()) };
         let journal = MigJournal { version: journal::JOURNAL_VERSION, job_id, grant: grant.clone(), pending: None };
         let done = with_nvml(cfg, |ops| teardown::release_locked(cfg, &journal, ops))?;
-        count_made(cfg, crate::metrics::MIG_DESTROYED, &journal.grant);
-        Ok(describe(done))
+        Ok(Released { events: made_events(crate::metrics::MIG_DESTROYED, &journal.grant), ..describe(done) })
     }
 
     fn release_lost(&self, cfg: &Config, job_id: u32) -> Result<Released, Failure> {
@@ -77,24 +76,20 @@ impl ModeDriver for MigDriver<'_> {
             None => Ok(Released::nothing()),
             Some(j) => {
                 let done = with_nvml(cfg, |ops| teardown::release_locked(cfg, &j, ops))?;
-                count_made(cfg, crate::metrics::MIG_DESTROYED, &j.grant);
-                Ok(describe(done))
+                Ok(Released { events: made_events(crate::metrics::MIG_DESTROYED, &j.grant), ..describe(done) })
             }
         }
     }
 }
 
-/// Counts the instances made for the job (not those found there) by profile.
-fn count_made(cfg: &Config, family: &'static str, grant: &MigGrant) {
+/// The instances made for the job (not those found there), counted by
+/// profile, for the verb that runs the mode to record.
+fn made_events(family: &'static str, grant: &MigGrant) -> Vec<crate::metrics::Event> {
     let mut by_profile: std::collections::BTreeMap<&str, f64> = Default::default();
     for i in grant.gpus.iter().flat_map(|g| &g.instances).filter(|i| i.made) {
         *by_profile.entry(i.profile.as_str()).or_default() += 1.0;
     }
-    let events: Vec<_> =
-        by_profile.into_iter().map(|(p, n)| crate::metrics::Event::Add { family, labels: vec![("profile", p.to_string())], by: n }).collect();
-    if !events.is_empty() {
-        crate::metrics::record(cfg, &events);
-    }
+    by_profile.into_iter().map(|(p, n)| crate::metrics::Event::Add { family, labels: vec![("profile", p.to_string())], by: n }).collect()
 }
 
 /// The job state's grant and the tasks' variables: each task one MIG
@@ -115,6 +110,7 @@ fn grant_of(grant: MigGrant) -> Grant {
         per_task_env: [("CUDA_VISIBLE_DEVICES".to_string(), uuids)].into(),
         record: GrantRecord::Mig(grant),
         detail: Some(format!("mig {detail}")),
+        events: Vec::new(),
     }
 }
 

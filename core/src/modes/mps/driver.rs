@@ -35,6 +35,7 @@ impl ModeDriver for MpsDriver<'_> {
             record: GrantRecord::Mps { daemon: job.key },
             task_env: job.task_env,
             per_task_env: Default::default(),
+            events: Vec::new(),
         })
     }
 
