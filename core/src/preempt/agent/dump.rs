@@ -310,10 +310,10 @@ impl Agent {
     /// refuses on its own; this catches every `device_paths` file.
     fn end_dumped_tree(&self, root: i32) -> Result<(), String> {
         let pids = self.host.with_descendants(root);
-        let ids: Vec<crate::procfs::ProcId> = pids.iter().filter_map(|p| crate::procfs::read(*p)).map(|p| p.id()).collect();
         let held = pids.iter().find_map(|p| Some((*p, self.host.nvidia_files(*p).ok()?.into_iter().next()?)));
         match held {
             None => {
+                let ids: Vec<crate::procfs::ProcId> = pids.iter().filter_map(|p| crate::procfs::read(*p)).map(|p| p.id()).collect();
                 tree::kill_all(&ids);
                 if let Err(pid) = tree::wait_dead(&ids, self.settings.pid_wait) {
                     self.log("dump-kill", crate::log::Outcome::Failed, &format!("pid {pid} of the dumped tree still runs after SIGKILL"));

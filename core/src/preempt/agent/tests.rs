@@ -180,14 +180,20 @@ fn me() -> Peer {
     Peer { pid: std::process::id() as i32, uid: 0 }
 }
 
-/// A dump through the recording CRIU that leaves the tree stopped, as
-/// `criu dump --leave-stopped` does; the agent kills it.
-fn dumped(fx: &Fx) -> (Child, std::path::PathBuf) {
-    let mut child = app();
-    let pid = child.id() as i32;
+/// The recording CRIU's dump leaves `pid` stopped, as `criu dump
+/// --leave-stopped` does; the agent then kills it.
+fn stop_on_dump(fx: &Fx, pid: i32) {
     *fx.criu.on_dump.lock().unwrap() = Some(Box::new(move |_| unsafe {
         libc::kill(pid, libc::SIGSTOP);
     }));
+}
+
+/// A dump through the recording CRIU that leaves the tree stopped; the
+/// agent kills it.
+fn dumped(fx: &Fx) -> (Child, std::path::PathBuf) {
+    let mut child = app();
+    let pid = child.id() as i32;
+    stop_on_dump(fx, pid);
     let s = fx.agent.checkpoint(me(), pid, Some(crate::preempt::now_ms())).unwrap();
     let status = child.wait().unwrap();
     assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL), "the agent kills the dumped tree");
@@ -576,9 +582,7 @@ fn checkpoints_are_counted_in_the_metrics() {
     assert!(matches!(fx.agent.checkpoint_request(me(), 1, None), Response::Error { .. }));
     let mut child = app();
     let pid = child.id() as i32;
-    *fx.criu.on_dump.lock().unwrap() = Some(Box::new(move |_| unsafe {
-        libc::kill(pid, libc::SIGKILL);
-    }));
+    stop_on_dump(&fx, pid);
     let Response::Checkpointed(summary) = fx.agent.checkpoint_request(me(), pid, None) else { panic!("the dump failed") };
     let _ = child.wait();
     let text = std::fs::read_to_string(&textfile).unwrap();
@@ -726,9 +730,7 @@ fn the_users_processes_outside_the_job_cannot_checkpoint_or_restore() {
     // SLURM_JOB_ID) may.
     let mut insider = app_with_env(&[("SLURM_JOB_ID", "7")]);
     let pid = insider.id() as i32;
-    *fx.criu.on_dump.lock().unwrap() = Some(Box::new(move |_| unsafe {
-        libc::kill(pid, libc::SIGKILL);
-    }));
+    stop_on_dump(&fx, pid);
     fx.agent.checkpoint(Peer { pid, uid: NOBODY }, pid, None).unwrap();
     insider.wait().unwrap();
 }
