@@ -36,7 +36,9 @@
 #          on a freshly started VM the first use of each page of guest memory
 #          is slower, and whichever side ran first paid for it (a node in
 #          service has long touched its memory). EARLY_WRITEBACK=false sets
-#          [checkpoint] early_writeback = false for ours (A/B).
+#          [checkpoint] early_writeback = false for ours (A/B). BENCH_GPUS=N
+#          places the bench's processes on the first N GPUs only (4x4 on one
+#          GPU: issue 25 item 2's comparison).
 #          PLAIN_DRIVER=bounded: the plain sequence calls the driver as the
 #          agent does (a thread per call, under a deadline).
 #          HUGE_PAGES=false sets [checkpoint] huge_pages = false for ours
@@ -490,7 +492,7 @@ if [ "$PART" = all ] || [ "$PART" = bench ]; then
             args="$REPO/checkpoint/bench/framework_app.py --framework $BENCH_APP --gib {gib} --device {device} --seed {i} --ready {ready} --go {go} ${BENCH_APP_ARGS:-}"
         fi
         timeout "$(left)" "$B/gpu-mode-preempt-bench" --config "$W/config.toml" --app "$app" --app-args "$args" \
-            --cases "$c" --repeat "$R" --plain-driver "${PLAIN_DRIVER:-raw}" --gpus "$N" --uid "$BUID" --workdir "$W" \
+            --cases "$c" --repeat "$R" --plain-driver "${PLAIN_DRIVER:-raw}" --gpus "${BENCH_GPUS:-$N}" --uid "$BUID" --workdir "$W" \
             ${PLAIN_HUGE_PAGES:+--plain-huge-pages} 2>&1 | tee -a "$OUT/bench.txt"
         rm -rf "$W/images" "$W/plain-images"
     done
