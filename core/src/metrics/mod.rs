@@ -75,6 +75,34 @@ pub static FAMILIES: &[Family] = &[
     plain("gpu_mode_problems", Kind::Gauge, "Records that need the admin (gpu-mode status lists them)."),
 ];
 
+/// Where a component that runs below the verbs (the checkpoint agent) sends
+/// its events: the verb that runs it decides whether and how they are kept
+/// (gpu-mode-ckpt-agent: [`recorder`] when `[metrics] textfile` is set).
+#[derive(Clone)]
+pub struct EventSink(std::sync::Arc<dyn Fn(&[Event]) + Send + Sync>);
+
+impl EventSink {
+    pub fn new(f: impl Fn(&[Event]) + Send + Sync + 'static) -> EventSink {
+        EventSink(std::sync::Arc::new(f))
+    }
+
+    pub fn send(&self, events: &[Event]) {
+        (self.0)(events)
+    }
+}
+
+impl std::fmt::Debug for EventSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EventSink")
+    }
+}
+
+/// A sink that [`record`]s into `cfg`'s textfile.
+pub fn recorder(cfg: &Config) -> EventSink {
+    let cfg = cfg.clone();
+    EventSink::new(move |events| record(&cfg, events))
+}
+
 pub fn family(name: &str) -> Option<&'static Family> {
     FAMILIES.iter().find(|f| f.name == name)
 }

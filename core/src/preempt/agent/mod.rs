@@ -95,9 +95,10 @@ pub struct AgentSettings {
     /// How long a connection may take to send its request, in all.
     pub request_wait: Duration,
     pub log: LogConfig,
-    /// The site config when `[metrics] textfile` is set: checkpoints and
-    /// restores are counted (crate::metrics). `None`: nothing is kept.
-    pub metrics: Option<Box<crate::Config>>,
+    /// Where checkpoint and restore events go (crate::metrics): set by the
+    /// binary that runs the agent, `None` from [`AgentSettings::from_config`]
+    /// (nothing is kept).
+    pub events: Option<crate::metrics::EventSink>,
     /// Where checkpoint and restore events go (accounting.rs), through
     /// scontrol at this path.
     pub accounting: AccountingField,
@@ -120,7 +121,7 @@ impl AgentSettings {
             dump_wait: Duration::from_millis(cfg.checkpoint.criu_timeout_ms) + Duration::from_secs(60),
             request_wait: Duration::from_secs(30),
             log: cfg.log.clone(),
-            metrics: cfg.metrics.textfile.is_some().then(|| Box::new(cfg.clone())),
+            events: None,
             accounting: cfg.checkpoint.accounting,
             scontrol: cfg.slurm.scontrol.clone(),
         }
@@ -268,8 +269,8 @@ impl Agent {
     }
 
     fn count(&self, events: &[crate::metrics::Event]) {
-        if let Some(cfg) = &self.settings.metrics {
-            crate::metrics::record(cfg, events);
+        if let Some(sink) = &self.settings.events {
+            sink.send(events);
         }
     }
 

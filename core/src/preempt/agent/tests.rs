@@ -119,14 +119,14 @@ fn fixture_opts(counting: bool, accounting: crate::preempt::accounting::Accounti
         dump_wait: Duration::from_secs(5),
         request_wait: Duration::from_secs(1),
         log: LogConfig { syslog: false, stderr: false },
-        metrics: counting.then(|| {
+        events: counting.then(|| {
             let mut cfg = crate::Config::default();
             cfg.runtime_dir = p.join("run");
             cfg.checkpoint.image_dir = p.join("images");
             cfg.checkpoint.agent_socket_dir = Some(p.join("sock"));
             cfg.metrics.textfile = Some(p.join("gpu-mode.prom"));
             cfg.log = LogConfig { syslog: false, stderr: false };
-            Box::new(cfg)
+            crate::metrics::recorder(&cfg)
         }),
         accounting,
         scontrol,
