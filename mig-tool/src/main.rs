@@ -177,7 +177,11 @@ fn apply_cmd(cfg: &Config, config_error: Option<String>, c: &Choice, boot: bool,
         Err(Fail(code, msg)) => {
             let mut line = line.field("error", &msg);
             if boot {
-                line = line.field("node", tool::drain_after_failure(cfg, node.as_deref(), &msg));
+                let after = tool::drain_after_failure(cfg, node.as_deref(), &msg);
+                if let Some(reason) = &after.drain_set {
+                    gpu_mode_core::metrics::drain_set(cfg, "mig-baseline", reason);
+                }
+                line = line.field("node", after.said);
             }
             line.outcome(Outcome::Failed).emit(&cfg.log);
             fail(Fail(code, msg))

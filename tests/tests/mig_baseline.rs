@@ -247,6 +247,9 @@ fn a_failed_boot_apply_drains_the_node_and_a_later_one_resumes_it() {
     );
     let (state, reason) = c.node_state().unwrap();
     assert!(state.contains("DRAIN") && reason.starts_with("gpu-mode: MIG baseline: mig-parted config \"off\""), "{state} {reason}");
+    // gpu-mode-mig remembered the drain it set (for `gpu-mode status`).
+    let remembered = gpu_mode_core::drain::last_drain(&c.runtime_dir()).unwrap().expect("the drain remembered");
+    assert!(remembered.reason.starts_with("gpu-mode: MIG baseline: mig-parted config"), "{remembered:?}");
     assert!(std::fs::read_to_string(mig_dir(c).join("nvidia-smi.log")).unwrap().starts_with("--gpu-reset -i 00000000:18:00.0"));
 
     // The client gone, the next boot apply succeeds and resumes the node.

@@ -127,24 +127,33 @@ pub fn node_name(explicit: Option<&str>) -> Option<String> {
     host.split('.').next().filter(|h| valid(h)).map(str::to_string)
 }
 
+/// What [`drain_after_failure`] did: `said` for the log line, and the
+/// whole reason of a drain it set, which the caller (the verb) remembers
+/// and counts (`metrics::drain_set`, source `mig-baseline`).
+#[derive(Debug, PartialEq, Eq)]
+pub struct AfterFailure {
+    pub said: String,
+    pub drain_set: Option<String>,
+}
+
 /// After a failed boot apply: drains the node with `gpu-mode: MIG baseline:
 /// <detail>` unless it is already drained or down, or the site drains
-/// through its own tooling. Returns what happened, for the log line. When
-/// slurmctld cannot be reached the unit still fails and slurmd (ordered
-/// after it, `Requires=`) does not start: the node shows as not responding.
-pub fn drain_after_failure(cfg: &Config, node: Option<&str>, detail: &str) -> String {
+/// through its own tooling. When slurmctld cannot be reached the unit still
+/// fails and slurmd (ordered after it, `Requires=`) does not start: the
+/// node shows as not responding.
+pub fn drain_after_failure(cfg: &Config, node: Option<&str>, detail: &str) -> AfterFailure {
+    let said = |said: String| AfterFailure { said, drain_set: None };
     if !cfg.slurm.drain_on_node_fault {
-        return "not drained ([slurm] drain_on_node_fault = false)".into();
+        return said("not drained ([slurm] drain_on_node_fault = false)".into());
     }
-    let Some(node) = node else { return "not drained: no node name (pass --node)".into() };
+    let Some(node) = node else { return said("not drained: no node name (pass --node)".into()) };
     let reason = format!("{DRAIN_DETAIL_PREFIX}: {detail}");
     match Scontrol::new(&cfg.slurm.scontrol).drain_unless_drained(node, &reason) {
         Ok(crate::drain::DrainAction::Drained) => {
-            crate::metrics::drain_set(cfg, "mig-baseline", &crate::drain::drain_reason(&reason));
-            format!("node {node} drained")
+            AfterFailure { said: format!("node {node} drained"), drain_set: Some(crate::drain::drain_reason(&reason)) }
         }
-        Ok(crate::drain::DrainAction::AlreadyDrained { reason }) => format!("node {node} was already drained ({reason})"),
-        Err(e) => format!("node {node} not drained: {e}"),
+        Ok(crate::drain::DrainAction::AlreadyDrained { reason }) => said(format!("node {node} was already drained ({reason})")),
+        Err(e) => said(format!("node {node} not drained: {e}")),
     }
 }
 
