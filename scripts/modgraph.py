@@ -5,6 +5,8 @@ Usage: modgraph.py [SRC_DIR] [--items] [--with-tests] [--files] [--layers]
   --items   every reference inside an SCC, not just three per edge
   --files   SCCs of the file-level graph instead (mod.rs/child cycles included)
   --layers  edges that go up against the proposed layering (LAYERS below)
+  --check   exit 1 if an edge goes up a layer, a module is in no layer, or
+            modules form a cycle (core/tests/layering.rs runs this in CI)
   --closure=a,b::c  files reachable (by reference) from these modules
   --drop=a>b,c>d    remove module edges before Tarjan (what-if for the plan)
 
@@ -327,20 +329,19 @@ class Crate:
 
 # Proposed layering (issue 26, part C). Lower index = lower layer. Keys are
 # module paths; a reference is placed by its longest matching key, so
-# `modes` splits into its three modes and the dispatch in modes/mod.rs, and
-# `metrics::render` (the textfile) sits apart from the store.
+# `modes` splits into its three modes and the dispatch in modes/mod.rs.
 LAYERS = [
-    ("L0 base", "fsutil command procfs privdrop runtime persist hostlist failure mode cgroup gpu_lock watchdog drain skipped_prolog"),
+    ("L0 base", "fsutil command procfs privdrop runtime persist hostlist failure mode cgroup gpu_lock watchdog drain skipped_prolog signal"),
     ("L1 config", "config log"),
-    ("L2 job", "job_env gres state metrics"),
-    ("L3 devices", "gpu criu checkpoint"),
+    ("L2 job", "job_env gres state grant metrics"),
+    ("L3 devices", "gpu criu checkpoint mode_driver"),
     ("L4 mps/mig-baseline", "modes::mps mig_baseline"),
     ("L5 mig/preempt", "modes::mig preempt modes::checkpoint"),
     ("L6 modes", "modes"),
     ("L7 health", "health"),
-    # item keys: metrics::record/refresh/drain_set render through status, so
-    # they belong up here (the store, families and Event stay in L2)
-    ("L8 observe", "status metrics::render metrics::record metrics::refresh metrics::drain_set"),
+    # the metrics' families, events and store stay in L2; keeping them and
+    # rendering the textfile with the node's records is observe's
+    ("L8 observe", "status observe"),
     ("L9 node", "lifecycle node_check"),
 ]
 
@@ -379,6 +380,23 @@ def layer_report(c, src):
     print("\n## same-layer edges (allowed between modules; they fix the crate order inside a tier)")
     for (fa, fb), n in sorted(same.items()):
         print(f"{fa} -> {fb} ({n})")
+    return sum(len(v) for v in up.values())
+
+
+def check(c, src):
+    """The layering as a rule: no upward edge, every module placed, no cycle."""
+    upward = layer_report(c, src)
+    nodes = {mp[0] for p, mp in c.files.items() if mp and p not in c.excluded}
+    unplaced = sorted(m for m in nodes if layer_of([m])[1] is None)
+    edges = defaultdict(set)
+    for p, line, a, b, r, kind in c.refs():
+        if a != b and b in nodes:
+            edges[a].add(b)
+    cycles = [comp for comp in tarjan(nodes, edges) if len(comp) > 1]
+    print(f"\n## check: {upward} upward reference(s), unplaced modules {unplaced or 'none'}, cycles {cycles or 'none'}")
+    if unplaced:
+        print("place each new module in LAYERS (scripts/modgraph.py) and docs/architecture.md's table")
+    return 1 if upward or unplaced or cycles else 0
 
 
 def inline_mods(text):
@@ -430,6 +448,8 @@ def main():
     edges = defaultdict(set)
     examples = defaultdict(list)  # (a,b) -> [(file:line, path, kind)]
     nodes = {mp[0] for p, mp in c.files.items() if mp and p not in c.excluded}
+    if "--check" in flags:
+        sys.exit(check(c, src))
     if "--layers" in flags:
         layer_report(c, src)
         return

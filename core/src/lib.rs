@@ -25,6 +25,7 @@ pub mod mode;
 pub mod mode_driver;
 pub mod modes;
 pub mod node_check;
+pub mod observe;
 pub mod persist;
 pub mod preempt;
 pub mod privdrop;

@@ -117,7 +117,7 @@ pub fn check_node(config: &Config, opts: &CheckOptions) -> NodeOutcome {
         }
     }
     // The gauges (jobs, daemons, images) change between hook runs too.
-    crate::metrics::refresh(config);
+    crate::observe::refresh(config);
     log(config, &report);
     NodeOutcome { report }
 }
@@ -133,7 +133,7 @@ fn apply(config: &Config, node: &str, results: &[CheckResult]) -> (Option<Action
     let done = match &action {
         Action::Drain { .. } => match fail_detail(results) {
             Some(detail) => scontrol.drain(node, &detail).inspect(|()| {
-                crate::metrics::drain_set(config, "node-checker", &crate::drain::drain_reason(&detail));
+                crate::observe::drain_set(config, "node-checker", &crate::drain::drain_reason(&detail));
             }),
             None => Ok(()),
         },

@@ -179,7 +179,7 @@ fn apply_cmd(cfg: &Config, config_error: Option<String>, c: &Choice, boot: bool,
             if boot {
                 let after = tool::drain_after_failure(cfg, node.as_deref(), &msg);
                 if let Some(reason) = &after.drain_set {
-                    gpu_mode_core::metrics::drain_set(cfg, "mig-baseline", reason);
+                    gpu_mode_core::observe::drain_set(cfg, "mig-baseline", reason);
                 }
                 line = line.field("node", after.said);
             }

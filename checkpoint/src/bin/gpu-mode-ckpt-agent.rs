@@ -85,7 +85,7 @@ fn main() {
     };
     let mut settings = AgentSettings::from_config(&cfg);
     // Checkpoints and restores are counted where the site keeps metrics.
-    settings.events = cfg.metrics.textfile.is_some().then(|| gpu_mode_core::metrics::recorder(&cfg));
+    settings.events = cfg.metrics.textfile.is_some().then(|| gpu_mode_core::observe::recorder(&cfg));
     let socket_dir = settings.socket_dir.clone();
     let agent = Arc::new(Agent::new(params, settings, NodeFacts { driver_version, cuda_version, node_gpus: node_gpus(&cfg) }, backends));
     let listener =

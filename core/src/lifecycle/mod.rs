@@ -86,7 +86,7 @@ pub fn finish(verb: &'static str, cfg: &Config, env: &JobEnv, result: Result<Rep
 /// as soon as the mode returns: modes never write the metrics themselves.
 pub(crate) fn record_events(cfg: &Config, events: &[crate::metrics::Event]) {
     if !events.is_empty() {
-        crate::metrics::record(cfg, events);
+        crate::observe::record(cfg, events);
     }
 }
 
@@ -98,7 +98,7 @@ fn count_run(verb: &'static str, cfg: &Config, env: &JobEnv, outcome: Outcome) {
     // The kind of a mode that parses; user text never becomes a label.
     let mode = crate::mode::GpuMode::parse(value).map_or("invalid".to_string(), |m| crate::status::records::mode_kind(&m.to_string()).to_string());
     let labels = vec![("mode", mode), ("outcome", outcome.as_str().to_string())];
-    crate::metrics::record(cfg, &[crate::metrics::Event::count(family, labels)]);
+    crate::observe::record(cfg, &[crate::metrics::Event::count(family, labels)]);
 }
 
 /// Drains the node with `gpu-mode: <reason>` (when the config allows) and
@@ -113,7 +113,7 @@ pub fn drain_for(cfg: &Config, source: &'static str, node: &str, reason: &str) {
     match result {
         Ok(DrainAction::Drained) => {
             line.outcome(Outcome::Ok).emit(&cfg.log);
-            crate::metrics::drain_set(cfg, source, &full_reason);
+            crate::observe::drain_set(cfg, source, &full_reason);
         }
         Ok(DrainAction::AlreadyDrained { reason }) => {
             line.field("detail", format!("already drained: {reason}")).outcome(Outcome::Skipped).emit(&cfg.log)

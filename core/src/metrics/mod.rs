@@ -1,20 +1,12 @@
-//! Prometheus metrics for node_exporter's textfile collector (docs/metrics.md).
-//!
-//! The prolog, the epilog, the checkpoint agent and the node checker are
-//! short-lived or separate processes, so counters live in a root-only state
-//! file ([`store`]), updated under a flock; after each update the whole
-//! textfile is rendered (counters, plus gauges read from the node's records:
-//! [`crate::status::records`]) and replaced atomically in `[metrics] textfile`.
-//! Nothing is recorded when that key is unset. A failure to record is
-//! logged, never turned into a job or node failure: metrics must not take
-//! a node out of service.
+//! Prometheus metrics for node_exporter's textfile collector (docs/metrics.md):
+//! the families (the one list), the events the verbs produce, the counter
+//! store and the exposition format. Keeping events and rendering the
+//! textfile with the node's records is [`crate::observe`]'s, above the
+//! status records it reads.
 
 pub mod exposition;
-pub mod render;
 pub mod store;
 
-use crate::config::Config;
-use crate::log::{ActionLine, Outcome};
 use exposition::Kind;
 use serde::Serialize;
 pub use store::Event;
@@ -79,7 +71,9 @@ pub static FAMILIES: &[Family] = &[
 /// its events: the verb that runs it decides whether and how they are kept
 /// (gpu-mode-ckpt-agent: [`recorder`] when `[metrics] textfile` is set).
 #[derive(Clone)]
-pub struct EventSink(std::sync::Arc<dyn Fn(&[Event]) + Send + Sync>);
+pub struct EventSink(std::sync::Arc<SinkFn>);
+
+type SinkFn = dyn Fn(&[Event]) + Send + Sync;
 
 impl EventSink {
     pub fn new(f: impl Fn(&[Event]) + Send + Sync + 'static) -> EventSink {
@@ -97,39 +91,8 @@ impl std::fmt::Debug for EventSink {
     }
 }
 
-/// A sink that [`record`]s into `cfg`'s textfile.
-pub fn recorder(cfg: &Config) -> EventSink {
-    let cfg = cfg.clone();
-    EventSink::new(move |events| record(&cfg, events))
-}
-
 pub fn family(name: &str) -> Option<&'static Family> {
     FAMILIES.iter().find(|f| f.name == name)
-}
-
-/// Records `events` and renders the textfile; a no-op without
-/// `[metrics] textfile`. Failures are logged (action `metrics`).
-pub fn record(cfg: &Config, events: &[Event]) {
-    let Some(textfile) = &cfg.metrics.textfile else { return };
-    if let Err(e) = record_and_render(cfg, textfile, events) {
-        ActionLine::new("metrics").field("detail", e).outcome(Outcome::Failed).emit(&cfg.log);
-    }
-}
-
-/// Renders the textfile again (gauges change without events: the node
-/// checker calls this on each run).
-pub fn refresh(cfg: &Config) {
-    record(cfg, &[]);
-}
-
-fn record_and_render(cfg: &Config, textfile: &std::path::Path, events: &[Event]) -> Result<(), String> {
-    let lock = store::StoreLock::acquire(&cfg.runtime_dir).map_err(|e| format!("cannot lock the counters: {e}"))?;
-    let (counters, error) = store::update(&lock, &cfg.runtime_dir, events);
-    let records = crate::status::records::gather(cfg);
-    // Rendered under the lock: a slower writer cannot put older numbers back.
-    let text = render::render(&counters, &records);
-    crate::fsutil::write_atomic(textfile, text.as_bytes(), 0o644).map_err(|e| format!("writing {}: {e}", textfile.display()))?;
-    error.map_or(Ok(()), Err)
 }
 
 /// A label for a drain or failure reason: a short fixed word, so a metric
@@ -159,18 +122,6 @@ pub fn reason_label(detail: &str) -> String {
     let first = detail.split(':').next().unwrap_or_default().trim();
     let phrase = !first.is_empty() && first.len() <= 32 && first.chars().all(|c| c.is_ascii_lowercase() || matches!(c, '_' | '-' | ' '));
     if phrase { first.replace(' ', "_") } else { "other".to_string() }
-}
-
-/// A drain this project just set: remembered for `gpu-mode status` (always)
-/// and counted (with metrics on). `reason` is the whole reason set.
-pub fn drain_set(cfg: &Config, source: &'static str, reason: &str) {
-    if let Err(e) = crate::drain::remember(&cfg.runtime_dir, reason) {
-        ActionLine::new("metrics").field("detail", format!("cannot remember the drain: {e}")).outcome(Outcome::Failed).emit(&cfg.log);
-    }
-    let detail = reason.strip_prefix(crate::drain::DRAIN_PREFIX).unwrap_or(reason).trim();
-    // `<verb>: <detail>` from the hooks: the verb is the source already.
-    let detail = detail.strip_prefix(source).and_then(|d| d.strip_prefix(':')).unwrap_or(detail);
-    record(cfg, &[Event::count(DRAINS, vec![("source", source.to_string()), ("reason", reason_label(detail))])]);
 }
 
 /// The `<phase>_ms` numbers of a timings record (the manifest's

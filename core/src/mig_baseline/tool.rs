@@ -129,7 +129,7 @@ pub fn node_name(explicit: Option<&str>) -> Option<String> {
 
 /// What [`drain_after_failure`] did: `said` for the log line, and the
 /// whole reason of a drain it set, which the caller (the verb) remembers
-/// and counts (`metrics::drain_set`, source `mig-baseline`).
+/// and counts (`observe::drain_set`, source `mig-baseline`).
 #[derive(Debug, PartialEq, Eq)]
 pub struct AfterFailure {
     pub said: String,

@@ -126,7 +126,7 @@ fn fixture_opts(counting: bool, accounting: crate::preempt::accounting::Accounti
             cfg.checkpoint.agent_socket_dir = Some(p.join("sock"));
             cfg.metrics.textfile = Some(p.join("gpu-mode.prom"));
             cfg.log = LogConfig { syslog: false, stderr: false };
-            crate::metrics::recorder(&cfg)
+            crate::observe::recorder(&cfg)
         }),
         accounting,
         scontrol,

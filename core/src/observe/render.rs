@@ -1,12 +1,12 @@
-//! The textfile: every family of [`super::FAMILIES`] with HELP and TYPE,
+//! The textfile: every family of [`crate::metrics::FAMILIES`] with HELP and TYPE,
 //! counters and histograms from the store, gauges from the node's records.
 //! Families with no series yet still get their HELP/TYPE lines, and the
 //! gauges always write every label value (zeros included), so dashboards
 //! show 0 rather than "no data".
 
-use super::exposition::{label_set, FamilyWriter, Kind};
-use super::store::{HistogramState, Store};
-use super::FAMILIES;
+use crate::metrics::exposition::{label_set, FamilyWriter, Kind};
+use crate::metrics::store::{HistogramState, Store};
+use crate::metrics::{self as families, FAMILIES};
 use crate::status::records::Records;
 use std::collections::BTreeMap;
 
@@ -51,12 +51,12 @@ pub fn render(counters: &Store, records: &Records) -> String {
 /// profiles appear with their first event.
 fn zero_series(family: &str) -> BTreeMap<String, f64> {
     let outcomes: &[&str] = match family {
-        super::PROLOG_RUNS => &["ok", "refused", "failed"],
-        super::EPILOG_RUNS | super::CHECKPOINTS | super::RESTORES => &["ok", "failed"],
-        super::CHECKPOINT_BYTES => return BTreeMap::from([(String::new(), 0.0)]),
+        families::PROLOG_RUNS => &["ok", "refused", "failed"],
+        families::EPILOG_RUNS | families::CHECKPOINTS | families::RESTORES => &["ok", "failed"],
+        families::CHECKPOINT_BYTES => return BTreeMap::from([(String::new(), 0.0)]),
         _ => return BTreeMap::new(),
     };
-    let modes: &[&str] = if matches!(family, super::PROLOG_RUNS | super::EPILOG_RUNS) { MODE_KINDS } else { &[""] };
+    let modes: &[&str] = if matches!(family, families::PROLOG_RUNS | families::EPILOG_RUNS) { MODE_KINDS } else { &[""] };
     let mut out = BTreeMap::new();
     for mode in modes {
         for outcome in outcomes {
@@ -76,8 +76,8 @@ fn zero_series(family: &str) -> BTreeMap<String, f64> {
 fn zero_histograms(family: &str, bounds: usize) -> BTreeMap<String, HistogramState> {
     use crate::preempt::manifest::DumpTimings;
     let phases = match family {
-        super::CHECKPOINT_PHASE => super::phase_names(&DumpTimings::default()),
-        super::RESTORE_PHASE => super::phase_names(&crate::preempt::protocol::RestoreSummary::default()),
+        families::CHECKPOINT_PHASE => families::phase_names(&DumpTimings::default()),
+        families::RESTORE_PHASE => families::phase_names(&crate::preempt::protocol::RestoreSummary::default()),
         _ => Vec::new(),
     };
     phases
