@@ -14,6 +14,13 @@ pub const JOB_CONTROL_VAR: &str = "GPU_MODE";
 pub const PROLOG_MODE_VAR: &str = "SPANK_GPU_MODE";
 /// What the job's own environment holds (set by Slurm from the job control env).
 pub const JOB_MODE_VAR: &str = "SLURM_SPANK_GPU_MODE";
+/// The checkpoint signal's number, in a checkpoint job's task environment,
+/// for the SPANK plugin to hold it back in the batch step until gpu-mode-run
+/// takes it (signal_state::hold). Set by modes::checkpoint.
+pub const TASK_SIGNAL_VAR: &str = "GPU_MODE_CKPT_SIGNAL";
+/// Task variables the plugin must not override when Slurm already set them:
+/// gres/mps gives each job its share of the GPU this way (modes::mps).
+pub const KEEP_IF_SET: &[&str] = &["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"];
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JobEnv {

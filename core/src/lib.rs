@@ -32,8 +32,10 @@ pub mod privdrop;
 pub mod procfs;
 pub mod runtime;
 pub mod signal;
+pub mod signal_state;
 pub mod skipped_prolog;
 pub mod state;
+pub mod submit;
 pub mod status;
 pub mod watchdog;
 

@@ -9,7 +9,6 @@ use crate::gpu::LazyGpus;
 use crate::grant::GrantRecord;
 use crate::job_env::JobEnv;
 use std::collections::BTreeMap;
-use std::path::Path;
 
 /// What a mode works with in the prolog.
 pub struct PrepareCtx<'a> {
@@ -82,11 +81,4 @@ pub trait ModeDriver {
     /// (the state was lost, or the prolog died half-way): searches the
     /// mode's own records.
     fn release_lost(&self, cfg: &Config, job_id: u32) -> Result<Released, Failure>;
-
-    /// Runs as root in each task process of the job, before privileges are
-    /// dropped (the plugin's task_init_privileged). Returns a line for
-    /// Slurm's log, if any. Must never fail the task.
-    fn task_privileged(&self, _runtime_dir: &Path, _job_id: u32, _grant: &GrantRecord) -> Option<String> {
-        None
-    }
 }

@@ -34,9 +34,9 @@ pub fn init_post_opt(spank: &mut Spank, args: &PluginArgs) -> Result<(), Box<dyn
 
 /// A checkpoint job must be requeued and signalled on preemption, or its
 /// checkpoint is useless: checked before the job is queued, with the exact
-/// sbatch line to use (core::preempt::submit).
+/// sbatch line to use (core::submit).
 fn checkpoint_submission(args: &PluginArgs) -> Result<Vec<String>, String> {
-    use gpu_mode_core::preempt::{checkpoint_submit_check, submit::script_path, SubmitSite};
+    use gpu_mode_core::submit::{checkpoint_submit_check, script_path, SubmitSite};
     let argv: Vec<String> = std::fs::read("/proc/self/cmdline")
         .map(|b| b.split(|c| *c == 0).filter(|w| !w.is_empty()).map(|w| String::from_utf8_lossy(w).into_owned()).collect())
         .unwrap_or_default();

@@ -38,11 +38,9 @@ pub fn task_init_privileged(spank: &mut Spank, args: &PluginArgs) -> Result<Pend
     let runtime = runtime_dir(args);
     Ok(match JobState::load(&runtime, job_id) {
         Ok(state) => {
-            // The mode's root-side step for each task (MPS: move the daemon
-            // into the job's cgroup); logged, never fatal.
-            if let Some(line) = gpu_mode_core::modes::driver_of(&state.grant)
-                .and_then(|d| d.task_privileged(&runtime, job_id, &state.grant))
-            {
+            // The root-side step for each task (only MPS has one: move the
+            // daemon into the job's cgroup); logged, never fatal.
+            if let Some(line) = gpu_mode_core::modes::mps::task_privileged(&runtime, job_id, &state.grant) {
                 crate::spank::log_verbose(&line);
             }
             Pending::Apply(Box::new(state))
@@ -55,15 +53,15 @@ pub fn task_init_privileged(spank: &mut Spank, args: &PluginArgs) -> Result<Pend
 }
 
 /// The checkpoint signal to hold back in this task (ignored and blocked,
-/// gpu_mode_core::preempt::signals::hold), so that one sent before
+/// gpu_mode_core::signal_state::hold), so that one sent before
 /// gpu-mode-run took it (`--signal=B:` of a job preempted as it starts)
 /// never ends the batch shell; gpu-mode-run is told (GPU_MODE_SIGNAL_HELD)
 /// and gives the application the signal's default state: the batch step of
 /// a job whose prolog recorded one.
 fn held_signal(spank: &Spank, state: &JobState) -> Option<i32> {
     let batch = spank.step_id().is_ok_and(|s| s == crate::spank::BATCH_STEP_ID);
-    let recorded = state.task_env.get(gpu_mode_core::modes::checkpoint::TASK_SIGNAL_VAR).map(String::as_str);
-    batch.then(|| gpu_mode_core::preempt::signals::recorded_signal(recorded)).flatten()
+    let recorded = state.task_env.get(gpu_mode_core::job_env::TASK_SIGNAL_VAR).map(String::as_str);
+    batch.then(|| gpu_mode_core::signal_state::recorded_signal(recorded)).flatten()
 }
 
 /// No state: the prolog did not run for this job here. A requeued batch
@@ -104,7 +102,7 @@ pub fn task_init(spank: &mut Spank, args: &PluginArgs, pending: &Pending) -> Res
     let local_id = spank.getenv("SLURM_LOCALID")?.and_then(|v| v.parse().ok()).unwrap_or(0);
     for (name, value) in task_env(state, local_id)? {
         // gres/mps gives the job its GPU share in this variable: keep it.
-        if gpu_mode_core::mps::KEEP_IF_SET.contains(&name) && spank.getenv(name)?.is_some() {
+        if gpu_mode_core::job_env::KEEP_IF_SET.contains(&name) && spank.getenv(name)?.is_some() {
             continue;
         }
         spank.setenv(name, value, true)?;
@@ -113,10 +111,10 @@ pub fn task_init(spank: &mut Spank, args: &PluginArgs, pending: &Pending) -> Res
         // Here, the last hook before exec: slurmstepd resets the task's
         // signals after task_init_privileged (22.05's _unblock_signals in
         // mgr.c), so a hold made there would not reach the batch script.
-        if let Err(e) = gpu_mode_core::preempt::signals::hold(sig) {
+        if let Err(e) = gpu_mode_core::signal_state::hold(sig) {
             crate::spank::log_verbose(&format!("gpu-mode: cannot hold back the checkpoint signal {sig} in the batch step: {e}"));
         }
-        spank.setenv(gpu_mode_core::preempt::signals::HELD_SIGNAL_VAR, &sig.to_string(), true)?;
+        spank.setenv(gpu_mode_core::signal_state::HELD_SIGNAL_VAR, &sig.to_string(), true)?;
     }
     Ok(())
 }
@@ -134,7 +132,7 @@ pub fn task_env(state: &JobState, local_id: u32) -> Result<Vec<(&str, &str)>, St
     let per_task = state
         .per_task_env
         .iter()
-        .filter_map(|(k, values)| Some((k.as_str(), gpu_mode_core::modes::per_task_value(values, local_id)?)));
+        .filter_map(|(k, values)| Some((k.as_str(), gpu_mode_core::grant::per_task_value(values, local_id)?)));
     Ok(common.chain(per_task).collect())
 }
 
@@ -157,7 +155,7 @@ mod tests {
             refusal: refusal.map(String::from),
             created_unix: 0,
             per_task_env: [("CUDA_VISIBLE_DEVICES".to_string(), vec!["MIG-a".to_string(), "MIG-b".to_string()])].into(),
-            grant: gpu_mode_core::modes::GrantRecord::None,
+            grant: gpu_mode_core::grant::GrantRecord::None,
         }
     }
 

@@ -292,7 +292,7 @@ pub struct Report {
 /// while its batch step was starting, and the checkpoint signal (SIGUSR1,
 /// 10) ended the batch shell before `gpu-mode-run` could take it (the
 /// output holds no line of the wrapper). The plugin now holds the signal
-/// back in the batch step (preempt::signals::hold): such a job is a failure
+/// back in the batch step (signal_state::hold): such a job is a failure
 /// of the run, named apart so that its report says what it is.
 fn signalled_before_the_wrapper(state: &str, exit_code: &str, output: &str) -> bool {
     state == "FAILED" && exit_code == "0:10" && !output.contains("gpu-mode-run:")

@@ -81,7 +81,7 @@ pub fn try_submit_low(c: &Cluster, who: Who, name: &str, app: &[String]) -> anyh
 /// batch shell itself, without gpu-mode-run): the plain run the wrapped one
 /// must look like to the application. (A checkpoint job's batch step has
 /// the checkpoint signal blocked by the plugin until gpu-mode-run takes it,
-/// preempt::signals::hold.)
+/// signal_state::hold.)
 pub fn submit_low_unwrapped(c: &Cluster, who: Who, name: &str, app: &[String]) -> u32 {
     submit_low_as(c, who, name, app, false).unwrap()
 }

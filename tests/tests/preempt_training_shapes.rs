@@ -94,7 +94,7 @@ fn the_application_has_a_plain_runs_signal_state_fresh_and_restored() {
 /// started (a job preempted as it starts; the churn saw such jobs end
 /// FAILED 0:10 with no line of gpu-mode-run, the shell ended by SIGUSR1):
 /// the plugin holds the signal back in the batch step, ignored and blocked
-/// (preempt::signals::hold). bash keeps it pending, and gpu-mode-run
+/// (signal_state::hold). bash keeps it pending, and gpu-mode-run
 /// checkpoints on it as soon as it runs: requeued and restored. dash clears
 /// its mask at start but keeps the signal ignored: dropped; sent by hand,
 /// the job runs on; sent by a real preemption, gpu-mode-run finds the job

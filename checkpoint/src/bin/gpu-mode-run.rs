@@ -14,10 +14,10 @@ use std::time::Duration;
 
 /// Records the signal mask and ignored set this process inherited before
 /// Rust's runtime ignores SIGPIPE (constructors run before `main`): the
-/// application gets exactly these (gpu_mode_core::preempt::signals).
+/// application gets exactly these (gpu_mode_core::signal_state).
 #[used]
 #[link_section = ".init_array"]
-static RECORD_INHERITED_SIGNALS: extern "C" fn() = gpu_mode_core::preempt::signals::record_at_load;
+static RECORD_INHERITED_SIGNALS: extern "C" fn() = gpu_mode_core::signal_state::record_at_load;
 
 fn usage(msg: &str) -> ! {
     eprintln!("gpu-mode-run: {msg}");

@@ -19,9 +19,7 @@ use std::time::Duration;
 
 /// Task variable with the agent's socket (gpu-mode-run finds it there).
 pub const TASK_SOCKET_VAR: &str = "GPU_MODE_CKPT_SOCKET";
-/// The checkpoint signal's number, for the SPANK plugin to hold it back in
-/// the batch step until gpu-mode-run takes it (preempt::signals::hold).
-pub const TASK_SIGNAL_VAR: &str = "GPU_MODE_CKPT_SIGNAL";
+pub use crate::job_env::TASK_SIGNAL_VAR;
 /// How long the prolog waits for the agent to listen.
 const AGENT_START: Duration = Duration::from_secs(20);
 /// How long the epilog waits for the agent to acknowledge `stop`.

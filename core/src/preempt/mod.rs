@@ -19,7 +19,8 @@
 //!  epilog: cleanup_after_job (images of a job that is not coming back), sweep (limits)
 //! ```
 //!
-//! Files: `submit.rs` (the pure submission check the plugin calls),
+//! Files: `crate::submit` (the pure submission check the plugin calls; in
+//! the job tier so that the plugin needs nothing of this module),
 //! `manifest.rs` (what a dump promises), `images.rs` (layout, sealing,
 //! retention), `protocol.rs` (wrapper ↔ agent), `tree.rs` (who owns which
 //! process), `agent/` (the root side), `wrapper.rs` (the user side),
@@ -27,8 +28,9 @@
 //! `writeback.rs` (the image written to disk while CRIU dumps it),
 //! `accounting.rs` (the events in the job's AdminComment or Comment),
 //! `hugepages.rs` (the huge-page shim preloaded into the application, and
-//! the agent's kept copy of each version), `signals.rs` (the application's
-//! signal mask and ignored set, as the wrapper inherited them), `shm.rs`
+//! the agent's kept copy of each version), `crate::signal_state` (the
+//! application's signal mask and ignored set, as the wrapper inherited them;
+//! a base module, the plugin holds the checkpoint signal with it), `shm.rs`
 //! (the job's named semaphores in /dev/shm, carried in the image),
 //! `user_child.rs` (work done as the job's user from the root agent),
 //! `uncheckpointable.rs` (what CRIU or the driver cannot bring back: refused
@@ -42,10 +44,13 @@ pub mod images;
 pub mod manifest;
 pub mod protocol;
 pub mod shm;
-pub mod signals;
+/// The application's signal state (a base module: the SPANK plugin holds the
+/// checkpoint signal with it too).
+pub use crate::signal_state as signals;
 pub mod slurm_view;
 pub mod staging;
-pub mod submit;
+/// The submission check (the job tier: the SPANK plugin calls it).
+pub use crate::submit;
 pub mod timeline;
 pub mod tree;
 pub mod uncheckpointable;

@@ -33,7 +33,7 @@
 use super::protocol::{self, request, ExitInfo, Request, Response};
 use super::signal_name;
 use crate::command::run_with_timeout;
-use super::signals::InheritedSignals;
+use crate::signal_state::InheritedSignals;
 use super::slurm_view::SlurmView;
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
@@ -74,7 +74,7 @@ pub struct RunOptions {
     /// wrapper inherited.
     pub signals: InheritedSignals,
     /// The plugin held the checkpoint signal back in the batch step
-    /// (preempt::signals::hold): one sent before the wrapper ran may have
+    /// (signal_state::hold): one sent before the wrapper ran may have
     /// been dropped (dash), so the wrapper asks Slurm once it runs.
     pub signal_held: bool,
 }
@@ -93,7 +93,7 @@ impl RunOptions {
             .map_err(|_| "SLURM_JOB_ID is not a job id".to_string())?;
         let restart_count = env("SLURM_RESTART_COUNT").and_then(|v| v.parse().ok()).unwrap_or(0);
         let checkpoint_signal = super::signal_number(&cfg.checkpoint.signal)?;
-        let signal_held = super::signals::held_back(env(super::signals::HELD_SIGNAL_VAR).as_deref(), checkpoint_signal);
+        let signal_held = crate::signal_state::held_back(env(crate::signal_state::HELD_SIGNAL_VAR).as_deref(), checkpoint_signal);
         let inherited = InheritedSignals::inherited();
         let socket = env("GPU_MODE_CKPT_SOCKET")
             .map(PathBuf::from)
@@ -196,7 +196,7 @@ fn start_signal_thread(set: libc::sigset_t, tx: Sender<Event>) -> Result<(), Str
         return Err(format!("cannot block signals: {}", std::io::Error::from_raw_os_error(rc)));
     }
     // Taken by sigwait, so never ignored: the plugin may have held the
-    // checkpoint signal back as ignored (preempt::signals::hold), and what
+    // checkpoint signal back as ignored (signal_state::hold), and what
     // an ignored signal does while blocked is the kernel's choice.
     for sig in 1..=64 {
         // SAFETY: sigismember on the set; sigaction with a local, default action.
@@ -290,7 +290,7 @@ impl Wrapper<'_> {
         let mut cmd = std::process::Command::new(&self.o.app[0]);
         cmd.args(&self.o.app[1..]);
         // The plugin's note that it held the checkpoint signal back is ours.
-        cmd.env_remove(super::signals::HELD_SIGNAL_VAR);
+        cmd.env_remove(crate::signal_state::HELD_SIGNAL_VAR);
         match &self.o.preload {
             Ok(Some(lib)) => {
                 let value = super::hugepages::preload_value(lib, std::env::var_os(super::hugepages::PRELOAD).as_deref());

@@ -2,14 +2,12 @@
 
 use super::setup::setup;
 use super::teardown::{teardown, TeardownOutcome};
-use super::{adopt_into_job, Adoption};
 use crate::config::Config;
 use crate::failure::Failure;
 use crate::mode::MpsParams;
 use crate::grant::GrantRecord;
 use crate::mode_driver::{Grant, ModeDriver, PrepareCtx, Released};
 use crate::watchdog;
-use std::path::Path;
 
 /// The MPS mode; `params` only in the prolog (the epilog undoes by record).
 pub struct MpsDriver<'a> {
@@ -54,22 +52,6 @@ impl ModeDriver for MpsDriver<'_> {
         teardown(cfg, job_id, None).map(describe)
     }
 
-    /// Moves the job's daemon into the job's cgroup (audit item M9): only
-    /// here, in a process of the job, is the job's cgroup known and does it
-    /// exist. Best effort: the outcome is logged, the task runs either way.
-    fn task_privileged(&self, runtime_dir: &Path, job_id: u32, grant: &GrantRecord) -> Option<String> {
-        let GrantRecord::Mps { daemon: key } = grant else { return None };
-        Some(match adopt_into_job(runtime_dir, job_id, key) {
-            Ok(Adoption::Moved { pids, .. }) => {
-                format!("gpu-mode: job {job_id}: MPS daemon {key} (pids {pids:?}) moved into the job's extern step cgroup")
-            }
-            Ok(Adoption::NotContained) => format!(
-                "gpu-mode: job {job_id}: MPS daemon {key} stays outside the job's cgroup: no extern step (set PrologFlags=Contain)"
-            ),
-            Ok(Adoption::Shared | Adoption::NoDaemon) => return None,
-            Err(e) => format!("gpu-mode: job {job_id}: MPS daemon {key} could not be moved into the job's cgroup: {e}"),
-        })
-    }
 }
 
 /// The epilog's log detail for a teardown.

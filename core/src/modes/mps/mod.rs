@@ -26,9 +26,7 @@ pub use teardown::{teardown, TeardownOutcome};
 
 use std::path::PathBuf;
 
-/// Task variables the plugin must not override when Slurm already set them:
-/// gres/mps gives each job its share of the GPU this way.
-pub const KEEP_IF_SET: &[&str] = &["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"];
+pub use crate::job_env::KEEP_IF_SET;
 
 #[derive(Debug, thiserror::Error)]
 pub enum MpsError {
@@ -53,6 +51,26 @@ pub enum Adoption {
     NotContained,
     /// No record or no process: nothing to move.
     NoDaemon,
+}
+
+/// Runs as root in each task process of an MPS job, before privileges are
+/// dropped (the plugin's task_init_privileged): moves the job's daemon into
+/// the job's cgroup (audit item M9): only there, in a process of the job, is
+/// the job's cgroup known and does it exist. Returns a line for Slurm's log,
+/// if any; best effort, the task runs either way. The only mode with work
+/// in each task; the plugin calls it without the other modes.
+pub fn task_privileged(runtime_dir: &std::path::Path, job_id: u32, grant: &crate::grant::GrantRecord) -> Option<String> {
+    let crate::grant::GrantRecord::Mps { daemon: key } = grant else { return None };
+    Some(match adopt_into_job(runtime_dir, job_id, key) {
+        Ok(Adoption::Moved { pids, .. }) => {
+            format!("gpu-mode: job {job_id}: MPS daemon {key} (pids {pids:?}) moved into the job's extern step cgroup")
+        }
+        Ok(Adoption::NotContained) => {
+            format!("gpu-mode: job {job_id}: MPS daemon {key} stays outside the job's cgroup: no extern step (set PrologFlags=Contain)")
+        }
+        Ok(Adoption::Shared | Adoption::NoDaemon) => return None,
+        Err(e) => format!("gpu-mode: job {job_id}: MPS daemon {key} could not be moved into the job's cgroup: {e}"),
+    })
 }
 
 /// Puts the MPS daemon `key` of `job_id` into the job's extern step cgroup

@@ -35,7 +35,7 @@ impl SubmitSite {
         SubmitSite {
             job_requeue: cfg.site_job_requeue,
             adds_signal: cfg.site_signal,
-            signal: super::signal_number(&cfg.signal).unwrap_or(libc::SIGUSR1),
+            signal: crate::signal::signal_number(&cfg.signal).unwrap_or(libc::SIGUSR1),
             min_lead_s: cfg.min_signal_lead_s,
         }
     }
@@ -172,7 +172,7 @@ fn parse_signal(text: &str) -> Result<SignalSpec, String> {
         // Slurm's default lead time.
         None => (rest, 60),
     };
-    let signal = super::signal_number(sig).map_err(|e| format!("--signal={text}: {e}"))?;
+    let signal = crate::signal::signal_number(sig).map_err(|e| format!("--signal={text}: {e}"))?;
     Ok(SignalSpec { batch: flags.contains('B'), signal, lead_s: lead })
 }
 
@@ -226,8 +226,8 @@ fn problems(said: &Said, site: &SubmitSite) -> Vec<String> {
         Some(Err(e)) => out.push(e),
         Some(Ok(s)) if s.signal != site.signal => out.push(format!(
             "--signal sends {}, but gpu-mode-run checkpoints on {}",
-            super::signal_name(s.signal),
-            super::signal_name(site.signal)
+            crate::signal::signal_name(s.signal),
+            crate::signal::signal_name(site.signal)
         )),
         Some(Ok(s)) if s.lead_s < site.min_lead_s => {
             out.push(format!("--signal gives {} s to checkpoint; this site needs at least {} s", s.lead_s, site.min_lead_s))
@@ -249,7 +249,7 @@ fn advice(said: &Said) -> Vec<String> {
 
 /// `USR1` for SIGUSR1.
 fn short(signal: i32) -> String {
-    super::signal_name(signal).trim_start_matches("SIG").to_string()
+    crate::signal::signal_name(signal).trim_start_matches("SIG").to_string()
 }
 
 /// The sbatch line to use: the user's own arguments with the options this
