@@ -280,7 +280,7 @@ pub fn assert_images_removed(c: &Cluster, job: u32) {
 /// alone (empty if none).
 pub fn admin_comment(c: &Cluster, job: u32) -> String {
     use gpu_mode_core::preempt::accounting::{squeue_value, AccountingField};
-    let format = AccountingField::AdminComment.squeue_format().unwrap();
+    let format = gpu_mode_core::preempt::accounting::squeue_format(AccountingField::AdminComment).unwrap();
     let out = c.client("squeue", &["-h", "-t", "all", "-j", &job.to_string(), "-O", &format]).run_as_root().unwrap();
     assert!(out.status.success(), "squeue: {}", String::from_utf8_lossy(&out.stderr));
     let lines: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect();

@@ -54,20 +54,21 @@ pub enum Applied<T> {
     Changed { from: T, to: T },
 }
 
-impl ComputeModeSetting {
-    pub fn target(self) -> Option<ComputeMode> {
-        match self {
-            ComputeModeSetting::ExclusiveProcess => Some(ComputeMode::ExclusiveProcess),
-            ComputeModeSetting::Default => Some(ComputeMode::Default),
-            ComputeModeSetting::Prohibited => Some(ComputeMode::Prohibited),
-            ComputeModeSetting::Leave => None,
-        }
+/// The compute mode a setting asks for (`None`: leave it as it is). A free
+/// function: the setting is configuration's (gpu-mode-base), the compute
+/// mode the GPU's.
+pub fn setting_target(setting: ComputeModeSetting) -> Option<ComputeMode> {
+    match setting {
+        ComputeModeSetting::ExclusiveProcess => Some(ComputeMode::ExclusiveProcess),
+        ComputeModeSetting::Default => Some(ComputeMode::Default),
+        ComputeModeSetting::Prohibited => Some(ComputeMode::Prohibited),
+        ComputeModeSetting::Leave => None,
     }
 }
 
 /// Sets `gpu`'s compute mode as `setting` says, writing only if it differs.
 pub fn apply_compute_mode(ops: &dyn GpuOps, gpu: u32, setting: ComputeModeSetting) -> Result<Applied<ComputeMode>, GpuError> {
-    let Some(want) = setting.target() else { return Ok(Applied::Left) };
+    let Some(want) = setting_target(setting) else { return Ok(Applied::Left) };
     let from = ops.modes(gpu)?.compute;
     if from == want {
         return Ok(Applied::Unchanged);

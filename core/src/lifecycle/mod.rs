@@ -360,7 +360,7 @@ mod watchdog_tests {
         ]);
         let start = Instant::now();
         let test = "lifecycle::watchdog_tests::a_prolog_stuck_opening_nvml_drains_the_node_naming_the_step_and_exits";
-        let out = crate::watchdog::run_test_in_child(test, &env, Duration::from_secs(30));
+        let out = gpu_mode_testkit::run_test_in_child(test, &env, Duration::from_secs(30));
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(EXIT_NODE_FAULT), "{stderr}");
         assert!(start.elapsed() < Duration::from_secs(20), "took {:?}", start.elapsed());

@@ -177,6 +177,27 @@ pub fn resume_after_success(cfg: &Config, node: Option<&str>) -> Option<String> 
 mod tests {
     use super::*;
 
+    fn parse(text: &str) -> Result<Config, String> {
+        Config::parse(text, std::path::Path::new("/etc/x.toml")).map_err(|e| e.to_string())
+    }
+
+    /// The config keys of the MIG baseline and the one definition this
+    /// module makes of them (was in config's tests before configuration
+    /// became its own crate).
+    #[test]
+    fn the_mig_baseline_keys_name_one_definition() {
+        let cfg = parse("[mig.layouts]\nhalf = \"3g.40gbx2\"\n[mig]\nbaseline = \"@half\"\nservices = [\"slurmd.service\"]").unwrap();
+        assert_eq!(cfg.mig.services, ["slurmd.service"]);
+        assert_eq!(cfg.mig.layout_services, crate::config::MigConfig::default().layout_services);
+        assert_eq!(configured(&cfg).unwrap().unwrap().source, "[mig.layouts] half");
+        let old = parse("[health]\nmig_baseline = [\"1g.18gb\", \"1g.18gb\"]").unwrap();
+        let b = configured(&old).unwrap().unwrap();
+        assert_eq!((b.source.as_str(), b.entries[0].instances["1g.18gb"]), ("[health] mig_baseline", 2), "old configs keep working");
+        assert!(configured(&Config::default()).unwrap().is_none());
+        let missing = parse("[mig]\nbaseline = \"b\"\nbaseline_config = \"/nonexistent/m.yaml\"").unwrap();
+        assert!(configured(&missing).unwrap_err().starts_with("cannot read mig-parted config /nonexistent/m.yaml"));
+    }
+
     #[test]
     fn the_command_line_names_a_baseline_or_the_config_does() {
         let mut cfg = Config::default();

@@ -105,3 +105,21 @@ fn without_a_textfile_nothing_is_kept() {
     record(&c, &[Event::count(PROLOG_RUNS, vec![("mode", "mps".into()), ("outcome", "ok".into())])]);
     assert!(!store::metrics_dir(&c.runtime_dir).exists());
 }
+
+#[test]
+fn phases_are_read_by_name_from_the_timings() {
+    let t = DumpTimings { signal_to_gpu_free_ms: None, cuda_lock_ms: 10.0, cuda_checkpoint_ms: 500.0, criu_dump_ms: 2000.0, seal_ms: 5.0, total_ms: 2600.0, ..Default::default() };
+    let mut got = phases_of(&t);
+    got.sort_by(|a, b| a.0.cmp(&b.0));
+    let want: Vec<(String, f64)> =
+        [("criu_dump", 2.0), ("cuda_checkpoint", 0.5), ("cuda_lock", 0.01), ("seal", 0.005), ("total", 2.6)].iter().map(|(p, s)| (p.to_string(), *s)).collect();
+    assert_eq!(got, want, "a phase that did not happen (None) is not observed");
+    let mut names = phase_names(&DumpTimings::default());
+    names.sort();
+    assert!(names.contains(&"signal_to_gpu_free".to_string()) && names.contains(&"criu_dump".to_string()), "{names:?}");
+    assert_eq!(names.len(), want.len() + names.iter().filter(|n| n.starts_with("signal_to_")).count(), "every _ms field, None ones too: {names:?}");
+    let extended = serde_json::json!({"cuda_lock_ms": 1.0, "gpu_wait_ms": 250.0, "node": "n1", "bad_ms": -1.0});
+    let mut got = phases_of(&extended);
+    got.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(got, vec![("cuda_lock".to_string(), 0.001), ("gpu_wait".to_string(), 0.25)], "new phases are picked up");
+}

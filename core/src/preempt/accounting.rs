@@ -48,14 +48,12 @@ const MAX_NODE: usize = 64;
 /// `checkpoint.accounting`: configuration's; what it means for Slurm is here.
 pub use crate::config::AccountingField;
 
-impl AccountingField {
-    /// The field's name in `scontrol show job` and `scontrol update`.
-    pub fn slurm_key(self) -> Option<&'static str> {
-        match self {
-            AccountingField::AdminComment => Some("AdminComment"),
-            AccountingField::Comment => Some("Comment"),
-            AccountingField::Off => None,
-        }
+/// The field's name in `scontrol show job` and `scontrol update`.
+pub fn slurm_key(field: AccountingField) -> Option<&'static str> {
+    match field {
+        AccountingField::AdminComment => Some("AdminComment"),
+        AccountingField::Comment => Some("Comment"),
+        AccountingField::Off => None,
     }
 }
 
@@ -251,21 +249,19 @@ pub fn merge(current: &str, event: &Event) -> Result<String, String> {
 /// it cuts a value there, so a value this long may have been cut.
 const SQUEUE_WIDTH: usize = 8 * FIELD_LIMIT;
 
-impl AccountingField {
-    /// squeue's `-O` item that prints this field alone, so that no field of
-    /// the user's is printed ahead of it (issue 27 F2).
-    pub fn squeue_format(self) -> Option<String> {
-        let name = match self {
-            AccountingField::AdminComment => "admin_comment",
-            AccountingField::Comment => "Comment",
-            AccountingField::Off => return None,
-        };
-        Some(format!("{name}:{SQUEUE_WIDTH}"))
-    }
+/// squeue's `-O` item that prints this field alone, so that no field of
+/// the user's is printed ahead of it (issue 27 F2).
+pub fn squeue_format(field: AccountingField) -> Option<String> {
+    let name = match field {
+        AccountingField::AdminComment => "admin_comment",
+        AccountingField::Comment => "Comment",
+        AccountingField::Off => return None,
+    };
+    Some(format!("{name}:{SQUEUE_WIDTH}"))
 }
 
 /// The field's value from what squeue printed for one job id (no header,
-/// [`AccountingField::squeue_format`]): exactly one line, the value padded
+/// [`squeue_format`]): exactly one line, the value padded
 /// with blanks (trailing blanks are dropped); an unset field is `(null)`.
 /// Several lines (an array's tasks, or a value holding a newline: which is
 /// which cannot be told), none, or a value that may have been cut at the
@@ -287,7 +283,7 @@ pub fn squeue_value(lines: &[String]) -> Result<String, String> {
 /// `scontrol` ([`Scontrol::job_field`]), never from `scontrol show job`,
 /// whose user fields come first and may hold `\nAdminComment=...`.
 pub fn job_value(scontrol: &Scontrol, field: AccountingField, job: u32) -> Result<String, String> {
-    let Some(format) = field.squeue_format() else { return Ok(String::new()) };
+    let Some(format) = squeue_format(field) else { return Ok(String::new()) };
     match scontrol.job_field(job, &["-O", &format]).map_err(|e| e.to_string())? {
         Some(lines) => squeue_value(&lines),
         None => Err(format!("Slurm no longer knows job {job}: left as it is")),
@@ -296,7 +292,7 @@ pub fn job_value(scontrol: &Scontrol, field: AccountingField, job: u32) -> Resul
 
 /// Adds `event` to job `job`'s `field` through scontrol (as root).
 pub fn record(scontrol: &Scontrol, field: AccountingField, job: u32, event: &Event) -> Result<(), String> {
-    let Some(key) = field.slurm_key() else { return Ok(()) };
+    let Some(key) = slurm_key(field) else { return Ok(()) };
     let current = job_value(scontrol, field, job)?;
     let value = merge(&current, event)?;
     scontrol.update_job(job, key, &value).map_err(|e| e.to_string())
@@ -447,8 +443,8 @@ mod tests {
             show = dir.join("show").display(),
             log = log.display()
         );
-        crate::drain::tests::script(dir, "squeue", squeue);
-        (Scontrol::new(&crate::drain::tests::script(dir, "scontrol", &body)), log)
+        gpu_mode_testkit::script(dir, "squeue", squeue);
+        (Scontrol::new(&gpu_mode_testkit::script(dir, "scontrol", &body)), log)
     }
 
     fn fake_scontrol(dir: &std::path::Path, show: &str, update_exit: i32) -> (Scontrol, std::path::PathBuf) {

@@ -149,3 +149,38 @@ mod tests {
         std::fs::remove_dir_all(dir).unwrap();
     }
 }
+
+/// Writes an executable `/bin/sh` script `name` into `dir` (a stand-in for
+/// scontrol, squeue and the like).
+pub fn script(dir: &std::path::Path, name: &str, body: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(name);
+    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+/// Runs one test of the current test binary in a child process (for a test
+/// whose scenario exits the process or arms a watchdog), with `env` added;
+/// killed after `timeout`. Returns what it printed and how it ended.
+pub fn run_test_in_child(test: &str, env: &[(&str, &std::ffi::OsStr)], timeout: std::time::Duration) -> std::process::Output {
+    use std::process::{Command, Stdio};
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", test, "--test-threads=1", "--nocapture"]).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let child = cmd.spawn().unwrap();
+    let pid = child.id() as i32;
+    let (done, wait) = std::sync::mpsc::channel::<()>();
+    let killer = std::thread::spawn(move || {
+        if wait.recv_timeout(timeout).is_err() {
+            // SAFETY: a signal to our own child, not yet waited for.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    });
+    let out = child.wait_with_output().unwrap();
+    let _ = done.send(());
+    let _ = killer.join();
+    out
+}

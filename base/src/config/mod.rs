@@ -770,21 +770,6 @@ mod tests {
     }
 
     #[test]
-    fn the_mig_baseline_keys_name_one_definition() {
-        use crate::mig_baseline::tool::configured;
-        let cfg = parse("[mig.layouts]\nhalf = \"3g.40gbx2\"\n[mig]\nbaseline = \"@half\"\nservices = [\"slurmd.service\"]").unwrap();
-        assert_eq!(cfg.mig.services, ["slurmd.service"]);
-        assert_eq!(cfg.mig.layout_services, MigConfig::default().layout_services);
-        assert_eq!(configured(&cfg).unwrap().unwrap().source, "[mig.layouts] half");
-        let old = parse("[health]\nmig_baseline = [\"1g.18gb\", \"1g.18gb\"]").unwrap();
-        let b = configured(&old).unwrap().unwrap();
-        assert_eq!((b.source.as_str(), b.entries[0].instances["1g.18gb"]), ("[health] mig_baseline", 2), "old configs keep working");
-        assert!(configured(&Config::default()).unwrap().is_none());
-        let missing = parse("[mig]\nbaseline = \"b\"\nbaseline_config = \"/nonexistent/m.yaml\"").unwrap();
-        assert!(configured(&missing).unwrap_err().starts_with("cannot read mig-parted config /nonexistent/m.yaml"));
-    }
-
-    #[test]
     fn every_gpu_setter_can_be_left_alone() {
         let cfg = parse(
             "[gpu]\nmps_compute_mode = \"leave\"\n\

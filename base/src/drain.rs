@@ -248,13 +248,7 @@ pub(crate) mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
 
-    /// Writes an executable `/bin/sh` script `name` into `dir`.
-    pub(crate) fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
-        let path = dir.join(name);
-        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-        path
-    }
+    use gpu_mode_testkit::script;
 
     /// Issue 27 F5: the job's name (`x JobState=PENDING`) is printed before
     /// its state in `scontrol show job -o`; the state comes from squeue's

@@ -210,16 +210,6 @@ fn exit_now(code: i32) -> ! {
 }
 
 #[cfg(test)]
-pub(crate) fn run_test_in_child(test: &str, env: &[(&str, &std::ffi::OsStr)], timeout: Duration) -> std::process::Output {
-    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", test, "--test-threads=1", "--nocapture"]);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    crate::command::run_with_timeout(cmd, None, timeout).unwrap()
-}
-
-#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -262,7 +252,7 @@ mod tests {
     const CHILD_VAR: &str = "GPU_MODE_WATCHDOG_TEST_CHILD";
 
     fn run_child(test: &str, report: &std::path::Path) -> std::process::Output {
-        run_test_in_child(test, &[(CHILD_VAR, report.as_os_str())], Duration::from_secs(60))
+        gpu_mode_testkit::run_test_in_child(test, &[(CHILD_VAR, report.as_os_str())], Duration::from_secs(60))
     }
 
     fn in_child() -> Option<std::path::PathBuf> {
