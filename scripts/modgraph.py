@@ -331,9 +331,9 @@ class Crate:
 # module paths; a reference is placed by its longest matching key, so
 # `modes` splits into its three modes and the dispatch in modes/mod.rs.
 LAYERS = [
-    ("L0 base", "fsutil command procfs privdrop runtime persist hostlist failure mode cgroup gpu_lock watchdog drain skipped_prolog signal signal_state"),
+    ("L0 base", "fsutil command procfs privdrop runtime persist hostlist failure mode cgroup gpu_lock watchdog drain skipped_prolog signal signal_state compute_mode"),
     ("L1 config", "config log"),
-    ("L2 job", "job_env gres state grant metrics submit"),
+    ("L2 job", "job_env gres state grant metrics submit mps_daemons"),
     ("L3 devices", "gpu criu checkpoint mode_driver"),
     ("L4 mps/mig-baseline", "modes::mps mig_baseline"),
     ("L5 mig/preempt", "modes::mig preempt modes::checkpoint"),

@@ -9,12 +9,15 @@
 //! * configuration: `config` (plain sections) and `log`;
 //! * the job: its environment (`job_env`, `gres`), its state (`state`), what a
 //!   mode gave it (`grant`), the checkpoint submission check (`submit`) and
-//!   the metric families and events (`metrics`).
+//!   the metric families and events (`metrics`); the MPS daemons' records and
+//!   the task step that moves a job's daemon into its cgroup (`mps_daemons`,
+//!   with the GPU compute mode those records keep, `compute_mode`).
 //!
 //! `gpu-mode-core` re-exports every module at its old path.
 
 pub mod cgroup;
 pub mod command;
+pub mod compute_mode;
 pub mod config;
 pub mod drain;
 pub mod failure;
@@ -27,6 +30,7 @@ pub mod job_env;
 pub mod log;
 pub mod metrics;
 pub mod mode;
+pub mod mps_daemons;
 pub mod persist;
 pub mod privdrop;
 pub mod procfs;

@@ -7,8 +7,8 @@
 
 use crate::args::PluginArgs;
 use crate::options;
-use gpu_mode_core::job_env::{JOB_CONTROL_VAR, JOB_MODE_VAR};
-use gpu_mode_core::mode::GpuMode;
+use gpu_mode_base::job_env::{JOB_CONTROL_VAR, JOB_MODE_VAR};
+use gpu_mode_base::mode::GpuMode;
 use crate::spank::{Context, Spank};
 use std::error::Error;
 
@@ -25,7 +25,7 @@ pub fn init_post_opt(spank: &mut Spank, args: &PluginArgs) -> Result<(), Box<dyn
     }
     if mode == GpuMode::Checkpoint {
         for advice in checkpoint_submission(args)? {
-            gpu_mode_core::log::stderr_line(&advice);
+            gpu_mode_base::log::stderr_line(&advice);
         }
     }
     spank.job_control_setenv(JOB_CONTROL_VAR, mode.to_string(), true)?;
@@ -34,9 +34,9 @@ pub fn init_post_opt(spank: &mut Spank, args: &PluginArgs) -> Result<(), Box<dyn
 
 /// A checkpoint job must be requeued and signalled on preemption, or its
 /// checkpoint is useless: checked before the job is queued, with the exact
-/// sbatch line to use (core::submit).
+/// sbatch line to use (gpu_mode_base::submit).
 fn checkpoint_submission(args: &PluginArgs) -> Result<Vec<String>, String> {
-    use gpu_mode_core::submit::{checkpoint_submit_check, script_path, SubmitSite};
+    use gpu_mode_base::submit::{checkpoint_submit_check, script_path, SubmitSite};
     let argv: Vec<String> = std::fs::read("/proc/self/cmdline")
         .map(|b| b.split(|c| *c == 0).filter(|w| !w.is_empty()).map(|w| String::from_utf8_lossy(w).into_owned()).collect())
         .unwrap_or_default();
@@ -48,7 +48,7 @@ fn checkpoint_submission(args: &PluginArgs) -> Result<Vec<String>, String> {
         std::fs::File::open(p).ok()?.take(1 << 20).read_to_string(&mut text).ok()?;
         Some(text)
     });
-    let site = gpu_mode_core::Config::load_or_salvage(args.config.as_deref()).0.checkpoint;
+    let site = gpu_mode_base::Config::load_or_salvage(args.config.as_deref()).0.checkpoint;
     checkpoint_submit_check(&argv, &env, script.as_deref(), &SubmitSite::from_config(&site))
 }
 

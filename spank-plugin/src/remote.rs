@@ -8,11 +8,11 @@
 
 use crate::args::PluginArgs;
 use crate::options;
-use gpu_mode_core::config::Config;
-use gpu_mode_core::job_env::JOB_MODE_VAR;
-use gpu_mode_core::drain::Scontrol;
-use gpu_mode_core::skipped_prolog;
-use gpu_mode_core::state::{JobState, JobStatus, StateError};
+use gpu_mode_base::config::Config;
+use gpu_mode_base::job_env::JOB_MODE_VAR;
+use gpu_mode_base::drain::Scontrol;
+use gpu_mode_base::skipped_prolog;
+use gpu_mode_base::state::{JobState, JobStatus, StateError};
 use crate::spank::Spank;
 use std::error::Error;
 
@@ -40,7 +40,7 @@ pub fn task_init_privileged(spank: &mut Spank, args: &PluginArgs) -> Result<Pend
         Ok(state) => {
             // The root-side step for each task (only MPS has one: move the
             // daemon into the job's cgroup); logged, never fatal.
-            if let Some(line) = gpu_mode_core::modes::mps::task_privileged(&runtime, job_id, &state.grant) {
+            if let Some(line) = gpu_mode_base::mps_daemons::task_privileged(&runtime, job_id, &state.grant) {
                 crate::spank::log_verbose(&line);
             }
             Pending::Apply(Box::new(state))
@@ -53,20 +53,20 @@ pub fn task_init_privileged(spank: &mut Spank, args: &PluginArgs) -> Result<Pend
 }
 
 /// The checkpoint signal to hold back in this task (ignored and blocked,
-/// gpu_mode_core::signal_state::hold), so that one sent before
+/// gpu_mode_base::signal_state::hold), so that one sent before
 /// gpu-mode-run took it (`--signal=B:` of a job preempted as it starts)
 /// never ends the batch shell; gpu-mode-run is told (GPU_MODE_SIGNAL_HELD)
 /// and gives the application the signal's default state: the batch step of
 /// a job whose prolog recorded one.
 fn held_signal(spank: &Spank, state: &JobState) -> Option<i32> {
     let batch = spank.step_id().is_ok_and(|s| s == crate::spank::BATCH_STEP_ID);
-    let recorded = state.task_env.get(gpu_mode_core::job_env::TASK_SIGNAL_VAR).map(String::as_str);
-    batch.then(|| gpu_mode_core::signal_state::recorded_signal(recorded)).flatten()
+    let recorded = state.task_env.get(gpu_mode_base::job_env::TASK_SIGNAL_VAR).map(String::as_str);
+    batch.then(|| gpu_mode_base::signal_state::recorded_signal(recorded)).flatten()
 }
 
 /// No state: the prolog did not run for this job here. A requeued batch
 /// job that Slurm restarted without its prolog is requeued once more
-/// (gpu_mode_core::skipped_prolog), as the job's user (owners may requeue
+/// (gpu_mode_base::skipped_prolog), as the job's user (owners may requeue
 /// their jobs; the restart count is in the task's environment only from
 /// here on, and the SPANK item reads 0 for a batch step on 22.05); anything
 /// else fails with `message`.
@@ -102,7 +102,7 @@ pub fn task_init(spank: &mut Spank, args: &PluginArgs, pending: &Pending) -> Res
     let local_id = spank.getenv("SLURM_LOCALID")?.and_then(|v| v.parse().ok()).unwrap_or(0);
     for (name, value) in task_env(state, local_id)? {
         // gres/mps gives the job its GPU share in this variable: keep it.
-        if gpu_mode_core::job_env::KEEP_IF_SET.contains(&name) && spank.getenv(name)?.is_some() {
+        if gpu_mode_base::job_env::KEEP_IF_SET.contains(&name) && spank.getenv(name)?.is_some() {
             continue;
         }
         spank.setenv(name, value, true)?;
@@ -111,10 +111,10 @@ pub fn task_init(spank: &mut Spank, args: &PluginArgs, pending: &Pending) -> Res
         // Here, the last hook before exec: slurmstepd resets the task's
         // signals after task_init_privileged (22.05's _unblock_signals in
         // mgr.c), so a hold made there would not reach the batch script.
-        if let Err(e) = gpu_mode_core::signal_state::hold(sig) {
+        if let Err(e) = gpu_mode_base::signal_state::hold(sig) {
             crate::spank::log_verbose(&format!("gpu-mode: cannot hold back the checkpoint signal {sig} in the batch step: {e}"));
         }
-        spank.setenv(gpu_mode_core::signal_state::HELD_SIGNAL_VAR, &sig.to_string(), true)?;
+        spank.setenv(gpu_mode_base::signal_state::HELD_SIGNAL_VAR, &sig.to_string(), true)?;
     }
     Ok(())
 }
@@ -132,7 +132,7 @@ pub fn task_env(state: &JobState, local_id: u32) -> Result<Vec<(&str, &str)>, St
     let per_task = state
         .per_task_env
         .iter()
-        .filter_map(|(k, values)| Some((k.as_str(), gpu_mode_core::grant::per_task_value(values, local_id)?)));
+        .filter_map(|(k, values)| Some((k.as_str(), gpu_mode_base::grant::per_task_value(values, local_id)?)));
     Ok(common.chain(per_task).collect())
 }
 
@@ -142,7 +142,7 @@ mod tests {
 
     fn state(refusal: Option<&str>) -> JobState {
         JobState {
-            version: gpu_mode_core::state::STATE_VERSION,
+            version: gpu_mode_base::state::STATE_VERSION,
             status: JobStatus::Ready,
             job_id: 4,
             uid: 1,
@@ -155,7 +155,7 @@ mod tests {
             refusal: refusal.map(String::from),
             created_unix: 0,
             per_task_env: [("CUDA_VISIBLE_DEVICES".to_string(), vec!["MIG-a".to_string(), "MIG-b".to_string()])].into(),
-            grant: gpu_mode_core::grant::GrantRecord::None,
+            grant: gpu_mode_base::grant::GrantRecord::None,
         }
     }
 

@@ -5,16 +5,9 @@ use super::{wrap, GpuError, GpuOps, NvmlGpus};
 use nvml_wrapper::enum_wrappers::device::ComputeMode as NvmlComputeMode;
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ComputeMode {
-    Default,
-    /// Removed by NVIDIA; only ever read, never set.
-    ExclusiveThread,
-    Prohibited,
-    /// One process (the MPS server with MPS) holds the GPU.
-    ExclusiveProcess,
-}
+/// A plain record type (the MPS daemon records keep the modes to restore):
+/// gpu-mode-base's; what NVML calls it is converted here.
+pub use gpu_mode_base::compute_mode::ComputeMode;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MigModes {
@@ -105,25 +98,21 @@ pub fn apply_mig_mode(ops: &dyn GpuOps, gpu: u32, setting: MigModeSetting, enabl
     Ok(MigApplied::Changed(ops.set_mig_mode(gpu, enable)?))
 }
 
-impl From<NvmlComputeMode> for ComputeMode {
-    fn from(m: NvmlComputeMode) -> Self {
-        match m {
-            NvmlComputeMode::Default => ComputeMode::Default,
-            NvmlComputeMode::ExclusiveThread => ComputeMode::ExclusiveThread,
-            NvmlComputeMode::Prohibited => ComputeMode::Prohibited,
-            NvmlComputeMode::ExclusiveProcess => ComputeMode::ExclusiveProcess,
-        }
+fn from_nvml(m: NvmlComputeMode) -> ComputeMode {
+    match m {
+        NvmlComputeMode::Default => ComputeMode::Default,
+        NvmlComputeMode::ExclusiveThread => ComputeMode::ExclusiveThread,
+        NvmlComputeMode::Prohibited => ComputeMode::Prohibited,
+        NvmlComputeMode::ExclusiveProcess => ComputeMode::ExclusiveProcess,
     }
 }
 
-impl From<ComputeMode> for NvmlComputeMode {
-    fn from(m: ComputeMode) -> Self {
-        match m {
-            ComputeMode::Default => NvmlComputeMode::Default,
-            ComputeMode::ExclusiveThread => NvmlComputeMode::ExclusiveThread,
-            ComputeMode::Prohibited => NvmlComputeMode::Prohibited,
-            ComputeMode::ExclusiveProcess => NvmlComputeMode::ExclusiveProcess,
-        }
+fn to_nvml(m: ComputeMode) -> NvmlComputeMode {
+    match m {
+        ComputeMode::Default => NvmlComputeMode::Default,
+        ComputeMode::ExclusiveThread => NvmlComputeMode::ExclusiveThread,
+        ComputeMode::Prohibited => NvmlComputeMode::Prohibited,
+        ComputeMode::ExclusiveProcess => NvmlComputeMode::ExclusiveProcess,
     }
 }
 
@@ -138,7 +127,7 @@ impl NvmlGpus {
             },
         };
         Ok(GpuModes {
-            compute: wrap("nvmlDeviceGetComputeMode", gpu, d.compute_mode())?.into(),
+            compute: from_nvml(wrap("nvmlDeviceGetComputeMode", gpu, d.compute_mode())?),
             persistence: wrap("nvmlDeviceGetPersistenceMode", gpu, d.is_in_persistent_mode())?,
             mig,
         })
@@ -146,7 +135,7 @@ impl NvmlGpus {
 
     pub(super) fn write_compute_mode(&self, gpu: u32, mode: ComputeMode) -> Result<(), GpuError> {
         let mut d = self.device(gpu)?;
-        wrap("nvmlDeviceSetComputeMode", gpu, d.set_compute_mode(mode.into()))
+        wrap("nvmlDeviceSetComputeMode", gpu, d.set_compute_mode(to_nvml(mode)))
     }
 
     pub(super) fn write_mig_mode(&self, gpu: u32, enable: bool) -> Result<MigModeChange, GpuError> {

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-pub const PIPE_VAR: &str = "CUDA_MPS_PIPE_DIRECTORY";
+pub use gpu_mode_base::mps_daemons::PIPE_VAR;
 pub const LOG_VAR: &str = "CUDA_MPS_LOG_DIRECTORY";
 
 /// One daemon's control interface.

@@ -11,9 +11,7 @@ use std::time::{Duration, Instant};
 
 /// The daemon writes its pid here, in its pipe directory.
 pub const PID_FILE: &str = "nvidia-cuda-mps-control.pid";
-/// The kernel keeps 15 bytes of a command name: the control daemon and the
-/// servers both show as this.
-pub const MPS_COMM: &str = "nvidia-cuda-mps";
+pub use gpu_mode_base::mps_daemons::{processes, DaemonId, MPS_COMM};
 
 /// What a daemon needs to start.
 pub struct DaemonSpec<'a> {
@@ -101,34 +99,6 @@ fn wait_for_pid(spec: &DaemonSpec, deadline: Instant) -> Result<ProcId, MpsError
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-}
-
-/// Whose processes a daemon's are: the daemon (when known), its user, and
-/// its pipe directory.
-#[derive(Debug, Clone, Copy)]
-pub struct DaemonId<'a> {
-    pub daemon: Option<ProcId>,
-    pub uid: u32,
-    pub pipe_dir: &'a Path,
-}
-
-/// The daemon (if still alive as the same process) and every MPS server it
-/// started: children of the daemon *process* (the parent's pid and start
-/// time must match, so a reused pid adopts nothing: audit item M4), or MPS
-/// processes whose environment names the daemon's pipe directory (servers
-/// outlive a killed daemon; an intent record knows only this). All of them
-/// run as the daemon's user.
-pub fn processes(of: DaemonId, all: &[ProcInfo]) -> Vec<ProcInfo> {
-    let pipe = of.pipe_dir.to_string_lossy();
-    let is_daemon = |p: &ProcInfo| of.daemon == Some(p.id());
-    let parent_is_daemon = |p: &ProcInfo| {
-        of.daemon.is_some_and(|d| d.pid == p.ppid && all.iter().any(|q| q.id() == d))
-    };
-    all.iter()
-        .filter(|p| p.comm.starts_with(MPS_COMM) && p.uid == of.uid)
-        .filter(|p| is_daemon(p) || parent_is_daemon(p) || procfs::environ_var(p.pid, PIPE_VAR).is_some_and(|v| v == pipe))
-        .cloned()
-        .collect()
 }
 
 /// Whether a process still counts as present. A zombie has ended: it holds

@@ -6,7 +6,7 @@
 //! the daemon's own directories are `<runtime_dir>/mps/<key>/{pipe,log}`,
 //! owned by the user, mode 0700.
 
-use crate::gpu::ComputeMode;
+use crate::compute_mode::ComputeMode;
 use crate::procfs::ProcId;
 use crate::persist::{parse_versioned, write_json, StateError};
 use serde::{Deserialize, Serialize};
@@ -176,9 +176,10 @@ pub fn test_record_for(uid: u32, gpus: &[u32], jobs: &[u32], daemon: ProcId, run
     }
 }
 
-/// A record for tests: GPU `g` has UUID `GPU-g`, pipe directory `/p`.
-#[cfg(test)]
-pub(crate) fn test_record(uid: u32, gpus: &[u32], jobs: &[u32]) -> DaemonRecord {
+/// A record for tests (here and in gpu-mode-core's MPS tests): GPU `g` has
+/// UUID `GPU-g`, pipe directory `/p`.
+#[doc(hidden)]
+pub fn test_record(uid: u32, gpus: &[u32], jobs: &[u32]) -> DaemonRecord {
     DaemonRecord {
         version: REGISTRY_VERSION,
         key: daemon_key(uid, gpus),
