@@ -116,40 +116,6 @@ fn format_line(kind: &str, test: &str, reason: &str) -> String {
     format!("{kind} {}: {}\n", clean(test), clean(reason))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_note_is_one_line_that_names_the_test_and_the_reason() {
-        assert_eq!(format_line("SKIPPED", "churn", "no CRIU\nat /opt"), "SKIPPED churn: no CRIU at /opt\n");
-        assert_eq!(format_line("SUBSTITUTED", "a\tb", "root"), "SUBSTITUTED a b: root\n");
-    }
-
-    #[test]
-    fn a_test_is_named_by_its_file_and_its_thread() {
-        assert_eq!(test_path("churn-0123456789abcdef", "a_hundred_jobs"), "churn::a_hundred_jobs");
-        assert_eq!(test_path("preempt_checkpoint", "tests::x"), "preempt_checkpoint::tests::x");
-        assert_eq!(test_path("gpu-mode-run", "main"), "gpu-mode-run");
-    }
-
-    #[test]
-    fn notes_reach_the_file_named_by_the_environment() {
-        let dir = std::env::temp_dir().join(format!("testkit-{}", std::process::id()));
-        let file = dir.join("notes.log");
-        // SAFETY: this crate's only test that touches the environment.
-        unsafe { std::env::set_var("GPU_MODE_TEST_NOTES", &file) };
-        skipped("t1", "why");
-        substituted("t2", "instead");
-        // Said again by the same test: counted once.
-        skipped("t1", "why");
-        let text = std::fs::read_to_string(&file).unwrap();
-        assert_eq!(text, "SKIPPED t1: why\nSUBSTITUTED t2: instead\n");
-        unsafe { std::env::remove_var("GPU_MODE_TEST_NOTES") };
-        std::fs::remove_dir_all(dir).unwrap();
-    }
-}
-
 /// Writes an executable `/bin/sh` script `name` into `dir` (a stand-in for
 /// scontrol, squeue and the like).
 pub fn script(dir: &std::path::Path, name: &str, body: &str) -> PathBuf {
@@ -183,4 +149,38 @@ pub fn run_test_in_child(test: &str, env: &[(&str, &std::ffi::OsStr)], timeout: 
     let _ = done.send(());
     let _ = killer.join();
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_note_is_one_line_that_names_the_test_and_the_reason() {
+        assert_eq!(format_line("SKIPPED", "churn", "no CRIU\nat /opt"), "SKIPPED churn: no CRIU at /opt\n");
+        assert_eq!(format_line("SUBSTITUTED", "a\tb", "root"), "SUBSTITUTED a b: root\n");
+    }
+
+    #[test]
+    fn a_test_is_named_by_its_file_and_its_thread() {
+        assert_eq!(test_path("churn-0123456789abcdef", "a_hundred_jobs"), "churn::a_hundred_jobs");
+        assert_eq!(test_path("preempt_checkpoint", "tests::x"), "preempt_checkpoint::tests::x");
+        assert_eq!(test_path("gpu-mode-run", "main"), "gpu-mode-run");
+    }
+
+    #[test]
+    fn notes_reach_the_file_named_by_the_environment() {
+        let dir = std::env::temp_dir().join(format!("testkit-{}", std::process::id()));
+        let file = dir.join("notes.log");
+        // SAFETY: this crate's only test that touches the environment.
+        unsafe { std::env::set_var("GPU_MODE_TEST_NOTES", &file) };
+        skipped("t1", "why");
+        substituted("t2", "instead");
+        // Said again by the same test: counted once.
+        skipped("t1", "why");
+        let text = std::fs::read_to_string(&file).unwrap();
+        assert_eq!(text, "SKIPPED t1: why\nSUBSTITUTED t2: instead\n");
+        unsafe { std::env::remove_var("GPU_MODE_TEST_NOTES") };
+        std::fs::remove_dir_all(dir).unwrap();
+    }
 }
