@@ -334,7 +334,7 @@ LAYERS = [
     ("L0 base", "fsutil command procfs privdrop runtime persist hostlist failure mode cgroup gpu_lock watchdog drain skipped_prolog signal signal_state compute_mode"),
     ("L1 config", "config log"),
     ("L2 job", "job_env gres state grant metrics submit mps_daemons"),
-    ("L3 devices", "gpu criu checkpoint mode_driver"),
+    ("L3 devices", "gpu criu cuda_ckpt mode_driver"),
     ("L4 mps/mig-baseline", "modes::mps mig_baseline"),
     ("L5 mig/preempt", "modes::mig preempt modes::checkpoint"),
     ("L6 modes", "modes"),

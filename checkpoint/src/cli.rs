@@ -2,7 +2,7 @@
 //! man page is generated from the same definition (`gpu-mode-man`).
 
 use clap::{Args, CommandFactory, Parser, Subcommand};
-use gpu_mode_core::checkpoint::Target;
+use gpu_mode_core::cuda_ckpt::Target;
 use std::path::PathBuf;
 
 #[derive(Parser)]

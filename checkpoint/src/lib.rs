@@ -3,7 +3,7 @@
 
 pub mod cli;
 
-use gpu_mode_core::checkpoint::{CheckpointReport, Phase, RecordStatus, RestoreReport, StateReport, Step};
+use gpu_mode_core::cuda_ckpt::{CheckpointReport, Phase, RecordStatus, RestoreReport, StateReport, Step};
 
 const GIB: f64 = (1u64 << 30) as f64;
 

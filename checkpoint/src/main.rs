@@ -1,11 +1,11 @@
 //! `gpu-mode-checkpoint`: CUDA checkpoint/restore of one process or of every
 //! CUDA process of a Slurm job on this node. All logic lives in
-//! gpu_mode_core::checkpoint; this is argument parsing and printing.
+//! gpu_mode_core::cuda_ckpt; this is argument parsing and printing.
 
 use clap::Parser;
 use gpu_mode_checkpoint::cli::{Cli, Verb};
 use gpu_mode_checkpoint::{describe_checkpoint, describe_restore, describe_state};
-use gpu_mode_core::checkpoint::{Checkpointer, CudaDriver, DeviceMap, Nvml, ProcFs, Settings, Target};
+use gpu_mode_core::cuda_ckpt::{Checkpointer, CudaDriver, DeviceMap, Nvml, ProcFs, Settings, Target};
 use gpu_mode_core::log::{ActionLine, Outcome};
 use gpu_mode_core::Config;
 use std::sync::Arc;

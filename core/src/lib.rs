@@ -10,7 +10,7 @@ pub use gpu_mode_base::{
     runtime, signal, signal_state, skipped_prolog, state, submit, watchdog,
 };
 
-pub mod checkpoint;
+pub mod cuda_ckpt;
 pub mod criu;
 pub mod gpu;
 pub mod health;

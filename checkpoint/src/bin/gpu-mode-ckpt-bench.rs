@@ -8,7 +8,7 @@
 //!        [--workdir DIR] [--gpus 2] [--cases 1x1,8x1,32x1,8x2] [--warmup-gib 32]
 
 use gpu_mode_checkpoint::gib_per_s;
-use gpu_mode_core::checkpoint::{
+use gpu_mode_core::cuda_ckpt::{
     CheckpointReport, Checkpointer, CudaDriver, DeviceMap, GpuInfo, Nvml, ProcFs, RestoreReport, Settings, Step, Target,
 };
 use std::collections::BTreeMap;
@@ -123,7 +123,7 @@ fn wait_ready(ready: &Path, child: &mut Child) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn phase_ms(phases: &[gpu_mode_core::checkpoint::Phase], step: Step) -> f64 {
+fn phase_ms(phases: &[gpu_mode_core::cuda_ckpt::Phase], step: Step) -> f64 {
     phases.iter().find(|p| p.step == step).map_or(0.0, |p| p.wall_ms)
 }
 

@@ -60,7 +60,7 @@
 //! simulated libraries (see checkpoint/tests/preempt_criu.rs).
 //! `launch N GPUS DIR APP ARGS...` is internal: the launcher itself.
 
-use gpu_mode_core::checkpoint::{CheckpointDriver, CudaDriver};
+use gpu_mode_core::cuda_ckpt::{CudaCkptDriver, CudaDriver};
 use gpu_mode_core::preempt::agent::{gpu_facts, listen, node_gpus, real_backends, AgentSettings};
 use gpu_mode_core::preempt::hugepages::{preload_value, PRELOAD};
 use gpu_mode_core::preempt::protocol::{request, CheckpointSummary, Request, Response, RestoreSummary};
@@ -374,11 +374,11 @@ fn sync_fs(dir: &Path) -> anyhow::Result<f64> {
 
 /// The programs the driver knows (a program holding no GPU memory, e.g. a
 /// framework on the CPU, is left out of the driver calls).
-fn cuda_pids(driver: &dyn CheckpointDriver, pids: &[i32]) -> Vec<i32> {
+fn cuda_pids(driver: &dyn CudaCkptDriver, pids: &[i32]) -> Vec<i32> {
     pids.iter().copied().filter(|p| driver.state(*p).is_ok()).collect()
 }
 
-fn plain(o: &Opts, cfg: &Config, driver: &dyn CheckpointDriver, case: &str, gib: f64, n: usize) -> anyhow::Result<Plain> {
+fn plain(o: &Opts, cfg: &Config, driver: &dyn CudaCkptDriver, case: &str, gib: f64, n: usize) -> anyhow::Result<Plain> {
     let preload = o.plain_preload.then_some(o.ours_preload.as_deref()).flatten();
     let fleet = Fleet::start(o, &format!("plain-{case}"), gib, n, preload)?;
     let (root, pids) = (fleet.launcher.id() as i32, fleet.pids());
@@ -681,9 +681,9 @@ fn main() -> anyhow::Result<()> {
         shim(o.ours_preload.is_some()),
         shim(o.plain_preload),
     );
-    let driver: Box<dyn CheckpointDriver> = if o.plain_bounded {
+    let driver: Box<dyn CudaCkptDriver> = if o.plain_bounded {
         let timeout = Duration::from_millis(cfg.checkpoint.call_timeout_ms);
-        Box::new(gpu_mode_core::checkpoint::BoundedDriver::new(Arc::new(raw), timeout))
+        Box::new(gpu_mode_core::cuda_ckpt::BoundedDriver::new(Arc::new(raw), timeout))
     } else {
         Box::new(raw)
     };

@@ -129,8 +129,8 @@ fn finish(cfg: &Config, job_id: u32, restart_count: Option<u32>) -> Result<Relea
     }
     let settled = {
         let _step = watchdog::step("checkpoint: records");
-        let dir = crate::checkpoint::Settings::from_config(cfg).record_dir;
-        crate::checkpoint::settle_records(&dir, &crate::checkpoint::ProcFs::default(), job_id)
+        let dir = crate::cuda_ckpt::Settings::from_config(cfg).record_dir;
+        crate::cuda_ckpt::settle_records(&dir, &crate::cuda_ckpt::ProcFs::default(), job_id)
     };
     parts.extend(settled.summary());
     if let Some(stuck) = settled.stuck.first() {

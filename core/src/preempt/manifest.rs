@@ -10,8 +10,8 @@
 //! catches truncation, a swapped file and most corruption at a cost
 //! independent of the job's memory size. `sampled` says which.
 
-use crate::checkpoint::record::ProcessRecord;
-use crate::checkpoint::GpuUuid;
+use crate::cuda_ckpt::record::ProcessRecord;
+use crate::cuda_ckpt::GpuUuid;
 use crate::fsutil;
 use crate::preempt::timeline::Timeline;
 use serde::{Deserialize, Serialize};
@@ -256,7 +256,7 @@ pub fn describe_file(dir: &OwnedFd, name: &str) -> std::io::Result<ImageFile> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::record::{Footprint, ProcessPhase};
+    use crate::cuda_ckpt::record::{Footprint, ProcessPhase};
 
     pub(crate) fn sample(dir: &Path) -> Manifest {
         let gpu = GpuUuid::parse("GPU-5a3c1f2e-0b9d-4e11-8a2b-c0ffee123456").unwrap();

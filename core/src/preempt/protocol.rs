@@ -81,8 +81,8 @@ pub struct ProcessSteps {
 
 impl ProcessSteps {
     /// The report's per-process times, in the order of its processes.
-    pub fn of(report: &crate::checkpoint::CheckpointReport) -> Vec<ProcessSteps> {
-        use crate::checkpoint::Step;
+    pub fn of(report: &crate::cuda_ckpt::CheckpointReport) -> Vec<ProcessSteps> {
+        use crate::cuda_ckpt::Step;
         let ms = |step: Step, pid: i32| {
             report.phases.iter().filter(|p| p.step == step).flat_map(|p| &p.runs).find(|r| r.pid == pid).map_or(0.0, |r| r.ms)
         };
@@ -212,7 +212,7 @@ mod tests {
     /// reads as none.
     #[test]
     fn a_summary_carries_each_processs_driver_times() {
-        use crate::checkpoint::{CheckpointReport, Footprint, FoundBy, GpuUuid, Phase, ProcessPhase, ProcessRecord, Step, StepRun};
+        use crate::cuda_ckpt::{CheckpointReport, Footprint, FoundBy, GpuUuid, Phase, ProcessPhase, ProcessRecord, Step, StepRun};
         let gpu = |n: u8| GpuUuid::parse(&format!("GPU-00000000-0000-0000-0000-0000000000{n:02x}")).unwrap();
         let record = |pid: i32, gibs: &[(u8, u64)]| ProcessRecord {
             pid,

@@ -1,5 +1,5 @@
 //! The exported C functions: the subset of libcuda that
-//! `core::checkpoint::driver::CudaDriver` loads, with cuda.h's signatures.
+//! `core::cuda_ckpt::driver::CudaDriver` loads, with cuda.h's signatures.
 //!
 //! A cuCheckpointProcess* call from a checkpointer (the agent, root) becomes a
 //! request in the target process's folder, answered by that process's driver

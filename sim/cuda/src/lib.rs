@@ -1,7 +1,7 @@
 //! A simulated CUDA checkpoint driver, for CI machines without GPUs.
 //!
 //! As a cdylib (`libcuda_sim.so`) it exports what
-//! `gpu_mode_core::checkpoint::CudaDriver` loads from libcuda: cuInit,
+//! `gpu_mode_core::cuda_ckpt::CudaDriver` loads from libcuda: cuInit,
 //! cuDriverGetVersion, cuGetErrorName/String and the six
 //! cuCheckpointProcess* calls, with the driver's states, rules and error
 //! codes. As an rlib it is the process side: a program that links it

@@ -12,8 +12,8 @@
 
 use super::server::Peer;
 use super::{Agent, RefusalKind, RequestError, RootState};
-use crate::checkpoint::record::CheckpointRecord;
-use crate::checkpoint::{CheckpointError, CheckpointReport, DeviceMap, FoundBy, Target};
+use crate::cuda_ckpt::record::CheckpointRecord;
+use crate::cuda_ckpt::{CheckpointError, CheckpointReport, DeviceMap, FoundBy, Target};
 use crate::criu::DumpRequest;
 use crate::preempt::images::ImageStore;
 use crate::preempt::manifest::{DumpTimings, Manifest, MANIFEST_VERSION};

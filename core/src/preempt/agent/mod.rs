@@ -33,7 +33,7 @@ use super::accounting::{self, AccountingField, Event, EventKind};
 use super::images::ImageStore;
 use super::manifest::GpuFacts;
 use super::staging::Staging;
-use crate::checkpoint::{CheckpointDriver, Checkpointer, GpuInfo, GpuUuid, ProcessHost};
+use crate::cuda_ckpt::{CudaCkptDriver, Checkpointer, GpuInfo, GpuUuid, ProcessHost};
 use crate::config::LogConfig;
 use crate::criu::Criu;
 use std::collections::BTreeMap;
@@ -82,7 +82,7 @@ pub struct AgentSettings {
     /// `staging_wait_s`: how long a restore waits for a staged image's copy
     /// from another node (staging.rs, [`crate::preempt::staging::judge`]).
     pub staging_wait: Duration,
-    pub checkpoint: crate::checkpoint::Settings,
+    pub checkpoint: crate::cuda_ckpt::Settings,
     pub tcp_established: bool,
     /// `checkpoint.early_writeback`.
     pub early_writeback: bool,
@@ -112,7 +112,7 @@ impl AgentSettings {
             images: ImageStore::new(&cfg.checkpoint.image_dir),
             staging: Staging::from_config(&cfg.checkpoint),
             staging_wait: super::staging::wait_bound(&cfg.checkpoint),
-            checkpoint: crate::checkpoint::Settings::from_config(cfg),
+            checkpoint: crate::cuda_ckpt::Settings::from_config(cfg),
             tcp_established: true,
             early_writeback: cfg.checkpoint.early_writeback,
             pid_wait: Duration::from_secs(10),
@@ -141,7 +141,7 @@ pub struct Agent {
     pub settings: AgentSettings,
     pub facts: NodeFacts,
     criu: Arc<dyn Criu>,
-    driver: Arc<dyn CheckpointDriver>,
+    driver: Arc<dyn CudaCkptDriver>,
     host: Arc<dyn ProcessHost + Send>,
     gpus: Arc<dyn GpuInfo + Send>,
     /// `criu check`, started with the agent and awaited by the first
@@ -171,7 +171,7 @@ pub struct Agent {
 /// The backends an agent drives: real ones in the binary, doubles in tests.
 pub struct Backends {
     pub criu: Arc<dyn Criu>,
-    pub driver: Arc<dyn CheckpointDriver>,
+    pub driver: Arc<dyn CudaCkptDriver>,
     pub host: Arc<dyn ProcessHost + Send>,
     pub gpus: Arc<dyn GpuInfo + Send>,
 }

@@ -4,7 +4,7 @@
 //! with the loader's error), /proc, NVML; and the node's GPU facts.
 
 use super::Backends;
-use crate::checkpoint::{CheckpointDriver, CudaDriver, DriverError, GpuPair, GpuUuid, Nvml, ProcFs, ProcessState};
+use crate::cuda_ckpt::{CudaCkptDriver, CudaDriver, DriverError, GpuPair, GpuUuid, Nvml, ProcFs, ProcessState};
 use crate::criu::{CheckCache, CriuCli};
 use crate::gpu::{GpuOps, NvmlGpus};
 use crate::preempt::manifest::GpuFacts;
@@ -14,7 +14,7 @@ use std::time::Duration;
 
 struct NoDriver(DriverError);
 
-impl CheckpointDriver for NoDriver {
+impl CudaCkptDriver for NoDriver {
     fn state(&self, _: i32) -> Result<ProcessState, DriverError> {
         Err(self.0.clone())
     }
@@ -37,7 +37,7 @@ impl CheckpointDriver for NoDriver {
 
 /// The backends and the driver's CUDA version (0 without a driver).
 pub fn real_backends(cfg: &Config) -> Result<(Backends, i32), String> {
-    let (driver, cuda_version): (Arc<dyn CheckpointDriver>, i32) = match CudaDriver::load(cfg.checkpoint.cuda_library.as_deref()) {
+    let (driver, cuda_version): (Arc<dyn CudaCkptDriver>, i32) = match CudaDriver::load(cfg.checkpoint.cuda_library.as_deref()) {
         Ok(d) => {
             let v = d.version();
             (Arc::new(d), v)

@@ -6,7 +6,7 @@
 
 use super::server::Peer;
 use super::{Agent, RefusalKind, RequestError, RootState};
-use crate::checkpoint::DeviceMap;
+use crate::cuda_ckpt::DeviceMap;
 use crate::criu::{RestoreRequest, TargetCgroup};
 use crate::preempt::images::ImageStore;
 use crate::preempt::manifest::Manifest;

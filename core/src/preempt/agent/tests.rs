@@ -7,7 +7,7 @@
 
 use super::server::{authorize, Peer};
 use super::*;
-use crate::checkpoint::{DriverError, GpuPair, GpuProcess, GpuUuid, ProcFs, ProcessState};
+use crate::cuda_ckpt::{DriverError, GpuPair, GpuProcess, GpuUuid, ProcFs, ProcessState};
 use crate::criu::{CriuCall, CriuError, RecordingCriu};
 use crate::preempt::images::ImageStore;
 use crate::preempt::manifest::{Manifest, MANIFEST_FILE};
@@ -20,7 +20,7 @@ const GPU_A: &str = "GPU-00000000-0000-0000-0000-00000000000a";
 
 struct NoCuda;
 
-impl CheckpointDriver for NoCuda {
+impl CudaCkptDriver for NoCuda {
     fn state(&self, pid: i32) -> Result<ProcessState, DriverError> {
         Err(DriverError::Call { call: "cuCheckpointProcessGetState", pid, code: 3, name: "CUDA_ERROR_NOT_INITIALIZED".into(), text: "x".into() })
     }
@@ -103,7 +103,7 @@ fn fixture_opts(counting: bool, accounting: crate::preempt::accounting::Accounti
     let settings = AgentSettings {
         socket_dir: p.join("sock"),
         images: ImageStore::new(p.join("images")),
-        checkpoint: crate::checkpoint::Settings {
+        checkpoint: crate::cuda_ckpt::Settings {
             lock_timeout_ms: 1000,
             memory_margin_bytes: 0,
             record_dir: p.join("records"),

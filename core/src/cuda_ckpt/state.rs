@@ -1,6 +1,6 @@
 //! The state verb: each process's checkpoint state as the driver reports it.
 
-use super::driver::{CheckpointDriver, ProcessState};
+use super::driver::{CudaCkptDriver, ProcessState};
 use super::record::{CheckpointRecord, ProcessPhase, ProcessRecord, RecordStatus};
 use super::{CheckpointError, Checkpointer, Target};
 use std::collections::BTreeSet;

@@ -5,7 +5,7 @@
 //! processes it names as (maybe) locked or checkpointed are brought back.
 
 use super::device_map::DeviceMap;
-use super::driver::{CheckpointDriver, GpuUuid, ProcessState};
+use super::driver::{CudaCkptDriver, GpuUuid, ProcessState};
 use super::parallel::{run_all, Phase, Step};
 use super::record::{CheckpointRecord, ProcessRecord, RecordStatus};
 use super::{CheckpointError, Checkpointer, Target};

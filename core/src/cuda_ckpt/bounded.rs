@@ -2,7 +2,7 @@
 //! can keep a cuCheckpointProcess* call in the kernel for good; a root helper
 //! must then report which call on which process hung, not hang with it.
 
-use super::driver::{calls, CheckpointDriver, DriverError, GpuPair, ProcessState};
+use super::driver::{calls, CudaCkptDriver, DriverError, GpuPair, ProcessState};
 use crate::watchdog::call_until;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,12 +17,12 @@ use std::time::Duration;
 /// now rather than at the deadline (`DeadlineError::Abandoned`).
 #[derive(Clone)]
 pub struct BoundedDriver {
-    inner: Arc<dyn CheckpointDriver>,
+    inner: Arc<dyn CudaCkptDriver>,
     call_timeout: Duration,
 }
 
 impl BoundedDriver {
-    pub fn new(inner: Arc<dyn CheckpointDriver>, call_timeout: Duration) -> Self {
+    pub fn new(inner: Arc<dyn CudaCkptDriver>, call_timeout: Duration) -> Self {
         BoundedDriver { inner, call_timeout }
     }
 
@@ -31,7 +31,7 @@ impl BoundedDriver {
         name: &'static str,
         pid: i32,
         deadline: Duration,
-        f: impl FnOnce(&dyn CheckpointDriver) -> Result<T, DriverError> + Send + 'static,
+        f: impl FnOnce(&dyn CudaCkptDriver) -> Result<T, DriverError> + Send + 'static,
     ) -> Result<T, DriverError> {
         let inner = Arc::clone(&self.inner);
         // A pid /proc does not show is not watched (the fakes' pids in tests);
@@ -46,7 +46,7 @@ impl BoundedDriver {
     }
 }
 
-impl CheckpointDriver for BoundedDriver {
+impl CudaCkptDriver for BoundedDriver {
     fn state(&self, pid: i32) -> Result<ProcessState, DriverError> {
         self.call(calls::GET_STATE, pid, self.call_timeout, move |d| d.state(pid))
     }

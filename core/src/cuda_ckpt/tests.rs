@@ -101,7 +101,7 @@ impl Node {
     }
 }
 
-impl CheckpointDriver for Node {
+impl CudaCkptDriver for Node {
     fn state(&self, pid: i32) -> Result<ProcessState, DriverError> {
         self.state_of(pid).ok_or(DriverError::Call {
             call: "cuCheckpointProcessGetState",

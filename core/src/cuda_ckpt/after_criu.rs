@@ -8,7 +8,7 @@
 //! just created. The driver must still report each one CHECKPOINTED.
 
 use super::device_map::DeviceMap;
-use super::driver::{CheckpointDriver, ProcessState};
+use super::driver::{CudaCkptDriver, ProcessState};
 use super::parallel::{run_all, Step};
 use super::record::{ProcessRecord, RecordStatus};
 use super::restore::RestoreReport;

@@ -1,5 +1,8 @@
-//! CUDA checkpoint/restore of a process or of every CUDA process of a Slurm
-//! job on this node: GPU memory is copied to host memory and released, then
+//! `cuda_ckpt`: the CUDA driver's checkpoint (one word per concept, issue 26:
+//! this is the driver verb; `preempt` is the machinery that checkpoints a
+//! preempted job with it and CRIU; `modes::checkpoint` is the mode's prolog
+//! and epilog). CUDA checkpoint/restore of a process or of every CUDA process
+//! of a Slurm job on this node: GPU memory is copied to host memory and released, then
 //! later restored (optionally onto other GPUs) intact.
 //!
 //! Order of a checkpoint: find the processes, refuse anything the driver
@@ -32,7 +35,7 @@ mod state;
 mod tests;
 
 pub use device_map::DeviceMap;
-pub use driver::{CheckpointDriver, CudaDriver, DriverError, GpuPair, GpuUuid, ProcessState};
+pub use driver::{CudaCkptDriver, CudaDriver, DriverError, GpuPair, GpuUuid, ProcessState};
 pub use nvml::{GpuInfo, GpuProcess, Nvml};
 pub use parallel::{Phase, Step, StepRun};
 pub use procs::{FoundBy, NvidiaFile, ProcFs, ProcessHost};
@@ -175,7 +178,7 @@ pub struct Checkpointer<'a> {
 impl<'a> Checkpointer<'a> {
     /// The driver is shared (`Arc`) because each call runs on a thread that
     /// may outlive the call's deadline.
-    pub fn new(driver: Arc<dyn CheckpointDriver>, host: &'a dyn ProcessHost, gpus: &'a dyn GpuInfo, settings: Settings) -> Self {
+    pub fn new(driver: Arc<dyn CudaCkptDriver>, host: &'a dyn ProcessHost, gpus: &'a dyn GpuInfo, settings: Settings) -> Self {
         let driver = BoundedDriver::new(driver, settings.call_timeout);
         Checkpointer { driver, host, gpus, settings }
     }

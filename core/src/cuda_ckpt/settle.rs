@@ -121,9 +121,9 @@ pub fn settle_records(dir: &Path, host: &dyn ProcessHost, job: u32) -> Settled {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::driver::GpuUuid;
-    use crate::checkpoint::procs::{FoundBy, NvidiaFile};
-    use crate::checkpoint::record::{Footprint, ProcessRecord, RecordStatus, RECORD_VERSION};
+    use crate::cuda_ckpt::driver::GpuUuid;
+    use crate::cuda_ckpt::procs::{FoundBy, NvidiaFile};
+    use crate::cuda_ckpt::record::{Footprint, ProcessRecord, RecordStatus, RECORD_VERSION};
     use std::collections::BTreeMap;
 
     /// Live processes (pid → start time) and the ending job's survivors.

@@ -2,7 +2,7 @@
 //! that no GPU file remains, roll everything back on any failure. The record
 //! is written before each step (see record.rs).
 
-use super::driver::{CheckpointDriver, ProcessState};
+use super::driver::{CudaCkptDriver, ProcessState};
 use super::parallel::{run_all, Phase, Step};
 use super::procs::{FoundBy, NvidiaFile};
 use super::record::{CheckpointRecord, Footprint, ProcessPhase, ProcessRecord, RecordStatus, RECORD_VERSION};

@@ -3,7 +3,7 @@
 //!
 //! Nothing here links against libcuda: CI machines have no driver, and a node
 //! with an old driver must get a typed error, not a loader failure. The
-//! orchestration talks to the [`CheckpointDriver`] trait so it can be tested
+//! orchestration talks to the [`CudaCkptDriver`] trait so it can be tested
 //! against a double.
 
 use crate::watchdog::DeadlineError;
@@ -151,7 +151,7 @@ pub const CUDA_ERROR_TIMEOUT: u32 = 909;
 /// The six calls, as the orchestration sees them. `Send + Sync` because a
 /// job's processes are handled from one thread each, and each call runs on a
 /// thread of its own under a deadline ([`super::bounded::BoundedDriver`]).
-pub trait CheckpointDriver: Send + Sync {
+pub trait CudaCkptDriver: Send + Sync {
     fn state(&self, pid: i32) -> Result<ProcessState, DriverError>;
     fn restore_thread_id(&self, pid: i32) -> Result<i32, DriverError>;
     fn lock(&self, pid: i32, timeout_ms: u32) -> Result<(), DriverError>;
@@ -296,7 +296,7 @@ fn symbol<T: Copy>(lib: &libloading::Library, library: &str, name: &'static str)
         .map_err(|_| DriverError::MissingSymbol { library: library.to_string(), symbol: name })
 }
 
-impl CheckpointDriver for CudaDriver {
+impl CudaCkptDriver for CudaDriver {
     fn state(&self, pid: i32) -> Result<ProcessState, DriverError> {
         let mut raw: c_int = -1;
         // SAFETY: CUprocessState is a C enum, int-sized; read as an integer.

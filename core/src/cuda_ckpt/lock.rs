@@ -1,7 +1,7 @@
 //! Locking and unlocking a set of processes, and the rollback that undoes a
 //! partial checkpoint.
 
-use super::driver::CheckpointDriver;
+use super::driver::CudaCkptDriver;
 use super::parallel::{run_all, Phase, Step};
 use super::record::{CheckpointRecord, ProcessPhase, RecordStatus};
 use super::Checkpointer;
