@@ -80,6 +80,20 @@ fn errno(path: &Path, what: &str, e: Errno) -> io::Error {
     io::Error::other(format!("{what} {}: {}", path.display(), e.desc()))
 }
 
+/// The runtime directory (this process's user's, 0755: users reach their
+/// MPS pipe directories through it), then `sub` inside it, this process's
+/// user's alone (0700), each checked as [`ensure_private_dir`] does: the
+/// runtime directory first, so that one that is a symlink is never written
+/// through (tests/planted_paths.rs). The one way every root-only record
+/// directory under the runtime directory is made (job states, GPU locks,
+/// metrics, MPS registry, MIG journal).
+pub fn ensure_runtime_subdir(runtime_dir: &Path, sub: &Path) -> io::Result<()> {
+    // SAFETY: geteuid and getegid have no preconditions.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    ensure_private_dir(runtime_dir, uid, gid, 0o755)?;
+    ensure_private_dir(sub, uid, gid, 0o700)
+}
+
 /// Creates `dir` (and its parents) if missing, then checks that it is a real
 /// directory (never a symlink: the last component is opened with O_NOFOLLOW
 /// and every change is made through that descriptor) owned by `uid` with

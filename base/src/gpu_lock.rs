@@ -39,10 +39,7 @@ impl GpuLocks {
         sorted.sort_unstable();
         sorted.dedup();
         let dir = runtime_dir.join("locks");
-        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
-        fsutil::ensure_private_dir(runtime_dir, uid, gid, 0o755)
-            .and_then(|_| fsutil::ensure_private_dir(&dir, uid, gid, 0o700))
-            .map_err(|source| LockError::Io { path: dir.clone(), source })?;
+        fsutil::ensure_runtime_subdir(runtime_dir, &dir).map_err(|source| LockError::Io { path: dir.clone(), source })?;
         let deadline = Instant::now() + timeout;
         let files = sorted
             .iter()

@@ -76,12 +76,8 @@ impl JobState {
     pub fn save(&self, runtime_dir: &Path) -> Result<PathBuf, StateError> {
         let path = state_path(runtime_dir, self.job_id);
         let io = |source| StateError::Io { path: path.clone(), source };
-        let owner = unsafe { libc::geteuid() };
-        let group = unsafe { libc::getegid() };
-        // The runtime directory stays traversable: users reach their MPS
-        // pipe directories through it. The job states are root's alone.
-        fsutil::ensure_private_dir(runtime_dir, owner, group, 0o755).map_err(io)?;
-        fsutil::ensure_private_dir(&jobs_dir(runtime_dir), owner, group, 0o700).map_err(io)?;
+        // The job states are root's alone.
+        fsutil::ensure_runtime_subdir(runtime_dir, &jobs_dir(runtime_dir)).map_err(io)?;
         // Dates the records of this boot (runtime::clear_previous_boot).
         crate::runtime::stamp_boot_if_absent(runtime_dir);
         write_json(&path, self)?;

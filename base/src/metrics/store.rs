@@ -103,8 +103,7 @@ impl StoreLock {
     pub fn acquire(runtime_dir: &Path) -> Result<StoreLock, StateError> {
         let dir = metrics_dir(runtime_dir);
         let io = |source| StateError::Io { path: dir.clone(), source };
-        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
-        fsutil::ensure_private_dir(runtime_dir, uid, gid, 0o755).and_then(|()| fsutil::ensure_private_dir(&dir, uid, gid, 0o700)).map_err(io)?;
+        fsutil::ensure_runtime_subdir(runtime_dir, &dir).map_err(io)?;
         // O_NOFOLLOW: a link left in the directory must not make root open what it names.
         let file = OpenOptions::new()
             .create(true)

@@ -85,14 +85,8 @@ fn record_path(runtime_dir: &Path, key: &str) -> PathBuf {
 impl DaemonRecord {
     pub fn save(&self, runtime_dir: &Path) -> Result<(), StateError> {
         let dir = registry_dir(runtime_dir);
-        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
-        // Root-only: the records name users' daemons and directories. The
-        // runtime directory is checked first, as the job state and the MIG
-        // journal do: without it, a runtime directory that was a symlink
-        // got the registry written through it (tests/planted_paths.rs).
-        crate::fsutil::ensure_private_dir(runtime_dir, uid, gid, 0o755)
-            .and_then(|()| crate::fsutil::ensure_private_dir(&dir, uid, gid, 0o700))
-            .map_err(|source| StateError::Io { path: dir.clone(), source })?;
+        // Root-only: the records name users' daemons and directories.
+        crate::fsutil::ensure_runtime_subdir(runtime_dir, &dir).map_err(|source| StateError::Io { path: dir.clone(), source })?;
         write_json(&record_path(runtime_dir, &self.key), self)
     }
 

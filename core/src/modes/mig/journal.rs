@@ -45,10 +45,7 @@ impl MigJournal {
 
     pub fn save(&self, runtime_dir: &Path) -> Result<(), StateError> {
         let dir = journal_dir(runtime_dir);
-        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
-        crate::fsutil::ensure_private_dir(runtime_dir, uid, gid, 0o755)
-            .and_then(|()| crate::fsutil::ensure_private_dir(&dir, uid, gid, 0o700))
-            .map_err(|source| StateError::Io { path: dir.clone(), source })?;
+        crate::fsutil::ensure_runtime_subdir(runtime_dir, &dir).map_err(|source| StateError::Io { path: dir.clone(), source })?;
         write_json(&journal_path(runtime_dir, self.job_id), self)
     }
 
@@ -96,10 +93,7 @@ fn switched_on_path(runtime_dir: &Path, gpu: u32) -> PathBuf {
 /// Marks GPU `gpu` as switched to MIG by slurm-gpu-mode (before the switch).
 pub fn mark_switched_on(runtime_dir: &Path, gpu: u32, job_id: u32) -> Result<(), StateError> {
     let dir = journal_dir(runtime_dir);
-    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
-    crate::fsutil::ensure_private_dir(runtime_dir, uid, gid, 0o755)
-        .and_then(|()| crate::fsutil::ensure_private_dir(&dir, uid, gid, 0o700))
-        .map_err(|source| StateError::Io { path: dir.clone(), source })?;
+    crate::fsutil::ensure_runtime_subdir(runtime_dir, &dir).map_err(|source| StateError::Io { path: dir.clone(), source })?;
     let path = switched_on_path(runtime_dir, gpu);
     crate::fsutil::write_atomic(&path, format!("switched on for job {job_id}\n").as_bytes(), 0o600)
         .map_err(|source| StateError::Io { path, source })
