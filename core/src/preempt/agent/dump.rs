@@ -11,7 +11,7 @@
 //! dumps it (writeback.rs). Every phase lands in the timeline (timeline.rs).
 
 use super::server::Peer;
-use super::{Agent, RefusalKind, RequestError, RootState};
+use super::{Agent, Because, FailureReason, RefusalKind, RequestError, RootState};
 use crate::cuda_ckpt::record::CheckpointRecord;
 use crate::cuda_ckpt::{CheckpointError, CheckpointReport, DeviceMap, FoundBy, Target};
 use crate::criu::DumpRequest;
@@ -39,7 +39,7 @@ struct Prepared<'a> {
 
 /// The CUDA checkpoint's outcome: its report, or none when the tree holds
 /// no GPU files.
-type CudaOutcome = Result<Option<CheckpointReport>, String>;
+type CudaOutcome = Result<Option<CheckpointReport>, RequestError>;
 
 impl Agent {
     pub(super) fn checkpoint(&self, peer: Peer, root: i32, signal_at_ms: Option<u64>) -> Result<CheckpointSummary, RequestError> {
@@ -54,8 +54,8 @@ impl Agent {
         tree::check_owned(&pids, &self.user)?;
         // Before anything is locked: what CRIU could not dump alone is
         // found (and refused) here.
-        uncheckpointable::refuse(&pids, &self.facts.driver_version).map_err(|e| format!("cannot checkpoint: {e}"))?;
-        let shm = shm::stage(&pids, root, &self.user).map_err(|e| format!("cannot checkpoint: {e}; nothing was changed"))?;
+        uncheckpointable::refuse(&pids, &self.facts.driver_version).map_err(|e| format!("cannot checkpoint: {e}")).because(FailureReason::Uncheckpointable)?;
+        let shm = shm::stage(&pids, root, &self.user).map_err(|e| format!("cannot checkpoint: {e}; nothing was changed")).because(FailureReason::Shm)?;
         sw.since("checks", t);
         let was = self.root_state(root);
         if was.is_some() {
@@ -93,11 +93,11 @@ impl Agent {
                 if let Ok(run) = run {
                     let _ = crate::fsutil::remove_tree_if_present(&run);
                 }
-                return Err(e.into());
+                return Err(e);
             }
             (Err(e), Ok(cuda)) => {
                 let undo = self.roll_back(cuda.is_some(), &target);
-                return Err(format!("cannot prepare the image directory: {e}; {undo}").into());
+                return Err(RequestError::failed(FailureReason::ImageDir, format!("cannot prepare the image directory: {e}; {undo}")));
             }
         };
         let result = self.dump_into(&run, root, pids, Prepared { cuda, shm, pinned }, from_signal, sw);
@@ -120,7 +120,14 @@ impl Agent {
             let cuda = match self.checkpointer().checkpoint_scope(target, pids, FoundBy::Pid) {
                 Ok(r) => Ok(Some(r)),
                 Err(CheckpointError::NoCudaProcesses { .. }) => Ok(None),
-                Err(e) => Err(format!("CUDA checkpoint failed: {e}")),
+                Err(e) => {
+                    let reason = match e {
+                        CheckpointError::HostMemory { .. } => FailureReason::HostMemory,
+                        CheckpointError::NotCheckpointable { .. } => FailureReason::Uncheckpointable,
+                        _ => FailureReason::CudaCheckpoint,
+                    };
+                    Err(RequestError::failed(reason, format!("CUDA checkpoint failed: {e}")))
+                }
             };
             let run = prep.join().unwrap_or_else(|_| (Err(std::io::Error::other("panicked")), Instant::now(), Instant::now()));
             (run, cuda)
@@ -161,7 +168,7 @@ impl Agent {
                 let message = format!("the caller (pid {}) is not a process of job {}: refused", peer.pid, self.params.job);
                 Err(RequestError::refused(RefusalKind::NotInJob, message))
             }
-            Err(e) => Err(RequestError::Failed(format!("cannot tell the processes of job {}: {e}", self.params.job))),
+            Err(e) => Err(RequestError::failed(FailureReason::Other, format!("cannot tell the processes of job {}: {e}", self.params.job))),
         }
     }
 
@@ -181,8 +188,9 @@ impl Agent {
         // the run only.
         let lent = pinned
             .still_there()
-            .and_then(|_| ImageStore::lend(run, self.params.uid, self.params.gid).map_err(|e| e.to_string()))
-            .map_err(|e| format!("{e}; {}", self.roll_back(cuda.is_some(), &target)))?;
+            .because(FailureReason::Other)
+            .and_then(|_| ImageStore::lend(run, self.params.uid, self.params.gid).map_err(|e| e.to_string()).because(FailureReason::ImageDir))
+            .map_err(|e| e.noting(&self.roll_back(cuda.is_some(), &target)))?;
         // Best effort: without it the seal writes everything, as before.
         let writeback = self.settings.early_writeback.then(|| Writeback::start(run).ok()).flatten();
         let t = Instant::now();
@@ -196,20 +204,23 @@ impl Agent {
             sw.since("writeback", t);
         }
         if let Err(e) = dumped {
-            return Err(format!("{e}; {}", self.roll_back(cuda.is_some(), &target)).into());
+            return Err(RequestError::failed(FailureReason::Criu, format!("{e}; {}", self.roll_back(cuda.is_some(), &target))));
         }
         if let Some(Err(e)) = ended {
             // The tree runs again: its GPU state goes back too.
-            return Err(format!("{e}; {}", self.roll_back(cuda.is_some(), &target)).into());
+            return Err(RequestError::failed(FailureReason::GpuFileInDump, format!("{e}; {}", self.roll_back(cuda.is_some(), &target))));
         }
         let _ = CheckpointRecord::remove(&self.settings.checkpoint.record_dir, &target.key());
         // From here on the tree is gone: a failure means starting over,
         // which the wrapper must be told (it would take the killed
         // application's status for the job's otherwise).
-        let lost = |e: String| RequestError::TreeLost(format!("{e}; the tree was dumped and killed, and the image is dropped"));
+        let lost = |reason: FailureReason, e: String| RequestError::TreeLost {
+            reason,
+            message: format!("{e}; the tree was dumped and killed, and the image is dropped"),
+        };
         // An image that is not root's again cannot be sealed.
-        back.map_err(|e| lost(e.to_string()))?;
-        self.seal_dumped(run, root, pids, cuda.as_ref(), shm, from_signal, sw).map_err(lost)
+        back.map_err(|e| lost(FailureReason::ImageDir, e.to_string()))?;
+        self.seal_dumped(run, root, pids, cuda.as_ref(), shm, from_signal, sw).map_err(|(reason, e)| lost(reason, e))
     }
 
     /// The dumped (and killed) tree's image: /dev/shm files, sealed images,
@@ -224,10 +235,10 @@ impl Agent {
         shm: Option<Staged>,
         from_signal: bool,
         sw: &mut Stopwatch,
-    ) -> Result<CheckpointSummary, String> {
+    ) -> Result<CheckpointSummary, (FailureReason, String)> {
         let shm = match shm {
             Some(s) => {
-                let (objects, note) = sw.time("shm", || s.save(run))?;
+                let (objects, note) = sw.time("shm", || s.save(run)).map_err(|e| (FailureReason::Shm, e))?;
                 if let Some(note) = note {
                     self.log("shm-remove", crate::log::Outcome::Failed, &note);
                 }
@@ -235,15 +246,17 @@ impl Agent {
             }
             None => vec![],
         };
-        let images = sw.time("seal", || ImageStore::seal(run, self.params.uid)).map_err(|e| format!("cannot seal the images in {}: {e}", run.display()))?;
+        let images = sw
+            .time("seal", || ImageStore::seal(run, self.params.uid))
+            .map_err(|e| (FailureReason::Seal, format!("cannot seal the images in {}: {e}", run.display())))?;
         let mut manifest = self.manifest(root, pids, cuda, images, sw.timeline(), from_signal);
         manifest.shm = shm;
         let t = Instant::now();
-        manifest.save(run).map_err(|e| format!("cannot write the manifest in {}: {e}", run.display()))?;
-        self.dump_store().sync_parents(self.params.job).map_err(|e| format!("cannot sync the image directory: {e}"))?;
+        manifest.save(run).map_err(|e| (FailureReason::Manifest, format!("cannot write the manifest in {}: {e}", run.display())))?;
+        self.dump_store().sync_parents(self.params.job).map_err(|e| (FailureReason::Manifest, format!("cannot sync the image directory: {e}")))?;
         sw.since("manifest", t);
         if self.settings.staging.is_some() {
-            sw.time("staged", || self.publish_staged(run))?;
+            sw.time("staged", || self.publish_staged(run)).map_err(|e| (FailureReason::Staging, e))?;
         }
         // Older images of this job (restored already) are of no more use.
         let _ = self.dump_store().remove_other_runs(self.params.job, Some(self.params.restart_count));

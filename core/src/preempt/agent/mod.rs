@@ -27,7 +27,8 @@ mod tests;
 pub use real::{gpu_facts, node_gpus, real_backends};
 pub use server::{listen, ExitReason};
 pub use spawn::{spawn_agent, stop_agent, AgentLaunch};
-use refusal::{RefusalKind, RequestError};
+pub use refusal::FailureReason;
+use refusal::{Because, RefusalKind, RequestError};
 
 use super::accounting::{self, AccountingField, Event, EventKind};
 use super::images::ImageStore;
@@ -255,7 +256,7 @@ impl Agent {
     /// failure (logged, counted, accounted; the request budget bounds a
     /// user's loop of them), not a cheap refusal.
     fn criu_usable(&self, verb: &str) -> Result<(), RequestError> {
-        let unusable = |e: &String| RequestError::Failed(format!("cannot {verb}: {e}"));
+        let unusable = |e: &String| RequestError::failed(FailureReason::Criu, format!("cannot {verb}: {e}"));
         self.criu_status().as_ref().map(|_| ()).map_err(unusable)
     }
 

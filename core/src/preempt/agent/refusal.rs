@@ -60,33 +60,158 @@ impl RefusalKind {
     }
 }
 
+/// Why a checkpoint or restore failed: the `reason` label of
+/// `gpu_mode_checkpoint_failures_total` and `gpu_mode_restore_failures_total`
+/// (docs/metrics.md). Set where the failure happens, never read back from
+/// the message: rewording a message changes no metric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureReason {
+    /// The tree is one neither CRIU nor the driver can bring back (an
+    /// io_uring, an NCCL process group, a file only the driver may hold),
+    /// or its /dev/shm semaphores could not be staged: refused before the lock.
+    Uncheckpointable,
+    /// The driver's checkpoint would not fit in host memory or the job's
+    /// memory cgroup: refused before the lock.
+    HostMemory,
+    /// The driver's lock or checkpoint (a call past its deadline included).
+    CudaCheckpoint,
+    /// The image directory could not be made, lent or given back.
+    ImageDir,
+    /// CRIU failed, or is not usable on this node.
+    Criu,
+    /// CRIU dumped a process that had opened a GPU file meanwhile.
+    GpuFileInDump,
+    Seal,
+    Manifest,
+    /// The staged image could not be published to the shared store.
+    Staging,
+    /// The image's manifest, files or checksums, or its GPUs, do not fit
+    /// this restore.
+    Image,
+    /// The image's GPU memory does not fit on this node's GPUs.
+    GpuMemory,
+    /// This node's driver cannot restore the image (version, remapping).
+    Driver,
+    /// The /dev/shm objects could not be recreated.
+    Shm,
+    /// The restored tree failed the checks made before it runs.
+    RestoredCheck,
+    /// The driver's restore or unlock.
+    CudaRestore,
+    /// Another process holds a pid of the image on this node (F7).
+    PidsHeld,
+    /// Anything not named above.
+    Other,
+}
+
+impl FailureReason {
+    /// Every reason (the docs and the tests go through it).
+    pub const ALL: [FailureReason; 17] = [
+        FailureReason::Uncheckpointable,
+        FailureReason::HostMemory,
+        FailureReason::CudaCheckpoint,
+        FailureReason::ImageDir,
+        FailureReason::Criu,
+        FailureReason::GpuFileInDump,
+        FailureReason::Seal,
+        FailureReason::Manifest,
+        FailureReason::Staging,
+        FailureReason::Image,
+        FailureReason::GpuMemory,
+        FailureReason::Driver,
+        FailureReason::Shm,
+        FailureReason::RestoredCheck,
+        FailureReason::CudaRestore,
+        FailureReason::PidsHeld,
+        FailureReason::Other,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            FailureReason::Uncheckpointable => "uncheckpointable",
+            FailureReason::HostMemory => "host_memory",
+            FailureReason::CudaCheckpoint => "cuda_checkpoint",
+            FailureReason::ImageDir => "image_dir",
+            FailureReason::Criu => "criu",
+            FailureReason::GpuFileInDump => "gpu_file_in_dump",
+            FailureReason::Seal => "seal",
+            FailureReason::Manifest => "manifest",
+            FailureReason::Staging => "staging",
+            FailureReason::Image => "image",
+            FailureReason::GpuMemory => "gpu_memory",
+            FailureReason::Driver => "driver",
+            FailureReason::Shm => "shm",
+            FailureReason::RestoredCheck => "restored_check",
+            FailureReason::CudaRestore => "cuda_restore",
+            FailureReason::PidsHeld => "pids_held",
+            FailureReason::Other => "other",
+        }
+    }
+}
+
 /// A checkpoint's or restore's error: refused before any work, or failed in it.
 #[derive(Debug, thiserror::Error)]
 pub enum RequestError {
     #[error("{message}")]
     Refused { kind: RefusalKind, message: String },
-    #[error("{0}")]
-    Failed(String),
+    #[error("{message}")]
+    Failed { reason: FailureReason, message: String },
     /// Failed for a reason of this node's, before anything was started:
     /// another node may do it (the wrapper moves the job, F7).
     #[error("{0}")]
     NotHere(String),
     /// A checkpoint failed after the tree was dumped and killed: nothing
     /// of it is left (protocol::Response::TreeLost).
-    #[error("{0}")]
-    TreeLost(String),
+    #[error("{message}")]
+    TreeLost { reason: FailureReason, message: String },
 }
 
 impl RequestError {
     pub fn refused(kind: RefusalKind, message: impl Into<String>) -> RequestError {
         RequestError::Refused { kind, message: message.into() }
     }
+
+    pub fn failed(reason: FailureReason, message: impl Into<String>) -> RequestError {
+        RequestError::Failed { reason, message: message.into() }
+    }
+
+    /// The same error, its message extended by `note` (`<message>; <note>`).
+    pub fn noting(self, note: &str) -> RequestError {
+        let more = |m: String| format!("{m}; {note}");
+        match self {
+            RequestError::Refused { kind, message } => RequestError::Refused { kind, message: more(message) },
+            RequestError::Failed { reason, message } => RequestError::Failed { reason, message: more(message) },
+            RequestError::NotHere(message) => RequestError::NotHere(more(message)),
+            RequestError::TreeLost { reason, message } => RequestError::TreeLost { reason, message: more(message) },
+        }
+    }
+
+    /// The metrics' reason of a failure (`None`: a refusal, not counted).
+    pub fn reason(&self) -> Option<FailureReason> {
+        match self {
+            RequestError::Refused { .. } => None,
+            RequestError::Failed { reason, .. } | RequestError::TreeLost { reason, .. } => Some(*reason),
+            RequestError::NotHere(_) => Some(FailureReason::PidsHeld),
+        }
+    }
 }
 
-/// Every error that is not built as a refusal is a failure.
+/// Every error that is not built as a refusal or with its reason is a
+/// failure of reason `other`.
 impl From<String> for RequestError {
     fn from(message: String) -> RequestError {
-        RequestError::Failed(message)
+        RequestError::failed(FailureReason::Other, message)
+    }
+}
+
+/// `result.because(reason)?`: a `String` error becomes a failure of `reason`.
+pub(super) trait Because<T> {
+    fn because(self, reason: FailureReason) -> Result<T, RequestError>;
+}
+
+impl<T> Because<T> for Result<T, String> {
+    fn because(self, reason: FailureReason) -> Result<T, RequestError> {
+        self.map_err(|message| RequestError::failed(reason, message))
     }
 }
 
@@ -125,5 +250,31 @@ impl Agent {
         let secs = REFUSAL_LOG_WINDOW.as_secs();
         let detail = format!("{n} more refused requests of uid {uid} were not logged (at most {REFUSAL_LOG_LINES} lines per {secs} s)");
         self.action_line("agent-refused").field("peer_uid", uid).field("detail", detail).outcome(Outcome::Refused).emit(&self.settings.log);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each reason is one fixed word of its own, listed in docs/metrics.md,
+    /// and the message never decides it.
+    #[test]
+    fn failure_reasons_are_distinct_documented_words() {
+        let doc = include_str!("../../../../docs/metrics.md");
+        let mut seen = std::collections::BTreeSet::new();
+        for r in FailureReason::ALL {
+            let label = r.label();
+            assert!(label.chars().all(|c| c.is_ascii_lowercase() || c == '_'), "{label}");
+            assert!(seen.insert(label), "{label} twice");
+            assert!(doc.contains(&format!("`{label}`")), "docs/metrics.md does not list the reason `{label}`");
+        }
+        let e = RequestError::failed(FailureReason::Seal, "criu said no: manifest missing");
+        assert_eq!(e.reason(), Some(FailureReason::Seal), "the words of the message count for nothing");
+        assert_eq!(RequestError::from("criu failed".to_string()).reason(), Some(FailureReason::Other));
+        assert_eq!(RequestError::NotHere("x".into()).reason(), Some(FailureReason::PidsHeld));
+        assert_eq!(RequestError::refused(RefusalKind::Busy, "x").reason(), None, "refusals are not counted");
+        let noted = RequestError::failed(FailureReason::Image, "bad").noting("the image is kept");
+        assert!(matches!(&noted, RequestError::Failed { reason: FailureReason::Image, message } if message == "bad; the image is kept"), "{noted:?}");
     }
 }

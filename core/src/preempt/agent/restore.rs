@@ -5,7 +5,7 @@
 //! consumed: it is never restored twice.
 
 use super::server::Peer;
-use super::{Agent, RefusalKind, RequestError, RootState};
+use super::{Agent, Because, FailureReason, RefusalKind, RequestError, RootState};
 use crate::cuda_ckpt::DeviceMap;
 use crate::criu::{RestoreRequest, TargetCgroup};
 use crate::preempt::images::ImageStore;
@@ -110,21 +110,25 @@ impl Agent {
     ) -> Result<(i32, RestoreSummary), RequestError> {
         let dir = dir.to_path_buf();
         let t = Instant::now();
-        let (manifest, map) = self.vet(&dir, sw).map_err(|e| format!("{e}; the image is kept"))?;
+        let (manifest, map) = self.vet(&dir, sw).map_err(|e| e.noting("the image is kept"))?;
         // Last: a pid another process holds here may be free on another
         // node, where the wrapper then moves the job (security review F7).
         sw.time("pids-free", || tree::wait_pids_free(&manifest.pids, self.settings.pid_wait))
             .map_err(|e| RequestError::NotHere(format!("{e}; the image is kept")))?;
         let cgroup = TargetCgroup::of_pid(peer.pid)?;
         // Dropped on any failure below: the names made are removed again.
-        let shm = sw.time("shm", || shm::recreate(&manifest.shm, &dir, peer.pid, &self.user)).map_err(|e| format!("{e}; the image is kept"))?;
+        let shm = sw
+            .time("shm", || shm::recreate(&manifest.shm, &dir, peer.pid, &self.user))
+            .map_err(|e| format!("{e}; the image is kept"))
+            .because(FailureReason::Shm)?;
         let check_ms = ms(t);
         let pid = self.criu_restore(&dir, &manifest, cgroup, sw)?;
         let t = Instant::now();
         if !manifest.cuda.is_empty() {
             if let Err(e) = self.checkpointer().restore_processes(&manifest.cuda, &map) {
                 self.kill_restored(&manifest);
-                return Err(format!("CUDA restore failed: {e}; the restored processes were killed, the image is kept").into());
+                let message = format!("CUDA restore failed: {e}; the restored processes were killed, the image is kept");
+                return Err(RequestError::failed(FailureReason::CudaRestore, message));
             }
             sw.since("cuda-restore", t);
         }
@@ -165,17 +169,19 @@ impl Agent {
     /// Everything that can refuse the image, without changing anything. The
     /// image's pages are read ahead meanwhile (an image not in the page
     /// cache, e.g. on shared storage, is then read while the checks run).
-    fn vet(&self, dir: &Path, sw: &mut Stopwatch) -> Result<(Manifest, DeviceMap), String> {
-        let m = sw.time("manifest", || -> Result<Manifest, String> {
-            let m = Manifest::load(dir).map_err(|e| e.to_string())?;
-            m.check_owner(dir, self.params.job, self.params.uid).map_err(|e| e.to_string())?;
-            Ok(m)
-        })?;
+    fn vet(&self, dir: &Path, sw: &mut Stopwatch) -> Result<(Manifest, DeviceMap), RequestError> {
+        let m = sw
+            .time("manifest", || -> Result<Manifest, String> {
+                let m = Manifest::load(dir).map_err(|e| e.to_string())?;
+                m.check_owner(dir, self.params.job, self.params.uid).map_err(|e| e.to_string())?;
+                Ok(m)
+            })
+            .because(FailureReason::Image)?;
         read_ahead(dir, &m);
-        sw.time("checksums", || m.check_files(dir)).map_err(|e| e.to_string())?;
-        let map = sw.time("gpu-room", || -> Result<DeviceMap, String> {
+        sw.time("checksums", || m.check_files(dir)).map_err(|e| e.to_string()).because(FailureReason::Image)?;
+        let map = sw.time("gpu-room", || -> Result<DeviceMap, RequestError> {
             let map = self.device_map(&m)?;
-            self.checkpointer().check_restore_room(&m.cuda, &map).map_err(|e| e.to_string())?;
+            self.checkpointer().check_restore_room(&m.cuda, &map).map_err(|e| e.to_string()).because(FailureReason::GpuMemory)?;
             Ok(map)
         })?;
         Ok((m, map))
@@ -183,45 +189,51 @@ impl Agent {
 
     /// The image's GPUs → this job's, by position; the same driver version
     /// and GPU model for each GPU that holds checkpointed memory.
-    fn device_map(&self, m: &Manifest) -> Result<DeviceMap, String> {
+    fn device_map(&self, m: &Manifest) -> Result<DeviceMap, RequestError> {
         if m.cuda.is_empty() {
             return Ok(DeviceMap::default());
         }
         if m.driver_version != self.facts.driver_version {
-            return Err(format!(
-                "the image was taken with NVIDIA driver {} (node {}); this node has {}: a CUDA checkpoint restores only on the same driver",
-                m.driver_version, m.node, self.facts.driver_version
+            return Err(RequestError::failed(
+                FailureReason::Driver,
+                format!(
+                    "the image was taken with NVIDIA driver {} (node {}); this node has {}: a CUDA checkpoint restores only on the same driver",
+                    m.driver_version, m.node, self.facts.driver_version
+                ),
             ));
         }
         let used: Vec<_> = m.cuda.iter().flat_map(|p| p.footprint.iter().map(|f| f.gpu)).collect();
         let mut pairs = Vec::new();
         for (i, old) in m.gpus.iter().enumerate().filter(|(_, g)| used.contains(&g.uuid)) {
             let new = self.params.gpus.get(i).ok_or_else(|| {
-                format!("the image used {} GPUs; this run of the job has {}", m.gpus.len(), self.params.gpus.len())
+                let message = format!("the image used {} GPUs; this run of the job has {}", m.gpus.len(), self.params.gpus.len());
+                RequestError::failed(FailureReason::Image, message)
             })?;
             if new.name != old.name {
-                return Err(format!("the image's GPU {i} is a {}; this run got a {} ({})", old.name, new.name, new.uuid));
+                let message = format!("the image's GPU {i} is a {}; this run got a {} ({})", old.name, new.name, new.uuid);
+                return Err(RequestError::failed(FailureReason::Image, message));
             }
             pairs.push(format!("{}={}", old.uuid, new.uuid));
         }
         if let Some(g) = used.iter().find(|u| !m.gpus.iter().any(|g| g.uuid == **u)) {
-            return Err(format!("the image's footprint names {g}, which is not among its GPUs: corrupt"));
+            return Err(RequestError::failed(FailureReason::Image, format!("the image's footprint names {g}, which is not among its GPUs: corrupt")));
         }
         let same = m.gpus.iter().zip(&self.params.gpus).all(|(a, b)| a.uuid == b.uuid);
         if same || pairs.is_empty() {
             return Ok(DeviceMap::default());
         }
         if self.facts.cuda_version < 13000 {
-            return Err(format!("restoring onto other GPUs needs driver r580 / CUDA 13.0; this node's CUDA is {}", self.facts.cuda_version));
+            let message = format!("restoring onto other GPUs needs driver r580 / CUDA 13.0; this node's CUDA is {}", self.facts.cuda_version);
+            return Err(RequestError::failed(FailureReason::Driver, message));
         }
         // Every GPU the dump node had, not only the job's (the driver's rule):
         // manifests from before node_gpus was recorded map the job's only.
-        Ok(DeviceMap::parse(&pairs.join(","))?.completed(&m.node_gpus, &self.facts.node_gpus))
+        Ok(DeviceMap::parse(&pairs.join(",")).because(FailureReason::Image)?.completed(&m.node_gpus, &self.facts.node_gpus))
     }
 
     /// CRIU restore into `cgroup`, then the checks that need the processes:
     /// the root is the image's, in the new job's cgroup, the user's.
-    fn criu_restore(&self, dir: &Path, m: &Manifest, cgroup: TargetCgroup, sw: &mut Stopwatch) -> Result<i32, String> {
+    fn criu_restore(&self, dir: &Path, m: &Manifest, cgroup: TargetCgroup, sw: &mut Stopwatch) -> Result<i32, RequestError> {
         let (uid, gid) = (self.params.uid, self.params.gid);
         let req = RestoreRequest {
             images_dir: dir.to_path_buf(),
@@ -236,7 +248,7 @@ impl Agent {
             ImageStore::hand_files_to(dir, &names, uid, gid).map_err(|e| e.to_string())?;
             ImageStore::lend(dir, uid, gid).map_err(|e| e.to_string())
         };
-        let lent = lend().map_err(|e| format!("{e}; the image is kept"))?;
+        let lent = lend().map_err(|e| format!("{e}; the image is kept")).because(FailureReason::ImageDir)?;
         let t = Instant::now();
         let restored = self.criu.restore(&req);
         let back = lent.give_back();
@@ -245,11 +257,11 @@ impl Agent {
             (Ok(r), Ok(())) => r,
             (Err(e), _) => {
                 self.reap_failed_restore(m);
-                return Err(format!("{e}; the image is kept"));
+                return Err(RequestError::failed(FailureReason::Criu, format!("{e}; the image is kept")));
             }
             (Ok(_), Err(e)) => {
                 self.kill_restored(m);
-                return Err(format!("{e}; the restored processes were killed, the image is kept"));
+                return Err(RequestError::failed(FailureReason::ImageDir, format!("{e}; the restored processes were killed, the image is kept")));
             }
         };
         let t = Instant::now();
@@ -260,7 +272,7 @@ impl Agent {
         };
         if let Err(e) = check {
             self.kill_restored(m);
-            return Err(format!("{e}; the restored processes were killed, the image is kept"));
+            return Err(RequestError::failed(FailureReason::RestoredCheck, format!("{e}; the restored processes were killed, the image is kept")));
         }
         tree::resume_all(&self.host.with_descendants(r.pid));
         sw.since("restored-check", t);

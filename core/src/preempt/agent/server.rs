@@ -4,7 +4,7 @@
 //! SO_PEERCRED on every connection (the file mode alone is not trusted).
 //! One thread per connection; requests are a line each (protocol.rs).
 
-use super::{Agent, RefusalKind, RequestError, RootState};
+use super::{Agent, FailureReason, RefusalKind, RequestError, RootState};
 use crate::fsutil;
 use crate::log::Outcome;
 use crate::metrics::{self, Event};
@@ -269,11 +269,11 @@ impl Agent {
                 self.refused(peer.uid, "checkpoint", kind, &message);
                 Response::Error { message }
             }
-            Err(e @ (RequestError::Failed(_) | RequestError::NotHere(_) | RequestError::TreeLost(_))) => {
-                let lost = matches!(e, RequestError::TreeLost(_));
+            Err(e @ (RequestError::Failed { .. } | RequestError::NotHere(_) | RequestError::TreeLost { .. })) => {
+                let lost = matches!(e, RequestError::TreeLost { .. });
                 let message = e.to_string();
                 self.log("checkpoint", Outcome::Failed, &message);
-                self.count(&failure_events(metrics::CHECKPOINTS, metrics::CHECKPOINT_FAILURES, &message));
+                self.count(&failure_events(metrics::CHECKPOINTS, metrics::CHECKPOINT_FAILURES, &e));
                 self.account(EventKind::CheckpointFailed, start.elapsed().as_secs_f64(), None);
                 if lost {
                     Response::TreeLost { message }
@@ -296,11 +296,11 @@ impl Agent {
                 let _ = protocol::send(out, &Response::Error { message });
                 return;
             }
-            Err(e @ (RequestError::Failed(_) | RequestError::NotHere(_) | RequestError::TreeLost(_))) => {
+            Err(e @ (RequestError::Failed { .. } | RequestError::NotHere(_) | RequestError::TreeLost { .. })) => {
                 let movable = matches!(e, RequestError::NotHere(_));
                 let message = e.to_string();
                 self.log("restore", Outcome::Failed, &message);
-                self.count(&failure_events(metrics::RESTORES, metrics::RESTORE_FAILURES, &message));
+                self.count(&failure_events(metrics::RESTORES, metrics::RESTORE_FAILURES, &e));
                 // Before the answer: the job fails (or is requeued) on it,
                 // and Slurm takes no update of a finished job.
                 self.account(EventKind::RestoreFailed, start.elapsed().as_secs_f64(), None);
@@ -348,7 +348,9 @@ impl Agent {
     }
 }
 
-/// A failed checkpoint or restore: counted as failed, and by reason.
-fn failure_events(total: &'static str, failures: &'static str, message: &str) -> Vec<Event> {
-    vec![Event::count(total, vec![("outcome", "failed".into())]), Event::count(failures, vec![("reason", metrics::reason_label(message))])]
+/// A failed checkpoint or restore: counted as failed, and by its reason
+/// (the error's kind, never its text).
+fn failure_events(total: &'static str, failures: &'static str, error: &RequestError) -> Vec<Event> {
+    let reason = error.reason().unwrap_or(FailureReason::Other).label();
+    vec![Event::count(total, vec![("outcome", "failed".into())]), Event::count(failures, vec![("reason", reason.to_string())])]
 }

@@ -262,7 +262,9 @@ fn a_gpu_file_opened_while_crius_dump_began_drops_the_image_and_the_app_runs_on(
         }
         unsafe { libc::kill(pid, libc::SIGSTOP) };
     }));
-    let err = fx.agent.checkpoint(me(), pid, None).unwrap_err().to_string();
+    let e = fx.agent.checkpoint(me(), pid, None).unwrap_err();
+    assert_eq!(e.reason(), Some(FailureReason::GpuFileInDump));
+    let err = e.to_string();
     let expected = format!("pid {pid} opened {} (fd 3) after the GPU scan and before CRIU froze the tree", device.display());
     assert!(err.contains(&expected) && err.contains("is dropped; the application runs on"), "{err}");
     assert!(!fx.agent.settings.images.run_dir(7, 0).exists(), "the image is removed");
@@ -342,7 +344,9 @@ fn a_failed_dump_leaves_nothing_that_claims_success_and_the_app_runs_on() {
     let mut child = app();
     let fail = CriuError::Failed { verb: "dump", status: "exit status: 1".into(), detail: "No space left on device".into(), log: "/x".into() };
     *fx.criu.fail_dump.lock().unwrap() = Some(fail);
-    let err = fx.agent.checkpoint(me(), child.id() as i32, None).unwrap_err().to_string();
+    let e = fx.agent.checkpoint(me(), child.id() as i32, None).unwrap_err();
+    assert_eq!(e.reason(), Some(FailureReason::Criu), "counted as a CRIU failure, whatever its text");
+    let err = e.to_string();
     assert!(err.contains("criu dump failed") && err.contains("No space left") && err.contains("the application runs on"), "{err}");
     assert!(!fx.agent.settings.images.run_dir(7, 0).exists(), "the partial dump is removed");
     assert_eq!(fx.agent.settings.images.latest(7), None);
@@ -363,7 +367,9 @@ fn an_image_directory_that_cannot_be_made_fails_the_checkpoint_and_the_app_runs_
     // for any failure to make the directory.
     std::fs::write(&fx.agent.settings.images.root, b"not a directory").unwrap();
     let mut child = app();
-    let err = fx.agent.checkpoint(me(), child.id() as i32, None).unwrap_err().to_string();
+    let e = fx.agent.checkpoint(me(), child.id() as i32, None).unwrap_err();
+    assert_eq!(e.reason(), Some(FailureReason::ImageDir));
+    let err = e.to_string();
     assert!(err.starts_with("cannot prepare the image directory") && err.ends_with("the application runs on"), "{err}");
     assert!(matches!(&fx.criu.calls()[..], [CriuCall::Check]), "CRIU never ran: {:?}", fx.criu.calls());
     assert_eq!(child.try_wait().unwrap(), None, "the application still runs");
@@ -404,16 +410,18 @@ fn restores_refuse_foreign_corrupt_changed_or_incompatible_images_and_keep_them(
     if !root_or_skip() {
         return;
     }
-    type Case = (&'static str, Box<dyn Fn(&std::path::Path)>, &'static str);
+    type Case = (&'static str, Box<dyn Fn(&std::path::Path)>, &'static str, FailureReason);
+    use FailureReason::{Driver, Image};
     let cases: Vec<Case> = vec![
-        ("other user", Box::new(|run| forge(run, |v| v["uid"] = 1234.into())), "belongs to uid 1234, not to job 7's user (uid 65534): refused"),
-        ("other job", Box::new(|run| forge(run, |v| v["job"] = 8.into())), "belongs to job 8, not job 7"),
-        ("corrupt", Box::new(|run| std::fs::write(run.join(MANIFEST_FILE), b"{\"version\":1,").unwrap()), "is corrupt"),
-        ("newer", Box::new(|run| forge(run, |v| v["version"] = 2.into())), "format version 2"),
+        ("other user", Box::new(|run| forge(run, |v| v["uid"] = 1234.into())), "belongs to uid 1234, not to job 7's user (uid 65534): refused", Image),
+        ("other job", Box::new(|run| forge(run, |v| v["job"] = 8.into())), "belongs to job 8, not job 7", Image),
+        ("corrupt", Box::new(|run| std::fs::write(run.join(MANIFEST_FILE), b"{\"version\":1,").unwrap()), "is corrupt", Image),
+        ("newer", Box::new(|run| forge(run, |v| v["version"] = 2.into())), "format version 2", Image),
         (
             "changed file",
             Box::new(|run| std::fs::write(run.join("pages-1.img"), b"tampered").unwrap()),
             "image file pages-1.img",
+            Image,
         ),
         (
             "other driver",
@@ -425,6 +433,7 @@ fn restores_refuse_foreign_corrupt_changed_or_incompatible_images_and_keep_them(
                 })
             }),
             "taken with NVIDIA driver 570.86.15 (node n1); this node has 580.159.04",
+            Driver,
         ),
         (
             "other GPU model",
@@ -436,13 +445,16 @@ fn restores_refuse_foreign_corrupt_changed_or_incompatible_images_and_keep_them(
                 })
             }),
             "the image's GPU 0 is a NVIDIA A100-SXM4-40GB; this run got a NVIDIA H200",
+            Image,
         ),
     ];
-    for (name, spoil, needle) in cases {
+    for (name, spoil, needle, reason) in cases {
         let fx = fixture();
         let (_child, run) = dumped(&fx);
         spoil(&run);
-        let err = fx.agent.restore(me()).unwrap_err().to_string();
+        let e = fx.agent.restore(me()).unwrap_err();
+        assert_eq!(e.reason(), Some(reason), "{name}: counted by its kind");
+        let err = e.to_string();
         assert!(err.contains(needle) && err.contains("the image is kept"), "{name}: {err}");
         assert!(run.join(MANIFEST_FILE).exists(), "{name}: the image is kept");
         assert!(!fx.criu.calls().iter().any(|c| matches!(c, CriuCall::Restore(_))), "{name}: nothing was restored");
