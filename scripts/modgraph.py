@@ -335,8 +335,8 @@ LAYERS = [
     ("L1 config", "config log"),
     ("L2 job", "job_env gres state grant metrics submit mps_daemons"),
     ("L3 devices", "gpu criu cuda_ckpt mode_driver"),
-    ("L4 mps/mig-baseline", "modes::mps mig_baseline"),
-    ("L5 mig/preempt", "modes::mig preempt modes::checkpoint"),
+    ("L4 mps", "modes::mps"),
+    ("L5 mig/preempt", "mig preempt modes::checkpoint"),
     ("L6 modes", "modes"),
     ("L7 health", "health"),
     # the metrics' families, events and store stay in L2; keeping them and

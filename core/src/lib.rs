@@ -15,7 +15,9 @@ pub mod criu;
 pub mod gpu;
 pub mod health;
 pub mod lifecycle;
-pub mod mig_baseline;
+pub mod mig;
+/// The node MIG baseline, at its old path (crate::mig::baseline).
+pub use mig::baseline as mig_baseline;
 pub mod mode_driver;
 pub mod modes;
 pub mod node_check;

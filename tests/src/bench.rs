@@ -4,7 +4,7 @@
 
 use anyhow::{Context, Result};
 use gpu_mode_core::gpu::GpuOps;
-use gpu_mode_core::modes::mig::placement::{place, Occupied};
+use gpu_mode_core::mig::placement::{place, Occupied};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 

@@ -14,7 +14,6 @@ pub mod error;
 pub mod health;
 pub mod inventory;
 pub mod mig;
-pub mod placement;
 pub mod modes;
 mod raw;
 pub mod report;

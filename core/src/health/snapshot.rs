@@ -225,7 +225,7 @@ mod tests {
             self.answer("modes", gpu, |g| g.modes.unwrap())
         }
         fn mig_profiles(&self, gpu: u32) -> Result<Vec<MigProfile>, GpuError> {
-            self.answer("mig_profiles", gpu, |_| crate::gpu::placement::h100_table())
+            self.answer("mig_profiles", gpu, |_| crate::mig::placement::h100_table())
         }
         fn mig_instances(&self, gpu: u32) -> Result<Vec<MigInstance>, GpuError> {
             let one = MigInstance { gpu_instance: 1, profile_id: 19, placement_start: 0, placement_size: 1, compute_instances: Vec::<ComputeInstance>::new() };

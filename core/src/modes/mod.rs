@@ -12,7 +12,8 @@
 //! * [`checkpoint`]: checkpoint on preemption, restore on requeue.
 
 pub mod checkpoint;
-pub mod mig;
+/// The MIG mode: the MIG domain's per-job part (crate::mig::job).
+pub use crate::mig::job as mig;
 pub mod mps;
 
 pub use crate::failure::Failure;

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use gpu_mode_core::job_env::JobEnv;
 use gpu_mode_core::lifecycle::{epilog, prolog};
-use gpu_mode_core::modes::mig::placement::{place, Occupied};
+use gpu_mode_core::mig::placement::{place, Occupied};
 use gpu_mode_tests::{bench, Artifacts};
 use std::time::{Duration, Instant};
 
@@ -117,7 +117,7 @@ fn median(v: &[(f64, f64)], which: usize) -> f64 {
 /// The solver over every multiset of up to 7 instances of an H100's profiles
 /// (3432 layouts): the slowest single placement and the total.
 fn solver_times() {
-    let h100 = gpu_mode_core::modes::mig::placement::h100_table();
+    let h100 = gpu_mode_core::mig::placement::h100_table();
     let mut counts = vec![0u32; h100.len()];
     let (mut worst, mut worst_layout, mut total, mut n) = (Duration::ZERO, String::new(), Duration::ZERO, 0);
     loop {

@@ -14,7 +14,7 @@
 
 use super::{describe, profile_name, split_instances, Baseline, GpuIdentity, GpuTarget};
 use crate::gpu::{MigInstance, MigInstanceSetting, MigModeSetting, MigModes, MigProfile};
-use crate::gpu::placement::{compute_slices, place, suggest, Occupied, Placed};
+use crate::mig::placement::{compute_slices, place, suggest, Occupied, Placed};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
@@ -388,8 +388,8 @@ fn gpu_text(g: &GpuPlan, s: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mig_baseline::{Devices, Entry};
-    use crate::gpu::placement::h100_table;
+    use crate::mig::baseline::{Devices, Entry};
+    use crate::mig::placement::h100_table;
 
     const H100: u32 = 0x2330_10de;
     const A100: u32 = 0x20b2_10de;
@@ -427,7 +427,7 @@ mod tests {
     }
 
     fn entry(devices: Devices, filter_device: Option<u32>, mig_enabled: bool, list: &[(&str, u32)]) -> Entry {
-        let filter = filter_device.map(|device| crate::mig_baseline::DeviceFilter { device, subsystem: None }).into_iter().collect();
+        let filter = filter_device.map(|device| crate::mig::baseline::DeviceFilter { device, subsystem: None }).into_iter().collect();
         Entry { devices, filter, mig_enabled, instances: list.iter().map(|(p, n)| (p.to_string(), *n)).collect() }
     }
 

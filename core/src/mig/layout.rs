@@ -74,7 +74,7 @@ fn show(items: impl Iterator<Item = (String, u32)>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::modes::mig::placement::tests::h100;
+    use crate::mig::placement::tests::h100;
 
     fn parse(v: &str) -> Vec<MigProfileCount> {
         match GpuMode::parse(v).unwrap() {

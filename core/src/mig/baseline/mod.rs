@@ -225,7 +225,7 @@ pub fn describe(instances: &BTreeMap<String, u32>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu::placement::tests::h100;
+    use crate::mig::placement::tests::h100;
 
     fn gpu(index: u32) -> GpuIdentity {
         GpuIdentity { index, pci_device_id: 0x2330_10de, pci_subsystem_id: 0x16c1_10de }

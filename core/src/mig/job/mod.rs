@@ -7,11 +7,8 @@
 //! epilog (destroy exactly what the job made). [`layout`] resolves a request
 //! against a GPU model's profile table, [`placement`] finds where it goes.
 
-pub mod journal;
-pub mod layout;
-/// Where MIG instances go on a GPU: the GPU's own geometry (crate::gpu::placement),
-/// which the node baseline uses too.
-pub use crate::gpu::placement;
+/// The MIG domain's parts this mode uses (crate::mig), at their old paths.
+pub use super::{journal, layout, placement};
 pub mod setup;
 pub mod teardown;
 

@@ -479,7 +479,7 @@ mod tests {
 
     #[test]
     fn an_export_reads_back_as_the_same_baseline() {
-        let p = crate::gpu::placement::tests::h100();
+        let p = crate::mig::placement::tests::h100();
         let mk = |gi, id, start| MigInstance { gpu_instance: gi, profile_id: id, placement_start: start, placement_size: 1, compute_instances: vec![] };
         let gpus = vec![
             ExportGpu::new(0, true, &[mk(1, 9, 4), mk(2, 14, 0), mk(3, 14, 2)], &p),

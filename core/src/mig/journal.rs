@@ -5,7 +5,7 @@
 //! prolog on those GPUs) a list of exactly what to destroy, and nothing of
 //! anyone else's.
 
-use super::MigGrant;
+use crate::grant::MigGrant;
 use crate::persist::{parse_versioned, write_json, StateError};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
