@@ -3,7 +3,7 @@
 # GPUs: gpu-mode-preempt-bench, ours and the plain sequence side by side
 # with real CRIU, on the simulated driver and NVML (sim/), for
 #   - a real framework process (JAX or PyTorch on the CPU,
-#     checkpoint/bench/framework_app.py: its threads, libraries, allocator and
+#     tools/ckpt-bench/apps/framework_app.py: its threads, libraries, allocator and
 #     data, dumped by CRIU), and
 #   - the simulated CUDA counter (GPU memory through the simulated driver).
 # Measures what the simulation can tell: CRIU dump, writeback, seal, the
@@ -59,7 +59,7 @@ if [ "$FW" = jax ] || [ "$FW" = torch ]; then
     "$PY" -c "import $FW" 2>/dev/null || { echo "error: $PY has no $FW (pip install 'jax[cpu]' or torch, or GPU_MODE_BENCH_PYTHON=...)" >&2; exit 1; }
     echo "== $FW on the CPU (framework_app.py), $CASES"
     bench --app "$(command -v "$PY")" \
-        --app-args "$PWD/checkpoint/bench/framework_app.py --framework $FW --gib {gib} --device cpu --seed {i} --ready {ready} --go {go}"
+        --app-args "$PWD/tools/ckpt-bench/apps/framework_app.py --framework $FW --gib {gib} --device cpu --seed {i} --ready {ready} --go {go}"
 fi
 if [ "$APP" = counter ] || [ "$APP" = both ]; then
     echo "== simulated CUDA counter (sim/cuda), $CASES"

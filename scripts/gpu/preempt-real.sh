@@ -9,11 +9,11 @@
 #          GPU(s) (a second high job holds the first ones; the 2-rank job moves
 #          only with 4 GPUs), and its pattern verified. E2E_CASES picks
 #          (default 1gib 16gib 2ranks); torch8 is a PyTorch process of 8 GiB
-#          (checkpoint/bench/framework_app.py) preempted the same way;
+#          (tools/ckpt-bench/apps/framework_app.py) preempted the same way;
 #          torch2-fork, torch2-spawn: 2 GiB of PyTorch with a DataLoader of 4
 #          workers of that start method alive across the checkpoint;
 #          train-end, train-fork, train-spawn: a training job with DataLoader
-#          workers (checkpoint/bench/train_app.py, issue 24; see train_case).
+#          workers (tools/ckpt-bench/apps/train_app.py, issue 24; see train_case).
 #          torchrun-gloo, torchrun-gloo2, torchrun-nccl: several processes of
 #          one job (issue 24 item 5): torchrun --standalone --nproc_per_node=2
 #          train_app.py --ddp gloo (both ranks on the job's one GPU), gloo on 2
@@ -26,7 +26,7 @@
 #          the disk's fsync bandwidth and the ratios of issue 17's targets
 #          (cases GiBxprocesses, default 8x1,32x1,4x4). BENCH_APP picks the
 #          program: torch (default: a real PyTorch process,
-#          checkpoint/bench/framework_app.py), jax, or testprog
+#          tools/ckpt-bench/apps/framework_app.py), jax, or testprog
 #          (gpu-mode-ckpt-testprog, the bare pattern holder); BENCH_APP_ARGS
 #          adds framework_app.py arguments (e.g. "--workers 4 --start-method
 #          spawn": the training shape of issue 24). BENCH_REPEAT=N
@@ -84,7 +84,7 @@ mapfile -t UUID < <(nvidia-smi --query-gpu=uuid --format=csv,noheader)
 say "== installing the carried pieces"
 # The job users must reach the programs: not under the repo (maybe /root).
 B=/opt/gm-preempt
-rm -rf "$B"; mkdir -p "$B"; cp "$A"/lib*.so "$A"/gpu-mode-* "$REPO/checkpoint/bench/framework_app.py" "$REPO/checkpoint/bench/train_app.py" "$B/"; chmod 755 "$B" "$B"/*
+rm -rf "$B"; mkdir -p "$B"; cp "$A"/lib*.so "$A"/gpu-mode-* "$REPO/tools/ckpt-bench/apps/framework_app.py" "$REPO/tools/ckpt-bench/apps/train_app.py" "$B/"; chmod 755 "$B" "$B"/*
 sh "$REPO/scripts/install-criu.sh" --from "$A/criu" || { say "CRIU install failed"; exit 1; }
 /opt/slurm-gpu-mode/criu/bin/criu check || say "warning: criu check failed"
 P=/opt/sroot
@@ -325,7 +325,7 @@ agent_log() {
     return 0
 }
 
-# train_case NAME PREEMPTS ARGS...: checkpoint/bench/train_app.py ARGS (issue 24: DataLoader
+# train_case NAME PREEMPTS ARGS...: tools/ckpt-bench/apps/train_app.py ARGS (issue 24: DataLoader
 # workers, pinned memory, NVML) as a plain job (no gpu-mode-run: the reference), then under
 # gpu-mode-run, preempted PREEMPTS times (0, 1 or 2: after step 5, and after step 15 of the
 # restored run). PASS: the wrapped job completes on its own, restored after each preemption,
@@ -489,7 +489,7 @@ if [ "$PART" = all ] || [ "$PART" = bench ]; then
             app=$B/gpu-mode-ckpt-testprog; args="--gib {gib} --device {device} --seed {i} --ready {ready} --go {go}"
         else
             app=$(command -v python3)
-            args="$REPO/checkpoint/bench/framework_app.py --framework $BENCH_APP --gib {gib} --device {device} --seed {i} --ready {ready} --go {go} ${BENCH_APP_ARGS:-}"
+            args="$REPO/tools/ckpt-bench/apps/framework_app.py --framework $BENCH_APP --gib {gib} --device {device} --seed {i} --ready {ready} --go {go} ${BENCH_APP_ARGS:-}"
         fi
         timeout "$(left)" "$B/gpu-mode-preempt-bench" --config "$W/config.toml" --app "$app" --app-args "$args" \
             --cases "$c" --repeat "$R" --plain-driver "${PLAIN_DRIVER:-raw}" --gpus "${BENCH_GPUS:-$N}" --uid "$BUID" --workdir "$W" \

@@ -27,7 +27,7 @@
 //! against N at once (issue 25 item 2: where the time of N goes).
 //!
 //! Programs: `gpu-mode-ckpt-testprog` (a bare cudarc pattern holder), or a
-//! real framework process, `checkpoint/bench/framework_app.py` (PyTorch or
+//! real framework process, `tools/ckpt-bench/apps/framework_app.py` (PyTorch or
 //! JAX: their threads, libraries and allocators; `--device cpu` holds the
 //! data in host memory, for the CRIU and disk side on a machine without
 //! GPUs). Programs that hold no GPU files are left out of the driver calls.
