@@ -2,7 +2,7 @@
 //! a crate of their own so that Cargo keeps them from reaching up:
 //!
 //! * base: file, process and privilege helpers (`fsutil`, `command`,
-//!   `procfs`, `privdrop`, `cgroup`, `runtime`, `persist`, `gpu_lock`,
+//!   `procfs`, `privdrop`, `runtime`, `persist`, `gpu_lock`,
 //!   `watchdog`), the option grammar (`mode`), drains (`drain`,
 //!   `skipped_prolog`), failures (`failure`), signal names and the
 //!   application's signal state (`signal`, `signal_state`);
@@ -11,11 +11,11 @@
 //!   mode gave it (`grant`), the checkpoint submission check (`submit`) and
 //!   the metric families and events (`metrics`); the MPS daemons' records and
 //!   the task step that moves a job's daemon into its cgroup (`mps_daemons`,
-//!   with the GPU compute mode those records keep, `compute_mode`).
+//!   with that cgroup work in `mps_daemons::cgroup`), and the GPU compute mode
+//!   those records keep (`compute_mode`).
 //!
 //! `gpu-mode-core` re-exports every module at its old path.
 
-pub mod cgroup;
 pub mod command;
 pub mod compute_mode;
 pub mod config;

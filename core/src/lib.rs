@@ -6,7 +6,7 @@
 //! observation and the verbs (docs/architecture.md, "Layers").
 
 pub use gpu_mode_base::{
-    cgroup, command, compute_mode, config, drain, failure, fsutil, gpu_lock, grant, gres, hostlist, job_env, log, metrics, mode, mps_daemons, persist, privdrop, procfs,
+    command, compute_mode, config, drain, failure, fsutil, gpu_lock, grant, gres, hostlist, job_env, log, metrics, mode, mps_daemons, persist, privdrop, procfs,
     runtime, signal, signal_state, skipped_prolog, state, submit, watchdog,
 };
 

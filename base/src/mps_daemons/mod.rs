@@ -6,6 +6,7 @@
 //! the plugin builds on it; starting and stopping daemons is
 //! gpu-mode-core's `modes::mps`.
 
+pub mod cgroup;
 pub mod registry;
 
 use crate::procfs::{ProcId, ProcInfo};
@@ -80,7 +81,7 @@ pub fn task_privileged(runtime_dir: &std::path::Path, job_id: u32, grant: &crate
 }
 
 /// Puts the MPS daemon `key` of `job_id` into the job's extern step cgroup
-/// (audit item M9; see [`crate::cgroup`]). Runs as root in a process of the
+/// (audit item M9; see [`cgroup`]). Runs as root in a process of the
 /// job (the plugin's task_init_privileged), which tells where the job's
 /// cgroup is. Errors are for the log: the job runs either way.
 pub fn adopt_into_job(runtime_dir: &std::path::Path, job_id: u32, key: &str) -> Result<Adoption, String> {
@@ -94,11 +95,11 @@ pub fn adopt_into_job(runtime_dir: &std::path::Path, job_id: u32, key: &str) -> 
         return Ok(Adoption::NoDaemon);
     }
     let own = std::fs::read_to_string("/proc/self/cgroup").map_err(|e| format!("/proc/self/cgroup: {e}"))?;
-    let into = crate::cgroup::extern_step_procs(&own, std::path::Path::new("/sys/fs/cgroup"), job_id);
+    let into = cgroup::extern_step_procs(&own, std::path::Path::new("/sys/fs/cgroup"), job_id);
     if into.is_empty() {
         return Ok(Adoption::NotContained);
     }
-    let errors = crate::cgroup::move_pids(&into, &pids);
+    let errors = cgroup::move_pids(&into, &pids);
     if errors.is_empty() {
         Ok(Adoption::Moved { pids, into })
     } else {
