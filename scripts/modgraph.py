@@ -331,7 +331,7 @@ class Crate:
 # module paths; a reference is placed by its longest matching key, so
 # `modes` splits into its three modes and the dispatch in modes/mod.rs.
 LAYERS = [
-    ("L0 base", "fsutil command procfs privdrop runtime persist hostlist failure mode gpu_lock watchdog drain skipped_prolog signal signal_state compute_mode"),
+    ("L0 base", "fsutil command procfs privdrop runtime persist hostlist failure gpu_mode gpu_lock watchdog drain skipped_prolog signal signal_state compute_mode"),
     ("L1 config", "config log"),
     ("L2 job", "job_env gres state grant metrics submit mps_daemons"),
     ("L3 devices", "gpu criu cuda_ckpt mode_driver"),

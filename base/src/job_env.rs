@@ -5,7 +5,7 @@
 //! SLURM_JOB_GPUS / CUDA_VISIBLE_DEVICES (Slurm's GPU indices), SLURM_SCRIPT_CONTEXT,
 //! and `SPANK_GPU_MODE` from the plugin's `spank_job_control_setenv`.
 
-use crate::mode::{GpuMode, ModeError};
+use crate::gpu_mode::{GpuMode, ModeError};
 use std::collections::HashMap;
 
 /// Name the plugin passes to `spank_job_control_setenv`; slurmd prefixes `SPANK_`.

@@ -3,7 +3,7 @@
 //!
 //! * base: file, process and privilege helpers (`fsutil`, `command`,
 //!   `procfs`, `privdrop`, `runtime`, `persist`, `gpu_lock`,
-//!   `watchdog`), the option grammar (`mode`), drains (`drain`,
+//!   `watchdog`), the option grammar (`gpu_mode`: what `--gpu-mode` may say), drains (`drain`,
 //!   `skipped_prolog`), failures (`failure`), signal names and the
 //!   application's signal state (`signal`, `signal_state`);
 //! * configuration: `config` (plain sections) and `log`;
@@ -23,13 +23,13 @@ pub mod drain;
 pub mod failure;
 pub mod fsutil;
 pub mod gpu_lock;
+pub mod gpu_mode;
 pub mod grant;
 pub mod gres;
 pub mod hostlist;
 pub mod job_env;
 pub mod log;
 pub mod metrics;
-pub mod mode;
 pub mod mps_daemons;
 pub mod persist;
 pub mod privdrop;
@@ -43,4 +43,4 @@ pub mod submit;
 pub mod watchdog;
 
 pub use config::Config;
-pub use mode::GpuMode;
+pub use gpu_mode::GpuMode;

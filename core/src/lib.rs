@@ -6,7 +6,7 @@
 //! observation and the verbs (docs/architecture.md, "Layers").
 
 pub use gpu_mode_base::{
-    command, compute_mode, config, drain, failure, fsutil, gpu_lock, grant, gres, hostlist, job_env, log, metrics, mode, mps_daemons, persist, privdrop, procfs,
+    command, compute_mode, config, drain, failure, fsutil, gpu_lock, gpu_mode, grant, gres, hostlist, job_env, log, metrics, mps_daemons, persist, privdrop, procfs,
     runtime, signal, signal_state, skipped_prolog, state, submit, watchdog,
 };
 
@@ -28,4 +28,4 @@ pub mod status;
 pub use config::Config;
 /// MPS lives with the other modes; this keeps its old path.
 pub use modes::mps;
-pub use mode::GpuMode;
+pub use gpu_mode::GpuMode;

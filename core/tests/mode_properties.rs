@@ -3,7 +3,7 @@
 //! accepted value prints in canonical form and parses back to itself; every
 //! rejection names the offending part; memory sizes never overflow into range.
 
-use gpu_mode_core::mode::{GpuMode, MemLimit, MemUnit, MigProfileCount, MigRequest, MpsParams};
+use gpu_mode_core::gpu_mode::{GpuMode, MemLimit, MemUnit, MigProfileCount, MigRequest, MpsParams};
 use proptest::prelude::*;
 
 fn profile() -> impl Strategy<Value = String> {

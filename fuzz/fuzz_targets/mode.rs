@@ -4,7 +4,7 @@
 //! terminals) that quotes the value bounded.
 #![no_main]
 
-use gpu_mode_core::mode::GpuMode;
+use gpu_mode_core::gpu_mode::GpuMode;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -2,7 +2,7 @@
 //! be generated from the same definition.
 
 use clap::{Args, CommandFactory, Parser, Subcommand};
-use gpu_mode_core::mode::{GpuMode, MigRequest};
+use gpu_mode_core::gpu_mode::{GpuMode, MigRequest};
 use std::path::PathBuf;
 
 /// Exit codes (the help's after_help): the GPUs differ (assert), apply

@@ -8,7 +8,7 @@
 use crate::args::PluginArgs;
 use crate::options;
 use gpu_mode_base::job_env::{JOB_CONTROL_VAR, JOB_MODE_VAR};
-use gpu_mode_base::mode::GpuMode;
+use gpu_mode_base::gpu_mode::GpuMode;
 use crate::spank::{Context, Spank};
 use std::error::Error;
 

@@ -1,7 +1,7 @@
 //! The plugin's one option. Like pyxis, a table of options each with one
 //! validating function; here the table has a single row.
 
-use gpu_mode_base::mode::{GpuMode, ModeError};
+use gpu_mode_base::gpu_mode::{GpuMode, ModeError};
 use crate::spank::{OptionSpec, Spank};
 use std::error::Error;
 use std::ffi::CStr;

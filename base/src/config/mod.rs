@@ -610,12 +610,12 @@ impl Config {
         self.mig.validate(&self.health.mig_baseline)?;
         for (name, profiles) in &self.mig.layouts {
             let value = format!("mig:{profiles}");
-            match crate::mode::GpuMode::parse(&value) {
-                Ok(crate::mode::GpuMode::Mig(crate::mode::MigRequest::Profiles(_))) => {}
+            match crate::gpu_mode::GpuMode::parse(&value) {
+                Ok(crate::gpu_mode::GpuMode::Mig(crate::gpu_mode::MigRequest::Profiles(_))) => {}
                 Ok(_) => return Err(format!("mig.layouts.{name}: a layout lists profiles, not another layout")),
                 Err(e) => return Err(format!("mig.layouts.{name}: {}", e.problem)),
             }
-            crate::mode::GpuMode::parse(&format!("mig:@{name}"))
+            crate::gpu_mode::GpuMode::parse(&format!("mig:@{name}"))
                 .map_err(|e| format!("mig.layouts: bad layout name: {}", e.problem))?;
         }
         Ok(())

@@ -96,7 +96,7 @@ fn count_run(verb: &'static str, cfg: &Config, env: &JobEnv, outcome: Outcome) {
     let Some(value) = &env.mode_value else { return };
     let family = if verb == Verb::Epilog.name() { crate::metrics::EPILOG_RUNS } else { crate::metrics::PROLOG_RUNS };
     // The kind of a mode that parses; user text never becomes a label.
-    let mode = crate::mode::GpuMode::parse(value).map_or("invalid".to_string(), |m| crate::status::records::mode_kind(&m.to_string()).to_string());
+    let mode = crate::gpu_mode::GpuMode::parse(value).map_or("invalid".to_string(), |m| crate::status::records::mode_kind(&m.to_string()).to_string());
     let labels = vec![("mode", mode), ("outcome", outcome.as_str().to_string())];
     crate::observe::record(cfg, &[crate::metrics::Event::count(family, labels)]);
 }

@@ -7,7 +7,7 @@ use crate::job_env::{format_gpu_list, JobEnv};
 use crate::log::Outcome;
 use crate::gpu::slurm_index::{self, JobGpus};
 use crate::gpu::LazyGpus;
-use crate::mode::GpuMode;
+use crate::gpu_mode::GpuMode;
 use crate::modes::{self, GrantRecord, PrepareCtx};
 use crate::state::{JobState, JobStatus, STATE_VERSION};
 use crate::watchdog;

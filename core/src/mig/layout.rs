@@ -5,7 +5,7 @@
 use super::placement::{compute_slices, place, suggest, Occupied, Placed};
 use crate::config::Config;
 use crate::gpu::MigProfile;
-use crate::mode::{GpuMode, MigProfileCount, MigRequest};
+use crate::gpu_mode::{GpuMode, MigProfileCount, MigRequest};
 
 /// The profiles and counts a request asks for, `@name` resolved from the
 /// site config (`[mig.layouts]`).

@@ -23,7 +23,7 @@ pub use crate::grant::{per_task_value, GrantRecord};
 /// The interface every mode implements (crate::mode_driver), below them.
 pub use crate::mode_driver::{Grant, ModeDriver, PrepareCtx, Released};
 
-use crate::mode::GpuMode;
+use crate::gpu_mode::GpuMode;
 
 /// The driver for a job's mode (with its parameters).
 pub fn driver_for(mode: &GpuMode) -> Box<dyn ModeDriver + '_> {

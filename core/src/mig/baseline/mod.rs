@@ -27,7 +27,7 @@ mod apply_tests;
 pub(crate) mod fake;
 
 use crate::gpu::{MigInstance, MigProfile};
-use crate::mode::{GpuMode, MigRequest};
+use crate::gpu_mode::{GpuMode, MigRequest};
 use std::collections::BTreeMap;
 
 /// Where a baseline came from, for messages: `mig-parted config "x" in

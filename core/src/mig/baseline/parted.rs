@@ -24,7 +24,7 @@
 
 use super::{Baseline, DeviceFilter, Devices, Entry};
 use crate::gpu::MigInstance;
-use crate::mode::MigProfileName;
+use crate::gpu_mode::MigProfileName;
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
 use std::collections::BTreeMap;

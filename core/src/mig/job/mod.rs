@@ -15,7 +15,7 @@ pub mod teardown;
 use crate::config::Config;
 use crate::failure::Failure;
 use crate::gpu::NvmlGpus;
-use crate::mode::MigRequest;
+use crate::gpu_mode::MigRequest;
 use crate::grant::GrantRecord;
 use crate::mode_driver::{Grant, ModeDriver, PrepareCtx, Released};
 use crate::watchdog;

@@ -14,7 +14,7 @@ use crate::failure::Failure;
 use crate::gpu::{GpuOps, MigInstance, MigInstanceSetting, MigModeChange, MigModeSetting};
 use crate::gpu_lock::GpuLocks;
 use crate::job_env::JobEnv;
-use crate::mode::{MigProfileCount, MigRequest};
+use crate::gpu_mode::{MigProfileCount, MigRequest};
 use std::time::Duration;
 
 /// What one GPU needs for the job.

@@ -60,7 +60,7 @@ impl Control<'_> {
 /// The commands that apply a job's `mps:` parameters to its daemon: the
 /// defaults every new client of the daemon gets. Devices are numbered as the
 /// daemon sees them (0..n-1 of its CUDA_VISIBLE_DEVICES).
-pub fn parameter_commands(threads: Option<u8>, mem: Option<crate::mode::MemLimit>, devices: usize) -> Vec<String> {
+pub fn parameter_commands(threads: Option<u8>, mem: Option<crate::gpu_mode::MemLimit>, devices: usize) -> Vec<String> {
     let mut out = Vec::new();
     if let Some(t) = threads {
         out.push(format!("set_default_active_thread_percentage {t}"));
@@ -74,7 +74,7 @@ pub fn parameter_commands(threads: Option<u8>, mem: Option<crate::mode::MemLimit
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mode::{MemLimit, MemUnit};
+    use crate::gpu_mode::{MemLimit, MemUnit};
 
     #[test]
     fn parameters_become_control_commands() {

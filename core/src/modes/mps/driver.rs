@@ -4,7 +4,7 @@ use super::setup::setup;
 use super::teardown::{teardown, TeardownOutcome};
 use crate::config::Config;
 use crate::failure::Failure;
-use crate::mode::MpsParams;
+use crate::gpu_mode::MpsParams;
 use crate::grant::GrantRecord;
 use crate::mode_driver::{Grant, ModeDriver, PrepareCtx, Released};
 use crate::watchdog;
