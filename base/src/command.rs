@@ -35,6 +35,18 @@ pub fn spawn_retrying(cmd: &mut Command) -> std::io::Result<std::process::Child>
     }
 }
 
+/// For a child between fork and exec (`pre_exec`): a session of its own,
+/// so that no signal meant for the parent's process group or terminal
+/// reaches it (the checkpoint agent under slurmd, the application under
+/// gpu-mode-run). setsid is async-signal-safe.
+pub fn new_session() -> std::io::Result<()> {
+    // SAFETY: setsid has no preconditions and touches no Rust state.
+    if unsafe { libc::setsid() } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Runs `cmd` to completion or kills it after `timeout`. Output is collected
 /// on threads so a chatty program cannot block on a full pipe.
 pub fn run_with_timeout(mut cmd: Command, stdin: Option<&[u8]>, timeout: Duration) -> Result<Output, CommandError> {

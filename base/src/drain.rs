@@ -246,7 +246,6 @@ impl Scontrol {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use std::os::unix::fs::PermissionsExt;
 
     use gpu_mode_testkit::script;
 
@@ -291,14 +290,8 @@ pub(crate) mod tests {
     /// A stand-in scontrol that records its argv, one argument per line.
     fn fake_scontrol(dir: &Path, exit: i32) -> (PathBuf, PathBuf) {
         let log = dir.join("argv");
-        let script = dir.join("scontrol");
-        std::fs::write(
-            &script,
-            format!("#!/bin/sh\nfor a in \"$@\"; do echo \"$a\"; done >> {}\necho oops >&2\nexit {exit}\n", log.display()),
-        )
-        .unwrap();
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-        (script, log)
+        let body = format!("for a in \"$@\"; do echo \"$a\"; done >> {}\necho oops >&2\nexit {exit}", log.display());
+        (script(dir, "scontrol", &body), log)
     }
 
     const SHOW_DRAINED: &str = "NodeName=n1 Arch=x86_64 CoresPerSocket=1\n   State=IDLE+DRAIN ThreadsPerCore=1 TmpDisk=0\n   Reason=gpu-mode: prolog: disk full [root@2026-11-21T05:16:06]\n";
@@ -324,13 +317,8 @@ pub(crate) mod tests {
     fn drain_unless_drained_keeps_the_first_reason() {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("argv");
-        let script = dir.path().join("scontrol");
-        std::fs::write(
-            &script,
-            format!("#!/bin/sh\necho \"$@\" >> {}\nif [ \"$1\" = show ]; then printf '%s' '{}'; fi\n", log.display(), SHOW_DRAINED),
-        )
-        .unwrap();
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let body = format!("echo \"$@\" >> {}\nif [ \"$1\" = show ]; then printf '%s' '{}'; fi", log.display(), SHOW_DRAINED);
+        let script = script(dir.path(), "scontrol", &body);
         let action = Scontrol::new(&script).drain_unless_drained("n1", "epilog: other").unwrap();
         assert_eq!(
             action,

@@ -64,19 +64,15 @@ mod tests {
         }
     }
 
-    fn scontrol(dir: &std::path::Path, script: &str) -> Scontrol {
-        use std::os::unix::fs::PermissionsExt;
-        let path = dir.join("scontrol");
-        std::fs::write(&path, script).unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-        Scontrol::new(&path)
+    fn scontrol(dir: &std::path::Path, body: &str) -> Scontrol {
+        Scontrol::new(&gpu_mode_testkit::script(dir, "scontrol", body))
     }
 
     #[test]
     fn the_job_is_requeued_by_id_and_the_message_says_so() {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("log");
-        let s = scontrol(dir.path(), &format!("#!/bin/sh\necho \"$@\" >> {}\n", log.display()));
+        let s = scontrol(dir.path(), &format!("echo \"$@\" >> {}", log.display()));
         let msg = requeue(&s, 41, 2, "no state file");
         assert_eq!(std::fs::read_to_string(&log).unwrap(), "requeue 41\n");
         assert!(msg.starts_with("gpu-mode: Slurm started run 2 of job 41 on this node without its prolog"), "{msg}");
@@ -86,7 +82,7 @@ mod tests {
     #[test]
     fn a_failed_requeue_keeps_the_original_error() {
         let dir = tempfile::tempdir().unwrap();
-        let s = scontrol(dir.path(), "#!/bin/sh\necho 'Job is no longer pending execution' >&2\nexit 1\n");
+        let s = scontrol(dir.path(), "echo 'Job is no longer pending execution' >&2\nexit 1");
         let msg = requeue(&s, 41, 1, "job 41: no state file /run/x");
         assert!(msg.contains("and requeueing it failed (") && msg.contains("Job is no longer pending execution"), "{msg}");
         assert!(msg.ends_with(": job 41: no state file /run/x"), "{msg}");

@@ -125,7 +125,6 @@ pub fn drain_for(cfg: &Config, source: &'static str, node: &str, reason: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::PermissionsExt;
     use std::path::PathBuf;
 
     fn env() -> JobEnv {
@@ -143,14 +142,9 @@ mod tests {
 
     pub(super) fn cfg_with_fake_scontrol(dir: &std::path::Path) -> (Config, PathBuf) {
         let log = dir.join("argv");
-        let script = dir.join("scontrol");
         // Answers `show node` with an idle node; records every call.
-        std::fs::write(
-            &script,
-            format!("#!/bin/sh\necho \"$@\" >> {}\nif [ \"$1\" = show ]; then echo '   State=IDLE'; fi\n", log.display()),
-        )
-        .unwrap();
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let body = format!("echo \"$@\" >> {}\nif [ \"$1\" = show ]; then echo '   State=IDLE'; fi", log.display());
+        let script = gpu_mode_testkit::script(dir, "scontrol", &body);
         let mut cfg = Config::default();
         cfg.slurm.scontrol = script;
         cfg.log.syslog = false;

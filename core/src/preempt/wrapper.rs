@@ -307,9 +307,7 @@ impl Wrapper<'_> {
         // SAFETY: setsid, sigaction and sigprocmask are async-signal-safe.
         unsafe {
             cmd.pre_exec(move || {
-                if libc::setsid() < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
+                crate::command::new_session()?;
                 signals.apply()
             });
         }

@@ -88,14 +88,9 @@ pub fn spawn_agent(cfg: &Config, launch: &AgentLaunch, wait: Duration) -> Result
             cmd.env(var, v);
         }
     }
-    // SAFETY: setsid is async-signal-safe.
+    // SAFETY: new_session only calls setsid, which is async-signal-safe.
     unsafe {
-        cmd.pre_exec(|| {
-            if libc::setsid() < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
+        cmd.pre_exec(crate::command::new_session);
     }
     let mut child = cmd.spawn().map_err(|e| format!("cannot start {}: {e}", program.display()))?;
     let start = Instant::now();

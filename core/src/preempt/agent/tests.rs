@@ -70,14 +70,11 @@ fn fixture() -> Fx {
 /// Stand-ins for scontrol and squeue in `<dir>/bin`: each call appends a
 /// line to `<dir>/scontrol.calls`; squeue reports an unset field.
 fn fake_scontrol(dir: &std::path::Path) -> std::path::PathBuf {
-    use std::os::unix::fs::PermissionsExt;
     let bin = dir.join("bin");
     std::fs::create_dir(&bin).unwrap();
     let calls = dir.join("scontrol.calls");
     for (name, answer) in [("scontrol", ""), ("squeue", "echo '(null)'")] {
-        let script = format!("#!/bin/sh\necho \"$0 $*\" >> {}\n{answer}\n", calls.display());
-        std::fs::write(bin.join(name), script).unwrap();
-        std::fs::set_permissions(bin.join(name), std::fs::Permissions::from_mode(0o755)).unwrap();
+        gpu_mode_testkit::script(&bin, name, &format!("echo \"$0 $*\" >> {}\n{answer}", calls.display()));
     }
     bin.join("scontrol")
 }
