@@ -258,12 +258,12 @@ fn reap_until_free(pids: &[i32], within: Duration) -> anyhow::Result<()> {
     let t = Instant::now();
     loop {
         reap_orphans();
-        let held: Vec<i32> = pids.iter().copied().filter(|p| Path::new(&format!("/proc/{p}")).exists()).collect();
-        if held.is_empty() {
-            return Ok(());
+        // The restore's own test of "free" (it names the holder), asked once per pass.
+        match gpu_mode_core::preempt::tree::wait_pids_free(pids, Duration::ZERO) {
+            Ok(()) => return Ok(()),
+            Err(held) if t.elapsed() >= within => anyhow::bail!("{held}, after {within:?} of reaping"),
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
         }
-        anyhow::ensure!(t.elapsed() < within, "pids {held:?} of the dumped programs not free after {within:?}");
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -429,6 +429,47 @@ fn read_back_ms(dir: &Path) -> anyhow::Result<f64> {
     Ok(t.elapsed().as_secs_f64() * 1e3)
 }
 
+/// A fresh private anonymous mapping, to be advised MADV_HUGEPAGE as the
+/// huge-page shim makes the driver's buffer and CRIU 0003 a restored one;
+/// unmapped when dropped.
+struct HugeMapping {
+    at: *mut libc::c_void,
+    len: usize,
+}
+
+impl HugeMapping {
+    fn new(len: usize) -> std::io::Result<HugeMapping> {
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+        // SAFETY: a fresh anonymous mapping, owned by the value returned.
+        let at = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0) };
+        if at == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(HugeMapping { at, len })
+    }
+
+    fn advise(&self, advice: libc::c_int) -> std::io::Result<()> {
+        // SAFETY: advice on our own mapping, whole.
+        if unsafe { libc::madvise(self.at, self.len, advice) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    fn bytes(&mut self) -> &mut [u8] {
+        // SAFETY: the mapping is ours, readable and writable, `len` long, and
+        // lives as long as the borrow.
+        unsafe { std::slice::from_raw_parts_mut(self.at.cast::<u8>(), self.len) }
+    }
+}
+
+impl Drop for HugeMapping {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping, unmapped once.
+        unsafe { libc::munmap(self.at, self.len) };
+    }
+}
+
 /// Reads every file of `dir` once into fresh memory advised MADV_HUGEPAGE
 /// (one mapping per file, one reader, 16 MiB reads), timed: what CRIU's
 /// restorer does for memory advised so (packaging/criu/0003), at best.
@@ -443,32 +484,13 @@ fn read_into_fresh_huge_pages_ms(dir: &Path) -> anyhow::Result<f64> {
         if len == 0 {
             continue;
         }
-        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
-        // SAFETY: a fresh anonymous mapping, unmapped below.
-        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0) };
-        anyhow::ensure!(p != libc::MAP_FAILED, "mmap {len} bytes: {}", std::io::Error::last_os_error());
-        // SAFETY: advice on the mapping just made; the slice covers exactly it
-        // and lives until the munmap below.
-        let read = unsafe {
-            libc::madvise(p, len, libc::MADV_HUGEPAGE);
-            let buf = std::slice::from_raw_parts_mut(p.cast::<u8>(), len);
-            let mut f = std::fs::File::open(entry.path())?;
-            let mut at = 0;
-            let r = loop {
-                let end = (at + (16 << 20)).min(len);
-                match f.read(&mut buf[at..end]) {
-                    Ok(0) => break Ok(()),
-                    Ok(n) => at += n,
-                    Err(e) => break Err(e),
-                }
-                if at == len {
-                    break Ok(());
-                }
-            };
-            libc::munmap(p, len);
-            r
-        };
-        read?;
+        let mut memory = HugeMapping::new(len).map_err(|e| anyhow::anyhow!("mmap {len} bytes: {e}"))?;
+        // Best effort, as CRIU's: without it the read fills 4 KiB pages.
+        let _ = memory.advise(libc::MADV_HUGEPAGE);
+        let mut f = std::fs::File::open(entry.path())?;
+        for chunk in memory.bytes().chunks_mut(16 << 20) {
+            f.read_exact(chunk)?;
+        }
     }
     Ok(t.elapsed().as_secs_f64() * 1e3)
 }
@@ -534,22 +556,9 @@ fn print_ours(case: &str, c: &CheckpointSummary, r: &RestoreSummary, status: i32
 /// at once on `n` threads. Returns the seconds of one and of `n` at once.
 fn populate_probe(gib: f64, n: usize) -> anyhow::Result<(f64, f64)> {
     fn populate(len: usize) -> std::io::Result<()> {
-        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
-        // SAFETY: a fresh anonymous mapping, unmapped below.
-        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, -1, 0) };
-        if p == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: advice and population of the mapping just made.
-        let ok = unsafe { libc::madvise(p, len, libc::MADV_HUGEPAGE) == 0 && libc::madvise(p, len, libc::MADV_POPULATE_WRITE) == 0 };
-        let err = std::io::Error::last_os_error();
-        // SAFETY: our own mapping, unmapped once.
-        unsafe { libc::munmap(p, len) };
-        if ok {
-            Ok(())
-        } else {
-            Err(err)
-        }
+        let memory = HugeMapping::new(len)?;
+        memory.advise(libc::MADV_HUGEPAGE)?;
+        memory.advise(libc::MADV_POPULATE_WRITE)
     }
     let len = (gib * GIB) as usize;
     let t = Instant::now();
