@@ -6,7 +6,7 @@
 //! health's checks never see the whole site config.
 
 use crate::health::output::{Report, REPORT_VERSION};
-use crate::health::policy::{decide, fail_detail, Action};
+use crate::health::policy::{decide, fail_detail, failing_check, Action};
 use crate::health::snapshot::Sources;
 use crate::health::{quick_checks, run_guarded, snapshot, CheckResult, Status};
 use crate::drain::{NodeStatus, Scontrol};
@@ -133,7 +133,8 @@ fn apply(config: &Config, node: &str, results: &[CheckResult]) -> (Option<Action
     let done = match &action {
         Action::Drain { .. } => match fail_detail(results) {
             Some(detail) => scontrol.drain(node, &detail).inspect(|()| {
-                crate::observe::drain_set(config, "node-checker", &crate::drain::drain_reason(&detail));
+                let label = failing_check(results).unwrap_or("other");
+                crate::observe::drain_set(config, "node-checker", label, &crate::drain::drain_reason(&detail));
             }),
             None => Ok(()),
         },

@@ -8,7 +8,7 @@ use common::SimNode;
 use gpu_mode_core::config::Config;
 use gpu_mode_core::gpu::{GpuOps, MigInstanceSetting, MigModeSetting};
 use gpu_mode_core::job_env::JobEnv;
-use gpu_mode_core::lifecycle::{epilog, prolog, Failure};
+use gpu_mode_core::lifecycle::{epilog, prolog, Failure, Fault as NodeFault};
 use gpu_mode_core::log::Outcome;
 use gpu_mode_core::modes::mig::journal::MigJournal;
 use gpu_mode_core::modes::GrantRecord;
@@ -114,7 +114,7 @@ fn a_creation_failing_half_way_destroys_what_the_job_made_and_is_a_node_fault() 
     let (_d, cfg) = setup(&node);
     node.inject(0, Fault::MigCreateFails { after: 2 });
     match prolog::run(&cfg, &job(13, 1000, &[0], "mig:1g.10gbx4")) {
-        Err(Failure::Node(msg)) => assert!(msg.contains("mig: GPU GPU-") && msg.contains("nvmlDeviceCreateGpuInstance"), "{msg}"),
+        Err(Failure::Node(NodeFault::Mig, msg)) => assert!(msg.contains("mig: GPU GPU-") && msg.contains("nvmlDeviceCreateGpuInstance"), "{msg}"),
         other => panic!("expected a node fault, got {other:?}"),
     }
     assert!(instances(&node, 0).is_empty(), "half a layout left behind");
@@ -155,7 +155,7 @@ fn the_epilog_kills_the_jobs_leftover_process_but_drains_for_anyone_elses() {
     let stranger = std::process::id();
     node.edit(|s| s.gpus[0].processes.push(SimProcess { pid: stranger, used_mib: 1, gpu_instance: Some(gi), compute_instance: Some(0), live: true }));
     match epilog::run(&cfg, &env) {
-        Err(Failure::Drain(reason)) => assert!(reason.starts_with(&format!("MIG instance {gi} on GPU GPU-")) && reason.ends_with("busy (job 15)"), "{reason}"),
+        Err(Failure::Drain(NodeFault::MigBusy, reason)) => assert!(reason.starts_with(&format!("MIG instance {gi} on GPU GPU-")) && reason.ends_with("busy (job 15)"), "{reason}"),
         other => panic!("expected a drain, got {other:?}"),
     }
     node.edit(|s| s.gpus[0].processes.clear());

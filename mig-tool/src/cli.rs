@@ -13,6 +13,17 @@ pub const EXIT_USAGE: u8 = 2;
 /// NVML could not be read.
 pub const EXIT_NVML: u8 = 3;
 
+/// The `reason` label of the drain a failed boot apply sets
+/// (`gpu_mode_drains_total{source="mig-baseline"}`): the failure's class,
+/// as its exit code says, never words of its message.
+pub fn drain_label(exit_code: u8) -> &'static str {
+    match exit_code {
+        EXIT_USAGE => "config",
+        EXIT_NVML => "nvml",
+        _ => "apply",
+    }
+}
+
 #[derive(Parser)]
 #[command(
     name = "gpu-mode-mig",
@@ -112,6 +123,13 @@ pub fn command() -> clap::Command {
 mod tests {
     use super::*;
     use gpu_mode_testkit::table::check_row;
+
+    #[test]
+    fn a_failed_apply_drains_with_its_class_as_the_label() {
+        for (code, label) in [(EXIT_DIFFERS, "apply"), (EXIT_USAGE, "config"), (EXIT_NVML, "nvml")] {
+            assert_eq!(drain_label(code), label, "exit code {code}");
+        }
+    }
 
     /// A command line as main reads it: the verb and what it acts on.
     fn outcome(argv: &[&str]) -> Result<String, String> {

@@ -10,7 +10,7 @@ use gpu_mode_core::mig_baseline::plan::{plan, Plan};
 use gpu_mode_core::mig_baseline::services::{NvidiaSmiReset, Systemctl};
 use gpu_mode_core::mig_baseline::{tool, Baseline};
 use gpu_mode_core::Config;
-use gpu_mode_mig::cli::{job_request, Choice, Cli, Command, EXIT_DIFFERS, EXIT_NVML, EXIT_USAGE};
+use gpu_mode_mig::cli::{drain_label, job_request, Choice, Cli, Command, EXIT_DIFFERS, EXIT_NVML, EXIT_USAGE};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -179,7 +179,7 @@ fn apply_cmd(cfg: &Config, config_error: Option<String>, c: &Choice, boot: bool,
             if boot {
                 let after = tool::drain_after_failure(cfg, node.as_deref(), &msg);
                 if let Some(reason) = &after.drain_set {
-                    gpu_mode_core::observe::drain_set(cfg, "mig-baseline", reason);
+                    gpu_mode_core::observe::drain_set(cfg, "mig-baseline", drain_label(code), reason);
                 }
                 line = line.field("node", after.said);
             }

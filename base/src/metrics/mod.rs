@@ -95,35 +95,6 @@ pub fn family(name: &str) -> Option<&'static Family> {
     FAMILIES.iter().find(|f| f.name == name)
 }
 
-/// A label for a drain or failure reason: a short fixed word, so a metric
-/// never gets one series per message (job ids, pids and paths vary).
-pub fn reason_label(detail: &str) -> String {
-    const KNOWN: &[(&str, &str)] = &[
-        ("did not finish within", "hang"),
-        ("MPS zombie", "mps_zombie"),
-        ("busy", "busy"),
-        ("already running", "busy"),
-        ("CUDA checkpoint failed", "cuda_checkpoint"),
-        ("CUDA restore failed", "cuda_restore"),
-        ("criu", "criu"),
-        ("CRIU", "criu"),
-        ("cannot seal", "seal"),
-        ("manifest", "manifest"),
-        ("no checkpoint image", "no_image"),
-        ("free", "gpu_memory"),
-        ("driver", "driver"),
-        ("refused", "refused"),
-    ];
-    if let Some((_, label)) = KNOWN.iter().find(|(needle, _)| detail.contains(needle)) {
-        return label.to_string();
-    }
-    // Else the text before the first colon, when it is a fixed phrase of
-    // our messages (lowercase words, no numbers or names in it).
-    let first = detail.split(':').next().unwrap_or_default().trim();
-    let phrase = !first.is_empty() && first.len() <= 32 && first.chars().all(|c| c.is_ascii_lowercase() || matches!(c, '_' | '-' | ' '));
-    if phrase { first.replace(' ', "_") } else { "other".to_string() }
-}
-
 /// The `<phase>_ms` numbers of a timings record (the manifest's
 /// `DumpTimings`, a restore summary) as `(phase, seconds)`. Read by field
 /// name, so a phase added to the record is measured without a change here;

@@ -10,28 +10,6 @@ fn every_family_is_documented() {
 }
 
 #[test]
-fn reasons_become_a_few_fixed_labels() {
-    let cases = [
-        ("mig: GPU 0: NVML: not supported", "mig"),
-        ("nvml: open did not finish within 300 s", "hang"),
-        ("MPS zombie pid 4711 (job 3, GPU GPU-abc)", "mps_zombie"),
-        ("MIG instance 3 on GPU GPU-1 busy (job 9)", "busy"),
-        ("CUDA checkpoint failed: lock timed out", "cuda_checkpoint"),
-        ("criu dump failed (exit 1): see dump.log", "criu"),
-        ("cannot seal the images in /x: EIO", "seal"),
-        ("no checkpoint image of job 5 in /var/lib/x", "no_image"),
-        ("memory: GPU 1: row remap pending", "memory"),
-        ("cannot write job state: disk full", "cannot_write_job_state"),
-        ("a very long phrase that goes on and on: x", "other"),
-        ("Something Odd happened to job 77", "other"),
-        ("", "other"),
-    ];
-    for (detail, want) in cases {
-        assert_eq!(reason_label(detail), want, "{detail}");
-    }
-}
-
-#[test]
 fn the_textfile_key_is_checked() {
     let health = PathBuf::from("/var/lib/node_exporter/gpu.prom");
     let cases = [

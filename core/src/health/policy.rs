@@ -30,6 +30,13 @@ pub fn fail_detail(results: &[CheckResult]) -> Option<String> {
     Some(format!("{}: {gpu}{}{more}", first.check, first.message))
 }
 
+/// The check that names a drain (the first failing, as in [`fail_detail`]):
+/// the drain's metric label, one of [`super::CHECK_NAMES`].
+pub fn failing_check(results: &[CheckResult]) -> Option<&'static str> {
+    let first = results.iter().find(|r| r.status == Status::Fail)?;
+    Some(super::CHECK_NAMES.iter().copied().find(|name| *name == first.check).unwrap_or("other"))
+}
+
 /// Slurm shows a reason as `<text> [user@time]`; the text alone.
 fn reason_text(reason: &str) -> &str {
     match reason.rfind(" [") {
@@ -69,6 +76,19 @@ mod tests {
 
     fn r(check: &str, gpu: Option<u32>, status: Status, msg: &str) -> CheckResult {
         CheckResult::new(check, gpu, status, msg)
+    }
+
+    #[test]
+    fn the_first_failing_check_labels_the_drain() {
+        let cases: Vec<(Vec<CheckResult>, Option<&str>)> = vec![
+            (vec![r("driver", None, Status::Ok, "ok")], None),
+            (vec![r("driver", None, Status::Ok, "ok"), r("memory", Some(1), Status::Fail, "row remap pending")], Some("memory")),
+            (vec![r("xid", Some(0), Status::Fail, "XID 79"), r("memory", Some(1), Status::Fail, "x")], Some("xid")),
+            (vec![r("made-up", None, Status::Fail, "x")], Some("other")),
+        ];
+        for (results, want) in cases {
+            assert_eq!(failing_check(&results), want, "{results:?}");
+        }
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! Idempotent: a second run, or a run after a reboot that lost /run, finds
 //! nothing and succeeds.
 
-use super::{Failure, Report};
+use super::{Failure, Fault, Report};
 use crate::config::Config;
 use crate::job_env::JobEnv;
 use crate::log::Outcome;
@@ -11,7 +11,7 @@ use crate::state::{JobState, JobStatus};
 
 pub fn run(cfg: &Config, env: &JobEnv) -> Result<Report, Failure> {
     let result = undo_job(cfg, env);
-    if cfg.health.after_epilog && !matches!(result, Err(Failure::Node(_) | Failure::Drain(_))) {
+    if cfg.health.after_epilog && !matches!(result, Err(Failure::Node(..) | Failure::Drain(..))) {
         // After every job, with or without a mode. The checker drains (and
         // logs) by itself: a failed check is the node's condition, already
         // reported, not a failure of this epilog.
@@ -39,7 +39,7 @@ pub fn undo_job(cfg: &Config, env: &JobEnv) -> Result<Report, Failure> {
                 Ok(r) => r.detail.map(|d| format!("; undone: {d}")).unwrap_or_default(),
                 Err(f) => format!("; undoing: {f}"),
             };
-            return Err(Failure::Node(format!("unreadable job state removed: {e}{undone}")));
+            return Err(Failure::node(Fault::JobState, format!("unreadable job state removed: {e}{undone}")));
         }
     };
     let mode = state.as_ref().map(|s| s.mode.clone()).or_else(|| env.mode_value.clone());
@@ -51,7 +51,7 @@ pub fn undo_job(cfg: &Config, env: &JobEnv) -> Result<Report, Failure> {
     // drained, and the job must not look live to later jobs.
     let removed = JobState::remove(&cfg.runtime_dir, env.job_id);
     let detail = released?.detail;
-    removed.map_err(|e| Failure::Node(format!("cannot remove job state: {e}")))?;
+    removed.map_err(|e| Failure::node(Fault::JobState, format!("cannot remove job state: {e}")))?;
     Ok(Report { outcome: Outcome::Ok, mode, detail })
 }
 
@@ -122,7 +122,7 @@ mod tests {
         prolog::run(&cfg, &env).unwrap();
         std::fs::write(crate::state::state_path(&cfg.runtime_dir, 8), b"{oops").unwrap();
         match run(&cfg, &env) {
-            Err(Failure::Node(msg)) => assert!(msg.contains("is corrupt"), "{msg}"),
+            Err(Failure::Node(fault, msg)) => assert!(fault == Fault::JobState && msg.contains("is corrupt"), "{fault:?} {msg}"),
             other => panic!("expected a node fault, got {other:?}"),
         }
         assert_eq!(run(&cfg, &env).unwrap().outcome, Outcome::Skipped);

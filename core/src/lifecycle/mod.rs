@@ -29,7 +29,7 @@ use crate::job_env::{format_gpu_list, JobEnv};
 use crate::log::{ActionLine, Outcome};
 use crate::watchdog::{self, HookWatchdog};
 
-pub use crate::failure::Failure;
+pub use crate::failure::{Failure, Fault};
 
 /// What a verb did, for its log line.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,14 +67,14 @@ pub fn finish(verb: &'static str, cfg: &Config, env: &JobEnv, result: Result<Rep
             line.field("detail", &msg).outcome(Outcome::Refused).emit(&cfg.log);
             (0, Outcome::Refused)
         }
-        Err(Failure::Node(msg)) => {
+        Err(Failure::Node(fault, msg)) => {
             line.field("detail", &msg).outcome(Outcome::Failed).emit(&cfg.log);
-            drain_for(cfg, verb, &env.node, &format!("{verb}: {msg}"));
+            drain_for(cfg, verb, fault, &env.node, &format!("{verb}: {msg}"));
             (EXIT_NODE_FAULT, Outcome::Failed)
         }
-        Err(Failure::Drain(reason)) => {
+        Err(Failure::Drain(fault, reason)) => {
             line.field("detail", &reason).outcome(Outcome::Failed).emit(&cfg.log);
-            drain_for(cfg, verb, &env.node, &reason);
+            drain_for(cfg, verb, fault, &env.node, &reason);
             (EXIT_NODE_FAULT, Outcome::Failed)
         }
     };
@@ -102,8 +102,9 @@ fn count_run(verb: &'static str, cfg: &Config, env: &JobEnv, outcome: Outcome) {
 }
 
 /// Drains the node with `gpu-mode: <reason>` (when the config allows) and
-/// logs that action too; a drain set is remembered and counted under `source`.
-pub fn drain_for(cfg: &Config, source: &'static str, node: &str, reason: &str) {
+/// logs that action too; a drain set is remembered and counted under
+/// `source` with `fault`'s label.
+pub fn drain_for(cfg: &Config, source: &'static str, fault: Fault, node: &str, reason: &str) {
     if !cfg.slurm.drain_on_node_fault {
         return;
     }
@@ -113,7 +114,7 @@ pub fn drain_for(cfg: &Config, source: &'static str, node: &str, reason: &str) {
     match result {
         Ok(DrainAction::Drained) => {
             line.outcome(Outcome::Ok).emit(&cfg.log);
-            crate::observe::drain_set(cfg, source, &full_reason);
+            crate::observe::drain_set(cfg, source, fault.label(), &full_reason);
         }
         Ok(DrainAction::AlreadyDrained { reason }) => {
             line.field("detail", format!("already drained: {reason}")).outcome(Outcome::Skipped).emit(&cfg.log)
@@ -161,7 +162,7 @@ mod tests {
         assert_eq!(finish("prolog", &cfg, &env(), Ok(ok)), 0);
         assert_eq!(finish("prolog", &cfg, &env(), Err(Failure::Job("no such profile".into()))), 0);
         assert!(!log.exists(), "neither success nor a job refusal may drain");
-        assert_eq!(finish("prolog", &cfg, &env(), Err(Failure::Node("disk full".into()))), EXIT_NODE_FAULT);
+        assert_eq!(finish("prolog", &cfg, &env(), Err(Failure::node(Fault::JobState, "disk full"))), EXIT_NODE_FAULT);
         let argv = std::fs::read_to_string(&log).unwrap();
         assert_eq!(
             argv.lines().collect::<Vec<_>>(),
@@ -183,7 +184,7 @@ mod tests {
         finish("prolog", &cfg, &with_mode(Some("mps:threads=30")), ok());
         finish("prolog", &cfg, &with_mode(Some("mps")), ok());
         finish("prolog", &cfg, &with_mode(Some("mig:1g.10gb")), Err(Failure::Job("no such profile".into())));
-        finish("epilog", &cfg, &with_mode(Some("mig:1g.10gb")), Err(Failure::Node("teardown".into())));
+        finish("epilog", &cfg, &with_mode(Some("mig:1g.10gb")), Err(Failure::node(Fault::Mig, "teardown")));
         finish("prolog", &cfg, &with_mode(Some("$(evil)")), Err(Failure::Job("bad value".into())));
         finish("prolog", &cfg, &with_mode(None), ok());
         let text = std::fs::read_to_string(dir.path().join("gpu-mode.prom")).unwrap();
@@ -198,7 +199,7 @@ mod tests {
                 "gpu_mode_epilog_runs_total{mode=\"mig\",outcome=\"failed\"} 1",
             ]
         );
-        assert!(text.lines().any(|l| l == "gpu_mode_drains_total{source=\"epilog\",reason=\"teardown\"} 1"), "{text}");
+        assert!(text.lines().any(|l| l == "gpu_mode_drains_total{source=\"epilog\",reason=\"mig\"} 1"), "{text}");
     }
 
     #[test]
@@ -206,7 +207,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (mut cfg, log) = cfg_with_fake_scontrol(dir.path());
         cfg.slurm.drain_on_node_fault = false;
-        assert_eq!(finish("epilog", &cfg, &env(), Err(Failure::Node("x".into()))), EXIT_NODE_FAULT);
+        assert_eq!(finish("epilog", &cfg, &env(), Err(Failure::node(Fault::Mps, "x"))), EXIT_NODE_FAULT);
         assert!(!log.exists());
     }
 }
@@ -269,7 +270,7 @@ fn arm_watchdog(verb: Verb, cfg: &Config, env: &JobEnv) -> Option<HookWatchdog> 
     let (fire_cfg, fire_env) = (cfg.clone(), env.clone());
     let on_fire = move |step: &str| {
         let msg = format!("{step} did not finish within {} s", watchdog::seconds(deadline));
-        finish(verb.name(), &fire_cfg, &fire_env, Err(Failure::Node(msg)));
+        finish(verb.name(), &fire_cfg, &fire_env, Err(Failure::Node(Fault::Hang, msg)));
     };
     match HookWatchdog::arm(deadline, EXIT_NODE_FAULT, on_fire) {
         Ok(w) => Some(w),

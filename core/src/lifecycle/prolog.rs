@@ -1,7 +1,7 @@
 //! The Prolog verb: parse the job's mode, decide what its tasks get, and
 //! record it in the job state for the plugin and the epilog.
 
-use super::{Failure, Report};
+use super::{Failure, Fault, Report};
 use crate::config::Config;
 use crate::job_env::{format_gpu_list, JobEnv};
 use crate::log::Outcome;
@@ -98,7 +98,7 @@ fn report_detail(gpus: &JobGpus, mode_detail: Option<String>) -> Option<String> 
 /// Slurm's indices: on nodes whose gres.conf lists the devices in another
 /// order than NVML, Slurm's GPU 0 is not NVML's GPU 0.
 fn job_gpus(cfg: &Config, env: &JobEnv, nvml: &LazyGpus) -> Result<JobGpus, Failure> {
-    slurm_index::resolve(cfg, env, || nvml.get()).map_err(|e| Failure::Node(format!("GPU indices: {e}")))
+    slurm_index::resolve(cfg, env, || nvml.get()).map_err(|e| Failure::node(Fault::GpuIndices, format!("GPU indices: {e}")))
 }
 
 /// Records a refusal so the plugin fails the job's tasks with `message`.
@@ -145,7 +145,7 @@ fn save(cfg: &Config, state: JobState) -> Result<(), Failure> {
     state
         .save(&cfg.runtime_dir)
         .map(|_| ())
-        .map_err(|e| Failure::Node(format!("cannot write job state: {e}")))
+        .map_err(|e| Failure::node(Fault::JobState, format!("cannot write job state: {e}")))
 }
 
 #[cfg(test)]
@@ -223,7 +223,7 @@ mod tests {
         std::fs::write(&cfg.slurm.gres_conf, "Name=gpu File=/dev/nvidia[0-1]\n").unwrap();
         let nvml = LazyGpus::new(|| Ok(Box::new(FakeGpus::with_minors(&[0, 1])) as Box<dyn GpuOps>));
         match run_with(&cfg, &env, &nvml) {
-            Err(Failure::Node(msg)) => assert!(msg.starts_with("GPU indices: Slurm GPU index 2 is not in"), "{msg}"),
+            Err(Failure::Node(fault, msg)) => assert!(fault == Fault::GpuIndices && msg.starts_with("GPU indices: Slurm GPU index 2 is not in"), "{msg}"),
             other => panic!("expected a node fault, got {other:?}"),
         }
         assert_eq!(JobState::load_if_present(&cfg.runtime_dir, 77).unwrap(), None);
@@ -275,7 +275,7 @@ mod tests {
         let (_d, mut cfg, env) = setup(Some("mig:@half"));
         cfg.mig.layouts.insert("half".into(), "3g.40gbx2".into());
         match run(&cfg, &env) {
-            Err(Failure::Node(msg)) => assert!(msg.starts_with("NVML: cannot load libnvidia-ml"), "{msg}"),
+            Err(Failure::Node(fault, msg)) => assert!(fault == Fault::Nvml && msg.starts_with("NVML: cannot load libnvidia-ml"), "{msg}"),
             other => panic!("expected the NVML step, got {other:?}"),
         }
     }
@@ -302,7 +302,7 @@ mod tests {
         std::fs::write(&file, b"").unwrap();
         cfg.runtime_dir = file.join("run");
         match run(&cfg, &env) {
-            Err(Failure::Node(msg)) => assert!(msg.contains("cannot write job state"), "{msg}"),
+            Err(Failure::Node(fault, msg)) => assert!(fault == Fault::JobState && msg.contains("cannot write job state"), "{msg}"),
             other => panic!("expected a node fault, got {other:?}"),
         }
     }

@@ -9,7 +9,7 @@
 //! within its size and age limits.
 
 use crate::config::Config;
-use crate::failure::Failure;
+use crate::failure::{Failure, Fault};
 use crate::grant::GrantRecord;
 use crate::mode_driver::{Grant, ModeDriver, PrepareCtx, Released};
 use crate::preempt::staging::Staging;
@@ -65,11 +65,11 @@ impl ModeDriver for CheckpointDriver {
         };
         let pid = {
             let _step = watchdog::step("checkpoint: agent start");
-            preempt::spawn_agent(ctx.cfg, &launch, AGENT_START).map_err(|e| Failure::Node(format!("checkpoint agent: {e}")))?
+            preempt::spawn_agent(ctx.cfg, &launch, AGENT_START).map_err(|e| Failure::node(Fault::CheckpointAgent, format!("checkpoint agent: {e}")))?
         };
         let socket = preempt::socket_path(&ctx.cfg.checkpoint.agent_socket_dir(&ctx.cfg.runtime_dir), env.job_id);
         // Checked when the config was loaded.
-        let signal = preempt::signal_number(&ctx.cfg.checkpoint.signal).map_err(Failure::Node)?;
+        let signal = preempt::signal_number(&ctx.cfg.checkpoint.signal).map_err(|e| Failure::node(Fault::Config, e))?;
         Ok(Grant {
             record: GrantRecord::Checkpoint { restart_count: env.restart_count },
             task_env: [(TASK_SOCKET_VAR.to_string(), socket.display().to_string()), (TASK_SIGNAL_VAR.to_string(), signal.to_string())]
@@ -116,7 +116,7 @@ fn finish(cfg: &Config, job_id: u32, restart_count: Option<u32>) -> Result<Relea
                 parts.push(format!("image of run {restart} kept: this run's restore of it was refused"))
             }
             Ok(Cleanup::Removed) => parts.push("the job's images removed".into()),
-            Err(e) => return Err(Failure::Node(format!("checkpoint images of job {job_id}: {e}"))),
+            Err(e) => return Err(Failure::node(Fault::CheckpointImages, format!("checkpoint images of job {job_id}: {e}"))),
         }
     }
     if let Some(staging) = Staging::from_config(&cfg.checkpoint) {
@@ -136,7 +136,7 @@ fn finish(cfg: &Config, job_id: u32, restart_count: Option<u32>) -> Result<Relea
     if let Some(stuck) = settled.stuck.first() {
         // The only checkpoint outcome that needs the node looked at: a
         // process the job's end could not remove (checkpoint::settle).
-        return Err(Failure::Node(stuck.to_string()));
+        return Err(Failure::node(Fault::CheckpointStuck, stuck.to_string()));
     }
     Ok(Released { found: stopped || restart_count.is_some(), detail: Some(format!("checkpoint: {}", parts.join("; "))), events: Vec::new() })
 }
@@ -155,7 +155,7 @@ fn tidy_staging(cfg: &Config, shared: &ImageStore, local: &ImageStore, job_id: u
             Ok(Cleanup::Kept { .. }) => parts.push(format!("staged image of run {run} kept")),
             Ok(Cleanup::KeptRefused { restart }) => parts.push(format!("staged image of run {restart} kept: its restore was refused")),
             Ok(Cleanup::Removed) => {}
-            Err(e) => return Err(Failure::Node(format!("staged checkpoint images of job {job_id}: {e}"))),
+            Err(e) => return Err(Failure::node(Fault::CheckpointImages, format!("staged checkpoint images of job {job_id}: {e}"))),
         }
     }
     let recorded = |job: u32| local.runs_of(job).iter().any(|(r, _)| shared.staged_path(job, *r).is_file());

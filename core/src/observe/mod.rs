@@ -16,7 +16,7 @@ pub mod render;
 
 use crate::config::Config;
 use crate::log::{ActionLine, Outcome};
-use crate::metrics::{reason_label, store, Event, EventSink, DRAINS};
+use crate::metrics::{store, Event, EventSink, DRAINS};
 
 /// A sink that [`record`]s into `cfg`'s textfile (the agent's binary
 /// gives it to the agent, `metrics::EventSink`).
@@ -51,15 +51,14 @@ fn record_and_render(cfg: &Config, textfile: &std::path::Path, events: &[Event])
 }
 
 /// A drain this project just set: remembered for `gpu-mode status` (always)
-/// and counted (with metrics on). `reason` is the whole reason set.
-pub fn drain_set(cfg: &Config, source: &'static str, reason: &str) {
+/// and counted (with metrics on) under `source` and `reason_label`, a fixed
+/// word of the caller's (a `Fault`'s label, a check's name), never read off
+/// the text. `reason` is the whole reason set.
+pub fn drain_set(cfg: &Config, source: &'static str, reason_label: &'static str, reason: &str) {
     if let Err(e) = crate::drain::remember(&cfg.runtime_dir, reason) {
         ActionLine::new("metrics").field("detail", format!("cannot remember the drain: {e}")).outcome(Outcome::Failed).emit(&cfg.log);
     }
-    let detail = reason.strip_prefix(crate::drain::DRAIN_PREFIX).unwrap_or(reason).trim();
-    // `<verb>: <detail>` from the hooks: the verb is the source already.
-    let detail = detail.strip_prefix(source).and_then(|d| d.strip_prefix(':')).unwrap_or(detail);
-    record(cfg, &[Event::count(DRAINS, vec![("source", source.to_string()), ("reason", reason_label(detail))])]);
+    record(cfg, &[Event::count(DRAINS, vec![("source", source.to_string()), ("reason", reason_label.to_string())])]);
 }
 
 #[cfg(test)]

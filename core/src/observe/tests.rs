@@ -32,7 +32,7 @@ fn busy_textfile(dir: &Path) -> String {
     events.extend(phase_events(CHECKPOINT_PHASE, &phases_of(&timings)));
     events.extend(phase_events(RESTORE_PHASE, &[("criu_restore".into(), 2.0)]));
     record(&c, &events);
-    drain_set(&c, "prolog", "gpu-mode: prolog: cannot write job state: disk full");
+    drain_set(&c, "prolog", "job_state", "gpu-mode: prolog: cannot write job state: disk full");
     std::fs::read_to_string(c.metrics.textfile.as_ref().unwrap()).unwrap()
 }
 
@@ -52,7 +52,7 @@ fn the_textfile_has_help_type_and_the_recorded_values() {
         "gpu_mode_checkpoint_phase_duration_seconds_bucket{phase=\"criu_dump\",le=\"5\"} 1",
         "gpu_mode_checkpoint_phase_duration_seconds_sum{phase=\"cuda_checkpoint\"} 0.64",
         "gpu_mode_checkpoint_phase_duration_seconds_count{phase=\"signal_to_gpu_free\"} 1",
-        "gpu_mode_drains_total{source=\"prolog\",reason=\"cannot_write_job_state\"} 1",
+        "gpu_mode_drains_total{source=\"prolog\",reason=\"job_state\"} 1",
         "gpu_mode_jobs{mode=\"mps\"} 0",
         "gpu_mode_checkpoint_images{state=\"complete\"} 0",
         "gpu_mode_problems 0",

@@ -13,7 +13,7 @@ pub mod setup;
 pub mod teardown;
 
 use crate::config::Config;
-use crate::failure::Failure;
+use crate::failure::{Failure, Fault};
 use crate::gpu::NvmlGpus;
 use crate::gpu_mode::MigRequest;
 use crate::grant::GrantRecord;
@@ -49,10 +49,10 @@ impl ModeDriver for MigDriver<'_> {
     }
 
     fn prepare(&self, ctx: &PrepareCtx) -> Result<Grant, Failure> {
-        let request = self.request.ok_or_else(|| Failure::Node("mig: prepare without a request".into()))?;
+        let request = self.request.ok_or_else(|| Failure::node(Fault::Mig, "mig: prepare without a request"))?;
         let ops = {
             let _step = watchdog::step("nvml: open");
-            ctx.nvml.get().map_err(|e| Failure::Node(format!("NVML: {e}")))?
+            ctx.nvml.get().map_err(|e| Failure::node(Fault::Nvml, format!("NVML: {e}")))?
         };
         let _step = watchdog::step("mig: setup");
         let journal = setup::setup(ctx.cfg, ctx.env, ctx.gpus, request, ops)?;
@@ -68,7 +68,7 @@ impl ModeDriver for MigDriver<'_> {
     }
 
     fn release_lost(&self, cfg: &Config, job_id: u32) -> Result<Released, Failure> {
-        let journal = MigJournal::load(&cfg.runtime_dir, job_id).map_err(|e| Failure::Node(format!("mig: {e}")))?;
+        let journal = MigJournal::load(&cfg.runtime_dir, job_id).map_err(|e| Failure::node(Fault::Mig, format!("mig: {e}")))?;
         match journal {
             None => Ok(Released::nothing()),
             Some(j) => {
@@ -114,7 +114,7 @@ fn grant_of(grant: MigGrant) -> Grant {
 fn with_nvml<T>(cfg: &Config, f: impl FnOnce(&dyn crate::gpu::GpuOps) -> Result<T, Failure>) -> Result<T, Failure> {
     let ops = {
         let _step = watchdog::step("nvml: open");
-        NvmlGpus::from_config(cfg).map_err(|e| Failure::Node(format!("mig: NVML: {e}")))?
+        NvmlGpus::from_config(cfg).map_err(|e| Failure::node(Fault::Nvml, format!("mig: NVML: {e}")))?
     };
     let _step = watchdog::step("mig: teardown");
     f(&ops)

@@ -10,7 +10,7 @@ use super::placement::{Occupied, Placed};
 use super::teardown::{release_journal, undo};
 use super::{GrantedInstance, MigGpuGrant};
 use crate::config::Config;
-use crate::failure::Failure;
+use crate::failure::{Failure, Fault};
 use crate::gpu::{GpuOps, MigInstance, MigInstanceSetting, MigModeChange, MigModeSetting};
 use crate::gpu_lock::GpuLocks;
 use crate::job_env::JobEnv;
@@ -36,7 +36,7 @@ pub fn setup(cfg: &Config, env: &JobEnv, gpus: &[u32], request: &MigRequest, ops
     if gpus.is_empty() {
         return Err(Failure::Job("--gpu-mode=mig needs GPUs: request whole GPUs with --gres=gpu:N or --gpus=N".into()));
     }
-    let node = |what: &str, e: &dyn std::fmt::Display| Failure::Node(format!("mig: {what}: {e}"));
+    let node = |what: &str, e: &dyn std::fmt::Display| Failure::node(Fault::Mig, format!("mig: {what}: {e}"));
     let list = requested(cfg, request).map_err(Failure::Job)?;
     let _locks = GpuLocks::acquire(&cfg.runtime_dir, gpus, Duration::from_millis(cfg.mps.lock_timeout_ms))
         .map_err(|e| node("locking GPUs", &e))?;
@@ -51,7 +51,7 @@ pub fn setup(cfg: &Config, env: &JobEnv, gpus: &[u32], request: &MigRequest, ops
             let _ = MigJournal::remove(&cfg.runtime_dir, env.job_id);
             Err(match e {
                 Failure::Job(msg) if undone.is_empty() => Failure::Job(msg),
-                Failure::Job(msg) | Failure::Node(msg) | Failure::Drain(msg) => Failure::Node(format!("mig: {msg}{undone}")),
+                e => Failure::node(e.fault().unwrap_or(Fault::Mig), format!("mig: {e}{undone}")),
             })
         }
     }
@@ -67,7 +67,7 @@ fn clear_stale(cfg: &Config, gpus: &[u32], ops: &dyn GpuOps) -> Result<(), Failu
         let Ok(Some(j)) = MigJournal::load(&cfg.runtime_dir, job) else { continue };
         if j.touches(gpus) {
             release_journal(cfg, &j, ops).map_err(|f| match f {
-                Failure::Job(r) | Failure::Node(r) | Failure::Drain(r) => Failure::Node(format!("mig: stale instances of job {job}: {r}")),
+                f => Failure::node(f.fault().unwrap_or(Fault::Mig), format!("mig: stale instances of job {job}: {f}")),
             })?;
         }
     }
@@ -76,7 +76,7 @@ fn clear_stale(cfg: &Config, gpus: &[u32], ops: &dyn GpuOps) -> Result<(), Failu
 
 /// One GPU's plan, or the job refusal that explains why it cannot be served.
 pub fn plan_gpu(cfg: &Config, gpu: u32, list: &[MigProfileCount], ops: &dyn GpuOps) -> Result<GpuPlan, Failure> {
-    let gpu_err = |e: crate::gpu::GpuError| Failure::Node(format!("mig: GPU {gpu}: {e}"));
+    let gpu_err = |e: crate::gpu::GpuError| Failure::node(Fault::Mig, format!("mig: GPU {gpu}: {e}"));
     let inv = ops.inventory(gpu).map_err(gpu_err)?;
     let label = format!("GPU {} ({})", inv.uuid, inv.name);
     let mig = ops.modes(gpu).map_err(gpu_err)?.mig.ok_or_else(|| Failure::Job(format!("{label} does not support MIG")))?;
@@ -173,14 +173,14 @@ fn granted(i: &MigInstance, profile: &str, made: bool) -> Option<GrantedInstance
 /// Carries out the plans, journalling before every change: the journal
 /// always lists what exists plus the one change in flight (`pending`).
 fn apply(cfg: &Config, plans: &[GpuPlan], ops: &dyn GpuOps, journal: &mut MigJournal) -> Result<(), Failure> {
-    let save = |j: &MigJournal| j.save(&cfg.runtime_dir).map_err(|e| Failure::Node(format!("saving the MIG journal: {e}")));
+    let save = |j: &MigJournal| j.save(&cfg.runtime_dir).map_err(|e| Failure::node(Fault::Mig, format!("saving the MIG journal: {e}")));
     for plan in plans {
-        let gpu_err = |e: crate::gpu::GpuError| Failure::Node(format!("GPU {}: {e}", plan.uuid));
+        let gpu_err = |e: crate::gpu::GpuError| Failure::node(Fault::Mig, format!("GPU {}: {e}", plan.uuid));
         journal.grant.gpus.push(MigGpuGrant { gpu: plan.gpu, gpu_uuid: plan.uuid.clone(), instances: plan.reuse.clone(), enabled_mig: plan.switch_on });
         if plan.switch_on {
             save(journal)?;
             super::journal::mark_switched_on(&cfg.runtime_dir, plan.gpu, journal.job_id)
-                .map_err(|e| Failure::Node(format!("saving the MIG mark: {e}")))?;
+                .map_err(|e| Failure::node(Fault::Mig, format!("saving the MIG mark: {e}")))?;
             if let MigModeChange::Pending { reason } = ops.set_mig_mode(plan.gpu, true).map_err(gpu_err)? {
                 return Err(Failure::Job(format!(
                     "GPU {} ({}) is not in MIG mode and cannot be switched now: {reason}; an admin enables it with `nvidia-smi -i {} -mig 1`",
@@ -208,7 +208,7 @@ fn apply(cfg: &Config, plans: &[GpuPlan], ops: &dyn GpuOps, journal: &mut MigJou
             }
             journal.pending = None;
             if entry.is_none() {
-                return Err(Failure::Node(format!("GPU {}: MIG instance {} has no compute instance UUID", plan.uuid, made.gpu_instance)));
+                return Err(Failure::node(Fault::Mig, format!("GPU {}: MIG instance {} has no compute instance UUID", plan.uuid, made.gpu_instance)));
             }
         }
     }

@@ -12,7 +12,7 @@
 use super::journal::{MigJournal, PendingCreate};
 use super::{GrantedInstance, MigGpuGrant};
 use crate::config::Config;
-use crate::failure::Failure;
+use crate::failure::{Failure, Fault};
 use crate::gpu::{ErrorKind, GpuError, GpuOps, MigInstance};
 use crate::gpu_lock::GpuLocks;
 use std::time::{Duration, Instant};
@@ -30,7 +30,7 @@ pub struct Teardown {
 /// prolog that wrote it) and removes the journal.
 pub fn release_journal(cfg: &Config, j: &MigJournal, ops: &dyn GpuOps) -> Result<Teardown, Failure> {
     let done = undo(cfg, j, ops)?;
-    MigJournal::remove(&cfg.runtime_dir, j.job_id).map_err(|e| Failure::Node(format!("mig: {e}")))?;
+    MigJournal::remove(&cfg.runtime_dir, j.job_id).map_err(|e| Failure::node(Fault::Mig, format!("mig: {e}")))?;
     Ok(done)
 }
 
@@ -39,7 +39,7 @@ pub fn release_locked(cfg: &Config, j: &MigJournal, ops: &dyn GpuOps) -> Result<
     let mut gpus: Vec<u32> = j.grant.gpus.iter().map(|g| g.gpu).collect();
     gpus.extend(j.pending.as_ref().map(|p| p.gpu));
     let _locks = GpuLocks::acquire(&cfg.runtime_dir, &gpus, Duration::from_millis(cfg.mps.lock_timeout_ms))
-        .map_err(|e| Failure::Node(format!("mig: locking GPUs: {e}")))?;
+        .map_err(|e| Failure::node(Fault::GpuLock, format!("mig: locking GPUs: {e}")))?;
     release_journal(cfg, j, ops)
 }
 
@@ -61,10 +61,10 @@ pub fn undo(cfg: &Config, j: &MigJournal, ops: &dyn GpuOps) -> Result<Teardown, 
         }
     }
     if let Some(reason) = busy {
-        return Err(Failure::Drain(reason));
+        return Err(Failure::Drain(Fault::MigBusy, reason));
     }
     if !errors.is_empty() {
-        return Err(Failure::Node(format!("mig teardown: {}", errors.join("; "))));
+        return Err(Failure::node(Fault::Mig, format!("mig teardown: {}", errors.join("; "))));
     }
     Ok(done)
 }

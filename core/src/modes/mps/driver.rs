@@ -3,7 +3,7 @@
 use super::setup::setup;
 use super::teardown::{teardown, TeardownOutcome};
 use crate::config::Config;
-use crate::failure::Failure;
+use crate::failure::{Failure, Fault};
 use crate::gpu_mode::MpsParams;
 use crate::grant::GrantRecord;
 use crate::mode_driver::{Grant, ModeDriver, PrepareCtx, Released};
@@ -24,7 +24,7 @@ impl ModeDriver for MpsDriver<'_> {
         let params = self.params.unwrap_or(&default);
         let ops = {
             let _step = watchdog::step("nvml: open");
-            ctx.nvml.get().map_err(|e| Failure::Node(format!("NVML: {e}")))?
+            ctx.nvml.get().map_err(|e| Failure::node(Fault::Nvml, format!("NVML: {e}")))?
         };
         let _step = watchdog::step("mps: setup");
         let job = setup(ctx.cfg, ctx.env, ctx.gpus, params, ops)?;

@@ -8,7 +8,7 @@ use crate::config::Config;
 use crate::gpu::{apply_compute_mode, Applied, GpuOps};
 use crate::gpu_lock::GpuLocks;
 use crate::job_env::{format_gpu_list, JobEnv};
-use crate::failure::Failure;
+use crate::failure::{Failure, Fault};
 use crate::gpu_mode::MpsParams;
 use crate::privdrop::Identity;
 use crate::procfs;
@@ -63,7 +63,7 @@ pub fn setup(cfg: &Config, env: &JobEnv, gpus: &[u32], params: &MpsParams, ops: 
     if gpus.is_empty() {
         return Err(Failure::Job("--gpu-mode=mps needs GPUs: request them with --gres=gpu:N or --gpus=N".into()));
     }
-    let node = |what: &str, e: &dyn std::fmt::Display| Failure::Node(format!("mps: {what}: {e}"));
+    let node = |what: &str, e: &dyn std::fmt::Display| Failure::node(Fault::Mps, format!("mps: {what}: {e}"));
     let _locks = GpuLocks::acquire(&cfg.runtime_dir, gpus, ms(cfg.mps.lock_timeout_ms))
         .map_err(|e| node("locking GPUs", &e))?;
     let records = DaemonRecord::all(&cfg.runtime_dir).map_err(|e| node("reading the daemon registry", &e))?;
@@ -74,7 +74,7 @@ pub fn setup(cfg: &Config, env: &JobEnv, gpus: &[u32], params: &MpsParams, ops: 
         // A daemon that died (or a node that rebooted with /run kept): clear
         // what it left before its GPUs are used again.
         dismantle(cfg, rec, env.job_id, Some(ops)).map_err(|f| match f {
-            Failure::Drain(r) | Failure::Node(r) | Failure::Job(r) => Failure::Node(format!("mps: stale daemon {}: {r}", rec.key)),
+            f => Failure::node(f.fault().unwrap_or(Fault::Mps), format!("mps: stale daemon {}: {f}", rec.key)),
         })?;
     }
     let record = match place(&live, env.uid, gpus) {
@@ -130,7 +130,7 @@ fn start_new(cfg: &Config, env: &JobEnv, gpus: &[u32], params: &MpsParams, ops: 
     let result = start_steps(cfg, env, params, ops, &gpus, &key, &mut undo);
     result.map_err(|msg| {
         let undo_errors = roll_back(cfg, ops, &dir, &mut undo);
-        Failure::Node(format!("mps: {msg}{undo_errors}"))
+        Failure::node(Fault::Mps, format!("mps: {msg}{undo_errors}"))
     })
 }
 

@@ -7,7 +7,7 @@ use super::registry::{daemon_dir, DaemonRecord};
 use crate::config::Config;
 use crate::gpu::{GpuOps, NvmlGpus};
 use crate::gpu_lock::GpuLocks;
-use crate::failure::Failure;
+use crate::failure::{Failure, Fault};
 use crate::privdrop::Identity;
 use crate::watchdog;
 use std::time::Duration;
@@ -30,7 +30,7 @@ pub enum TeardownOutcome {
 /// job. `key` is the daemon the job state names; without it (state lost) the
 /// registry is searched for the job.
 pub fn teardown(cfg: &Config, job_id: u32, key: Option<&str>) -> Result<TeardownOutcome, Failure> {
-    let node = |what: &str, e: &dyn std::fmt::Display| Failure::Node(format!("mps: {what}: {e}"));
+    let node = |what: &str, e: &dyn std::fmt::Display| Failure::node(Fault::Mps, format!("mps: {what}: {e}"));
     let Some(found) = find_record(cfg, job_id, key).map_err(|e| node("reading the daemon registry", &e))? else {
         return Ok(TeardownOutcome::NoDaemon);
     };
@@ -105,10 +105,10 @@ pub fn dismantle(cfg: &Config, rec: &DaemonRecord, job_id: u32, ops: Option<&dyn
     }
     if let Some(p) = out.survivors.first() {
         let gpus: Vec<String> = rec.gpus.iter().map(|g| rec.gpu_label(*g)).collect();
-        return Err(Failure::Drain(format!("MPS zombie pid {} (job {job_id}, GPU {})", p.pid, gpus.join(","))));
+        return Err(Failure::Drain(Fault::MpsZombie, format!("MPS zombie pid {} (job {job_id}, GPU {})", p.pid, gpus.join(","))));
     }
     if !errors.is_empty() {
-        return Err(Failure::Node(format!("mps teardown: {}", errors.join("; "))));
+        return Err(Failure::node(Fault::Mps, format!("mps teardown: {}", errors.join("; "))));
     }
     Ok(out)
 }
