@@ -1,8 +1,9 @@
 //! slurm-gpu-mode's shared logic. The prolog, the epilog and the node checker
 //! are thin shells over this crate, so unit tests reach everything that
 //! decides anything. Its bottom three layers (base helpers, configuration,
-//! the job) are the crate `gpu-mode-base`, re-exported here at their old
-//! paths; this crate holds the devices, the modes, preemption, health,
+//! the job) are the crate `gpu-mode-base`, the devices (NVML, CRIU, the CUDA
+//! checkpoint verb) the crate `gpu-mode-devices`, both re-exported here at
+//! their old paths; this crate holds the modes, preemption, health,
 //! observation and the verbs (docs/architecture.md, "Layers").
 
 pub use gpu_mode_base::{
@@ -10,9 +11,8 @@ pub use gpu_mode_base::{
     runtime, signal, signal_state, skipped_prolog, state, submit, watchdog,
 };
 
-pub mod cuda_ckpt;
-pub mod criu;
-pub mod gpu;
+/// The devices (crate `gpu-mode-devices`), at their old paths.
+pub use gpu_mode_devices::{criu, cuda_ckpt, gpu};
 pub mod health;
 pub mod lifecycle;
 pub mod mig;

@@ -2,7 +2,8 @@
 //! gpu-mode-core refers to one of a higher layer, every module is placed in
 //! a layer, and no modules form a cycle. `scripts/modgraph.py --check` reads
 //! the sources (its LAYERS table is the one rule); these tests run it on
-//! gpu-mode-base and this crate, and on a planted crate that breaks the rule.
+//! gpu-mode-base, gpu-mode-devices and this crate, and on a planted crate
+//! that breaks the rule.
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -16,11 +17,13 @@ fn said(o: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }
 
-/// Both crates: gpu-mode-base (the bottom three layers, which Cargo keeps
-/// from reaching up into gpu-mode-core) and gpu-mode-core.
+/// The three library crates: gpu-mode-base (the bottom three layers),
+/// gpu-mode-devices (NVML, CRIU, the CUDA checkpoint verb) and gpu-mode-core;
+/// Cargo keeps each from reaching up into the next, this keeps the layers
+/// inside each.
 #[test]
 fn the_crates_keep_their_layering() {
-    for src in ["../base/src", "src"] {
+    for src in ["../base/src", "../devices/src", "src"] {
         let out = modgraph_check(&Path::new(env!("CARGO_MANIFEST_DIR")).join(src));
         assert!(out.status.success(), "the layering of {src} is broken (see docs/architecture.md):\n{}", said(&out));
     }

@@ -18,8 +18,8 @@ pub mod modes;
 mod raw;
 pub mod report;
 pub mod slurm_index;
-#[cfg(test)]
-pub(crate) mod fake;
+#[cfg(any(test, feature = "fake"))]
+pub mod fake;
 
 pub use error::{ErrorKind, GpuError, GpuLabel};
 pub use health::{HealthReadings, Pcie, RemappedRows, XidEvent};
