@@ -66,9 +66,8 @@ fn clear_stale(cfg: &Config, gpus: &[u32], ops: &dyn GpuOps) -> Result<(), Failu
         }
         let Ok(Some(j)) = MigJournal::load(&cfg.runtime_dir, job) else { continue };
         if j.touches(gpus) {
-            release_journal(cfg, &j, ops).map_err(|f| match f {
-                f => Failure::node(f.fault().unwrap_or(Fault::Mig), format!("mig: stale instances of job {job}: {f}")),
-            })?;
+            release_journal(cfg, &j, ops)
+                .map_err(|f| Failure::node(f.fault().unwrap_or(Fault::Mig), format!("mig: stale instances of job {job}: {f}")))?;
         }
     }
     Ok(())

@@ -73,9 +73,8 @@ pub fn setup(cfg: &Config, env: &JobEnv, gpus: &[u32], params: &MpsParams, ops: 
     for rec in stale.iter().filter(|r| r.gpus.iter().any(|g| gpus.contains(g))) {
         // A daemon that died (or a node that rebooted with /run kept): clear
         // what it left before its GPUs are used again.
-        dismantle(cfg, rec, env.job_id, Some(ops)).map_err(|f| match f {
-            f => Failure::node(f.fault().unwrap_or(Fault::Mps), format!("mps: stale daemon {}: {f}", rec.key)),
-        })?;
+        dismantle(cfg, rec, env.job_id, Some(ops))
+            .map_err(|f| Failure::node(f.fault().unwrap_or(Fault::Mps), format!("mps: stale daemon {}: {f}", rec.key)))?;
     }
     let record = match place(&live, env.uid, gpus) {
         Placement::Conflict(msg) => return Err(Failure::Job(msg)),
