@@ -37,7 +37,7 @@
 //!
 //! Huge pages cost memory only where a large mapping is touched sparsely,
 //! and, with the kernel's default `defrag = madvise`, a fault may compact
-//! memory when no free huge page is left (docs/checkpoint.md, "Huge pages").
+//! memory when no free huge page is left (docs/preempt.md, "Huge pages").
 //!
 //! Never panics and never allocates: it runs inside every large `mmap` of
 //! the application, on any thread, possibly before `main`.

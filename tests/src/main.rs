@@ -6,7 +6,7 @@
 //!                                                  --contain: cgroups and an
 //!                                                  extern step per job;
 //!                                                  --preempt: partitions low/high
-//!                                                  (docs/checkpoint.md, Preemption)
+//!                                                  (docs/preempt.md)
 //!   gpu-mode-cluster down [--name NAME]            stop and remove
 //!   gpu-mode-cluster env [--name NAME]             print `export SLURM_CONF=...`
 //!   gpu-mode-cluster write --installed [--gpus N] [--name NAME]
