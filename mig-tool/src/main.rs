@@ -15,14 +15,31 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 
-/// A failure: exit code and one line.
-struct Fail(u8, String);
+/// A failure: exit code, one line, and the kind a drain it causes is
+/// counted under (`gpu_mode_drains_total{source="mig-baseline",reason}`).
+struct Fail {
+    code: u8,
+    msg: String,
+    label: &'static str,
+}
+
+impl Fail {
+    /// A failure of the exit code's class (its label: cli::drain_label).
+    fn new(code: u8, msg: impl Into<String>) -> Fail {
+        Fail { code, msg: msg.into(), label: drain_label(code) }
+    }
+
+    /// A failed apply of `source`: labelled by the step that failed.
+    fn apply(source: &str, e: ApplyError) -> Fail {
+        Fail { code: EXIT_DIFFERS, msg: format!("{source}: {e}"), label: e.label() }
+    }
+}
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let (cfg, config_error) = Config::load_or_salvage(cli.config.as_deref());
     match (cli.command, config_error) {
-        (command, Some(e)) if command.stops_on_config_error() => fail(Fail(EXIT_USAGE, e.to_string())),
+        (command, Some(e)) if command.stops_on_config_error() => fail(Fail::new(EXIT_USAGE, e.to_string())),
         (Command::Apply { baseline, boot, node }, config_error) => {
             apply_cmd(&cfg, config_error.map(|e| e.to_string()), &baseline, boot, node.as_deref())
         }
@@ -31,8 +48,8 @@ fn main() -> ExitCode {
 }
 
 fn fail(f: Fail) -> ExitCode {
-    stderr_line(&format!("gpu-mode-mig: {}", f.1));
-    ExitCode::from(f.0)
+    stderr_line(&format!("gpu-mode-mig: {}", f.msg));
+    ExitCode::from(f.code)
 }
 
 /// Prints as `print!` would; a closed stdout is no panic.
@@ -44,7 +61,7 @@ fn out(text: &str) {
 fn read_only(cfg: &Config, command: Command) -> Result<ExitCode, Fail> {
     match command {
         Command::Export { name } => {
-            out(&tool::export(&open(cfg)?, &name).map_err(|e| Fail(EXIT_NVML, e.to_string()))?);
+            out(&tool::export(&open(cfg)?, &name).map_err(|e| Fail::new(EXIT_NVML, e.to_string()))?);
             Ok(ExitCode::SUCCESS)
         }
         Command::Assert { baseline } => assert_cmd(cfg, &baseline),
@@ -55,7 +72,7 @@ fn read_only(cfg: &Config, command: Command) -> Result<ExitCode, Fail> {
             Ok(if p.problems().is_empty() { ExitCode::SUCCESS } else { ExitCode::from(EXIT_DIFFERS) })
         }
         Command::JobPlan { values } => job_plan(cfg, &values),
-        Command::Apply { .. } => Err(Fail(EXIT_USAGE, "apply changes the GPUs; it is not a read-only verb".into())),
+        Command::Apply { .. } => Err(Fail::new(EXIT_USAGE, "apply changes the GPUs; it is not a read-only verb")),
     }
 }
 
@@ -65,7 +82,7 @@ fn read_only(cfg: &Config, command: Command) -> Result<ExitCode, Fail> {
 fn job_plan(cfg: &Config, values: &[String]) -> Result<ExitCode, Fail> {
     use gpu_mode_core::modes::mig::{layout::requested, setup::plan_gpu};
     let ops = open(cfg)?;
-    let count = ops.count().map_err(|e| Fail(EXIT_NVML, e.to_string()))?;
+    let count = ops.count().map_err(|e| Fail::new(EXIT_NVML, e.to_string()))?;
     // Plan as a node whose jobs may switch MIG on and make instances would:
     // the GPU's profile table decides, not this node's settings.
     let mut planning = cfg.clone();
@@ -73,7 +90,7 @@ fn job_plan(cfg: &Config, values: &[String]) -> Result<ExitCode, Fail> {
     planning.gpu.mig_instances = gpu_mode_core::gpu::MigInstanceSetting::Manage;
     let mut refused = false;
     for value in values {
-        let request = job_request(value).map_err(|e| Fail(EXIT_USAGE, e))?;
+        let request = job_request(value).map_err(|e| Fail::new(EXIT_USAGE, e))?;
         let list = match requested(&planning, &request) {
             Ok(l) => l,
             Err(e) => {
@@ -100,20 +117,20 @@ fn job_plan(cfg: &Config, values: &[String]) -> Result<ExitCode, Fail> {
 }
 
 fn open(cfg: &Config) -> Result<NvmlGpus, Fail> {
-    NvmlGpus::from_config(cfg).map_err(|e| Fail(EXIT_NVML, e.to_string()))
+    NvmlGpus::from_config(cfg).map_err(|e| Fail::new(EXIT_NVML, e.to_string()))
 }
 
 /// The chosen baseline; none configured or named is a usage error.
 fn required(cfg: &Config, c: &Choice) -> Result<Baseline, Fail> {
     match tool::choose(cfg, c.file.as_deref(), c.layout.as_deref()) {
         Ok(Some(b)) => Ok(b),
-        Ok(None) => Err(Fail(EXIT_USAGE, "no baseline: set [mig] baseline in the site config, or pass -c FILE -l NAME or -l @LAYOUT".into())),
-        Err(e) => Err(Fail(EXIT_USAGE, e)),
+        Ok(None) => Err(Fail::new(EXIT_USAGE, "no baseline: set [mig] baseline in the site config, or pass -c FILE -l NAME or -l @LAYOUT")),
+        Err(e) => Err(Fail::new(EXIT_USAGE, e)),
     }
 }
 
 fn make_plan(cfg: &Config, ops: &dyn GpuOps, b: &Baseline) -> Result<Plan, Fail> {
-    let observed = tool::observe(ops, &cfg.runtime_dir).map_err(|e| Fail(EXIT_NVML, e.to_string()))?;
+    let observed = tool::observe(ops, &cfg.runtime_dir).map_err(|e| Fail::new(EXIT_NVML, e.to_string()))?;
     Ok(plan(b, &observed, &tool::settings(cfg)))
 }
 
@@ -134,7 +151,7 @@ fn assert_cmd(cfg: &Config, c: &Choice) -> Result<ExitCode, Fail> {
 
 /// `plan --all`: every config of the file (or every layout), one after the other.
 fn plan_all(cfg: &Config, c: &Choice) -> Result<ExitCode, Fail> {
-    let names = tool::all_names(cfg, c.file.as_deref()).map_err(|e| Fail(EXIT_USAGE, e))?;
+    let names = tool::all_names(cfg, c.file.as_deref()).map_err(|e| Fail::new(EXIT_USAGE, e))?;
     let gpus = open(cfg)?;
     let mut refused = 0;
     for name in &names {
@@ -154,7 +171,7 @@ fn apply_cmd(cfg: &Config, config_error: Option<String>, c: &Choice, boot: bool,
     }
     let line = ActionLine::new("mig-baseline").field("verb", "apply");
     let result = match config_error {
-        Some(e) => Err(Fail(EXIT_USAGE, e)),
+        Some(e) => Err(Fail::new(EXIT_USAGE, e)),
         None => apply_baseline(cfg, c, boot),
     };
     match result {
@@ -174,17 +191,17 @@ fn apply_cmd(cfg: &Config, config_error: Option<String>, c: &Choice, boot: bool,
             line.field("baseline", "none configured").outcome(Outcome::Skipped).emit(&cfg.log);
             ExitCode::SUCCESS
         }
-        Err(Fail(code, msg)) => {
-            let mut line = line.field("error", &msg);
+        Err(f) => {
+            let mut line = line.field("error", &f.msg);
             if boot {
-                let after = tool::drain_after_failure(cfg, node.as_deref(), &msg);
+                let after = tool::drain_after_failure(cfg, node.as_deref(), &f.msg);
                 if let Some(reason) = &after.drain_set {
-                    gpu_mode_core::observe::drain_set(cfg, "mig-baseline", drain_label(code), reason);
+                    gpu_mode_core::observe::drain_set(cfg, "mig-baseline", f.label, reason);
                 }
                 line = line.field("node", after.said);
             }
             line.outcome(Outcome::Failed).emit(&cfg.log);
-            fail(Fail(code, msg))
+            fail(f)
         }
     }
 }
@@ -210,20 +227,17 @@ fn apply_baseline(cfg: &Config, c: &Choice, boot: bool) -> Result<(String, Optio
         _ => required(cfg, c)?,
     };
     let gpus = open(cfg)?;
-    let count = gpus.count().map_err(|e| Fail(EXIT_NVML, e.to_string()))?;
+    let count = gpus.count().map_err(|e| Fail::new(EXIT_NVML, e.to_string()))?;
     let all: Vec<u32> = (0..count).collect();
     let _locks = GpuLocks::acquire(&cfg.runtime_dir, &all, Duration::from_millis(cfg.mps.lock_timeout_ms))
-        .map_err(|e| Fail(EXIT_DIFFERS, e.to_string()))?;
+        .map_err(|e| Fail::new(EXIT_DIFFERS, e.to_string()))?;
     let p = make_plan(cfg, &gpus, &b)?;
     if p.changes() || !p.problems().is_empty() {
         out(&p.text());
     }
     let services = Systemctl::new(&cfg.mig.systemctl, boot);
     let reset = NvidiaSmiReset::new(&cfg.mig.nvidia_smi);
-    let done = apply(&gpus, &p, &services, &reset, &mut |l| l.emit(&cfg.log)).map_err(|e| match e {
-        ApplyError::Refused(_) => Fail(EXIT_DIFFERS, format!("{}: {e}", b.source)),
-        ApplyError::Failed(m) => Fail(EXIT_DIFFERS, format!("{}: {m}", b.source)),
-    })?;
+    let done = apply(&gpus, &p, &services, &reset, &mut |l| l.emit(&cfg.log)).map_err(|e| Fail::apply(&b.source, e))?;
     if done == Done::Unchanged {
         out(&format!("the GPUs already match {}: nothing changed\n", b.source));
     }

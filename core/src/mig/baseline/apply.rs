@@ -19,20 +19,82 @@ pub enum Done {
     Changed(Vec<u32>),
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Why an apply did not bring the GPUs to the baseline.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ApplyError {
     /// The plan has problems: nothing was changed.
+    #[error("refused, nothing changed: {}", .0.join("; "))]
     Refused(Vec<String>),
-    /// A step failed; the message says which and what state was left.
-    Failed(String),
+    /// A step failed (and the services stopped for it were started again,
+    /// or `restart` says which were not).
+    #[error("{step}{}", restart_failures(.restart, "; and "))]
+    Failed { step: StepError, restart: Vec<String> },
+    /// The GPUs were changed, but services could not be started again.
+    #[error("the GPUs were changed, but {}", .0.join("; "))]
+    NotRestarted(Vec<String>),
 }
 
-impl std::fmt::Display for ApplyError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+/// The step of an apply that failed, with what it was acting on.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StepError {
+    #[error("cannot tell whether {unit} is active: {detail}")]
+    ServiceState { unit: String, detail: String },
+    #[error("cannot stop {unit}: {detail}")]
+    ServiceStop { unit: String, detail: String },
+    #[error("GPU {gpu}: cannot switch MIG {}: {detail}", on_off(*.enable))]
+    MigMode { gpu: u32, enable: bool, detail: String },
+    #[error("GPU reset to apply the MIG mode failed: {0}")]
+    Reset(String),
+    #[error("GPU {gpu}: MIG is still not {} after the reset ({modes}); a passthrough VM may need a reboot", on_off(*.enable))]
+    ModeNotApplied { gpu: u32, enable: bool, modes: String },
+    #[error("GPU {gpu}: cannot destroy GI {gpu_instance} ({profile}): {detail}")]
+    Destroy { gpu: u32, gpu_instance: u32, profile: String, detail: String },
+    /// `undone`: the instances this step made before, destroyed again
+    /// (`Ok(count)`) or not (`Err`: what failed).
+    #[error("GPU {gpu}: cannot create {profile} at slice {start}: {detail}{}", undo_said(.undone))]
+    Create { gpu: u32, profile: String, start: u32, detail: String, undone: Result<usize, String> },
+    /// The GPU could not be read back, or does not match the baseline.
+    #[error("GPU {gpu}: {detail}")]
+    Verify { gpu: u32, detail: String },
+}
+
+impl ApplyError {
+    /// The metric label of a drain this failure set (`gpu-mode-mig apply
+    /// --boot`): the kind of step, never words of the message.
+    pub fn label(&self) -> &'static str {
         match self {
-            ApplyError::Refused(p) => write!(f, "refused, nothing changed: {}", p.join("; ")),
-            ApplyError::Failed(m) => f.write_str(m),
+            ApplyError::Refused(_) => "refused",
+            ApplyError::NotRestarted(_) => "services",
+            ApplyError::Failed { step, .. } => step.label(),
         }
+    }
+}
+
+impl StepError {
+    pub fn label(&self) -> &'static str {
+        match self {
+            StepError::ServiceState { .. } | StepError::ServiceStop { .. } => "services",
+            StepError::MigMode { .. } | StepError::ModeNotApplied { .. } => "mig_mode",
+            StepError::Reset(_) => "gpu_reset",
+            StepError::Destroy { .. } => "destroy",
+            StepError::Create { .. } => "create",
+            StepError::Verify { .. } => "verify",
+        }
+    }
+}
+
+fn on_off(enable: bool) -> &'static str {
+    if enable { "on" } else { "off" }
+}
+
+fn restart_failures(restart: &[String], lead: &str) -> String {
+    if restart.is_empty() { String::new() } else { format!("{lead}{}", restart.join("; ")) }
+}
+
+fn undo_said(undone: &Result<usize, String>) -> String {
+    match undone {
+        Ok(made) => format!(" (the {made} made before it were destroyed again)"),
+        Err(e) => format!("; undoing it failed too: {e}"),
     }
 }
 
@@ -43,7 +105,7 @@ fn step(name: &str) -> ActionLine {
     ActionLine::new("mig-baseline").field("step", name)
 }
 
-fn done(line: ActionLine, r: &Result<(), String>) -> FinishedLine {
+fn done<E: std::fmt::Display>(line: ActionLine, r: &Result<(), E>) -> FinishedLine {
     match r {
         Ok(()) => line.outcome(Outcome::Ok),
         Err(e) => line.field("error", e).outcome(Outcome::Failed),
@@ -61,42 +123,34 @@ pub fn apply(ops: &dyn GpuOps, plan: &Plan, services: &dyn Services, reset: &dyn
     }
     let stopped = match stop_services(&plan.services, services, emit) {
         Ok(list) => list,
-        Err((list, e)) => return Err(with_restart(e, start_again(&list, services, emit))),
+        Err((list, step)) => return Err(ApplyError::Failed { step, restart: start_again(&list, services, emit) }),
     };
     let result = change_gpus(ops, plan, reset, emit);
     let restart = start_again(&stopped, services, emit);
     match result {
-        Err(e) => Err(with_restart(e, restart)),
-        Ok(()) if !restart.is_empty() => Err(ApplyError::Failed(format!("the GPUs were changed, but {}", restart.join("; ")))),
+        Err(step) => Err(ApplyError::Failed { step, restart }),
+        Ok(()) if !restart.is_empty() => Err(ApplyError::NotRestarted(restart)),
         Ok(()) => Ok(Done::Changed(plan.gpus.iter().filter(|g| g.changes()).map(|g| g.gpu).collect())),
-    }
-}
-
-fn with_restart(e: String, restart: Vec<String>) -> ApplyError {
-    if restart.is_empty() {
-        ApplyError::Failed(e)
-    } else {
-        ApplyError::Failed(format!("{e}; and {}", restart.join("; ")))
     }
 }
 
 /// Asks which units are active first, then stops those in list order:
 /// stopping one may stop others that depend on it, and those must be
 /// started again too. Returns the units stopped (or to start again).
-fn stop_services(units: &[String], services: &dyn Services, emit: Emit) -> Result<Vec<String>, (Vec<String>, String)> {
+fn stop_services(units: &[String], services: &dyn Services, emit: Emit) -> Result<Vec<String>, (Vec<String>, StepError)> {
     let mut active = Vec::new();
     for u in units {
         match services.is_active(u) {
             Ok(true) => active.push(u.clone()),
             Ok(false) => {}
-            Err(e) => return Err((Vec::new(), format!("cannot tell whether {u} is active: {e}"))),
+            Err(detail) => return Err((Vec::new(), StepError::ServiceState { unit: u.clone(), detail })),
         }
     }
     for (i, u) in active.iter().enumerate() {
         let r = services.stop(u);
         emit(done(step("stop").field("unit", u), &r));
-        if let Err(e) = r {
-            return Err((active[..i].to_vec(), format!("cannot stop {u}: {e}")));
+        if let Err(detail) = r {
+            return Err((active[..i].to_vec(), StepError::ServiceStop { unit: u.clone(), detail }));
         }
     }
     Ok(active)
@@ -116,7 +170,7 @@ fn start_again(stopped: &[String], services: &dyn Services, emit: Emit) -> Vec<S
     errors
 }
 
-fn change_gpus(ops: &dyn GpuOps, plan: &Plan, reset: &dyn GpuReset, emit: Emit) -> Result<(), String> {
+fn change_gpus(ops: &dyn GpuOps, plan: &Plan, reset: &dyn GpuReset, emit: Emit) -> Result<(), StepError> {
     switch_modes(ops, plan, reset, emit)?;
     for g in plan.gpus.iter().filter(|g| g.changes()) {
         if g.mode.is_none() {
@@ -131,7 +185,7 @@ fn change_gpus(ops: &dyn GpuOps, plan: &Plan, reset: &dyn GpuReset, emit: Emit) 
 /// MIG mode changes: instances go first (NVML refuses to turn MIG off
 /// while any exist, and a reset would lose them anyway), then the mode;
 /// GPUs whose change stays pending are reset together, then checked.
-fn switch_modes(ops: &dyn GpuOps, plan: &Plan, reset: &dyn GpuReset, emit: Emit) -> Result<(), String> {
+fn switch_modes(ops: &dyn GpuOps, plan: &Plan, reset: &dyn GpuReset, emit: Emit) -> Result<(), StepError> {
     let mut pending: Vec<&GpuPlan> = Vec::new();
     for g in plan.gpus.iter().filter(|g| g.mode.is_some()) {
         let enable = g.mode == Some(true);
@@ -144,35 +198,36 @@ fn switch_modes(ops: &dyn GpuOps, plan: &Plan, reset: &dyn GpuReset, emit: Emit)
                 pending.push(g);
             }
             Err(e) => {
-                let e = format!("GPU {}: cannot switch MIG {}: {e}", g.gpu, if enable { "on" } else { "off" });
-                emit(done(line, &Err(e.clone())));
+                let e = StepError::MigMode { gpu: g.gpu, enable, detail: e.to_string() };
+                emit(done(line, &Err(&e)));
                 return Err(e);
             }
         }
     }
     if !pending.is_empty() {
         let ids: Vec<String> = pending.iter().map(|g| g.pci_bus_id.clone()).collect();
-        let r = reset.reset(&ids).map_err(|e| format!("GPU reset to apply the MIG mode failed: {e}"));
+        let r = reset.reset(&ids).map_err(StepError::Reset);
         emit(done(step("gpu-reset").field("pci", ids.join(",")), &r));
         r?;
     }
     for g in plan.gpus.iter().filter(|g| g.mode.is_some()) {
         let want = g.mode == Some(true);
-        let mig = ops.modes(g.gpu).map_err(|e| e.to_string())?.mig;
+        let mig = ops.modes(g.gpu).map_err(|e| StepError::Verify { gpu: g.gpu, detail: format!("reading the MIG mode back: {e}") })?.mig;
         if mig.is_none_or(|m| m.current != want) {
-            return Err(format!(
-                "GPU {}: MIG is still not {} after the reset (modes {mig:?}); a passthrough VM may need a reboot",
-                g.gpu,
-                if want { "on" } else { "off" }
-            ));
+            return Err(StepError::ModeNotApplied { gpu: g.gpu, enable: want, modes: format!("modes {mig:?}") });
         }
     }
     Ok(())
 }
 
-fn destroy(ops: &dyn GpuOps, g: &GpuPlan, emit: Emit) -> Result<(), String> {
+fn destroy(ops: &dyn GpuOps, g: &GpuPlan, emit: Emit) -> Result<(), StepError> {
     for e in &g.destroy {
-        let r = ops.destroy_mig_instance(g.gpu, e.gpu_instance).map_err(|err| format!("GPU {}: cannot destroy GI {} ({}): {err}", g.gpu, e.gpu_instance, e.profile));
+        let r = ops.destroy_mig_instance(g.gpu, e.gpu_instance).map_err(|err| StepError::Destroy {
+            gpu: g.gpu,
+            gpu_instance: e.gpu_instance,
+            profile: e.profile.clone(),
+            detail: err.to_string(),
+        });
         emit(done(step("destroy").field("gpu", g.gpu).field("gi", e.gpu_instance).field("profile", &e.profile), &r));
         r?;
     }
@@ -182,7 +237,7 @@ fn destroy(ops: &dyn GpuOps, g: &GpuPlan, emit: Emit) -> Result<(), String> {
 /// Creates the plan's instances at their placements; on a failure destroys
 /// what this call made (the GPU is then short of its baseline, and the
 /// error says so).
-fn create(ops: &dyn GpuOps, g: &GpuPlan, emit: Emit) -> Result<(), String> {
+fn create(ops: &dyn GpuOps, g: &GpuPlan, emit: Emit) -> Result<(), StepError> {
     let mut made = Vec::new();
     for p in &g.create {
         let line = step("create").field("gpu", g.gpu).field("profile", &p.name).field("start", p.start);
@@ -193,13 +248,11 @@ fn create(ops: &dyn GpuOps, g: &GpuPlan, emit: Emit) -> Result<(), String> {
                 made.push(i.gpu_instance);
             }
             Err(e) => {
-                let e = format!("GPU {}: cannot create {} at slice {}: {e}", g.gpu, p.name, p.start);
-                emit(done(line, &Err(e.clone())));
-                let undone: Vec<String> = made.iter().filter_map(|gi| ops.destroy_mig_instance(g.gpu, *gi).err().map(|x| format!("GI {gi}: {x}"))).collect();
-                return Err(match undone.is_empty() {
-                    true => format!("{e} (the {} made before it were destroyed again)", made.len()),
-                    false => format!("{e}; undoing it failed too: {}", undone.join(", ")),
-                });
+                let detail = format!("{e}");
+                emit(done(line, &Err(format!("GPU {}: cannot create {} at slice {}: {detail}", g.gpu, p.name, p.start))));
+                let failed: Vec<String> = made.iter().filter_map(|gi| ops.destroy_mig_instance(g.gpu, *gi).err().map(|x| format!("GI {gi}: {x}"))).collect();
+                let undone = if failed.is_empty() { Ok(made.len()) } else { Err(failed.join(", ")) };
+                return Err(StepError::Create { gpu: g.gpu, profile: p.name.clone(), start: p.start, detail, undone });
             }
         }
     }
@@ -207,14 +260,15 @@ fn create(ops: &dyn GpuOps, g: &GpuPlan, emit: Emit) -> Result<(), String> {
 }
 
 /// Reads the GPU back: the instances must now be exactly the baseline's.
-fn verify(ops: &dyn GpuOps, g: &GpuPlan) -> Result<(), String> {
+fn verify(ops: &dyn GpuOps, g: &GpuPlan) -> Result<(), StepError> {
     let Some(t) = g.target.as_ref().filter(|t| t.mig_enabled) else { return Ok(()) };
-    let list = ops.mig_instances(g.gpu).map_err(|e| format!("GPU {}: reading the instances back: {e}", g.gpu))?;
-    let profiles = ops.mig_profiles(g.gpu).map_err(|e| format!("GPU {}: reading the profiles back: {e}", g.gpu))?;
+    let verify = |detail: String| StepError::Verify { gpu: g.gpu, detail };
+    let list = ops.mig_instances(g.gpu).map_err(|e| verify(format!("reading the instances back: {e}")))?;
+    let profiles = ops.mig_profiles(g.gpu).map_err(|e| verify(format!("reading the profiles back: {e}")))?;
     let s = split_instances(Some(t), &list, &profiles, &[]);
     if s.other.is_empty() && s.missing.is_empty() {
         return Ok(());
     }
     let have = super::parted::ExportGpu::new(g.gpu, true, &list, &profiles).instances;
-    Err(format!("GPU {}: after apply it has {}, not {}", g.gpu, describe(&have), describe(&t.instances)))
+    Err(verify(format!("after apply it has {}, not {}", describe(&have), describe(&t.instances))))
 }

@@ -1,7 +1,7 @@
 //! Decision tables for plan, apply and assert, against the MIG fake (the
 //! simulated NVML's rules) and the recording services and reset.
 
-use super::apply::{apply, ApplyError, Done};
+use super::apply::{apply, ApplyError, Done, StepError};
 use super::fake::FakeMig;
 use super::plan::{plan, Observed, Plan, Settings};
 use super::services::record::{RecordingReset, RecordingServices};
@@ -107,7 +107,7 @@ fn plans_that_apply_must_refuse_say_why() {
         let svc = RecordingServices::with_active(&UNITS);
         let reset = RecordingReset::new(|_| Ok(()));
         let err = apply(&ops, &p, &svc, &reset, &mut |_| {}).unwrap_err();
-        assert!(matches!(err, ApplyError::Refused(_)), "{what}: {err}");
+        assert!(matches!(err, ApplyError::Refused(_)) && err.label() == "refused", "{what}: {err}");
         assert!(svc.calls.borrow().is_empty() && ops.calls.borrow().is_empty(), "{what}: nothing may be touched");
     }
     // A job holding the GPU (its state lists it) blocks changes.
@@ -161,7 +161,9 @@ fn a_pending_mode_is_applied_by_a_reset_and_a_refused_reset_still_restarts_servi
     ops.gpus.borrow_mut()[0].health.held_by_client = true;
     let svc = RecordingServices::with_active(&UNITS);
     let (r, lines) = run(&ops, &all_on("\"7g.80gb\": 1"), &svc);
-    let err = r.unwrap_err().to_string();
+    let err = r.unwrap_err();
+    assert_eq!(err.label(), "gpu_reset", "{err}");
+    let err = err.to_string();
     assert!(err.starts_with("GPU reset to apply the MIG mode failed: reset of 00000000:18:00.0 refused"), "{err}");
     assert_eq!(
         svc.changes(),
@@ -201,7 +203,9 @@ fn failures_undo_what_they_can_and_always_restart_services() {
     ops.fail_create.set(Some(1));
     let svc = RecordingServices::with_active(&UNITS);
     let (r, _) = run(&ops, &all_on("\"3g.40gb\": 2"), &svc);
-    let err = r.unwrap_err().to_string();
+    let err = r.unwrap_err();
+    assert_eq!(err.label(), "create", "{err}");
+    let err = err.to_string();
     assert!(err.contains("GPU 0: cannot create 3g.40gb at slice 4") && err.contains("the 1 made before it were destroyed again"), "{err}");
     assert_eq!(ops.layout(0), []);
     assert_eq!(svc.changes(), ["stop slurmd.service", "start slurmd.service"], "an instance change stops the layout services only");
@@ -209,7 +213,8 @@ fn failures_undo_what_they_can_and_always_restart_services() {
     let ops = FakeMig::new("h100-80gb", 1);
     let svc = RecordingServices { fail: vec!["stop nvidia-persistenced.service".into()], ..RecordingServices::with_active(&UNITS) };
     let (r, _) = run(&ops, &all_on("\"7g.80gb\": 1"), &svc);
-    assert!(r.unwrap_err().to_string().starts_with("cannot stop nvidia-persistenced.service"));
+    let err = r.unwrap_err();
+    assert!(err.label() == "services" && err.to_string().starts_with("cannot stop nvidia-persistenced.service"), "{err}");
     assert_eq!(
         svc.changes(),
         ["stop slurmd.service", "stop nvidia-dcgm.service", "stop nvidia-persistenced.service", "start nvidia-dcgm.service", "start slurmd.service"]
@@ -219,7 +224,9 @@ fn failures_undo_what_they_can_and_always_restart_services() {
     let ops = FakeMig::new("h100-80gb", 1);
     let svc = RecordingServices { fail: vec!["start nvidia-dcgm.service".into()], ..RecordingServices::with_active(&UNITS) };
     let (r, _) = run(&ops, &all_on("\"7g.80gb\": 1"), &svc);
-    let err = r.unwrap_err().to_string();
+    let err = r.unwrap_err();
+    assert_eq!(err.label(), "services", "{err}");
+    let err = err.to_string();
     assert!(err.starts_with("the GPUs were changed, but cannot start nvidia-dcgm.service again"), "{err}");
     assert!(svc.changes().ends_with(&["start nvidia-persistenced.service".into(), "start nvidia-dcgm.service".into(), "start slurmd.service".into()]));
 }
@@ -265,5 +272,34 @@ fn every_fixture_config_is_placed_or_refused_on_its_model() {
                 assert!(plan_for(&fresh, &b, &settings()).matches(), "{file} {name}");
             }
         }
+    }
+}
+
+#[test]
+fn each_failed_step_has_its_label_and_says_what_it_acted_on() {
+    let failed = |step: StepError| ApplyError::Failed { step, restart: vec![] };
+    let cases = [
+        (failed(StepError::ServiceState { unit: "a.service".into(), detail: "x".into() }), "services", "cannot tell whether a.service is active: x"),
+        (failed(StepError::MigMode { gpu: 1, enable: false, detail: "x".into() }), "mig_mode", "GPU 1: cannot switch MIG off: x"),
+        (
+            failed(StepError::ModeNotApplied { gpu: 0, enable: true, modes: "modes None".into() }),
+            "mig_mode",
+            "GPU 0: MIG is still not on after the reset (modes None); a passthrough VM may need a reboot",
+        ),
+        (failed(StepError::Destroy { gpu: 0, gpu_instance: 3, profile: "1g.10gb".into(), detail: "busy".into() }), "destroy", "GPU 0: cannot destroy GI 3 (1g.10gb): busy"),
+        (
+            failed(StepError::Create { gpu: 0, profile: "3g.40gb".into(), start: 4, detail: "x".into(), undone: Err("GI 1: y".into()) }),
+            "create",
+            "GPU 0: cannot create 3g.40gb at slice 4: x; undoing it failed too: GI 1: y",
+        ),
+        (failed(StepError::Verify { gpu: 2, detail: "after apply it has 7g.80gb, not 1g.10gb".into() }), "verify", "GPU 2: after apply it has 7g.80gb, not 1g.10gb"),
+        (
+            ApplyError::Failed { step: StepError::Reset("refused".into()), restart: vec!["cannot start a.service again: x".into()] },
+            "gpu_reset",
+            "GPU reset to apply the MIG mode failed: refused; and cannot start a.service again: x",
+        ),
+    ];
+    for (err, label, said) in cases {
+        assert_eq!((err.label(), err.to_string().as_str()), (label, said));
     }
 }
