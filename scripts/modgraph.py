@@ -342,7 +342,7 @@ LAYERS = [
     # the metrics' families, events and store stay in L2; keeping them and
     # rendering the textfile with the node's records is observe's
     ("L8 observe", "status observe"),
-    ("L9 node", "lifecycle node_check"),
+    ("L9 node", "lifecycle node_check cli"),
 ]
 
 

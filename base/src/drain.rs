@@ -14,6 +14,33 @@ pub const MAX_REASON_LEN: usize = 200;
 /// scontrol talks to slurmctld; a hung controller must not hang a prolog forever.
 const SCONTROL_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// Whether `n` could be a Slurm node name (letters, digits, `-_.`): only
+/// such a name is handed to scontrol as one.
+pub fn is_node_name(n: &str) -> bool {
+    !n.is_empty() && n.len() <= 64 && n.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+}
+
+/// A `--node` value as given, checked: the error is the usage line.
+pub fn explicit_node(node: Option<&str>) -> Result<Option<&str>, String> {
+    match node {
+        Some(n) if !is_node_name(n) => Err(format!("--node {n:?} is not a Slurm node name (letters, digits, -_.)")),
+        other => Ok(other),
+    }
+}
+
+/// The Slurm node name: `--node`, `SLURMD_NODENAME`, else the short host
+/// name (slurmd's default). Only names Slurm could have are used.
+pub fn node_name(explicit: Option<&str>) -> Option<String> {
+    if let Some(n) = explicit {
+        return is_node_name(n).then(|| n.to_string());
+    }
+    if let Some(n) = std::env::var("SLURMD_NODENAME").ok().filter(|n| is_node_name(n)) {
+        return Some(n);
+    }
+    let host = nix::unistd::gethostname().ok()?.into_string().ok()?;
+    host.split('.').next().filter(|h| is_node_name(h)).map(str::to_string)
+}
+
 /// Builds a drain reason: `gpu-mode: <detail>`, one line, printable ASCII, bounded.
 pub fn drain_reason(detail: &str) -> String {
     let clean: String = detail
@@ -248,6 +275,20 @@ pub(crate) mod tests {
     use super::*;
 
     use gpu_mode_testkit::script;
+
+    #[test]
+    fn node_names_must_look_like_slurm_node_names() {
+        let cases = [(Some("gpu01"), Ok(Some("gpu01"))), (Some("a b"), Err("\"a b\" is not a Slurm node name")), (Some("n=1"), Err("\"n=1\"")), (None, Ok(None))];
+        for (given, want) in cases {
+            match (explicit_node(given), want) {
+                (Ok(got), Ok(want)) => assert_eq!(got, want),
+                (Err(e), Err(needle)) => assert!(e.starts_with("--node ") && e.contains(needle), "{e}"),
+                (got, want) => panic!("{given:?}: {got:?}, want {want:?}"),
+            }
+            assert_eq!(node_name(given).is_some(), given.is_none_or(is_node_name), "{given:?}");
+        }
+        assert!(node_name(None).is_some(), "SLURMD_NODENAME or the host name");
+    }
 
     /// Issue 27 F5: the job's name (`x JobState=PENDING`) is printed before
     /// its state in `scontrol show job -o`; the state comes from squeue's

@@ -14,6 +14,8 @@ pub use gpu_mode_base::{
 /// The devices (crate `gpu-mode-devices`), at their old paths.
 pub use gpu_mode_devices::{criu, cuda_ckpt, gpu};
 pub mod health;
+#[cfg(feature = "cli")]
+pub mod cli;
 pub mod lifecycle;
 pub mod mig;
 /// The node MIG baseline, at its old path (crate::mig::baseline).

@@ -165,7 +165,7 @@ fn plan_all(cfg: &Config, c: &Choice) -> Result<ExitCode, Fail> {
 }
 
 fn apply_cmd(cfg: &Config, config_error: Option<String>, c: &Choice, boot: bool, node: Option<&str>) -> ExitCode {
-    let node = if boot { tool::node_name(node) } else { None };
+    let node = if boot { gpu_mode_core::drain::node_name(node) } else { None };
     if boot {
         clear_previous_boot(cfg);
     }

@@ -3,6 +3,7 @@
 
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use gpu_mode_core::health::{CHECK_NAMES, Status};
+use gpu_mode_core::cli::SiteArgs;
 use gpu_mode_core::node_check::CheckOptions;
 use std::path::PathBuf;
 
@@ -63,24 +64,22 @@ pub struct CheckArgs {
     /// Report only; never drain or resume.
     #[arg(long)]
     pub no_drain: bool,
-    #[arg(long)]
-    pub config: Option<PathBuf>,
-    /// Slurm node name (default: SLURMD_NODENAME).
-    #[arg(long)]
-    pub node: Option<String>,
+    #[command(flatten)]
+    pub site: SiteArgs,
     /// Run only this check.
     #[arg(long)]
     pub only: Option<String>,
 }
 
 impl CheckArgs {
-    /// The check run's options; an unknown `--only` is a usage error (the
-    /// message lists the checks).
+    /// The check run's options; an unknown `--only` (the message lists the
+    /// checks) or a `--node` that is no Slurm node name is a usage error.
     pub fn options(&self) -> Result<CheckOptions, String> {
         if let Some(o) = self.only.as_deref().filter(|o| !CHECK_NAMES.contains(o)) {
             return Err(format!("no check named {o:?}; checks: {}", CHECK_NAMES.join(", ")));
         }
-        Ok(CheckOptions { deep: self.deep, drain: !self.no_drain, node: self.node.clone(), only: self.only.clone() })
+        let node = self.site.explicit_node()?.map(String::from);
+        Ok(CheckOptions { deep: self.deep, drain: !self.no_drain, node, only: self.only.clone() })
     }
 }
 
@@ -111,7 +110,7 @@ mod tests {
         let config = |c: Option<PathBuf>| c.map_or("-".into(), |p| p.display().to_string());
         let check = |a: CheckArgs| -> Result<String, String> {
             let o = a.options()?;
-            Ok(format!("check json={} deep={} drain={} node={:?} only={:?} config={}", a.json, o.deep, o.drain, o.node, o.only, config(a.config)))
+            Ok(format!("check json={} deep={} drain={} node={:?} only={:?} config={}", a.json, o.deep, o.drain, o.node, o.only, config(a.site.config)))
         };
         match cli.command {
             None => check(cli.check),
@@ -132,6 +131,7 @@ mod tests {
             (&["--only", "deep"], Ok("check json=false deep=false drain=true node=None only=Some(\"deep\") config=-")),
             (&["--only", "gpu-count"], Err("no check named \"gpu-count\"; checks: driver, gpu_count, memory")),
             (&["check", "--only", "XID"], Err("no check named \"XID\"")),
+            (&["--node", "n7 State=RESUME"], Err("--node \"n7 State=RESUME\" is not a Slurm node name")),
             (&["inventory"], Ok("inventory json=false wait=200 config=-")),
             (&["inventory", "--json", "--xid-wait-ms", "0", "--config", "/c.toml"], Ok("inventory json=true wait=0 config=/c.toml")),
             (&["inventory", "--xid-wait-ms", "soon"], Err("invalid value 'soon' for '--xid-wait-ms <XID_WAIT_MS>'")),

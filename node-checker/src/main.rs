@@ -22,7 +22,7 @@ fn load(config: Option<&std::path::Path>) -> Result<Config, ExitCode> {
 }
 
 fn check(a: CheckArgs) -> Result<ExitCode, ExitCode> {
-    let config = load(a.config.as_deref())?;
+    let config = load(a.site.config.as_deref())?;
     let opts = a.options().map_err(|e| {
         stderr_line(&format!("gpu-mode-node-checker: {e}"));
         ExitCode::from(EXIT_USAGE)

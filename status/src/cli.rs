@@ -2,7 +2,7 @@
 //! is generated from the same definition (`gpu-mode-man`).
 
 use clap::{CommandFactory, Parser};
-use std::path::PathBuf;
+use gpu_mode_core::cli::SiteArgs;
 
 #[derive(Parser)]
 #[command(
@@ -16,11 +16,10 @@ pub struct Cli {
     /// JSON instead of a table.
     #[arg(long)]
     pub json: bool,
-    #[arg(long)]
-    pub config: Option<PathBuf>,
-    /// Slurm node name (default: SLURMD_NODENAME, else the short host name).
-    #[arg(long)]
-    pub node: Option<String>,
+    /// `--config`, `--node` (without it: SLURMD_NODENAME, else the short host
+    /// name).
+    #[command(flatten)]
+    pub site: SiteArgs,
 }
 
 pub fn command() -> clap::Command {
@@ -28,15 +27,9 @@ pub fn command() -> clap::Command {
 }
 
 impl Cli {
-    /// The `--node` given, if it could be a Slurm node name: it becomes an
-    /// `scontrol show node` argument. The error is the usage line.
+    /// The `--node` given, checked (`SiteArgs::explicit_node`).
     pub fn explicit_node(&self) -> Result<Option<&str>, String> {
-        match self.node.as_deref() {
-            Some(n) if gpu_mode_core::mig_baseline::tool::node_name(Some(n)).is_none() => {
-                Err(format!("--node {n:?} is not a Slurm node name (letters, digits, -_.)"))
-            }
-            other => Ok(other),
-        }
+        self.site.explicit_node()
     }
 }
 
@@ -51,7 +44,7 @@ mod tests {
     fn parse(argv: &[&str]) -> Result<(bool, Option<String>, Option<String>), String> {
         let cli = Cli::try_parse_from(std::iter::once("gpu-mode-status").chain(argv.iter().copied())).map_err(|e| e.to_string())?;
         let node = cli.explicit_node()?.map(String::from);
-        Ok((cli.json, cli.config.map(|p| p.display().to_string()), node))
+        Ok((cli.json, cli.site.config.map(|p| p.display().to_string()), node))
     }
 
     #[test]

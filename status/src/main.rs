@@ -3,7 +3,7 @@
 
 use clap::Parser;
 use gpu_mode_core::log::stderr_line;
-use gpu_mode_core::mig_baseline::tool::node_name;
+use gpu_mode_core::drain::node_name;
 use gpu_mode_core::status::{gather, EXIT_USAGE};
 use gpu_mode_core::Config;
 use gpu_mode_status::cli::Cli;
@@ -11,7 +11,7 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let cfg = match Config::load(cli.config.as_deref()) {
+    let cfg = match Config::load(cli.site.config.as_deref()) {
         Ok(c) => c,
         Err(e) => {
             stderr_line(&format!("gpu-mode-status: {e}"));

@@ -112,21 +112,6 @@ pub fn export(ops: &dyn GpuOps, name: &str) -> Result<String, GpuError> {
     Ok(parted::export(name, &gpus, total))
 }
 
-/// The Slurm node name: `--node`, `SLURMD_NODENAME`, else the short host
-/// name (slurmd's default). Only names Slurm could have (letters, digits,
-/// `-_.`) are used: the name becomes an scontrol argument.
-pub fn node_name(explicit: Option<&str>) -> Option<String> {
-    let valid = |n: &str| !n.is_empty() && n.len() <= 64 && n.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
-    if let Some(n) = explicit {
-        return valid(n).then(|| n.to_string());
-    }
-    if let Some(n) = std::env::var("SLURMD_NODENAME").ok().filter(|n| valid(n)) {
-        return Some(n);
-    }
-    let host = nix::unistd::gethostname().ok()?.into_string().ok()?;
-    host.split('.').next().filter(|h| valid(h)).map(str::to_string)
-}
-
 /// What [`drain_after_failure`] did: `said` for the log line, and the
 /// whole reason of a drain it set, which the caller (the verb) remembers
 /// and counts (`observe::drain_set`, source `mig-baseline`).
@@ -211,13 +196,5 @@ mod tests {
         assert!(err(Some(f), Some("all-1g")).starts_with("cannot read mig-parted config /nonexistent/m.yaml"));
         assert_eq!(choose(&cfg, None, Some("@half")).unwrap().unwrap().source, "[mig.layouts] half");
         assert!(choose(&cfg, None, None).unwrap().is_none(), "none configured");
-    }
-
-    #[test]
-    fn node_names_must_look_like_slurm_node_names() {
-        assert_eq!(node_name(Some("gpu01")).as_deref(), Some("gpu01"));
-        assert_eq!(node_name(Some("a b")), None);
-        assert_eq!(node_name(Some("n=1")), None);
-        assert!(node_name(None).is_some(), "the host name");
     }
 }

@@ -1,0 +1,24 @@
+//! Options the admin's tools share (feature `cli`, so the plugin does not
+//! link clap): the site config and the Slurm node, with one rule for node
+//! names (`drain::is_node_name`), flattened into `gpu-mode-status` and
+//! `gpu-mode-node-checker`.
+
+use std::path::PathBuf;
+
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct SiteArgs {
+    /// Site configuration (default /etc/slurm-gpu-mode/config.toml).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Slurm node name: letters, digits, -_. (default: SLURMD_NODENAME).
+    #[arg(long)]
+    pub node: Option<String>,
+}
+
+impl SiteArgs {
+    /// The `--node` given, if it could be a Slurm node name: it becomes an
+    /// scontrol argument. The error is the usage line.
+    pub fn explicit_node(&self) -> Result<Option<&str>, String> {
+        crate::drain::explicit_node(self.node.as_deref())
+    }
+}
