@@ -9,7 +9,7 @@
 # binary needs glibc 2.38. So we fetch trixie's upstream tarball through apt
 # (a private source list: the system's apt configuration is not changed),
 # check its SHA-256, install bookworm's build dependencies and build only the
-# criu binary (~1 min on 2 cores). Field notes section 8.
+# criu binary (~1 min on 2 cores). Why this CRIU: docs/checkpoint.md, "Site set-up".
 #
 # Patches: every packaging/criu/*.patch is applied before the build (each
 # says why and where it comes from in its header; today three: an

@@ -1,6 +1,6 @@
 //! What slurmd tells a Prolog/Epilog about the job, read from its environment.
 //!
-//! slurmd runs them with a minimal environment and no PATH (field notes §1):
+//! slurmd runs them with a minimal environment and no PATH:
 //! SLURM_JOB_ID, SLURM_JOB_UID, SLURM_JOB_GID, SLURM_JOB_USER, SLURMD_NODENAME,
 //! SLURM_JOB_GPUS / CUDA_VISIBLE_DEVICES (Slurm's GPU indices), SLURM_SCRIPT_CONTEXT,
 //! and `SPANK_GPU_MODE` from the plugin's `spank_job_control_setenv`.

@@ -35,7 +35,7 @@ fn modes_at_rest_match_the_real_machines() {
 
 #[test]
 fn h200_profile_table_is_the_measured_one() {
-    // Field notes section 5, read with NVML on a real H200:
+    // Read with NVML on a real H200:
     // enum → (id, slices, max instances, memory MB, SMs).
     let measured = [
         (0, 19, 1, 7, 16384, 16),

@@ -1,6 +1,6 @@
 #!/bin/bash
 # GPU-machine validation of the MIG (issue 9) and security (issue 13) work,
-# read-only for the GPUs (field notes section 3): compute mode, MIG mode,
+# read-only for the GPUs (the GPU machines' rule): compute mode, MIG mode,
 # persistence, clocks and power are never changed and no GPU is reset.
 #   1. the node MIG baseline's read-only verbs (scripts/gpu/mig-readonly.sh);
 #   2. the per-job prolog's MIG plan for every layout of the tests, on the

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Read-only checks of the node MIG baseline on a real GPU machine
 # (docs/mig.md, "On real GPUs"). The GPU machines forbid MIG mode changes,
-# instance creation and GPU resets (field notes section 3), so this runs ONLY
+# instance creation and GPU resets, so this runs ONLY
 # read-only verbs:
 #   1. `gpu-mode-mig plan --all` for every config of the test fixtures
 #      (core/tests/fixtures/mig-parted/*.yaml) against the real profile table,

@@ -2,7 +2,7 @@
 # Builds what scripts/gpu/preempt-real.sh needs on a GPU machine into one
 # git-ignored folder (default .dev-carry/preempt, ~40 MB): x86-64 release
 # builds from this machine (the GPU machines have no Rust and a newer glibc,
-# field notes section 3), Slurm 22.05's .debs (section 2), and the CRIU 4.1.1
+# and no network), Slurm 22.05's .debs (fetched here: they cannot), and the CRIU 4.1.1
 # tree (scripts/install-criu.sh --bundle). Run as root on the development
 # machine, from anywhere:   sh scripts/gpu/preempt-carry.sh [DIR]
 set -eu

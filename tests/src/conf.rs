@@ -229,7 +229,7 @@ impl SlurmInstall {
 
     /// `<prefix>/usr/sbin/slurmd -> slurmd-wlm` (and slurmctld, slurmstepd),
     /// and `/usr/sbin/slurmstepd`, which slurmd execs by absolute path
-    /// (field notes §2), when the host has none.
+    /// (Debian's packages install them under /usr/sbin), when the host has none.
     fn link_daemon_names(&self) -> Result<()> {
         for name in ["slurmd", "slurmctld", "slurmstepd"] {
             let link = self.sbin(name);
@@ -608,7 +608,7 @@ fn write_sim(spec: &ClusterSpec, gpus: usize) -> Result<SimPaths> {
 fn gpu_mode_config(spec: &ClusterSpec, install: &SlurmInstall, sim: Option<&SimPaths>) -> String {
     // Simulated GPUs: the simulated NVML, MPS and CUDA driver, short
     // timeouts. Real GPUs: the host's, and every GPU setting left as it is
-    // (field notes §3).
+    // (the GPU machines allow no change to them).
     let bin = spec.artifacts.prolog.parent().unwrap_or(Path::new("/"));
     let checkpoint = format!(
         "[checkpoint]\nagent = \"{}\"\nimage_dir = \"{}\"\nhuge_pages_library = \"{}\"\nhuge_pages_dir = \"{}\"\n",
@@ -699,7 +699,7 @@ fn cgroup_v2_only() -> bool {
 }
 
 /// On cgroup v2-only hosts slurmd needs the controllers delegated and a
-/// system.slice to exist (field notes §2).
+/// system.slice to exist (seen on the development and CI machines).
 fn prepare_cgroup_v2() -> Result<()> {
     let _ = fs::write("/sys/fs/cgroup/cgroup.subtree_control", "+cpuset +cpu +memory +pids");
     fs::create_dir_all("/sys/fs/cgroup/system.slice").context("creating /sys/fs/cgroup/system.slice")?;

@@ -3,7 +3,7 @@
 //! the built plugin in plugstack.conf and the built binaries as
 //! Prolog/Epilog. No system services, no systemd. Works with Slurm installed
 //! from Debian's packages or unpacked under a prefix (`GPU_MODE_SLURM_PREFIX`),
-//! as on the GPU machines. Facts: shared/field-notes.md §2.
+//! as on the GPU machines.
 //!
 //! Teardown: [`Cluster`] stops everything on drop, and [`Cluster::start`]
 //! first kills whatever a previous run left in the same directory (a test

@@ -14,7 +14,7 @@ pub const CHECK_NAMES: &[&str] =
     &["driver", "gpu_count", "memory", "xid", "pcie", "clocks", "persistence", "fabric", "mps", "leftovers", "mig", "deep"];
 
 /// `[health]`: gpu-mode-node-checker's thresholds and files. Defaults follow
-/// DCGM/gpud practice (field notes section 7).
+/// the practice of DCGM's and gpud's health checks.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HealthConfig {

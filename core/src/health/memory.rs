@@ -1,4 +1,4 @@
-//! Memory errors (DCGM rules, field notes section 7): volatile uncorrectable
+//! Memory errors (DCGM's rules): volatile uncorrectable
 //! ECC above the baseline, pending page retirement, retired pages at the
 //! limit, and row remapping (pending: reset needed; failed: replace the GPU).
 

@@ -1,5 +1,5 @@
 //! What the results mean for the node, as a pure function of (node state,
-//! current reason, results). NHC's rules (field notes section 7): drain with
+//! current reason, results). NHC's rules: drain with
 //! a `gpu-mode: <check>: <detail>` reason; resume only a node whose reason is
 //! the checker's own and only when nothing fails; never touch a node drained
 //! or down for another reason (an admin's, or the prolog's and epilog's

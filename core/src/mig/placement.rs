@@ -1,6 +1,6 @@
 //! Where a layout's MIG instances go on one GPU.
 //!
-//! NVIDIA's rules (field notes section 5): each profile may start only at
+//! NVIDIA's rules (the MIG user guide; read back with NVML on an H200): each profile may start only at
 //! certain memory slices (4g at 0; 3g at 0 or 4; 2g at 0, 2, 4; 1g anywhere)
 //! and covers `placement_size` memory slices; instances must not overlap; a
 //! profile allows at most `instance_count` instances; the GPU has a fixed

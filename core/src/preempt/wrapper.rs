@@ -6,7 +6,7 @@
 //!   own (no terminal, not the batch shell's session: CRIU can dump it
 //!   without `--shell-job`) and is a child subreaper, so every zombie of the
 //!   tree is reaped here at once (a dumped tree's pids must be free before it
-//!   can be restored, field notes section 8).
+//!   can be restored: CRIU restores the original pids).
 //! * A requeued run (`SLURM_RESTART_COUNT` > 0, or the agent has an image)
 //!   asks the agent to restore instead, and relays the restored tree's exit
 //!   status, which the agent (its parent) reports.

@@ -1,7 +1,7 @@
 //! `criu --version` output: "Version: 4.1.1" (and maybe a GitID line).
 
 /// The oldest major version accepted: 3.17 fails `criu check` on 6.x
-/// kernels ("Unexpected rt vDSO area bounds", field notes section 6).
+/// kernels ("Unexpected rt vDSO area bounds", seen on the GPU machines).
 pub const MIN_MAJOR: u32 = 4;
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -1,4 +1,4 @@
-//! Health readings the node checker judges (field notes section 7): ECC,
+//! Health readings the node checker judges (those DCGM and gpud judge): ECC,
 //! retired pages, remapped rows, XIDs, clock event reasons, temperature,
 //! power, PCIe link, fabric, processes. Readings a GPU does not support are
 //! `None`; other failed readings are listed in `unavailable` rather than

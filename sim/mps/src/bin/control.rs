@@ -78,7 +78,7 @@ fn daemon_mode() -> i32 {
 
 /// Forks once more: the daemon continues in the grandchild, and this process
 /// turns into `sleep`, which never reaps it. A killed daemon then stays
-/// defunct until the sleep ends, as the field notes saw on a real node.
+/// defunct until the sleep ends, as was seen on a real node.
 fn become_unreaped_child(ready: &std::fs::File) {
     match unsafe { nix::unistd::fork() }.expect("fork") {
         nix::unistd::ForkResult::Child => {}
