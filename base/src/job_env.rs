@@ -40,6 +40,20 @@ pub struct JobEnv {
     pub restart_count: u32,
 }
 
+/// One run of a job on this node, as the checkpoint agent, the prolog's
+/// launch of it and a checkpoint image's manifest name it: the job, the run
+/// (Slurm's restart count), its user's ids and the node. One type, so the
+/// three never drift apart; in a manifest its fields sit at the top level.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct JobRun {
+    pub job: u32,
+    /// SLURM_JOB_RESTART_COUNT of this run (0 for a first run).
+    pub restart_count: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub node: String,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum JobEnvError {
     #[error("{0} is not set: not started by slurmd as Prolog/Epilog?")]
@@ -49,6 +63,11 @@ pub enum JobEnvError {
 }
 
 impl JobEnv {
+    /// This run of the job.
+    pub fn run(&self) -> JobRun {
+        JobRun { job: self.job_id, restart_count: self.restart_count, uid: self.uid, gid: self.gid, node: self.node.clone() }
+    }
+
     /// Reads the job from the current process environment.
     pub fn from_process_env() -> Result<JobEnv, JobEnvError> {
         let vars: HashMap<String, String> = std::env::vars_os()

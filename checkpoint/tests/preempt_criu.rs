@@ -11,6 +11,7 @@
 
 use gpu_mode_core::preempt::images::{cleanup_after_job, Cleanup};
 use gpu_mode_core::preempt::manifest::{Manifest, CONSUMED_FILE, MANIFEST_FILE};
+use gpu_mode_core::job_env::JobRun;
 use gpu_mode_core::preempt::{spawn_agent, stop_agent, AgentLaunch, ImageStore};
 use gpu_mode_core::Config;
 use std::path::{Path, PathBuf};
@@ -170,11 +171,7 @@ impl Node {
     fn agent(&self, cfg: (&Path, &Config), job: u32, restart: u32, gpu: u32) {
         let (uid, gid) = ids_of(self.who);
         let launch = AgentLaunch {
-            job,
-            uid,
-            gid,
-            restart_count: restart,
-            node: format!("sim{gpu}"),
+            run: JobRun { job, restart_count: restart, uid, gid, node: format!("sim{gpu}") },
             gpus: vec![gpu],
             deadline_unix: None,
             config: Some(cfg.0.to_path_buf()),

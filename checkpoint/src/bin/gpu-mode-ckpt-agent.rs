@@ -9,6 +9,7 @@
 
 use gpu_mode_core::log::{ActionLine, Outcome};
 use gpu_mode_core::preempt::agent::{gpu_facts, listen, node_gpus, real_backends, AgentSettings};
+use gpu_mode_core::job_env::JobRun;
 use gpu_mode_core::preempt::{socket_path, Agent, AgentParams, NodeFacts};
 use gpu_mode_core::Config;
 use std::path::PathBuf;
@@ -75,11 +76,7 @@ fn main() {
         line().field("detail", format!("cannot keep a copy of the huge-page shim: {e}")).outcome(Outcome::Failed).emit(&cfg.log);
     }
     let params = AgentParams {
-        job: a.job,
-        uid: a.uid,
-        gid: a.gid,
-        restart_count: a.restart_count,
-        node: a.node.clone(),
+        run: JobRun { job: a.job, restart_count: a.restart_count, uid: a.uid, gid: a.gid, node: a.node.clone() },
         gpus,
         deadline: a.deadline_unix.map(|t| SystemTime::UNIX_EPOCH + Duration::from_secs(t)),
     };

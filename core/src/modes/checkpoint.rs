@@ -54,11 +54,7 @@ impl ModeDriver for CheckpointDriver {
     fn prepare(&self, ctx: &PrepareCtx) -> Result<Grant, Failure> {
         let env = ctx.env;
         let launch = AgentLaunch {
-            job: env.job_id,
-            uid: env.uid,
-            gid: env.gid,
-            restart_count: env.restart_count,
-            node: env.node.clone(),
+            run: env.run(),
             gpus: ctx.gpus.to_vec(),
             deadline_unix: None,
             config: ctx.cfg.source.clone(),

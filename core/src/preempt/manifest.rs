@@ -73,6 +73,9 @@ pub struct DumpTimings {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
     pub version: u32,
+    // The run's fields one by one, not a flattened `job_env::JobRun`: read
+    // through serde's flatten, a manifest without `restart_count` was said
+    // to miss `created_unix` (its errors must name the field).
     pub job: u32,
     /// The run that was dumped (SLURM_RESTART_COUNT then).
     pub restart_count: u32,

@@ -111,7 +111,7 @@ impl Agent {
     /// preparation (which may remove a failed attempt's leftovers), side by
     /// side: neither needs the other.
     fn cuda_checkpoint_and_run_dir(&self, target: &Target, pids: &[i32], sw: &mut Stopwatch) -> (std::io::Result<PathBuf>, CudaOutcome) {
-        let (job, restart) = (self.params.job, self.params.restart_count);
+        let (job, restart) = (self.params.run.job, self.params.run.restart_count);
         let (run, cuda) = std::thread::scope(|s| {
             let prep = s.spawn(|| {
                 let t = Instant::now();
@@ -162,13 +162,13 @@ impl Agent {
     /// Another job of the same user on this node must not use this agent.
     /// A scan that fails is a failure, not a refusal: the node has a problem.
     pub(super) fn peer_in_job(&self, peer: Peer) -> Result<(), RequestError> {
-        match self.host.is_job_process(peer.pid, self.params.job) {
+        match self.host.is_job_process(peer.pid, self.params.run.job) {
             Ok(true) => Ok(()),
             Ok(false) => {
-                let message = format!("the caller (pid {}) is not a process of job {}: refused", peer.pid, self.params.job);
+                let message = format!("the caller (pid {}) is not a process of job {}: refused", peer.pid, self.params.run.job);
                 Err(RequestError::refused(RefusalKind::NotInJob, message))
             }
-            Err(e) => Err(RequestError::failed(FailureReason::Other, format!("cannot tell the processes of job {}: {e}", self.params.job))),
+            Err(e) => Err(RequestError::failed(FailureReason::Other, format!("cannot tell the processes of job {}: {e}", self.params.run.job))),
         }
     }
 
@@ -189,7 +189,7 @@ impl Agent {
         let lent = pinned
             .still_there()
             .because(FailureReason::Other)
-            .and_then(|_| ImageStore::lend(run, self.params.uid, self.params.gid).map_err(|e| e.to_string()).because(FailureReason::ImageDir))
+            .and_then(|_| ImageStore::lend(run, self.params.run.uid, self.params.run.gid).map_err(|e| e.to_string()).because(FailureReason::ImageDir))
             .map_err(|e| e.noting(&self.roll_back(cuda.is_some(), &target)))?;
         // Best effort: without it the seal writes everything, as before.
         let writeback = self.settings.early_writeback.then(|| Writeback::start(run).ok()).flatten();
@@ -247,19 +247,19 @@ impl Agent {
             None => vec![],
         };
         let images = sw
-            .time("seal", || ImageStore::seal(run, self.params.uid))
+            .time("seal", || ImageStore::seal(run, self.params.run.uid))
             .map_err(|e| (FailureReason::Seal, format!("cannot seal the images in {}: {e}", run.display())))?;
         let mut manifest = self.manifest(root, pids, cuda, images, sw.timeline(), from_signal);
         manifest.shm = shm;
         let t = Instant::now();
         manifest.save(run).map_err(|e| (FailureReason::Manifest, format!("cannot write the manifest in {}: {e}", run.display())))?;
-        self.dump_store().sync_parents(self.params.job).map_err(|e| (FailureReason::Manifest, format!("cannot sync the image directory: {e}")))?;
+        self.dump_store().sync_parents(self.params.run.job).map_err(|e| (FailureReason::Manifest, format!("cannot sync the image directory: {e}")))?;
         sw.since("manifest", t);
         if self.settings.staging.is_some() {
             sw.time("staged", || self.publish_staged(run)).map_err(|e| (FailureReason::Staging, e))?;
         }
         // Older images of this job (restored already) are of no more use.
-        let _ = self.dump_store().remove_other_runs(self.params.job, Some(self.params.restart_count));
+        let _ = self.dump_store().remove_other_runs(self.params.run.job, Some(self.params.run.restart_count));
         let timeline = sw.timeline().clone();
         Ok(CheckpointSummary {
             image_dir: run.display().to_string(),
@@ -276,7 +276,7 @@ impl Agent {
     /// store records it (before the job is requeued: a restore anywhere
     /// then knows of it), and its copy there starts in the background.
     fn publish_staged(&self, run: &Path) -> Result<(), String> {
-        let (job, restart, node) = (self.params.job, self.params.restart_count, self.params.node.clone());
+        let (job, restart, node) = (self.params.run.job, self.params.run.restart_count, self.params.run.node.clone());
         let shared = self.settings.images.clone();
         shared
             .record_staged(job, restart, &node)
@@ -366,11 +366,11 @@ impl Agent {
         let p = &self.params;
         Manifest {
             version: MANIFEST_VERSION,
-            job: p.job,
-            restart_count: p.restart_count,
-            uid: p.uid,
-            gid: p.gid,
-            node: p.node.clone(),
+            job: p.run.job,
+            restart_count: p.run.restart_count,
+            uid: p.run.uid,
+            gid: p.run.gid,
+            node: p.run.node.clone(),
             created_unix: now_ms() / 1000,
             root_pid: root,
             pids: pids.to_vec(),

@@ -37,6 +37,7 @@ use super::staging::Staging;
 use crate::cuda_ckpt::{CudaCkptDriver, Checkpointer, GpuInfo, GpuUuid, ProcessHost};
 use crate::config::LogConfig;
 use crate::criu::Criu;
+use crate::job_env::JobRun;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
@@ -51,12 +52,8 @@ const ACCOUNTING_TIMEOUT: Duration = Duration::from_secs(5);
 /// Who the agent serves.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AgentParams {
-    pub job: u32,
-    pub uid: u32,
-    pub gid: u32,
-    /// SLURM_RESTART_COUNT of this run: dumps go to `<job>/<restart_count>/`.
-    pub restart_count: u32,
-    pub node: String,
+    /// This run: dumps go to `<job>/<restart_count>/`.
+    pub run: JobRun,
     /// The job's GPUs on this node, in allocation order.
     pub gpus: Vec<GpuFacts>,
     pub deadline: Option<SystemTime>,
@@ -189,7 +186,7 @@ impl Agent {
             Ok(handle) => (Some(handle), std::sync::OnceLock::new()),
             Err(e) => (None, std::sync::OnceLock::from(Err(format!("cannot start the CRIU check: {e}")))),
         };
-        let user = crate::privdrop::Identity::of_user_or_bare(params.uid, params.gid);
+        let user = crate::privdrop::Identity::of_user_or_bare(params.run.uid, params.run.gid);
         Agent {
             user,
             params,
@@ -247,7 +244,7 @@ impl Agent {
     /// One checkpoint or restore at a time: a second request is refused
     /// rather than queued (the grace time is short).
     fn exclusive(&self) -> Result<std::sync::MutexGuard<'_, ()>, RequestError> {
-        let busy = || format!("a checkpoint or restore of job {} is already running", self.params.job);
+        let busy = || format!("a checkpoint or restore of job {} is already running", self.params.run.job);
         self.op.try_lock().map_err(|_| RequestError::refused(RefusalKind::Busy, busy()))
     }
 
@@ -283,9 +280,9 @@ impl Agent {
             return;
         }
         let p = &self.params;
-        let event = Event { kind, run: p.restart_count, node: p.node.clone(), seconds, image_bytes };
+        let event = Event { kind, run: p.run.restart_count, node: p.run.node.clone(), seconds, image_bytes };
         let scontrol = crate::drain::Scontrol::new(&self.settings.scontrol).with_timeout(ACCOUNTING_TIMEOUT);
-        if let Err(e) = accounting::record(&scontrol, self.settings.accounting, p.job, &event) {
+        if let Err(e) = accounting::record(&scontrol, self.settings.accounting, p.run.job, &event) {
             self.log("accounting", crate::log::Outcome::Failed, &format!("{}: {e}", event.token()));
         }
     }
@@ -296,6 +293,6 @@ impl Agent {
 
     /// A log line of this agent: the job, its user and the node.
     fn action_line(&self, action: &str) -> crate::log::ActionLine {
-        crate::log::ActionLine::new(action).field("job", self.params.job).field("uid", self.params.uid).field("node", &self.params.node)
+        crate::log::ActionLine::new(action).field("job", self.params.run.job).field("uid", self.params.run.uid).field("node", &self.params.run.node)
     }
 }

@@ -41,7 +41,7 @@ impl Agent {
         }
         let (located, note) = self.locate();
         let Some(Located { restart, dir, local }) = located else {
-            let message = note.unwrap_or_else(|| format!("no checkpoint image of job {} in {}", self.params.job, self.settings.images.root.display()));
+            let message = note.unwrap_or_else(|| format!("no checkpoint image of job {} in {}", self.params.run.job, self.settings.images.root.display()));
             return Err(RequestError::refused(RefusalKind::NoImage, message));
         };
         let result = self.restore_image(peer, restart, &dir, local, &mut sw);
@@ -51,7 +51,7 @@ impl Agent {
             // completed): the mark tells it this run tried and was refused.
             let stores = std::iter::once(&self.settings.images).chain(self.settings.staging.as_ref().filter(|_| local).map(|s| &s.local));
             for store in stores {
-                if let Err(io) = store.mark_refused(self.params.job, self.params.restart_count, &e.to_string()) {
+                if let Err(io) = store.mark_refused(self.params.run.job, self.params.run.restart_count, &e.to_string()) {
                     self.log("restore-mark", crate::log::Outcome::Failed, &io.to_string());
                 }
             }
@@ -66,7 +66,7 @@ impl Agent {
     /// failed or did not come is given up (its record removed, so that no
     /// node restores it later), and the job starts over.
     pub(super) fn locate(&self) -> (Option<Located>, Option<String>) {
-        let (job, shared) = (self.params.job, &self.settings.images);
+        let (job, shared) = (self.params.run.job, &self.settings.images);
         let local = self.settings.staging.as_ref().map(|s| &s.local);
         let staged = shared.staged(job);
         let found = Found {
@@ -79,7 +79,7 @@ impl Agent {
             let store = if local { self.dump_store() } else { shared };
             Some(Located { restart, dir: store.run_dir(job, restart), local })
         };
-        let why = match staging::decide(&found, &self.params.node) {
+        let why = match staging::decide(&found, &self.params.run.node) {
             Source::Nothing => return (None, None),
             Source::Local(r) => return (at(r, true), None),
             Source::Shared(r) => return (at(r, false), None),
@@ -133,7 +133,7 @@ impl Agent {
             sw.since("cuda-restore", t);
         }
         let t = Instant::now();
-        let consumed = ImageStore::consume(&dir).and_then(|_| staging::settle_restored(&self.settings.images, self.params.job, restart, local));
+        let consumed = ImageStore::consume(&dir).and_then(|_| staging::settle_restored(&self.settings.images, self.params.run.job, restart, local));
         if let Err(e) = consumed {
             // It runs; only a second restore of this image is at risk.
             self.log("restore-consume", crate::log::Outcome::Failed, &format!("{}: {e}", dir.display()));
@@ -173,7 +173,7 @@ impl Agent {
         let m = sw
             .time("manifest", || -> Result<Manifest, String> {
                 let m = Manifest::load(dir).map_err(|e| e.to_string())?;
-                m.check_owner(dir, self.params.job, self.params.uid).map_err(|e| e.to_string())?;
+                m.check_owner(dir, self.params.run.job, self.params.run.uid).map_err(|e| e.to_string())?;
                 Ok(m)
             })
             .because(FailureReason::Image)?;
@@ -234,7 +234,7 @@ impl Agent {
     /// CRIU restore into `cgroup`, then the checks that need the processes:
     /// the root is the image's, in the new job's cgroup, the user's.
     fn criu_restore(&self, dir: &Path, m: &Manifest, cgroup: TargetCgroup, sw: &mut Stopwatch) -> Result<i32, RequestError> {
-        let (uid, gid) = (self.params.uid, self.params.gid);
+        let (uid, gid) = (self.params.run.uid, self.params.run.gid);
         let req = RestoreRequest {
             images_dir: dir.to_path_buf(),
             cgroup: cgroup.clone(),

@@ -160,7 +160,7 @@ impl Agent {
         life.last_check = Some(Instant::now());
         // A scan that fails (processes of several users naming the job)
         // counts as "still there": never exit on doubt.
-        let alive = self.host.job_processes(self.params.job).map_or(true, |(p, _)| !p.is_empty());
+        let alive = self.host.job_processes(self.params.run.job).map_or(true, |(p, _)| !p.is_empty());
         let busy = self.op.try_lock().is_err() || !self.restored.lock().unwrap_or_else(|p| p.into_inner()).is_empty();
         if alive || busy {
             life.seen |= alive;
@@ -181,7 +181,7 @@ impl Agent {
             self.connections.fetch_sub(1, Ordering::SeqCst);
             // Never block the accept loop on a peer that does not read.
             let _ = stream.set_nonblocking(true);
-            let message = format!("refused: {MAX_USER_CONNECTIONS} connections to job {}'s agent are open already", self.params.job);
+            let message = format!("refused: {MAX_USER_CONNECTIONS} connections to job {}'s agent are open already", self.params.run.job);
             let _ = protocol::send(&mut &stream, &Response::Error { message });
             return;
         }
@@ -216,7 +216,7 @@ impl Agent {
         if let Err(message) = self.within_budget(peer.uid) {
             return reply(&mut out, &Response::Error { message });
         }
-        if let Err(message) = authorize(peer, self.params.uid, self.params.job, &req) {
+        if let Err(message) = authorize(peer, self.params.run.uid, self.params.run.job, &req) {
             self.refused(peer.uid, "agent-refused", RefusalKind::Unauthorized, &message);
             return reply(&mut out, &Response::Error { message });
         }
@@ -242,8 +242,8 @@ impl Agent {
             Err(_) => ImageInfo { restart_count: restart, node: "(manifest unreadable)".into(), image_bytes: 0, created_unix: 0 },
         });
         Response::Hello {
-            job: self.params.job,
-            restart_count: self.params.restart_count,
+            job: self.params.run.job,
+            restart_count: self.params.run.restart_count,
             image,
             criu: self.criu_status().clone(),
             note,

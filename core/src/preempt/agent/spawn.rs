@@ -5,6 +5,7 @@
 //! its own (so the prolog's end does not take it along), and waits until its
 //! socket exists. The epilog sends it `stop` as root.
 
+use crate::job_env::JobRun;
 use crate::preempt::protocol::{self, Request, Response};
 use crate::preempt::socket_path;
 use crate::Config;
@@ -25,12 +26,7 @@ const PASSED_VARS: [&str; 3] = ["GPU_MODE_SIM_STATE", "GPU_MODE_CUDA_SIM_DIR", "
 /// What the prolog knows and the agent needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AgentLaunch {
-    pub job: u32,
-    pub uid: u32,
-    pub gid: u32,
-    /// SLURM_JOB_RESTART_COUNT (0 for a first run).
-    pub restart_count: u32,
-    pub node: String,
+    pub run: JobRun,
     /// NVML indices of the job's GPUs, in allocation order (the job state's `gpus`).
     pub gpus: Vec<u32>,
     /// The agent exits by then at the latest (seconds since the epoch).
@@ -44,15 +40,15 @@ impl AgentLaunch {
     pub fn args(&self) -> Vec<String> {
         let mut a = vec![
             "--job".to_string(),
-            self.job.to_string(),
+            self.run.job.to_string(),
             "--uid".into(),
-            self.uid.to_string(),
+            self.run.uid.to_string(),
             "--gid".into(),
-            self.gid.to_string(),
+            self.run.gid.to_string(),
             "--restart-count".into(),
-            self.restart_count.to_string(),
+            self.run.restart_count.to_string(),
             "--node".into(),
-            self.node.clone(),
+            self.run.node.clone(),
         ];
         if !self.gpus.is_empty() {
             a.push("--gpus".into());
@@ -79,7 +75,7 @@ const SOCKET_POLL: Duration = Duration::from_millis(5);
 /// Returns its pid.
 pub fn spawn_agent(cfg: &Config, launch: &AgentLaunch, wait: Duration) -> Result<u32, String> {
     let program = &cfg.checkpoint.agent;
-    let socket = socket_path(&cfg.checkpoint.agent_socket_dir(&cfg.runtime_dir), launch.job);
+    let socket = socket_path(&cfg.checkpoint.agent_socket_dir(&cfg.runtime_dir), launch.run.job);
     let _ = crate::fsutil::remove_if_present(&socket);
     let mut cmd = Command::new(program);
     cmd.args(launch.args()).env_clear().current_dir("/").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
@@ -184,11 +180,7 @@ mod tests {
     #[test]
     fn the_agent_gets_an_argument_vector() {
         let l = AgentLaunch {
-            job: 7,
-            uid: 1001,
-            gid: 1001,
-            restart_count: 2,
-            node: "n1".into(),
+            run: JobRun { job: 7, restart_count: 2, uid: 1001, gid: 1001, node: "n1".into() },
             gpus: vec![1, 0],
             deadline_unix: Some(99),
             config: Some("/etc/x.toml".into()),
@@ -213,7 +205,7 @@ mod tests {
         cfg.checkpoint.agent = "/nonexistent/gpu-mode-ckpt-agent".into();
         let dir = tempfile::tempdir().unwrap();
         cfg.checkpoint.agent_socket_dir = Some(dir.path().to_path_buf());
-        let l = AgentLaunch { job: 1, uid: 0, gid: 0, restart_count: 0, node: "n".into(), gpus: vec![], deadline_unix: None, config: None };
+        let l = AgentLaunch { run: JobRun { job: 1, restart_count: 0, uid: 0, gid: 0, node: "n".into() }, gpus: vec![], deadline_unix: None, config: None };
         let err = spawn_agent(&cfg, &l, Duration::from_secs(1)).unwrap_err();
         assert!(err.contains("cannot start /nonexistent/gpu-mode-ckpt-agent"), "{err}");
     }

@@ -129,11 +129,7 @@ fn fixture_opts(counting: bool, accounting: crate::preempt::accounting::Accounti
         scontrol,
     };
     let params = AgentParams {
-        job: 7,
-        uid: NOBODY,
-        gid: NOBODY,
-        restart_count: 0,
-        node: "n1".into(),
+        run: JobRun { job: 7, restart_count: 0, uid: NOBODY, gid: NOBODY, node: "n1".into() },
         gpus: vec![GpuFacts { uuid: GpuUuid::parse(GPU_A).unwrap(), name: "NVIDIA H200".into() }],
         deadline: None,
     };

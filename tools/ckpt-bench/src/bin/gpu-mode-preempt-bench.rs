@@ -64,6 +64,7 @@ use gpu_mode_core::cuda_ckpt::{CudaCkptDriver, CudaDriver};
 use gpu_mode_core::preempt::agent::{gpu_facts, listen, node_gpus, real_backends, AgentSettings};
 use gpu_mode_core::preempt::hugepages::{preload_value, PRELOAD};
 use gpu_mode_core::preempt::protocol::{request, CheckpointSummary, Request, Response, RestoreSummary};
+use gpu_mode_core::job_env::JobRun;
 use gpu_mode_core::preempt::{now_ms, socket_path, Agent, AgentParams, NodeFacts};
 use gpu_mode_core::privdrop::{run_as, without_capabilities, Identity};
 use gpu_mode_core::Config;
@@ -285,7 +286,8 @@ fn start_agent(o: &Opts, cfg: &Config, job: u32) -> anyhow::Result<PathBuf> {
     settings.socket_dir = o.workdir.join("agent");
     settings.images = gpu_mode_core::preempt::ImageStore::new(o.workdir.join("images"));
     settings.checkpoint.record_dir = o.workdir.join("records");
-    let params = AgentParams { job, uid: o.uid, gid: o.uid, restart_count: 0, node: "bench".into(), gpus: facts, deadline: None };
+    let run = JobRun { job, restart_count: 0, uid: o.uid, gid: o.uid, node: "bench".into() };
+    let params = AgentParams { run, gpus: facts, deadline: None };
     let agent = Arc::new(Agent::new(params, settings.clone(), NodeFacts { driver_version, cuda_version, node_gpus: node_gpus(cfg) }, backends));
     let listener = listen(&settings.socket_dir, job, o.uid, o.uid)?;
     std::thread::spawn(move || agent.serve(listener));
