@@ -10,7 +10,8 @@ pub struct SiteArgs {
     /// Site configuration (default /etc/slurm-gpu-mode/config.toml).
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// Slurm node name: letters, digits, -_. (default: SLURMD_NODENAME).
+    /// Slurm node name (letters, digits, -_.); default: this node, as
+    /// SLURMD_NODENAME names it.
     #[arg(long)]
     pub node: Option<String>,
 }

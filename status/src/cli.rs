@@ -8,7 +8,8 @@ use gpu_mode_core::cli::SiteArgs;
 #[command(
     name = "gpu-mode-status",
     about = "What slurm-gpu-mode has on this node: each GPU with its jobs and modes, MPS daemons, MIG instances, checkpoint agents, images kept and why, the last drain it set",
-    after_long_help = "Reads only: the runtime directory's records, NVML and `scontrol show node`. Run as root (the records are root's).\n\n\
+    after_long_help = "Reads only: the runtime directory's records, NVML and `scontrol show node`. Run as root (the records are root's). \
+The node: --node, else SLURMD_NODENAME, else the short host name.\n\n\
 Exit codes: 0 nothing needs the admin; 1 something does (listed under PROBLEMS: the node drained with a gpu-mode: reason, an MPS daemon, MIG journal or agent socket that outlived its job, a prolog that never finished, NVML or a GPU unreadable, an unreadable record); 2 usage or config error.\n\n\
 JSON schema: docs/admin.md."
 )]
@@ -16,8 +17,8 @@ pub struct Cli {
     /// JSON instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// `--config`, `--node` (without it: SLURMD_NODENAME, else the short host
-    /// name).
+    /// `--config`, `--node` (this tool's fallback to the short host name is
+    /// in the long help).
     #[command(flatten)]
     pub site: SiteArgs,
 }
