@@ -28,17 +28,25 @@ pub fn explicit_node(node: Option<&str>) -> Result<Option<&str>, String> {
     }
 }
 
-/// The Slurm node name: `--node`, `SLURMD_NODENAME`, else the short host
-/// name (slurmd's default). Only names Slurm could have are used.
+/// The Slurm node name given: `--node`, else `SLURMD_NODENAME` (all a
+/// HealthCheckProgram gets). Only names Slurm could have are used.
+pub fn given_node_name(explicit: Option<&str>) -> Option<String> {
+    match explicit {
+        Some(n) => is_node_name(n).then(|| n.to_string()),
+        None => std::env::var("SLURMD_NODENAME").ok().filter(|n| is_node_name(n)),
+    }
+}
+
+/// [`given_node_name`], else (nothing given) the short host name, slurmd's
+/// default.
 pub fn node_name(explicit: Option<&str>) -> Option<String> {
-    if let Some(n) = explicit {
-        return is_node_name(n).then(|| n.to_string());
+    if explicit.is_some() {
+        return given_node_name(explicit);
     }
-    if let Some(n) = std::env::var("SLURMD_NODENAME").ok().filter(|n| is_node_name(n)) {
-        return Some(n);
-    }
-    let host = nix::unistd::gethostname().ok()?.into_string().ok()?;
-    host.split('.').next().filter(|h| is_node_name(h)).map(str::to_string)
+    given_node_name(None).or_else(|| {
+        let host = nix::unistd::gethostname().ok()?.into_string().ok()?;
+        host.split('.').next().filter(|h| is_node_name(h)).map(str::to_string)
+    })
 }
 
 /// Builds a drain reason: `gpu-mode: <detail>`, one line, printable ASCII, bounded.
@@ -278,13 +286,14 @@ pub(crate) mod tests {
 
     #[test]
     fn node_names_must_look_like_slurm_node_names() {
-        let cases = [(Some("gpu01"), Ok(Some("gpu01"))), (Some("a b"), Err("\"a b\" is not a Slurm node name")), (Some("n=1"), Err("\"n=1\"")), (None, Ok(None))];
+        let cases = [
+            (Some("gpu01"), Ok(Some("gpu01"))),
+            (Some("a b"), Err("--node \"a b\" is not a Slurm node name (letters, digits, -_.)")),
+            (Some("n=1"), Err("--node \"n=1\" is not a Slurm node name (letters, digits, -_.)")),
+            (None, Ok(None)),
+        ];
         for (given, want) in cases {
-            match (explicit_node(given), want) {
-                (Ok(got), Ok(want)) => assert_eq!(got, want),
-                (Err(e), Err(needle)) => assert!(e.starts_with("--node ") && e.contains(needle), "{e}"),
-                (got, want) => panic!("{given:?}: {got:?}, want {want:?}"),
-            }
+            gpu_mode_testkit::table::check_row(&format!("{given:?}"), explicit_node(given), want);
             assert_eq!(node_name(given).is_some(), given.is_none_or(is_node_name), "{given:?}");
         }
         assert!(node_name(None).is_some(), "SLURMD_NODENAME or the host name");

@@ -133,20 +133,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_fault_has_its_own_plain_label() {
+    fn every_fault_has_its_own_plain_documented_label() {
         let labels: Vec<&str> = Fault::ALL.iter().map(|f| f.label()).collect();
-        for (i, l) in labels.iter().enumerate() {
-            assert!(!l.is_empty() && l.chars().all(|c| c.is_ascii_lowercase() || c == '_'), "{l}");
-            assert!(!labels[..i].contains(l), "label {l} twice");
-        }
-    }
-
-    #[test]
-    fn every_label_is_documented() {
-        let doc = include_str!("../../docs/metrics.md");
-        for f in Fault::ALL {
-            assert!(doc.contains(&format!("`{}`", f.label())), "docs/metrics.md does not name the drain reason {}", f.label());
-        }
+        gpu_mode_testkit::labels::assert_metric_labels("drain reasons", &labels, include_str!("../../docs/metrics.md"));
     }
 
     #[test]

@@ -68,11 +68,10 @@ pub fn run_checks(config: &Config, opts: &CheckOptions) -> Vec<CheckResult> {
     results
 }
 
-/// The node name: `--node`, else `SLURMD_NODENAME` (all a HealthCheckProgram
-/// gets); a name Slurm could not have is none (it would be an scontrol
-/// argument). No host name: a check run by hand without either drains nothing.
+/// The node name: `--node`, else `SLURMD_NODENAME` (`drain::given_node_name`).
+/// No host name: a check run by hand without either drains nothing.
 pub fn node_name(opts: &CheckOptions) -> Option<String> {
-    opts.node.clone().or_else(|| std::env::var("SLURMD_NODENAME").ok()).filter(|n| crate::drain::is_node_name(n))
+    crate::drain::given_node_name(opts.node.as_deref())
 }
 
 /// Checks within `[health] deadline_ms`; past it, one failing result says so

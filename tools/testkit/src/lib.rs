@@ -18,6 +18,7 @@
 
 use std::io::Write;
 
+pub mod labels;
 pub mod table;
 pub mod user;
 use std::path::PathBuf;

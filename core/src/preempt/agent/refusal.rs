@@ -261,14 +261,8 @@ mod tests {
     /// and the message never decides it.
     #[test]
     fn failure_reasons_are_distinct_documented_words() {
-        let doc = include_str!("../../../../docs/metrics.md");
-        let mut seen = std::collections::BTreeSet::new();
-        for r in FailureReason::ALL {
-            let label = r.label();
-            assert!(label.chars().all(|c| c.is_ascii_lowercase() || c == '_'), "{label}");
-            assert!(seen.insert(label), "{label} twice");
-            assert!(doc.contains(&format!("`{label}`")), "docs/metrics.md does not list the reason `{label}`");
-        }
+        let labels: Vec<&str> = FailureReason::ALL.iter().map(|r| r.label()).collect();
+        gpu_mode_testkit::labels::assert_metric_labels("checkpoint failure reasons", &labels, include_str!("../../../../docs/metrics.md"));
         let e = RequestError::failed(FailureReason::Seal, "criu said no: manifest missing");
         assert_eq!(e.reason(), Some(FailureReason::Seal), "the words of the message count for nothing");
         assert_eq!(RequestError::from("criu failed".to_string()).reason(), Some(FailureReason::Other));
