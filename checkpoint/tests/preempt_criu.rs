@@ -599,6 +599,54 @@ fn memory_advised_huge_pages_is_restored_in_huge_pages() {
     assert!(huge >= 32 << 10, "the restored mapping at {address:#x} has {huge} kB in huge pages, expected most of 65536");
 }
 
+/// A driver's checkpoint buffer of 64 MiB or more is read back by several
+/// threads of the restored process (`restore_page_readers`, CRIU's
+/// CRIU_PAGE_READERS of packaging/criu/0004), and every byte of it comes
+/// back: the counter checks its whole pattern before it prints DONE.
+#[test]
+fn a_large_checkpoint_buffer_is_read_back_by_several_page_readers_intact() {
+    let Some(n) = node() else { return };
+    let (name, job) = ("readers", 9118);
+    let images = n.dir.join(format!("images-{name}"));
+    let (cfg_path, cfg) = n.config_with(name, &images, "restore_page_readers = 4\n");
+    let out = n.dir.join(format!("{name}.out"));
+    let ready = format!("{}/user/{name}.ready", n.dir.display());
+    let counter = n.counter();
+    let app = [counter.as_str(), "--steps", "300", "--interval-ms", "20", "--mib", "160", "--ready", &ready];
+    n.agent((&cfg_path, &cfg), job, 0, 0);
+    let run0 = Run { who: n.who, cfg: &cfg_path, job, restart: 0, cgroup: None, out: &out };
+    let mut w = wrapper(n, &run0, &app);
+    wait_for("three steps", Duration::from_secs(30), || last_step(&out) >= 3);
+    signal(&w, libc::SIGUSR1);
+    assert_eq!(exit_code(&mut w, Duration::from_secs(60)), 0, "{}", read(&out.with_extension("err")));
+    stop_agent(&cfg, job, Duration::from_secs(10)).unwrap();
+
+    n.agent((&cfg_path, &cfg), job, 1, 0);
+    let mut w = wrapper(n, &Run { restart: 1, ..run0 }, &app);
+    assert_eq!(exit_code(&mut w, Duration::from_secs(90)), 0, "{}", read(&out.with_extension("err")));
+    let text = read(&out);
+    assert!(text.contains("DONE count=300") && !text.contains("MISMATCH"), "{text}");
+    stop_agent(&cfg, job, Duration::from_secs(10)).unwrap();
+    let logs = files_named(&images, "restore.log");
+    assert!(!logs.is_empty(), "no restore.log under {}", images.display());
+    let readers = logs.iter().map(|l| read(l)).filter(|t| t.contains("Reading the large mappings with 4 page readers")).count();
+    assert_eq!(readers, 1, "one task (the counter) read its 160 MiB buffer with 4 readers; logs: {logs:?}");
+}
+
+/// Every file called `name` under `dir`.
+fn files_named(dir: &Path, name: &str) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            found.extend(files_named(&path, name));
+        } else if entry.file_name() == name {
+            found.push(path);
+        }
+    }
+    found
+}
+
 /// AnonHugePages (kB) of the mapping of `pid` that holds `address`.
 fn huge_kib(pid: i32, address: u64) -> u64 {
     let smaps = read(Path::new(&format!("/proc/{pid}/smaps")));

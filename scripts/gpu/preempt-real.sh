@@ -44,6 +44,10 @@
 #          HUGE_PAGES=false sets [checkpoint] huge_pages = false for ours
 #          (A/B); PLAIN_HUGE_PAGES=1 preloads the same huge-page shim into
 #          the plain sequence's programs.
+#          PAGE_READERS=N sets [checkpoint] restore_page_readers for ours
+#          (default 8; the plain sequence's criu restore reads with one).
+#          COLD=1: every restore, and the read-back probes, read the image
+#          from the storage (dropped from the page cache first).
 # Usage (repo root of the GPU machine):
 #   bash scripts/gpu/preempt-real.sh CARRY [all|e2e|bench] [CASES]
 # CARRY is the folder scripts/gpu/preempt-carry.sh made (.dev-carry/preempt).
@@ -468,8 +472,8 @@ fi
 if [ "$PART" = all ] || [ "$PART" = bench ]; then
     say "== bench ($BENCH_APP: ours vs the plain sequence), within $(left) s"
     W=/tmp/gm-preempt-bench; rm -rf "$W"; mkdir -p "$W"
-    printf 'runtime_dir = "%s/run"\n[log]\nsyslog = false\nstderr = true\n[checkpoint]\nlock_timeout_ms = 5000\nearly_writeback = %s\nhuge_pages = %s\nhuge_pages_library = "%s"\n' \
-        "$W" "${EARLY_WRITEBACK:-true}" "${HUGE_PAGES:-true}" "$B/libgpu_mode_hugepages.so" > "$W/config.toml"
+    printf 'runtime_dir = "%s/run"\n[log]\nsyslog = false\nstderr = true\n[checkpoint]\nlock_timeout_ms = 5000\nearly_writeback = %s\nhuge_pages = %s\nhuge_pages_library = "%s"\nrestore_page_readers = %s\n' \
+        "$W" "${EARLY_WRITEBACK:-true}" "${HUGE_PAGES:-true}" "$B/libgpu_mode_hugepages.so" "${PAGE_READERS:-8}" > "$W/config.toml"
     if [ "${WARM_GIB:-0}" -gt 0 ]; then
         say "touching $WARM_GIB GiB of host memory once (WARM_GIB)"
         python3 -c "import torch, sys; torch.empty(int(sys.argv[1]) << 30, dtype=torch.uint8).fill_(1)" "$WARM_GIB" || say "warm-up failed"
@@ -493,7 +497,7 @@ if [ "$PART" = all ] || [ "$PART" = bench ]; then
         fi
         timeout "$(left)" "$B/gpu-mode-preempt-bench" --config "$W/config.toml" --app "$app" --app-args "$args" \
             --cases "$c" --repeat "$R" --plain-driver "${PLAIN_DRIVER:-raw}" --gpus "${BENCH_GPUS:-$N}" --uid "$BUID" --workdir "$W" \
-            ${PLAIN_HUGE_PAGES:+--plain-huge-pages} 2>&1 | tee -a "$OUT/bench.txt"
+            ${PLAIN_HUGE_PAGES:+--plain-huge-pages} ${COLD:+--cold} 2>&1 | tee -a "$OUT/bench.txt"
         rm -rf "$W/images" "$W/plain-images"
     done
     [ -n "$SKIPPED" ] && say "not run (time bound): bash scripts/gpu/preempt-real.sh $CARRY bench ${SKIPPED#,}"

@@ -316,6 +316,10 @@ pub struct CheckpointConfig {
     pub criu: PathBuf,
     /// Bound on one `criu dump` or `criu restore`.
     pub criu_timeout_ms: u64,
+    /// Threads that read a restored process's large mappings (the driver's
+    /// checkpoint buffer) from the image: `CRIU_PAGE_READERS` of the CRIU
+    /// that scripts/install-criu.sh builds (packaging/criu/0004); 1: one.
+    pub restore_page_readers: u32,
     /// Signal (besides SIGTERM) that makes gpu-mode-run checkpoint: "USR1".
     pub signal: String,
     /// Least `@<secs>` of `--signal` the submission check accepts.
@@ -351,6 +355,10 @@ pub struct CheckpointConfig {
     pub hide_io_uring: bool,
 }
 
+/// The most page readers CRIU starts for one restored process
+/// (RESTORE_PAGE_READERS_MAX of packaging/criu/0004).
+pub const MAX_RESTORE_PAGE_READERS: u32 = 16;
+
 /// Where the packages install the huge-page shim (beside the agent).
 pub const DEFAULT_HUGE_PAGES_LIBRARY: &str = "/usr/libexec/slurm-gpu-mode/libgpu_mode_hugepages.so";
 
@@ -370,6 +378,7 @@ impl Default for CheckpointConfig {
             agent: PathBuf::from("/usr/libexec/slurm-gpu-mode/gpu-mode-ckpt-agent"),
             criu: PathBuf::from("/opt/slurm-gpu-mode/criu/bin/criu"),
             criu_timeout_ms: 600_000,
+            restore_page_readers: 8,
             signal: "USR1".into(),
             min_signal_lead_s: 60,
             site_job_requeue: false,
@@ -423,6 +432,12 @@ impl CheckpointConfig {
         }
         if self.criu_timeout_ms == 0 || self.criu_timeout_ms > 3_600_000 {
             return Err(format!("checkpoint.criu_timeout_ms = {} must be between 1 and 3600000 (an hour)", self.criu_timeout_ms));
+        }
+        if !(1..=MAX_RESTORE_PAGE_READERS).contains(&self.restore_page_readers) {
+            return Err(format!(
+                "checkpoint.restore_page_readers = {} must be between 1 and {MAX_RESTORE_PAGE_READERS}",
+                self.restore_page_readers
+            ));
         }
         crate::signal::signal_number(&self.signal).map_err(|e| format!("checkpoint.signal: {e}"))?;
         Ok(())
@@ -823,6 +838,8 @@ mod tests {
             ("[checkpoint]\ndevice_paths = [\"dev/nvidia\"]", "checkpoint.device_paths"),
             ("[checkpoint]\nsignal = \"KILL\"", "checkpoint.signal: \"KILL\" is not one of USR1"),
             ("[checkpoint]\ncriu_timeout_ms = 0", "checkpoint.criu_timeout_ms = 0 must be between 1 and 3600000"),
+            ("[checkpoint]\nrestore_page_readers = 0", "checkpoint.restore_page_readers = 0 must be between 1 and 16"),
+            ("[checkpoint]\nrestore_page_readers = 17", "checkpoint.restore_page_readers = 17 must be between 1 and 16"),
             ("[mig]\nbaseline = \"all-1g\"", "mig.baseline = \"all-1g\" names a mig-parted config, but mig.baseline_config is not set"),
             ("[mig]\nbaseline = \"@nope\"", "mig.baseline = \"@nope\": no [mig.layouts] layout named \"nope\""),
             ("[mig]\nbaseline_config = \"/etc/m.yaml\"", "mig.baseline_config = \"/etc/m.yaml\" needs mig.baseline"),

@@ -18,6 +18,10 @@ pub const RESTORE_LOG: &str = "restore.log";
 pub const PIDFILE: &str = "restore.pid";
 /// CAP_CHECKPOINT_RESTORE exists from Linux 5.9 (capability 40).
 const CAP_LAST_NEEDED: u32 = crate::privdrop::CAP_CHECKPOINT_RESTORE;
+/// How many threads read a restored process's large mappings, in the
+/// environment of the CRIU that scripts/install-criu.sh builds
+/// (packaging/criu/0004); other CRIUs ignore it and read with one.
+pub const PAGE_READERS_ENV: &str = "CRIU_PAGE_READERS";
 /// `criu --version` and `criu check` take well under a second.
 const QUICK: Duration = Duration::from_secs(30);
 
@@ -28,6 +32,9 @@ pub struct CriuCli {
     /// Where a passed check is remembered for the boot (check_cache.rs);
     /// none: every check runs CRIU.
     pub check_cache: Option<CheckCache>,
+    /// Threads that read a restored process's large mappings
+    /// (`checkpoint.restore_page_readers`, [`PAGE_READERS_ENV`]).
+    pub page_readers: u32,
 }
 
 /// Where CRIU (as the user) finds the run directory: the descriptor the
@@ -41,7 +48,7 @@ fn images_arg(dir_fd: RawFd) -> OsString {
 /// more, then kills it (preempt::agent::dump).
 pub fn dump_args(req: &DumpRequest, dir_fd: RawFd) -> Vec<OsString> {
     let mut a: Vec<OsString> = vec!["dump".into(), "--unprivileged".into(), "--tree".into(), req.pid.to_string().into()];
-    a.extend(common(dir_fd, DUMP_LOG));
+    a.extend(common(dir_fd, DUMP_LOG, "-v2"));
     a.push("--leave-stopped".into());
     if req.tcp_established {
         a.extend(["--tcp-established".into(), "--network-lock".into(), "nftables".into()]);
@@ -56,7 +63,10 @@ pub fn dump_args(req: &DumpRequest, dir_fd: RawFd) -> Vec<OsString> {
 /// working directory).
 pub fn restore_args(req: &RestoreRequest, dir_fd: RawFd) -> Vec<OsString> {
     let mut a: Vec<OsString> = vec!["restore".into(), "--unprivileged".into()];
-    a.extend(common(dir_fd, RESTORE_LOG));
+    // Info level: the restore log then says, with CRIU's other steps, how
+    // many page readers read each task's large mappings (packaging/criu/0004),
+    // for a restore that takes longer than it should.
+    a.extend(common(dir_fd, RESTORE_LOG, "-v3"));
     a.extend(["--restore-detached".into(), "--restore-sibling".into(), "--leave-stopped".into(), "--pidfile".into(), PIDFILE.into()]);
     if req.tcp_established {
         a.extend(["--tcp-established".into(), "--network-lock".into(), "nftables".into()]);
@@ -74,13 +84,13 @@ pub fn capabilities(tcp_established: bool) -> Vec<u32> {
     caps
 }
 
-fn common(dir_fd: RawFd, log: &str) -> Vec<OsString> {
+fn common(dir_fd: RawFd, log: &str, verbosity: &str) -> Vec<OsString> {
     vec![
         "--images-dir".into(),
         images_arg(dir_fd),
         "--log-file".into(),
         log.into(),
-        "-v2".into(),
+        verbosity.into(),
         "--file-locks".into(),
         "--ext-unix-sk".into(),
         "--manage-cgroups=ignore".into(),
@@ -108,6 +118,13 @@ impl CriuCli {
     fn command(&self, args: &[OsString]) -> Command {
         let mut cmd = Command::new(&self.binary);
         cmd.args(args).env_clear().env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin").current_dir("/");
+        cmd
+    }
+
+    /// `criu restore` with its arguments and the page readers asked for.
+    fn restore_command(&self, req: &RestoreRequest, dir_fd: RawFd) -> Command {
+        let mut cmd = self.command(&restore_args(req, dir_fd));
+        cmd.env(PAGE_READERS_ENV, self.page_readers.to_string());
         cmd
     }
 
@@ -213,7 +230,7 @@ impl Criu for CriuCli {
         let pidfile = req.images_dir.join(PIDFILE);
         crate::fsutil::remove_if_present(&pidfile).map_err(|e| other(e.to_string()))?;
         let dir = open_images(&req.images_dir, "restore")?;
-        let mut cmd = self.command(&restore_args(req, dir.as_raw_fd()));
+        let mut cmd = self.restore_command(req, dir.as_raw_fd());
         req.cgroup.join_before_exec(&mut cmd).map_err(other)?;
         Self::as_user(&mut cmd, &dir, &req.user, &capabilities(req.tcp_established));
         let start = Instant::now();
@@ -265,20 +282,26 @@ mod tests {
         let text = strings(restore_args(&restore, 11)).join(" ");
         assert_eq!(
             text,
-            "restore --unprivileged --images-dir /proc/self/fd/11 --log-file restore.log -v2 --file-locks --ext-unix-sk \
+            "restore --unprivileged --images-dir /proc/self/fd/11 --log-file restore.log -v3 --file-locks --ext-unix-sk \
              --manage-cgroups=ignore --restore-detached --restore-sibling --leave-stopped --pidfile restore.pid"
         );
         assert!(!text.contains("--shell-job"));
+        let cli = CriuCli { binary: "/usr/sbin/criu".into(), timeout: Duration::from_secs(5), check_cache: None, page_readers: 6 };
+        let cmd = cli.restore_command(&restore, 11);
+        let mut env: Vec<(String, String)> =
+            cmd.get_envs().map(|(k, v)| (k.to_string_lossy().into_owned(), v.unwrap_or_default().to_string_lossy().into_owned())).collect();
+        env.sort();
+        assert_eq!(env, [("CRIU_PAGE_READERS".to_string(), "6".to_string()), ("PATH".into(), "/usr/sbin:/usr/bin:/sbin:/bin".into())]);
         assert_eq!(capabilities(false), [40]);
         assert_eq!(capabilities(true), [40, 12]);
     }
 
     #[test]
     fn a_missing_or_relative_binary_is_named() {
-        let cli = CriuCli { binary: "/nonexistent/criu".into(), timeout: Duration::from_secs(5), check_cache: None };
+        let cli = CriuCli { binary: "/nonexistent/criu".into(), timeout: Duration::from_secs(5), check_cache: None, page_readers: 1 };
         let err = cli.check().unwrap_err().to_string();
         assert!(err.contains("CRIU is not installed at /nonexistent/criu") && err.contains("install-criu.sh"), "{err}");
-        let cli = CriuCli { binary: "criu".into(), timeout: Duration::from_secs(5), check_cache: None };
+        let cli = CriuCli { binary: "criu".into(), timeout: Duration::from_secs(5), check_cache: None, page_readers: 1 };
         assert!(matches!(cli.check(), Err(CriuError::Missing { .. })));
     }
 
@@ -288,7 +311,7 @@ mod tests {
         let fake = dir.path().join("criu");
         std::fs::write(&fake, "#!/bin/sh\necho 'Version: 3.17.1'\n").unwrap();
         std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-        let err = CriuCli { binary: fake, timeout: Duration::from_secs(5), check_cache: None }.check().unwrap_err().to_string();
+        let err = CriuCli { binary: fake, timeout: Duration::from_secs(5), check_cache: None, page_readers: 1 }.check().unwrap_err().to_string();
         assert!(err.contains("is version 3.17.1") && err.contains("needs CRIU 4.0 or later"), "{err}");
     }
 

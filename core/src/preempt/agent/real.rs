@@ -50,6 +50,7 @@ pub fn real_backends(cfg: &Config) -> Result<(Backends, i32), String> {
             binary: cfg.checkpoint.criu.clone(),
             timeout: Duration::from_millis(cfg.checkpoint.criu_timeout_ms),
             check_cache: Some(CheckCache { path: cfg.runtime_dir.join(crate::criu::CHECK_CACHE_FILE) }),
+            page_readers: cfg.checkpoint.restore_page_readers,
         }),
         driver,
         host: Arc::new(ProcFs { device_prefixes: cfg.checkpoint.device_paths.clone(), ..ProcFs::default() }),

@@ -35,7 +35,7 @@
 //! ```text
 //! gpu-mode-preempt-bench --config C --app PATH --app-args "ARGS" [--cases 1x1,8x1,32x1,8x2,8x4]
 //!     [--gpus 1] [--uid 65534] [--workdir DIR] [--no-plain] [--repeat 1] [--plain-driver raw]
-//!     [--plain-huge-pages]
+//!     [--plain-huge-pages] [--cold]
 //! ```
 //! Ours' programs start as gpu-mode-run starts them: with the huge-page
 //! shim preloaded when the config's `[checkpoint] huge_pages` is on
@@ -46,6 +46,10 @@
 //! checkpoint::BoundedDriver) instead of directly: on the H100 ours' driver
 //! checkpoint call averaged 6 % longer than the plain side's (2026-11-25),
 //! and this tells whether the calling path is why.
+//! `--cold` drops each image from the page cache (fsync, then
+//! POSIX_FADV_DONTNEED on every file) before each of its reads: ours' and the
+//! plain restore, and the plain image's read-back probes, so that the
+//! restores and their limit read from the storage (the issue's cold case).
 //! `--repeat N` runs each case N times, plain first in every other round (the
 //! driver's own time varies by ±15 % from one call to the next on an H100),
 //! and ends each case with the medians of the rounds' ratios (`8x1#2p`: round
@@ -93,6 +97,8 @@ struct Opts {
     ours_preload: Option<PathBuf>,
     /// The plain sequence's programs with the same shim.
     plain_preload: bool,
+    /// Every image read from the storage, not the page cache (`--cold`).
+    cold: bool,
 }
 
 fn parse() -> anyhow::Result<Opts> {
@@ -109,6 +115,7 @@ fn parse() -> anyhow::Result<Opts> {
         plain_bounded: false,
         ours_preload: None,
         plain_preload: false,
+        cold: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -119,6 +126,10 @@ fn parse() -> anyhow::Result<Opts> {
         }
         if a == "--plain-huge-pages" {
             o.plain_preload = true;
+            continue;
+        }
+        if a == "--cold" {
+            o.cold = true;
             continue;
         }
         let v = it.next().ok_or_else(|| anyhow::anyhow!("{a} needs a value"))?;
@@ -304,6 +315,9 @@ fn ours(o: &Opts, socket: &Path, case: &str, gib: f64, n: usize) -> anyhow::Resu
     };
     wait_pid(root);
     reap_until_free(&pids, Duration::from_secs(60))?;
+    if o.cold {
+        evict(&o.workdir.join("images"))?;
+    }
     let (resp, mut reader) = request(socket, &Request::Restore, None).map_err(anyhow::Error::msg)?;
     let rs = match resp {
         Response::Restored { summary, .. } => summary,
@@ -400,8 +414,12 @@ fn plain(o: &Opts, cfg: &Config, driver: &dyn CudaCkptDriver, case: &str, gib: f
     s.image_bytes = std::fs::read_dir(&dir)?.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum();
     wait_pid(root);
     reap_until_free(&pids, Duration::from_secs(60))?;
+    let cold = |dir: &Path| if o.cold { evict(dir) } else { Ok(()) };
+    cold(&dir)?;
     s.read_ms = read_back_ms(&dir)?;
+    cold(&dir)?;
     s.read_fresh_ms = read_into_fresh_huge_pages_ms(&dir)?;
+    cold(&dir)?;
     s.criu_restore_ms = criu(cfg, o.uid, &["restore", "-d", "-o", "restore.log"], &dir)?;
     let t = Instant::now();
     for &p in &cuda {
@@ -414,6 +432,25 @@ fn plain(o: &Opts, cfg: &Config, driver: &dyn CudaCkptDriver, case: &str, gib: f
     s.status = wait_pid(root).unwrap_or(-1);
     let _ = std::fs::remove_dir_all(&dir);
     Ok(s)
+}
+
+/// Drops every file under `dir` from the page cache (written back first:
+/// only clean pages can be dropped), for a restore that reads the storage.
+fn evict(dir: &Path) -> anyhow::Result<()> {
+    use std::os::fd::AsRawFd;
+    for entry in std::fs::read_dir(dir)?.flatten() {
+        let kind = entry.file_type()?;
+        if kind.is_dir() {
+            evict(&entry.path())?;
+        } else if kind.is_file() {
+            let f = std::fs::File::open(entry.path())?;
+            f.sync_all()?;
+            // SAFETY: advice on a descriptor we own, over the whole file.
+            let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+            anyhow::ensure!(rc == 0, "posix_fadvise {}: {}", entry.path().display(), std::io::Error::from_raw_os_error(rc));
+        }
+    }
+    Ok(())
 }
 
 /// Reads every file of `dir` once (16 MiB reads), timed: the rate the
@@ -683,7 +720,8 @@ fn main() -> anyhow::Result<()> {
     let raw = CudaDriver::load(cfg.checkpoint.cuda_library.as_deref())?;
     let shim = |on: bool| if on { "with the huge-page shim" } else { "without huge pages" };
     println!(
-        "driver CUDA {}, {} GPU(s), programs as uid {}, images under {}, plain driver calls {}; ours {}, plain {}",
+        "driver CUDA {}, {} GPU(s), programs as uid {}, images under {}, plain driver calls {}; ours {}, plain {}; \
+         restores read {}; ours' CRIU with {} page readers",
         raw.version(),
         o.gpus,
         o.uid,
@@ -691,6 +729,8 @@ fn main() -> anyhow::Result<()> {
         if o.plain_bounded { "bounded (as the agent's)" } else { "direct" },
         shim(o.ours_preload.is_some()),
         shim(o.plain_preload),
+        if o.cold { "the storage (the images dropped from the page cache)" } else { "the page cache the dump left" },
+        cfg.checkpoint.restore_page_readers,
     );
     let driver: Box<dyn CudaCkptDriver> = if o.plain_bounded {
         let timeout = Duration::from_millis(cfg.checkpoint.call_timeout_ms);
