@@ -334,7 +334,7 @@ LAYERS = [
     ("L0 base", "fsutil command procfs privdrop runtime persist hostlist failure gpu_mode gpu_lock watchdog drain skipped_prolog signal signal_state compute_mode"),
     ("L1 config", "config log"),
     ("L2 job", "job_env gres state grant metrics submit mps_daemons"),
-    ("L3 devices", "gpu criu cuda_ckpt mode_driver"),
+    ("L3 devices", "gpu criu cuda_ckpt cuda_pattern mode_driver"),
     ("L4 mps", "modes::mps"),
     ("L5 mig/preempt", "mig preempt modes::checkpoint"),
     ("L6 modes", "modes"),

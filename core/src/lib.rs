@@ -12,7 +12,7 @@ pub use gpu_mode_base::{
 };
 
 /// The devices (crate `gpu-mode-devices`), at their old paths.
-pub use gpu_mode_devices::{criu, cuda_ckpt, gpu};
+pub use gpu_mode_devices::{criu, cuda_ckpt, cuda_pattern, gpu};
 pub mod health;
 #[cfg(feature = "cli")]
 pub mod cli;

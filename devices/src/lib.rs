@@ -5,7 +5,8 @@
 //! * [`gpu`]: the node's GPUs through NVML (inventory, modes, MIG, health
 //!   readings, Slurm's GPU indices), behind the `GpuOps` trait;
 //! * [`criu`]: the CRIU binary (its version, checks, command lines, cgroups);
-//! * [`cuda_ckpt`]: the CUDA driver's checkpoint verb on a job's processes.
+//! * [`cuda_ckpt`]: the CUDA driver's checkpoint verb on a job's processes;
+//! * [`cuda_pattern`]: the memory test pattern kernels (deep check, test program).
 //!
 //! Cargo keeps this crate from reaching up: it cannot name a mode, the
 //! preemption machinery or a verb.
@@ -18,4 +19,5 @@ use gpu_mode_base::drain;
 
 pub mod criu;
 pub mod cuda_ckpt;
+pub mod cuda_pattern;
 pub mod gpu;

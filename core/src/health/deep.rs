@@ -6,89 +6,13 @@
 
 use super::{CheckResult, Ctx, GpuSnap, Status};
 use super::config::DeepConfig;
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
-use cudarc::nvrtc::Ptx;
+use crate::cuda_pattern::PatternKernels;
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use std::sync::Arc;
 use std::time::Instant;
 
 const NAME: &str = "deep";
 const COPIES: u32 = 5;
-
-// The grid-stride setup both kernels share: rd1 = buffer, rd2 = n, r1 =
-// seed, rd3 = this thread's first index, rd5 = the stride.
-macro_rules! grid_setup {
-    () => {
-        "    ld.param.u64 rd1, [p_buf];
-    cvta.to.global.u64 rd1, rd1;
-    ld.param.u64 rd2, [p_n];
-    ld.param.u32 r1, [p_seed];
-    mov.u32 r2, %ctaid.x;
-    mov.u32 r3, %ntid.x;
-    mov.u32 r4, %tid.x;
-    mul.wide.u32 rd3, r2, r3;
-    cvt.u64.u32 rd4, r4;
-    add.u64 rd3, rd3, rd4;
-    mov.u32 r5, %nctaid.x;
-    mul.wide.u32 rd5, r5, r3;
-"
-    };
-}
-
-/// fill: buf[i] = i ^ seed; verify: counts words that differ into *bad.
-/// Hand-written PTX, so the node needs no NVRTC.
-const PTX: &str = concat!(
-    r#"
-.version 8.0
-.target sm_80
-.address_size 64
-
-.visible .entry fill(.param .u64 p_buf, .param .u64 p_n, .param .u32 p_seed)
-{
-    .reg .pred p;
-    .reg .b32 r<8>;
-    .reg .b64 rd<8>;
-"#,
-    grid_setup!(),
-    r#"FILL:
-    setp.ge.u64 p, rd3, rd2;
-    @p bra END;
-    cvt.u32.u64 r6, rd3;
-    xor.b32 r6, r6, r1;
-    shl.b64 rd6, rd3, 2;
-    add.u64 rd7, rd1, rd6;
-    st.global.u32 [rd7], r6;
-    add.u64 rd3, rd3, rd5;
-    bra.uni FILL;
-END:
-    ret;
-}
-
-.visible .entry verify(.param .u64 p_buf, .param .u64 p_n, .param .u32 p_seed, .param .u64 p_bad)
-{
-    .reg .pred p, q;
-    .reg .b32 r<8>;
-    .reg .b64 rd<10>;
-    ld.param.u64 rd8, [p_bad];
-    cvta.to.global.u64 rd8, rd8;
-"#,
-    grid_setup!(),
-    r#"CHECK:
-    setp.ge.u64 p, rd3, rd2;
-    @p bra END;
-    cvt.u32.u64 r6, rd3;
-    xor.b32 r6, r6, r1;
-    shl.b64 rd6, rd3, 2;
-    add.u64 rd7, rd1, rd6;
-    ld.global.u32 r7, [rd7];
-    setp.ne.u32 q, r7, r6;
-    @q atom.global.add.u64 rd9, [rd8], 1;
-    add.u64 rd3, rd3, rd5;
-    bra.uni CHECK;
-END:
-    ret;
-}
-"#
-);
 
 /// Figures of one GPU's deep check.
 #[derive(Debug, Clone, PartialEq)]
@@ -168,37 +92,23 @@ fn ordinal(g: &GpuSnap) -> Result<usize, String> {
     Ok(dev as usize)
 }
 
-fn cfg_1d() -> LaunchConfig {
-    LaunchConfig { grid_dim: (132 * 8, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
-}
-
 fn measure(g: &GpuSnap, cfg: &DeepConfig) -> Result<DeepFigures, String> {
     let start = Instant::now();
     let cuda = CudaContext::new(ordinal(g)?).map_err(err("creating a CUDA context"))?;
     let context_ms = start.elapsed().as_secs_f64() * 1000.0;
-    let module = cuda.load_module(Ptx::from_src(PTX)).map_err(err("loading the test kernels"))?;
-    let fill = module.load_function("fill").map_err(err("kernel fill"))?;
-    let verify = module.load_function("verify").map_err(err("kernel verify"))?;
+    let kernels = PatternKernels::load(&cuda).map_err(err("loading the test kernels"))?;
     let stream = cuda.default_stream();
     let words = cfg.memory_mib * (1 << 20) / 4;
     let mut a = stream.alloc_zeros::<u32>(words as usize).map_err(err("allocating the pattern buffer"))?;
-    let bad_words = pattern(&stream, &fill, &verify, &mut a, 0x5a5a_1234)?;
+    let bad_words = pattern(&stream, &kernels, &mut a, 0x5a5a_1234)?;
     let bandwidth_gbps = bandwidth(&stream, &a)?;
     Ok(DeepFigures { context_ms, bad_words, words, bandwidth_gbps })
 }
 
-/// Fills `buf` with the pattern of `seed` and counts wrong words.
-fn pattern(stream: &Arc<CudaStream>, fill: &CudaFunction, verify: &CudaFunction, buf: &mut CudaSlice<u32>, seed: u32) -> Result<u64, String> {
-    let n = buf.len() as u64;
-    let mut b = stream.launch_builder(fill);
-    b.arg(&mut *buf).arg(&n).arg(&seed);
-    unsafe { b.launch(cfg_1d()) }.map_err(err("launching fill"))?;
-    let mut bad = stream.alloc_zeros::<u64>(1).map_err(err("allocating"))?;
-    let mut v = stream.launch_builder(verify);
-    v.arg(&*buf).arg(&n).arg(&seed).arg(&mut bad);
-    unsafe { v.launch(cfg_1d()) }.map_err(err("launching verify"))?;
-    let host = stream.clone_dtoh(&bad).map_err(err("reading the result"))?;
-    Ok(host.first().copied().unwrap_or(u64::MAX))
+/// Fills `buf` with the pattern of `seed` (crate::cuda_pattern) and counts wrong words.
+fn pattern(stream: &Arc<CudaStream>, kernels: &PatternKernels, buf: &mut CudaSlice<u32>, seed: u32) -> Result<u64, String> {
+    kernels.fill(stream, buf, seed).map_err(err("launching fill"))?;
+    kernels.mismatches(stream, &*buf, buf.len() as u64, seed).map_err(err("verifying the pattern"))
 }
 
 /// Device-to-device copy GB/s, counting the read and the write (as CUDA's
