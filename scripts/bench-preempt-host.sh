@@ -13,7 +13,7 @@
 #   CASES  e.g. 1x1,4x1 (default 1x1,4x1,1x4)
 #   APP    jax | torch | counter | both (jax and counter; default both)
 #   EARLY_WRITEBACK=false: the agent writes the image at the seal only (A/B).
-#   HUGE_PAGES=false: ours without the huge-page shim (A/B; [checkpoint] huge_pages).
+#   HUGE_PAGES=false: ours without the huge-page shim (A/B; [preempt] huge_pages).
 #   BENCH_REPEAT=N: N rounds per case, alternating which side goes first, and medians.
 #   PLAIN_DRIVER=bounded: the plain sequence calls the driver as the agent does.
 set -eu
@@ -36,12 +36,13 @@ runtime_dir = "$W/run"
 syslog = false
 [nvml]
 library = "$B/libnvml_sim.so"
-[checkpoint]
+[cuda_ckpt]
 cuda_library = "$B/libcuda_sim.so"
-criu = "$CRIU"
-criu_timeout_ms = 600000
 memory_margin_mib = 0
 device_paths = ["/dev/nvidia", "$GPU_MODE_SIM_STATE.cuda/gpus/"]
+[preempt]
+criu = "$CRIU"
+criu_timeout_ms = 600000
 early_writeback = ${EARLY_WRITEBACK:-true}
 huge_pages = ${HUGE_PAGES:-true}
 huge_pages_library = "$B/libgpu_mode_hugepages.so"

@@ -1,8 +1,8 @@
 //! Signals by name: the ones a site may name for the checkpoint
-//! (`checkpoint.signal`), checked by the configuration and used by the
+//! (`preempt.signal`), checked by the configuration and used by the
 //! preemption code. A leaf: the standard library and libc only.
 
-/// The signals a site may name in `checkpoint.signal`, by name or number.
+/// The signals a site may name in `preempt.signal`, by name or number.
 const SIGNALS: &[(&str, i32)] = &[
     ("USR1", libc::SIGUSR1),
     ("USR2", libc::SIGUSR2),

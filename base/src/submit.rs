@@ -17,7 +17,7 @@
 
 use std::collections::BTreeMap;
 
-/// What the site configuration says (`[checkpoint]` keys).
+/// What the site configuration says (`[preempt]` keys).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SubmitSite {
     /// slurm.conf has JobRequeue=1 (`site_job_requeue`).
@@ -31,7 +31,7 @@ pub struct SubmitSite {
 }
 
 impl SubmitSite {
-    pub fn from_config(cfg: &crate::config::CheckpointConfig) -> SubmitSite {
+    pub fn from_config(cfg: &crate::config::PreemptConfig) -> SubmitSite {
         SubmitSite {
             job_requeue: cfg.site_job_requeue,
             adds_signal: cfg.site_signal,

@@ -46,9 +46,9 @@ fn main() {
 }
 
 fn run(cli: &Cli, cfg: &Config, target: &Target) -> anyhow::Result<String> {
-    let driver = CudaDriver::load(cfg.checkpoint.cuda_library.as_deref())?;
+    let driver = CudaDriver::load(cfg.cuda_ckpt.cuda_library.as_deref())?;
     let nvml = Nvml::load(cfg.nvml_library().as_deref()).map_err(anyhow::Error::msg)?;
-    let host = ProcFs { device_prefixes: cfg.checkpoint.device_paths.clone(), ..ProcFs::default() };
+    let host = ProcFs { device_prefixes: cfg.cuda_ckpt.device_paths.clone(), ..ProcFs::default() };
     let ckpt = Checkpointer::new(Arc::new(driver), &host, &nvml, Settings::from_config(cfg));
     let json = |v: serde_json::Result<String>| v.map_err(anyhow::Error::from);
     Ok(match &cli.verb {

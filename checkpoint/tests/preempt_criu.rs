@@ -147,15 +147,16 @@ impl Node {
         self.config_with(name, image_dir, "")
     }
 
-    /// [`Self::config`] with `extra` lines in its `[checkpoint]` section.
+    /// [`Self::config`] with `extra` lines in its `[preempt]` section.
     fn config_with(&self, name: &str, image_dir: &Path, extra: &str) -> (PathBuf, Config) {
         let path = self.dir.join(format!("{name}.toml"));
         let text = format!(
             "runtime_dir = \"{run}\"\n[slurm]\nscontrol = \"{bin}/scontrol\"\n[log]\nsyslog = false\n[nvml]\nlibrary = \"{lib}/libnvml_sim.so\"\n\
-             [checkpoint]\ncuda_library = \"{lib}/libcuda_sim.so\"\nimage_dir = \"{img}\"\nagent = \"{lib}/gpu-mode-ckpt-agent\"\n\
-             criu = \"{CRIU}\"\ncriu_timeout_ms = 60000\nlock_timeout_ms = 2000\nmemory_margin_mib = 0\n\
-             huge_pages_library = \"{lib}/libgpu_mode_hugepages.so\"\nhuge_pages_dir = \"{kept}\"\n{extra}\
-             device_paths = [\"/dev/nvidia\", \"{sim}.cuda/gpus/\"]\n",
+             [cuda_ckpt]\ncuda_library = \"{lib}/libcuda_sim.so\"\nlock_timeout_ms = 2000\nmemory_margin_mib = 0\n\
+             device_paths = [\"/dev/nvidia\", \"{sim}.cuda/gpus/\"]\n\
+             [preempt]\nimage_dir = \"{img}\"\nagent = \"{lib}/gpu-mode-ckpt-agent\"\n\
+             criu = \"{CRIU}\"\ncriu_timeout_ms = 60000\n\
+             huge_pages_library = \"{lib}/libgpu_mode_hugepages.so\"\nhuge_pages_dir = \"{kept}\"\n{extra}",
             run = self.dir.join(name).join("run").display(),
             bin = self.dir.display(),
             lib = self.bin.display(),
@@ -457,7 +458,7 @@ fn failed_checkpoint_of_starts_over(name: &str, job: u32, images: &Path, extra: 
 }
 
 /// [`failed_checkpoint_of_starts_over`] with `settings` in the config's
-/// `[checkpoint]` section.
+/// `[preempt]` section.
 fn failed_checkpoint_with(name: &str, job: u32, images: &Path, settings: &str, extra: &[&str], spoil: impl FnOnce(i32), needle: &str) {
     let n = node().unwrap();
     let (cfg_path, cfg) = n.config_with(name, images, settings);
@@ -514,7 +515,7 @@ fn a_tree_that_cannot_come_back_is_refused_before_anything_is_locked() {
 
 /// What a tree may hold and still be checkpointed and restored, each in a
 /// counter dumped and restored once:
-/// * `[checkpoint] hide_io_uring` (on by default; hugepages/src/io_uring.rs):
+/// * `[preempt] hide_io_uring` (on by default; hugepages/src/io_uring.rs):
 ///   an application that asks for an io_uring through the C library's
 ///   `syscall()` and falls back to epoll without one, as libuv does under
 ///   torchrun's TCPStore, gets none, and is checkpointed instead of refused
@@ -1119,7 +1120,7 @@ fn a_spawned_worker_and_its_named_semaphores_are_dumped_restored_and_cleaned_up(
     stop_agent(&cfg, job, Duration::from_secs(10)).unwrap();
 }
 
-/// `[checkpoint] huge_pages` (preempt::hugepages): the agent keeps a copy
+/// `[preempt] huge_pages` (preempt::hugepages): the agent keeps a copy
 /// of the shim named by its content and gpu-mode-run preloads that copy into
 /// the application, so the (simulated) driver's checkpoint buffer,
 /// mapped with MAP_POPULATE as the real driver maps it, is advised before its
@@ -1145,7 +1146,7 @@ fn huge_pages_reach_the_drivers_checkpoint_buffer_only_when_on() {
     for (name, job, settings, on, preloaded) in cases {
         let images = n.dir.join(format!("images-{name}"));
         let (cfg_path, cfg) = n.config_with(name, &images, settings);
-        let shim = cfg.checkpoint.huge_pages_dir.join(gpu_mode_core::preempt::hugepages::kept_name(&bytes));
+        let shim = cfg.preempt.huge_pages_dir.join(gpu_mode_core::preempt::hugepages::kept_name(&bytes));
         let out = n.dir.join(format!("{name}.out"));
         let ready = format!("{}/user/{name}.ready", n.dir.display());
         let counter = n.counter();

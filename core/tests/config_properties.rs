@@ -59,8 +59,8 @@ fn config() -> impl Strategy<Value = Config> {
         c.gpu.mig_instances = if gpu.2 { MigInstanceSetting::Manage } else { MigInstanceSetting::Leave };
         c.nvml.library = gpu.3;
         (c.mps.control, c.mps.start_timeout_ms, c.mps.quit_timeout_ms, c.mps.kill_timeout_ms, c.mps.lock_timeout_ms) = mps;
-        let k = &mut c.checkpoint;
-        (k.lock_timeout_ms, k.memory_margin_mib, k.call_timeout_ms, k.criu_timeout_ms, k.image_dir, k.agent_socket_dir, k.min_signal_lead_s) = ckpt;
+        let (k, p) = (&mut c.cuda_ckpt, &mut c.preempt);
+        (k.lock_timeout_ms, k.memory_margin_mib, k.call_timeout_ms, p.criu_timeout_ms, p.image_dir, p.agent_socket_dir, p.min_signal_lead_s) = ckpt;
         let h = &mut c.health;
         (h.expected_gpus, h.xid_fail, h.deadline_ms, h.state_dir, h.clocks_warn_mask) = health;
         if let Some(first) = layouts.keys().next() {
@@ -83,13 +83,16 @@ const BAD_VALUES: &[(&str, &str)] = &[
     ("mps.start_timeout_ms", "[mps]\nstart_timeout_ms = 0"),
     ("mps.kill_timeout_ms", "[mps]\nkill_timeout_ms = 600001"),
     ("nvml.library", "[nvml]\nlibrary = \"libnvidia-ml.so.1\""),
-    ("checkpoint.lock_timeout_ms", "[checkpoint]\nlock_timeout_ms = 0"),
-    ("checkpoint.memory_margin_mib", "[checkpoint]\nmemory_margin_mib = 1048577"),
-    ("checkpoint.call_timeout_ms", "[checkpoint]\ncall_timeout_ms = 0"),
-    ("checkpoint.criu_timeout_ms", "[checkpoint]\ncriu_timeout_ms = 3600001"),
-    ("checkpoint.signal", "[checkpoint]\nsignal = \"KILL\""),
-    ("checkpoint.image_dir", "[checkpoint]\nimage_dir = \"img\""),
-    ("checkpoint.agent_socket_dir", "[checkpoint]\nagent_socket_dir = \"sock\""),
+    ("cuda_ckpt.lock_timeout_ms", "[cuda_ckpt]\nlock_timeout_ms = 0"),
+    ("cuda_ckpt.memory_margin_mib", "[cuda_ckpt]\nmemory_margin_mib = 1048577"),
+    ("cuda_ckpt.call_timeout_ms", "[cuda_ckpt]\ncall_timeout_ms = 0"),
+    ("preempt.criu_timeout_ms", "[preempt]\ncriu_timeout_ms = 3600001"),
+    ("preempt.signal", "[preempt]\nsignal = \"KILL\""),
+    ("preempt.image_dir", "[preempt]\nimage_dir = \"img\""),
+    ("preempt.agent_socket_dir", "[preempt]\nagent_socket_dir = \"sock\""),
+    // The old section's keys are named by their new place.
+    ("cuda_ckpt.lock_timeout_ms", "[checkpoint]\nlock_timeout_ms = 0"),
+    ("preempt.image_dir", "[checkpoint]\nimage_dir = \"img\""),
     ("health.deadline_ms", "[health]\ndeadline_ms = 40001"),
     ("health.kmsg_path", "[health]\nkmsg_path = \"kmsg\""),
     ("health.disabled", "[health]\ndisabled = [\"xids\"]"),
@@ -122,8 +125,10 @@ fn line() -> impl Strategy<Value = String> {
         "baseline = \"@half\"".into(),
         "[health]".into(),
         "xid_warn = [1, 2]".into(),
-        "[checkpoint]".into(),
+        "[preempt]".into(),
         "signal = \"SIGUSR2\"".into(),
+        "[cuda_ckpt]".into(),
+        "lock_timeout_ms = 2000".into(),
     ];
     prop_oneof![
         4 => prop::sample::select(good),

@@ -18,11 +18,11 @@
 //! # What it does
 //!
 //! At load, when `GPU_MODE_FORK_DROP=1` (gpu-mode-run sets it from
-//! `[checkpoint] forked_children_drop_gpu_files`), it registers a
+//! `[preempt] forked_children_drop_gpu_files`), it registers a
 //! `pthread_atfork` child handler. In every child forked without exec it
 //! closes each descriptor whose target starts with one of the prefixes in
 //! `GPU_MODE_FORK_DROP_PREFIXES` (colon-separated; default `/dev/nvidia`,
-//! the config's `checkpoint.device_paths`) and unmaps each mapping of such a
+//! the config's `cuda_ckpt.device_paths`) and unmaps each mapping of such a
 //! file. Nothing else; a process that holds none does two reads of /proc.
 //! `vfork` and `posix_spawn` run no fork handlers; an exec'd program starts
 //! without the parent's mappings anyway.

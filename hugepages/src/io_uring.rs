@@ -17,8 +17,7 @@
 //!
 //! # What it does, and nothing else
 //!
-//! When `GPU_MODE_NO_IO_URING=1` (gpu-mode-run sets it from `[checkpoint]
-//! hide_io_uring`), the library defines `syscall`: a call of
+//! When `GPU_MODE_NO_IO_URING=1` (gpu-mode-run sets it from `[preempt]//! hide_io_uring`), the library defines `syscall`: a call of
 //! `io_uring_setup` returns -1 with errno ENOSYS; every other call goes to
 //! the C library's `syscall` (found with `dlsym(RTLD_NEXT)`) with the same
 //! arguments, its result and errno untouched. Programs that make the system

@@ -1,6 +1,6 @@
 //! Huge pages for the CUDA driver's checkpoint buffer: an `LD_PRELOAD` shim
 //! that `gpu-mode-run` preloads into a `--gpu-mode=checkpoint` job's
-//! application (`[checkpoint] huge_pages`, on by default).
+//! application (`[preempt] huge_pages`, on by default).
 //!
 //! # Why
 //!

@@ -15,10 +15,14 @@ use std::time::Duration;
 
 
 fn load(config: Option<&std::path::Path>) -> Result<Config, ExitCode> {
-    Config::load(config).map_err(|e| {
+    let config = Config::load(config).map_err(|e| {
         stderr_line(&format!("gpu-mode-node-checker: {e}"));
         ExitCode::from(EXIT_USAGE)
-    })
+    })?;
+    for notice in &config.notices {
+        stderr_line(&format!("gpu-mode-node-checker: warning: {}: {notice}", config.path().display()));
+    }
+    Ok(config)
 }
 
 fn check(a: CheckArgs) -> Result<ExitCode, ExitCode> {

@@ -36,15 +36,15 @@
 #          on a freshly started VM the first use of each page of guest memory
 #          is slower, and whichever side ran first paid for it (a node in
 #          service has long touched its memory). EARLY_WRITEBACK=false sets
-#          [checkpoint] early_writeback = false for ours (A/B). BENCH_GPUS=N
+#          [preempt] early_writeback = false for ours (A/B). BENCH_GPUS=N
 #          places the bench's processes on the first N GPUs only (4x4 on one
 #          GPU: issue 25 item 2's comparison).
 #          PLAIN_DRIVER=bounded: the plain sequence calls the driver as the
 #          agent does (a thread per call, under a deadline).
-#          HUGE_PAGES=false sets [checkpoint] huge_pages = false for ours
+#          HUGE_PAGES=false sets [preempt] huge_pages = false for ours
 #          (A/B); PLAIN_HUGE_PAGES=1 preloads the same huge-page shim into
 #          the plain sequence's programs.
-#          PAGE_READERS=N sets [checkpoint] restore_page_readers for ours
+#          PAGE_READERS=N sets [preempt] restore_page_readers for ours
 #          (default 8; the plain sequence's criu restore reads with one).
 #          COLD=1: every restore, and the read-back probes, read the image
 #          from the storage (dropped from the page cache first).
@@ -472,7 +472,7 @@ fi
 if [ "$PART" = all ] || [ "$PART" = bench ]; then
     say "== bench ($BENCH_APP: ours vs the plain sequence), within $(left) s"
     W=/tmp/gm-preempt-bench; rm -rf "$W"; mkdir -p "$W"
-    printf 'runtime_dir = "%s/run"\n[log]\nsyslog = false\nstderr = true\n[checkpoint]\nlock_timeout_ms = 5000\nearly_writeback = %s\nhuge_pages = %s\nhuge_pages_library = "%s"\nrestore_page_readers = %s\n' \
+    printf 'runtime_dir = "%s/run"\n[log]\nsyslog = false\nstderr = true\n[cuda_ckpt]\nlock_timeout_ms = 5000\n[preempt]\nearly_writeback = %s\nhuge_pages = %s\nhuge_pages_library = "%s"\nrestore_page_readers = %s\n' \
         "$W" "${EARLY_WRITEBACK:-true}" "${HUGE_PAGES:-true}" "$B/libgpu_mode_hugepages.so" "${PAGE_READERS:-8}" > "$W/config.toml"
     if [ "${WARM_GIB:-0}" -gt 0 ]; then
         say "touching $WARM_GIB GiB of host memory once (WARM_GIB)"

@@ -3,7 +3,7 @@
 //! through the job control environment (the Prolog/Epilog see SPANK_GPU_MODE).
 //! No I/O here for most jobs: srun must never wait on us. A checkpoint
 //! submission alone reads the command line, the batch script's `#SBATCH`
-//! lines and the site config's `[checkpoint]` section.
+//! lines and the site config's `[preempt]` section.
 
 use crate::args::PluginArgs;
 use crate::options;
@@ -48,7 +48,7 @@ fn checkpoint_submission(args: &PluginArgs) -> Result<Vec<String>, String> {
         std::fs::File::open(p).ok()?.take(1 << 20).read_to_string(&mut text).ok()?;
         Some(text)
     });
-    let site = gpu_mode_base::Config::load_or_salvage(args.config.as_deref()).0.checkpoint;
+    let site = gpu_mode_base::Config::load_or_salvage(args.config.as_deref()).0.preempt;
     checkpoint_submit_check(&argv, &env, script.as_deref(), &SubmitSite::from_config(&site))
 }
 

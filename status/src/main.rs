@@ -18,6 +18,9 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_USAGE as u8);
         }
     };
+    for notice in &cfg.notices {
+        stderr_line(&format!("gpu-mode-status: warning: {}: {notice}", cfg.path().display()));
+    }
     let node = match cli.explicit_node() {
         Ok(n) => node_name(n),
         Err(e) => {

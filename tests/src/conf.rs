@@ -83,7 +83,7 @@ pub struct Preemption {
     pub grace_time_s: u32,
     /// AuthInfo's cred_expire (Slurm accepts 5 or more).
     pub cred_expire_s: u32,
-    /// `[checkpoint] call_timeout_ms`: each driver call's bound, inside
+    /// `[cuda_ckpt] call_timeout_ms`: each driver call's bound, inside
     /// GraceTime as docs/checkpoint.md asks of sites. Short by default (the
     /// simulated calls take milliseconds; a hanging one fails in time); the
     /// churn's loaded node needs more (a restore waited 8 s for the simulated
@@ -507,7 +507,7 @@ fn write_installed(spec: &ClusterSpec, install: &SlurmInstall, sim: Option<&SimP
         "slurm": { "scontrol": install.bin("scontrol"), "gres_conf": d.join("gres.conf") },
         "log": { "syslog": false, "stderr": true },
         "mig": { "layouts": { "half": "3g.71gbx2" } },
-        "checkpoint": { "image_dir": d.join("images") },
+        "preempt": { "image_dir": d.join("images") },
     });
     if let Some(s) = sim {
         let pointer = Path::new(nvml_sim_pointer());
@@ -524,8 +524,8 @@ fn write_installed(spec: &ClusterSpec, install: &SlurmInstall, sim: Option<&SimP
         fs::write(d.join("kmsg"), "6,1,0,-;Linux version x\n")?;
         settings["nvml"] = serde_json::json!({ "library": s.nvml_library });
         settings["mps"] = serde_json::json!({ "control": s.mps_control, "quit_timeout_ms": 2000, "kill_timeout_ms": 1000 });
-        settings["checkpoint"] = serde_json::json!({
-            "image_dir": d.join("images"),
+        settings["preempt"] = serde_json::json!({ "image_dir": d.join("images") });
+        settings["cuda_ckpt"] = serde_json::json!({
             "cuda_library": s.nvml_library.with_file_name("libcuda_sim.so"),
             "device_paths": ["/dev/nvidia", format!("{}.cuda/gpus/", s.nvml_state.display())],
         });
@@ -610,8 +610,9 @@ fn gpu_mode_config(spec: &ClusterSpec, install: &SlurmInstall, sim: Option<&SimP
     // timeouts. Real GPUs: the host's, and every GPU setting left as it is
     // (the GPU machines allow no change to them).
     let bin = spec.artifacts.prolog.parent().unwrap_or(Path::new("/"));
-    let checkpoint = format!(
-        "[checkpoint]\nagent = \"{}\"\nimage_dir = \"{}\"\nhuge_pages_library = \"{}\"\nhuge_pages_dir = \"{}\"\n",
+    // [preempt] comes last: extra_gpu_mode_config may add keys to it.
+    let preempt = format!(
+        "[preempt]\nagent = \"{}\"\nimage_dir = \"{}\"\nhuge_pages_library = \"{}\"\nhuge_pages_dir = \"{}\"\n",
         bin.join("gpu-mode-ckpt-agent").display(),
         spec.dir.join("images").display(),
         bin.join("libgpu_mode_hugepages.so").display(),
@@ -619,15 +620,16 @@ fn gpu_mode_config(spec: &ClusterSpec, install: &SlurmInstall, sim: Option<&SimP
     );
     let gpu_side = match sim {
         Some(s) => format!(
-            "[nvml]\nlibrary = \"{}\"\n\n[mps]\ncontrol = \"{}\"\nquit_timeout_ms = 2000\nkill_timeout_ms = 1000\n\n{checkpoint}\
-             cuda_library = \"{}\"\ndevice_paths = [\"/dev/nvidia\", \"{}.cuda/gpus/\"]\nlock_timeout_ms = 2000\nmemory_margin_mib = 0\n",
+            "[nvml]\nlibrary = \"{}\"\n\n[mps]\ncontrol = \"{}\"\nquit_timeout_ms = 2000\nkill_timeout_ms = 1000\n\n[cuda_ckpt]\n\
+             cuda_library = \"{}\"\ndevice_paths = [\"/dev/nvidia\", \"{}.cuda/gpus/\"]\nlock_timeout_ms = 2000\nmemory_margin_mib = 0\n{}\n{preempt}",
             s.nvml_library.display(),
             s.mps_control.display(),
             bin.join("libcuda_sim.so").display(),
             s.nvml_state.display(),
-        ) + &spec.preemption.as_ref().map(|p| format!("call_timeout_ms = {}\n", p.call_timeout_ms)).unwrap_or_default(),
+            spec.preemption.as_ref().map(|p| format!("call_timeout_ms = {}\n", p.call_timeout_ms)).unwrap_or_default(),
+        ),
         None => format!(
-            "[gpu]\nmps_compute_mode = \"leave\"\nmig_mode = \"leave\"\nmig_instances = \"leave\"\n\n{checkpoint}"
+            "[gpu]\nmps_compute_mode = \"leave\"\nmig_mode = \"leave\"\nmig_instances = \"leave\"\n\n{preempt}"
         ),
     };
     format!(

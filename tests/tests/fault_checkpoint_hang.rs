@@ -2,7 +2,7 @@
 //! (`cuda-sim-ctl hang checkpoint`: the call never returns, as on a GPU stuck
 //! in the kernel). What the checkpoint core offers today, on a real
 //! `--gpu-mode=checkpoint` job: `gpu-mode-checkpoint` bounds the call by
-//! `[checkpoint] call_timeout_ms`, fails naming it, leaves the process it
+//! `[cuda_ckpt] call_timeout_ms`, fails naming it, leaves the process it
 //! could not vouch for alone (locked, not rolled back blindly), and drains
 //! nothing; once the driver answers again, `restore` recovers the process
 //! and the job finishes with its count intact. The same hang on the
@@ -19,13 +19,13 @@ const WAIT: Duration = Duration::from_secs(60);
 
 fn c() -> &'static Cluster {
     let c = cluster_with("fault_checkpoint_hang", 1, |_| {});
-    // Short bounds, in the [checkpoint] section the harness writes (with
+    // Short bounds, in the [cuda_ckpt] section the harness writes (with
     // the simulated CUDA driver): Lock 1 s, every other call 1.5 s.
     let path = c.dir.join("gpu-mode.toml");
     let text = std::fs::read_to_string(&path).unwrap();
     if !text.contains("call_timeout_ms = 1500") {
-        let patched = text.replacen("[checkpoint]\n", "[checkpoint]\ncall_timeout_ms = 1500\n", 1).replacen("lock_timeout_ms = 2000\n", "lock_timeout_ms = 1000\n", 1);
-        assert_ne!(patched, text, "the harness's [checkpoint] section moved");
+        let patched = text.replacen("[cuda_ckpt]\n", "[cuda_ckpt]\ncall_timeout_ms = 1500\n", 1).replacen("lock_timeout_ms = 2000\n", "lock_timeout_ms = 1000\n", 1);
+        assert_ne!(patched, text, "the harness's [cuda_ckpt] section moved");
         std::fs::write(&path, patched).unwrap();
     }
     c

@@ -93,7 +93,7 @@ fn preempted_job_is_restored(by: Option<&'static str>, other_gpu: bool) {
     let app: u64 = std::fs::read_to_string(&ready).unwrap().trim().parse().unwrap();
     let on = uuids.iter().position(|u| *u == first_gpu).unwrap();
     assert!(gpu_pids(c)[on].contains(&app), "the application holds memory on its GPU: {:?}", gpu_pids(c));
-    // gpu-mode-run preloaded the huge-page shim ([checkpoint] huge_pages, on
+    // gpu-mode-run preloaded the huge-page shim ([preempt] huge_pages, on
     // by default), the copy the agent keeps for this version.
     let maps = std::fs::read_to_string(format!("/proc/{app}/maps")).unwrap();
     let kept = format!("{}/hugepages/libgpu_mode_hugepages-", c.spec.dir.display());
@@ -352,7 +352,7 @@ fn an_application_that_ends_during_its_checkpoint_ends_the_job_with_its_own_stat
 /// Fault matrix (docs/faults.md): a driver call that hangs on the
 /// preemption path (`cuda-sim-ctl hang lock --pid <app>`: the agent's
 /// cuCheckpointProcessLock never returns, as with a GPU stuck in the
-/// kernel). The agent's watchdog bounds it (`[checkpoint] call_timeout_ms`,
+/// kernel). The agent's watchdog bounds it (`[cuda_ckpt] call_timeout_ms`,
 /// 8 s here, inside the 60 s GraceTime), the wrapper kills the application
 /// and requeues the job to start over with the reason on its output, and
 /// since the kill did end the application the GPU is not stuck: the epilog

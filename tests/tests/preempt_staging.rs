@@ -1,5 +1,5 @@
 //! `--gpu-mode=checkpoint` with the node-local staging tier
-//! (`checkpoint.staging_dir`, core::preempt::staging) on two slurmd nodes
+//! (`preempt.staging_dir`, core::preempt::staging) on two slurmd nodes
 //! (`gma`, `gmb`, as in preempt_other_node.rs: each with its own runtime
 //! directory, where the staging directory is, and the image directory
 //! shared). The dump lands on the node, the job is requeued, and the agent
@@ -30,7 +30,7 @@ fn c() -> Option<&'static Cluster> {
             s.preemption = Some(Preemption::default());
             s.node_name = NODES[0].into();
             s.second_node = Some(NODES[1].into());
-            // The last table of the generated config is [checkpoint]. The
+            // The last table of the generated config is [preempt]. The
             // cluster's run/ is each node's own (bind-mounted in its namespace).
             s.extra_gpu_mode_config = format!(
                 "staging_dir = \"{}\"\nstaging_wait_s = {STAGING_WAIT_S}\nstaging_copy_mib_per_s = 1\n",

@@ -80,7 +80,7 @@ pub fn check_unit_name(name: &str) -> Result<(), String> {
     }
 }
 
-/// `checkpoint.accounting`: which field of the job gets the events.
+/// `preempt.accounting`: which field of the job gets the events.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AccountingField {
@@ -92,7 +92,7 @@ pub enum AccountingField {
     Off,
 }
 
-/// The largest `checkpoint.memory_margin_mib` accepted (1 TiB).
+/// The largest `cuda_ckpt.memory_margin_mib` accepted (1 TiB).
 pub const MAX_MARGIN_MIB: u64 = 1 << 20;
 
 /// Where the helpers look when no `--config` / `config=` is given.
@@ -105,6 +105,11 @@ pub struct Config {
     /// the prolog starts (the checkpoint agent) read the same one.
     #[serde(skip)]
     pub source: Option<PathBuf>,
+    /// What the file still says in a form that is read for now but goes in
+    /// a later release (the `[checkpoint]` section): one line each, for the
+    /// node checker and the hooks to pass on ([`RENAMED_SECTION`]).
+    #[serde(skip)]
+    pub notices: Vec<String>,
     /// Root-owned directory for per-job state and per-job MPS directories.
     pub runtime_dir: PathBuf,
     /// Bound on a whole prolog/epilog run; past it the helper drains the node
@@ -115,7 +120,8 @@ pub struct Config {
     pub nvml: NvmlConfig,
     pub mig: MigConfig,
     pub gpu: GpuConfig,
-    pub checkpoint: CheckpointConfig,
+    pub cuda_ckpt: CudaCkptConfig,
+    pub preempt: PreemptConfig,
     pub mps: MpsConfig,
     pub health: HealthConfig,
     /// `[metrics]`: the Prometheus textfile (docs/metrics.md).
@@ -283,9 +289,11 @@ impl Default for GpuConfig {
     }
 }
 
+/// `[cuda_ckpt]`: the CUDA driver's checkpoint verb (devices::cuda_ckpt),
+/// wherever it runs: `gpu-mode-cuda-ckpt` by hand, the preemption agent.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct CheckpointConfig {
+pub struct CudaCkptConfig {
     /// How long cuCheckpointProcessLock waits for a process's GPU work to drain.
     pub lock_timeout_ms: u32,
     /// Free GPU memory a restore needs beyond the recorded footprint.
@@ -295,9 +303,27 @@ pub struct CheckpointConfig {
     /// Bound on every other driver call (checkpoint, restore, unlock, state),
     /// and added to `lock_timeout_ms` for Lock.
     pub call_timeout_ms: u64,
-    // --gpu-mode=checkpoint on preemption (core::preempt); see etc/config.toml.
     /// Path prefixes whose descriptors/mappings make a process a GPU holder.
     pub device_paths: Vec<String>,
+}
+
+impl Default for CudaCkptConfig {
+    fn default() -> Self {
+        CudaCkptConfig {
+            lock_timeout_ms: 10_000,
+            memory_margin_mib: 512,
+            cuda_library: None,
+            call_timeout_ms: 300_000,
+            device_paths: vec!["/dev/nvidia".into()],
+        }
+    }
+}
+
+/// `[preempt]`: `--gpu-mode=checkpoint` on preemption (core::preempt): the
+/// agent, CRIU, images, the wrapper; see etc/config.toml.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PreemptConfig {
     /// Where CRIU images go: `<image_dir>/<job>/<restart count>/`.
     pub image_dir: PathBuf,
     /// A node-local directory the dump lands in first; the agent then copies
@@ -362,14 +388,9 @@ pub const MAX_RESTORE_PAGE_READERS: u32 = 16;
 /// Where the packages install the huge-page shim (beside the agent).
 pub const DEFAULT_HUGE_PAGES_LIBRARY: &str = "/usr/libexec/slurm-gpu-mode/libgpu_mode_hugepages.so";
 
-impl Default for CheckpointConfig {
+impl Default for PreemptConfig {
     fn default() -> Self {
-        CheckpointConfig {
-            lock_timeout_ms: 10_000,
-            memory_margin_mib: 512,
-            cuda_library: None,
-            call_timeout_ms: 300_000,
-            device_paths: vec!["/dev/nvidia".into()],
+        PreemptConfig {
             image_dir: PathBuf::from("/var/lib/slurm-gpu-mode/images"),
             staging_dir: None,
             staging_wait_s: 300,
@@ -396,7 +417,7 @@ impl Default for CheckpointConfig {
     }
 }
 
-impl CheckpointConfig {
+impl PreemptConfig {
     /// Where the per-job agents listen.
     pub fn agent_socket_dir(&self, runtime_dir: &Path) -> PathBuf {
         self.agent_socket_dir.clone().unwrap_or_else(|| runtime_dir.join("agent"))
@@ -404,42 +425,39 @@ impl CheckpointConfig {
 
     fn validate_preemption(&self) -> Result<(), String> {
         for (key, p) in [
-            ("checkpoint.image_dir", &self.image_dir),
-            ("checkpoint.agent", &self.agent),
-            ("checkpoint.criu", &self.criu),
-            ("checkpoint.huge_pages_library", &self.huge_pages_library),
-            ("checkpoint.huge_pages_dir", &self.huge_pages_dir),
+            ("preempt.image_dir", &self.image_dir),
+            ("preempt.agent", &self.agent),
+            ("preempt.criu", &self.criu),
+            ("preempt.huge_pages_library", &self.huge_pages_library),
+            ("preempt.huge_pages_dir", &self.huge_pages_dir),
         ] {
             require_absolute(key, p)?;
         }
         if let Some(dir) = &self.agent_socket_dir {
-            require_absolute("checkpoint.agent_socket_dir", dir)?;
+            require_absolute("preempt.agent_socket_dir", dir)?;
         }
         if let Some(dir) = &self.staging_dir {
-            require_absolute("checkpoint.staging_dir", dir)?;
+            require_absolute("preempt.staging_dir", dir)?;
             if dir.starts_with(&self.image_dir) || self.image_dir.starts_with(dir) {
                 return Err(format!(
-                    "checkpoint.staging_dir = {dir:?} must be a directory of its own, neither inside nor around checkpoint.image_dir = {:?}",
+                    "preempt.staging_dir = {dir:?} must be a directory of its own, neither inside nor around preempt.image_dir = {:?}",
                     self.image_dir
                 ));
             }
         }
         if self.staging_wait_s == 0 || self.staging_wait_s > 3600 {
-            return Err(format!("checkpoint.staging_wait_s = {} must be between 1 and 3600 (an hour)", self.staging_wait_s));
-        }
-        for p in &self.device_paths {
-            require_absolute("checkpoint.device_paths", Path::new(p))?;
+            return Err(format!("preempt.staging_wait_s = {} must be between 1 and 3600 (an hour)", self.staging_wait_s));
         }
         if self.criu_timeout_ms == 0 || self.criu_timeout_ms > 3_600_000 {
-            return Err(format!("checkpoint.criu_timeout_ms = {} must be between 1 and 3600000 (an hour)", self.criu_timeout_ms));
+            return Err(format!("preempt.criu_timeout_ms = {} must be between 1 and 3600000 (an hour)", self.criu_timeout_ms));
         }
         if !(1..=MAX_RESTORE_PAGE_READERS).contains(&self.restore_page_readers) {
             return Err(format!(
-                "checkpoint.restore_page_readers = {} must be between 1 and {MAX_RESTORE_PAGE_READERS}",
+                "preempt.restore_page_readers = {} must be between 1 and {MAX_RESTORE_PAGE_READERS}",
                 self.restore_page_readers
             ));
         }
-        crate::signal::signal_number(&self.signal).map_err(|e| format!("checkpoint.signal: {e}"))?;
+        crate::signal::signal_number(&self.signal).map_err(|e| format!("preempt.signal: {e}"))?;
         Ok(())
     }
 }
@@ -448,6 +466,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             source: None,
+            notices: Vec::new(),
             runtime_dir: PathBuf::from("/run/slurm-gpu-mode"),
             hook_deadline_ms: 300_000,
             slurm: SlurmConfig::default(),
@@ -455,7 +474,8 @@ impl Default for Config {
             nvml: NvmlConfig::default(),
             mig: MigConfig::default(),
             gpu: GpuConfig::default(),
-            checkpoint: CheckpointConfig::default(),
+            cuda_ckpt: CudaCkptConfig::default(),
+            preempt: PreemptConfig::default(),
             mps: MpsConfig::default(),
             health: HealthConfig::default(),
             metrics: MetricsConfig::default(),
@@ -506,6 +526,12 @@ impl Config {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => Ok(Config::default()),
             Err(source) => Err(ConfigError::Read { path, source }),
         }
+    }
+
+    /// The file this config was read from, or the default path (for
+    /// messages: the defaults stand for a file that is not there).
+    pub fn path(&self) -> &Path {
+        self.source.as_deref().unwrap_or(Path::new(DEFAULT_CONFIG_PATH))
     }
 
     /// For the prolog and epilog: the config, or, when it cannot be loaded,
@@ -578,9 +604,19 @@ impl Config {
         if let Some(why) = removed_key(text) {
             return Err(invalid(why));
         }
-        let cfg: Config = toml::from_str(text).map_err(|e| invalid(e.to_string().trim().replace('\n', " ")))?;
-        cfg.validate().map_err(invalid)?;
-        Ok(cfg)
+        let serde_error = |e: toml::de::Error| e.to_string().trim().replace('\n', " ");
+        let (cfg, notices): (Config, Vec<String>) = match split_checkpoint_section(text).map_err(invalid)? {
+            None => (toml::from_str(text).map_err(|e| invalid(serde_error(e)))?, Vec::new()),
+            Some((table, notice)) => {
+                let cfg = toml::Value::Table(table).try_into().map_err(|e| invalid(format!("{} ({notice})", serde_error(e))))?;
+                (cfg, vec![notice])
+            }
+        };
+        cfg.validate().map_err(|e| match notices.first() {
+            Some(notice) => invalid(format!("{e} ({notice})")),
+            None => invalid(e),
+        })?;
+        Ok(Config { notices, ..cfg })
     }
 
     fn validate(&self) -> Result<(), String> {
@@ -598,7 +634,7 @@ impl Config {
                 return Err(format!("{key} = {ms} must be between 1 and 600000 (10 minutes)"));
             }
         }
-        for (key, ms) in [("hook_deadline_ms", self.hook_deadline_ms), ("checkpoint.call_timeout_ms", self.checkpoint.call_timeout_ms)] {
+        for (key, ms) in [("hook_deadline_ms", self.hook_deadline_ms), ("cuda_ckpt.call_timeout_ms", self.cuda_ckpt.call_timeout_ms)] {
             if ms == 0 || ms > 3_600_000 {
                 return Err(format!("{key} = {ms} must be between 1 and 3600000 (an hour)"));
             }
@@ -606,20 +642,23 @@ impl Config {
         if let Some(lib) = &self.nvml.library {
             require_absolute("nvml.library", lib)?;
         }
-        if let Some(lib) = &self.checkpoint.cuda_library {
-            require_absolute("checkpoint.cuda_library", lib)?;
+        if let Some(lib) = &self.cuda_ckpt.cuda_library {
+            require_absolute("cuda_ckpt.cuda_library", lib)?;
         }
-        self.checkpoint.validate_preemption()?;
+        for p in &self.cuda_ckpt.device_paths {
+            require_absolute("cuda_ckpt.device_paths", Path::new(p))?;
+        }
+        self.preempt.validate_preemption()?;
         self.health.validate()?;
         self.metrics.validate(self.health.prometheus_textfile.as_ref())?;
-        if self.checkpoint.lock_timeout_ms == 0 {
-            return Err("checkpoint.lock_timeout_ms must be at least 1".into());
+        if self.cuda_ckpt.lock_timeout_ms == 0 {
+            return Err("cuda_ckpt.lock_timeout_ms must be at least 1".into());
         }
         // Used as bytes (<< 20): bounded so that cannot overflow.
-        if self.checkpoint.memory_margin_mib > MAX_MARGIN_MIB {
+        if self.cuda_ckpt.memory_margin_mib > MAX_MARGIN_MIB {
             return Err(format!(
-                "checkpoint.memory_margin_mib = {} must be at most {MAX_MARGIN_MIB} (1 TiB)",
-                self.checkpoint.memory_margin_mib
+                "cuda_ckpt.memory_margin_mib = {} must be at most {MAX_MARGIN_MIB} (1 TiB)",
+                self.cuda_ckpt.memory_margin_mib
             ));
         }
         self.mig.validate(&self.health.mig_baseline)?;
@@ -652,6 +691,45 @@ pub const REMOVED_KEYS: &[(&str, &str, &str)] = &[(
     "restore_compute_mode",
     "the epilog puts back the compute mode each GPU had before the job (the prolog records it), so the key was never read and is removed: delete it",
 )];
+
+/// The section that held both the CUDA driver verb's keys and preemption's
+/// until they became `[cuda_ckpt]` and `[preempt]` (one name per concept,
+/// issue 26). A file that still has it is read as before, with a notice,
+/// until a later release.
+pub const RENAMED_SECTION: &str = "checkpoint";
+/// The keys of the old `[checkpoint]` that are `[cuda_ckpt]`'s; every other
+/// one is `[preempt]`'s.
+pub const CUDA_CKPT_KEYS: &[&str] = &["lock_timeout_ms", "memory_margin_mib", "cuda_library", "call_timeout_ms", "device_paths"];
+
+/// `text` as a table whose old `[checkpoint]` section's keys are moved to
+/// `[cuda_ckpt]` and `[preempt]`, with the notice that says so; `None` when
+/// the text has no such section (or is no TOML: the parse says why). A key
+/// set both in `[checkpoint]` and in its new section is an error.
+fn split_checkpoint_section(text: &str) -> Result<Option<(toml::Table, String)>, String> {
+    let Ok(mut table) = text.parse::<toml::Table>() else { return Ok(None) };
+    let Some(old) = table.remove(RENAMED_SECTION) else { return Ok(None) };
+    let toml::Value::Table(old) = old else {
+        return Err(format!("{RENAMED_SECTION} must be a section, and is now [preempt] and [cuda_ckpt]"));
+    };
+    let mut to_cuda_ckpt = Vec::new();
+    for (key, value) in old {
+        let section = if CUDA_CKPT_KEYS.contains(&key.as_str()) { "cuda_ckpt" } else { "preempt" };
+        let target = table.entry(section).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        let Some(target) = target.as_table_mut() else { return Err(format!("{section} must be a section")) };
+        if target.contains_key(&key) {
+            return Err(format!("{RENAMED_SECTION}.{key} is now {section}.{key}, which this file sets too: keep one"));
+        }
+        if section == "cuda_ckpt" {
+            to_cuda_ckpt.push(key.clone());
+        }
+        target.insert(key, value);
+    }
+    let cuda = if to_cuda_ckpt.is_empty() { String::new() } else { format!(", its {} in [cuda_ckpt]", to_cuda_ckpt.join(", ")) };
+    let notice = format!(
+        "the [{RENAMED_SECTION}] section is now [preempt]{cuda}: it is read as before for now, and a later release will not read it"
+    );
+    Ok(Some((table, notice)))
+}
 
 fn removed_key(text: &str) -> Option<String> {
     let table = text.parse::<toml::Table>().ok()?;
@@ -701,13 +779,13 @@ mod tests {
         assert_eq!(cfg.health, HealthConfig::default(), "etc/config.toml documents the [health] defaults");
         assert_eq!(cfg.mig, MigConfig::default(), "etc/config.toml documents the [mig] defaults");
         assert_eq!(cfg.metrics, MetricsConfig::default(), "etc/config.toml documents the [metrics] defaults");
-        let d = CheckpointConfig::default();
+        let d = PreemptConfig::default();
         assert_eq!(
-            (cfg.checkpoint.huge_pages, &cfg.checkpoint.huge_pages_library, &cfg.checkpoint.huge_pages_dir),
+            (cfg.preempt.huge_pages, &cfg.preempt.huge_pages_library, &cfg.preempt.huge_pages_dir),
             (d.huge_pages, &d.huge_pages_library, &d.huge_pages_dir)
         );
-        assert_eq!(cfg.checkpoint.forked_children_drop_gpu_files, d.forked_children_drop_gpu_files);
-        assert_eq!(cfg.checkpoint.hide_io_uring, d.hide_io_uring);
+        assert_eq!(cfg.preempt.forked_children_drop_gpu_files, d.forked_children_drop_gpu_files);
+        assert_eq!(cfg.preempt.hide_io_uring, d.hide_io_uring);
     }
 
     #[test]
@@ -747,7 +825,7 @@ mod tests {
             library = "/opt/sim/libnvidia-ml.so"
             [mig.layouts]
             half = "3g.40gbx2"
-            [checkpoint]
+            [cuda_ckpt]
             lock_timeout_ms = 2500
             memory_margin_mib = 64
             cuda_library = "/opt/drv/libcuda.so.1"
@@ -763,25 +841,60 @@ mod tests {
         assert!(cfg.log.stderr);
         assert_eq!(cfg.nvml.library, Some(PathBuf::from("/opt/sim/libnvidia-ml.so")));
         assert_eq!(cfg.mig.layouts["half"], "3g.40gbx2");
-        assert_eq!(cfg.checkpoint.lock_timeout_ms, 2500);
-        assert_eq!(cfg.checkpoint.memory_margin_mib, 64);
-        assert_eq!(cfg.checkpoint.cuda_library, Some(PathBuf::from("/opt/drv/libcuda.so.1")));
-        assert_eq!((cfg.hook_deadline_ms, cfg.checkpoint.call_timeout_ms), (90_000, 60_000));
+        assert_eq!(cfg.cuda_ckpt.lock_timeout_ms, 2500);
+        assert_eq!(cfg.cuda_ckpt.memory_margin_mib, 64);
+        assert_eq!(cfg.cuda_ckpt.cuda_library, Some(PathBuf::from("/opt/drv/libcuda.so.1")));
+        assert_eq!((cfg.hook_deadline_ms, cfg.cuda_ckpt.call_timeout_ms), (90_000, 60_000));
         assert_eq!(cfg.gpu, GpuConfig::default());
+        assert!(cfg.notices.is_empty(), "{:?}", cfg.notices);
     }
 
     #[test]
-    fn checkpoint_preemption_keys_are_read() {
+    fn preemption_keys_are_read() {
         let cfg = parse(
-            "runtime_dir = \"/run/gm\"\n[checkpoint]\nimage_dir = \"/shared/ckpt\"\nsignal = \"SIGUSR2\"\nsite_job_requeue = true\n\
-             images_max_gib = 500\ndevice_paths = [\"/dev/nvidia\", \"/tmp/sim/gpus\"]",
+            "runtime_dir = \"/run/gm\"\n[preempt]\nimage_dir = \"/shared/ckpt\"\nsignal = \"SIGUSR2\"\nsite_job_requeue = true\n\
+             images_max_gib = 500\n[cuda_ckpt]\ndevice_paths = [\"/dev/nvidia\", \"/tmp/sim/gpus\"]",
         )
         .unwrap();
-        let c = &cfg.checkpoint;
+        let c = &cfg.preempt;
         assert_eq!((c.image_dir.as_path(), c.signal.as_str(), c.site_job_requeue, c.images_max_gib), (Path::new("/shared/ckpt"), "SIGUSR2", true, 500));
-        assert_eq!(c.device_paths, ["/dev/nvidia", "/tmp/sim/gpus"]);
+        assert_eq!(cfg.cuda_ckpt.device_paths, ["/dev/nvidia", "/tmp/sim/gpus"]);
         assert_eq!(c.agent_socket_dir(&cfg.runtime_dir), PathBuf::from("/run/gm/agent"));
         assert_eq!(c.criu, PathBuf::from("/opt/slurm-gpu-mode/criu/bin/criu"));
+        assert!(cfg.notices.is_empty(), "{:?}", cfg.notices);
+    }
+
+    /// A file written before `[checkpoint]` became `[preempt]` and
+    /// `[cuda_ckpt]` means what it meant, says so once, and a key set in both
+    /// the old and the new place is refused.
+    #[test]
+    fn the_old_checkpoint_section_is_read_into_its_new_sections_with_a_notice() {
+        let old = "[checkpoint]\nlock_timeout_ms = 2500\ndevice_paths = [\"/dev/nvidia\", \"/tmp/sim/gpus\"]\n\
+                   image_dir = \"/shared/ckpt\"\nrestore_page_readers = 4\n[preempt]\nsignal = \"USR2\"";
+        let cfg = parse(old).unwrap();
+        let new = parse(
+            "[cuda_ckpt]\nlock_timeout_ms = 2500\ndevice_paths = [\"/dev/nvidia\", \"/tmp/sim/gpus\"]\n\
+             [preempt]\nimage_dir = \"/shared/ckpt\"\nrestore_page_readers = 4\nsignal = \"USR2\"",
+        )
+        .unwrap();
+        assert_eq!((&cfg.cuda_ckpt, &cfg.preempt), (&new.cuda_ckpt, &new.preempt));
+        assert_eq!(
+            cfg.notices,
+            ["the [checkpoint] section is now [preempt], its device_paths, lock_timeout_ms in [cuda_ckpt]: \
+              it is read as before for now, and a later release will not read it"]
+        );
+        assert_eq!(parse("[checkpoint]\nsignal = \"USR2\"").unwrap().notices[0].split(':').next(), Some("the [checkpoint] section is now [preempt]"));
+        let cases = [
+            ("[checkpoint]\nimage_dir = \"/a\"\n[preempt]\nimage_dir = \"/b\"", "checkpoint.image_dir is now preempt.image_dir, which this file sets too: keep one"),
+            ("[checkpoint]\ncall_timeout_ms = 5\n[cuda_ckpt]\ncall_timeout_ms = 6", "checkpoint.call_timeout_ms is now cuda_ckpt.call_timeout_ms"),
+            ("checkpoint = 3", "checkpoint must be a section, and is now [preempt] and [cuda_ckpt]"),
+            ("[checkpoint]\ncriu = \"criu\"", "preempt.criu = \"criu\" must be an absolute path (the [checkpoint] section is now [preempt]"),
+            ("[checkpoint]\nimage_dirs = \"/a\"", "unknown field `image_dirs`"),
+        ];
+        for (text, needle) in cases {
+            let err = parse(text).expect_err(text);
+            assert!(err.contains(needle), "{text:?}: {err}");
+        }
     }
 
     #[test]
@@ -815,31 +928,31 @@ mod tests {
             ("[mig.layouts]\nx = \"@y\"", "mig.layouts.x: a layout lists profiles"),
             ("[mig.layouts]\n\"bad name\" = \"1g.10gb\"", "bad layout name"),
             ("runtime_dir = ", "/etc/x.toml"),
-            ("[checkpoint]\ncuda_library = \"libcuda.so.1\"", "checkpoint.cuda_library"),
-            ("[checkpoint]\nlock_timeout_ms = 0", "checkpoint.lock_timeout_ms must be at least 1"),
+            ("[cuda_ckpt]\ncuda_library = \"libcuda.so.1\"", "cuda_ckpt.cuda_library"),
+            ("[cuda_ckpt]\nlock_timeout_ms = 0", "cuda_ckpt.lock_timeout_ms must be at least 1"),
             ("[mps]\ncontrol = \"nvidia-cuda-mps-control\"", "mps.control"),
             ("hook_deadline_ms = 0", "hook_deadline_ms = 0 must be between 1 and 3600000"),
-            ("[checkpoint]\ncall_timeout_ms = 3600001", "checkpoint.call_timeout_ms = 3600001 must be between 1 and 3600000"),
+            ("[cuda_ckpt]\ncall_timeout_ms = 3600001", "cuda_ckpt.call_timeout_ms = 3600001 must be between 1 and 3600000"),
             ("[mps]\nquit_timeout_ms = 0", "mps.quit_timeout_ms = 0 must be between 1 and 600000"),
             ("[mps]\nthreads = 5", "unknown field `threads`"),
-            ("[checkpoint]\nmemory_margin_mib = 18446744073709551615", "checkpoint.memory_margin_mib"),
+            ("[cuda_ckpt]\nmemory_margin_mib = 18446744073709551615", "cuda_ckpt.memory_margin_mib"),
             ("[health.deep.bandwidth_floor_gbps]\nH100 = -1.0", "bandwidth_floor_gbps.H100 = -1 must be a positive"),
             ("[health.deep.bandwidth_floor_gbps]\nH100 = nan", "bandwidth_floor_gbps.H100 = NaN"),
             ("[health.deep.bandwidth_floor_gbps]\nH100 = inf", "bandwidth_floor_gbps.H100 = inf"),
-            ("[checkpoint]\ncriu = \"criu\"", "checkpoint.criu = \"criu\" must be an absolute path"),
-            ("[checkpoint]\nhuge_pages_library = \"lib.so\"", "checkpoint.huge_pages_library = \"lib.so\" must be an absolute path"),
-            ("[checkpoint]\nhuge_pages_dir = \"/var/../x\"", "checkpoint.huge_pages_dir"),
-            ("[checkpoint]\nimage_dir = \"images\"", "checkpoint.image_dir"),
-            ("[checkpoint]\nstaging_dir = \"staging\"", "checkpoint.staging_dir = \"staging\" must be an absolute path"),
-            ("[checkpoint]\nstaging_dir = \"/var/lib/slurm-gpu-mode/images/s\"", "staging_dir = \"/var/lib/slurm-gpu-mode/images/s\" must be a directory of its own"),
-            ("[checkpoint]\nstaging_dir = \"/var/lib\"", "neither inside nor around checkpoint.image_dir"),
-            ("[checkpoint]\nstaging_wait_s = 0", "checkpoint.staging_wait_s = 0 must be between 1 and 3600"),
-            ("[checkpoint]\nagent_socket_dir = \"/run/../x\"", "checkpoint.agent_socket_dir"),
-            ("[checkpoint]\ndevice_paths = [\"dev/nvidia\"]", "checkpoint.device_paths"),
-            ("[checkpoint]\nsignal = \"KILL\"", "checkpoint.signal: \"KILL\" is not one of USR1"),
-            ("[checkpoint]\ncriu_timeout_ms = 0", "checkpoint.criu_timeout_ms = 0 must be between 1 and 3600000"),
-            ("[checkpoint]\nrestore_page_readers = 0", "checkpoint.restore_page_readers = 0 must be between 1 and 16"),
-            ("[checkpoint]\nrestore_page_readers = 17", "checkpoint.restore_page_readers = 17 must be between 1 and 16"),
+            ("[preempt]\ncriu = \"criu\"", "preempt.criu = \"criu\" must be an absolute path"),
+            ("[preempt]\nhuge_pages_library = \"lib.so\"", "preempt.huge_pages_library = \"lib.so\" must be an absolute path"),
+            ("[preempt]\nhuge_pages_dir = \"/var/../x\"", "preempt.huge_pages_dir"),
+            ("[preempt]\nimage_dir = \"images\"", "preempt.image_dir"),
+            ("[preempt]\nstaging_dir = \"staging\"", "preempt.staging_dir = \"staging\" must be an absolute path"),
+            ("[preempt]\nstaging_dir = \"/var/lib/slurm-gpu-mode/images/s\"", "staging_dir = \"/var/lib/slurm-gpu-mode/images/s\" must be a directory of its own"),
+            ("[preempt]\nstaging_dir = \"/var/lib\"", "neither inside nor around preempt.image_dir"),
+            ("[preempt]\nstaging_wait_s = 0", "preempt.staging_wait_s = 0 must be between 1 and 3600"),
+            ("[preempt]\nagent_socket_dir = \"/run/../x\"", "preempt.agent_socket_dir"),
+            ("[cuda_ckpt]\ndevice_paths = [\"dev/nvidia\"]", "cuda_ckpt.device_paths"),
+            ("[preempt]\nsignal = \"KILL\"", "preempt.signal: \"KILL\" is not one of USR1"),
+            ("[preempt]\ncriu_timeout_ms = 0", "preempt.criu_timeout_ms = 0 must be between 1 and 3600000"),
+            ("[preempt]\nrestore_page_readers = 0", "preempt.restore_page_readers = 0 must be between 1 and 16"),
+            ("[preempt]\nrestore_page_readers = 17", "preempt.restore_page_readers = 17 must be between 1 and 16"),
             ("[mig]\nbaseline = \"all-1g\"", "mig.baseline = \"all-1g\" names a mig-parted config, but mig.baseline_config is not set"),
             ("[mig]\nbaseline = \"@nope\"", "mig.baseline = \"@nope\": no [mig.layouts] layout named \"nope\""),
             ("[mig]\nbaseline_config = \"/etc/m.yaml\"", "mig.baseline_config = \"/etc/m.yaml\" needs mig.baseline"),

@@ -72,7 +72,7 @@ fn main() {
     // The huge-page shim's copy for this version, which gpu-mode-run preloads
     // (preempt::hugepages): without it the job still runs, on the library
     // itself, and an upgrade may then strand its image.
-    if let Err(e) = gpu_mode_core::preempt::hugepages::keep(&cfg.checkpoint) {
+    if let Err(e) = gpu_mode_core::preempt::hugepages::keep(&cfg.preempt) {
         line().field("detail", format!("cannot keep a copy of the huge-page shim: {e}")).outcome(Outcome::Failed).emit(&cfg.log);
     }
     let params = AgentParams {

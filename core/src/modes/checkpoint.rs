@@ -38,7 +38,7 @@ impl ModeDriver for CheckpointDriver {
     /// refuses the job (with what is missing), it does not drain the node,
     /// or any user could take nodes out by asking for the mode.
     fn check(&self, ctx: &PrepareCtx) -> Result<(), Failure> {
-        let c = &ctx.cfg.checkpoint;
+        let c = &ctx.cfg.preempt;
         for (what, path) in [("checkpoint agent", &c.agent), ("CRIU", &c.criu)] {
             if !is_executable(path) {
                 return Err(Failure::Job(format!(
@@ -63,9 +63,9 @@ impl ModeDriver for CheckpointDriver {
             let _step = watchdog::step("checkpoint: agent start");
             preempt::spawn_agent(ctx.cfg, &launch, AGENT_START).map_err(|e| Failure::node(Fault::CheckpointAgent, format!("checkpoint agent: {e}")))?
         };
-        let socket = preempt::socket_path(&ctx.cfg.checkpoint.agent_socket_dir(&ctx.cfg.runtime_dir), env.job_id);
+        let socket = preempt::socket_path(&ctx.cfg.preempt.agent_socket_dir(&ctx.cfg.runtime_dir), env.job_id);
         // Checked when the config was loaded.
-        let signal = preempt::signal_number(&ctx.cfg.checkpoint.signal).map_err(|e| Failure::node(Fault::Config, e))?;
+        let signal = preempt::signal_number(&ctx.cfg.preempt.signal).map_err(|e| Failure::node(Fault::Config, e))?;
         Ok(Grant {
             record: GrantRecord::Checkpoint { restart_count: env.restart_count },
             task_env: [(TASK_SOCKET_VAR.to_string(), socket.display().to_string()), (TASK_SIGNAL_VAR.to_string(), signal.to_string())]
@@ -103,7 +103,7 @@ fn finish(cfg: &Config, job_id: u32, restart_count: Option<u32>) -> Result<Relea
         crate::log::stderr_line(&format!("gpu-mode: job {job_id}: stopping the checkpoint agent: {e}"));
         false
     });
-    let store = ImageStore::new(&cfg.checkpoint.image_dir);
+    let store = ImageStore::new(&cfg.preempt.image_dir);
     let mut parts = vec![if stopped { "agent stopped".to_string() } else { "no agent".to_string() }];
     if let Some(run) = restart_count {
         match preempt::cleanup_after_job(&store, job_id, run) {
@@ -115,7 +115,7 @@ fn finish(cfg: &Config, job_id: u32, restart_count: Option<u32>) -> Result<Relea
             Err(e) => return Err(Failure::node(Fault::CheckpointImages, format!("checkpoint images of job {job_id}: {e}"))),
         }
     }
-    if let Some(staging) = Staging::from_config(&cfg.checkpoint) {
+    if let Some(staging) = Staging::from_config(&cfg.preempt) {
         parts.extend(tidy_staging(cfg, &store, &staging.local, job_id, restart_count)?);
     }
     match sweep(cfg, &store, SWEEP_QUERIES) {
@@ -156,7 +156,7 @@ fn tidy_staging(cfg: &Config, shared: &ImageStore, local: &ImageStore, job_id: u
     }
     let recorded = |job: u32| local.runs_of(job).iter().any(|(r, _)| shared.staged_path(job, *r).is_file());
     let ended = |job: u32| !recorded(job);
-    match preempt::sweep_images(local, Limits::from_config(&cfg.checkpoint), &live_jobs(cfg), &ended) {
+    match preempt::sweep_images(local, Limits::from_config(&cfg.preempt), &live_jobs(cfg), &ended) {
         Ok(swept) if !swept.is_empty() => parts.push(format!("swept staged images of jobs {swept:?}")),
         Ok(_) => {}
         Err(e) => parts.push(format!("staging sweep failed: {e}")),
@@ -175,7 +175,7 @@ fn sweep(cfg: &Config, store: &ImageStore, queries: Duration) -> std::io::Result
     let scontrol = crate::drain::Scontrol::new(&cfg.slurm.scontrol);
     let until = std::time::Instant::now() + queries;
     let ended = |job: u32| std::time::Instant::now() < until && scontrol.job_has_ended(job).unwrap_or(false);
-    preempt::sweep_images(store, Limits::from_config(&cfg.checkpoint), &live, &ended)
+    preempt::sweep_images(store, Limits::from_config(&cfg.preempt), &live, &ended)
 }
 
 /// Jobs live on this node (their images are never swept).
@@ -207,10 +207,10 @@ pub(crate) mod stand_in {
         let started = dir.join("agent.started");
         std::fs::write(&script, format!("#!/bin/sh\n: > {}\nexec /bin/sleep 10\n", started.display())).unwrap();
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-        cfg.checkpoint.agent = script;
-        cfg.checkpoint.criu = "/bin/true".into();
-        cfg.checkpoint.image_dir = dir.join("images");
-        let socket = crate::preempt::socket_path(&cfg.checkpoint.agent_socket_dir(&cfg.runtime_dir), job);
+        cfg.preempt.agent = script;
+        cfg.preempt.criu = "/bin/true".into();
+        cfg.preempt.image_dir = dir.join("images");
+        let socket = crate::preempt::socket_path(&cfg.preempt.agent_socket_dir(&cfg.runtime_dir), job);
         std::thread::spawn(move || {
             let deadline = Instant::now() + Duration::from_secs(20);
             while !started.exists() && Instant::now() < deadline {
@@ -250,9 +250,9 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
         let mut cfg = Config { runtime_dir: dir.path().join("run"), ..Config::default() };
-        cfg.checkpoint.image_dir = dir.path().join("images");
-        cfg.checkpoint.images_max_gib = 0;
-        cfg.checkpoint.images_max_age_hours = 0;
+        cfg.preempt.image_dir = dir.path().join("images");
+        cfg.preempt.images_max_gib = 0;
+        cfg.preempt.images_max_age_hours = 0;
         // The state comes from squeue beside scontrol (`-o %T`, issue 27 F5).
         let squeue = dir.path().join("squeue");
         let state = dir.path().join("state");
@@ -260,7 +260,7 @@ mod tests {
         std::fs::write(&squeue, format!("#!/bin/sh\nsleep 0.2\ncat {}\n", state.display())).unwrap();
         std::fs::set_permissions(&squeue, std::fs::Permissions::from_mode(0o755)).unwrap();
         cfg.slurm.scontrol = dir.path().join("scontrol");
-        let store = ImageStore::new(&cfg.checkpoint.image_dir);
+        let store = ImageStore::new(&cfg.preempt.image_dir);
         for job in 1..=20 {
             std::fs::write(store.prepare_run(job, 0).unwrap().join("pages-1.img"), b"x").unwrap();
         }

@@ -6,7 +6,7 @@ use std::path::Path;
 
 fn cfg(dir: &Path) -> Config {
     let mut c = Config { runtime_dir: dir.join("run"), ..Config::default() };
-    c.checkpoint.image_dir = dir.join("images");
+    c.preempt.image_dir = dir.join("images");
     c.metrics.textfile = Some(dir.join("gpu-mode.prom"));
     c.log.syslog = false;
     c.log.stderr = false;

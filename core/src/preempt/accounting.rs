@@ -7,7 +7,7 @@
 //! site text gpu-mode{ckpt=r0@n1:8.1s/9.3GiB;restore=r1@n2:5.2s;ckpt-failed=r1@n2:0.4s}
 //! ```
 //!
-//! in the field `checkpoint.accounting` names (`admin_comment`, `comment` or
+//! in the field `preempt.accounting` names (`admin_comment`, `comment` or
 //! `off`). The site's own text outside the section is kept as it is (only
 //! the blanks between it and the section are normalised to one space).
 //!
@@ -45,7 +45,7 @@ pub const FIELD_LIMIT: usize = 1024;
 /// Node names are cut to this in an event.
 const MAX_NODE: usize = 64;
 
-/// `checkpoint.accounting`: configuration's; what it means for Slurm is here.
+/// `preempt.accounting`: configuration's; what it means for Slurm is here.
 pub use crate::config::AccountingField;
 
 /// The field's name in `scontrol show job` and `scontrol update`.

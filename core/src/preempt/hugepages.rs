@@ -1,5 +1,4 @@
-//! Huge pages for the CUDA driver's checkpoint buffer (`[checkpoint]
-//! huge_pages`): gpu-mode-run preloads the shim `libgpu_mode_hugepages.so`
+//! Huge pages for the CUDA driver's checkpoint buffer (`[preempt]//! huge_pages`): gpu-mode-run preloads the shim `libgpu_mode_hugepages.so`
 //! (crate `hugepages/`, whose docs say what it does and why) into the
 //! application. The driver's checkpoint copies the GPU memory into one new
 //! mapping of the process, and its time is that of populating fresh memory
@@ -22,7 +21,7 @@
 //! Optional speed: a shim that cannot be used is reported and the job runs
 //! without it.
 
-use crate::config::CheckpointConfig;
+use crate::config::PreemptConfig;
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::MetadataExt;
@@ -97,7 +96,7 @@ fn kept_copy(dir: &Path, bytes: &[u8]) -> Result<PathBuf, String> {
 /// holds a copy of the configured library, named by its content, readable by
 /// everyone and writable by root alone; returns it. Old copies stay: images
 /// taken with them restore only from them.
-pub fn keep(cfg: &CheckpointConfig) -> Result<Option<PathBuf>, String> {
+pub fn keep(cfg: &PreemptConfig) -> Result<Option<PathBuf>, String> {
     if !preloaded(cfg) {
         return Ok(None);
     }
@@ -119,21 +118,21 @@ pub fn keep(cfg: &CheckpointConfig) -> Result<Option<PathBuf>, String> {
 /// Whether gpu-mode-run preloads the library: for the huge pages, for the
 /// forked children's GPU files (hugepages/src/fork.rs), for hiding
 /// io_uring (hugepages/src/io_uring.rs), or several.
-pub fn preloaded(cfg: &CheckpointConfig) -> bool {
+pub fn preloaded(cfg: &PreemptConfig) -> bool {
     cfg.huge_pages || cfg.forked_children_drop_gpu_files || cfg.hide_io_uring
 }
 
 /// The variables that tell the preloaded library which of its jobs to do:
 /// the huge-page advice off when `huge_pages` is, and the forked children's
-/// drop of the files under `device_paths` when it is on.
-pub fn preload_env(cfg: &CheckpointConfig) -> Vec<(&'static str, String)> {
+/// drop of the files under `device_paths` (`[cuda_ckpt]`'s) when it is on.
+pub fn preload_env(cfg: &PreemptConfig, device_paths: &[String]) -> Vec<(&'static str, String)> {
     let mut env = Vec::new();
     if !cfg.huge_pages {
         env.push(("GPU_MODE_HUGEPAGES", "0".to_string()));
     }
     if cfg.forked_children_drop_gpu_files {
         env.push(("GPU_MODE_FORK_DROP", "1".to_string()));
-        env.push(("GPU_MODE_FORK_DROP_PREFIXES", cfg.device_paths.join(":")));
+        env.push(("GPU_MODE_FORK_DROP_PREFIXES", device_paths.join(":")));
     }
     if cfg.hide_io_uring {
         env.push(("GPU_MODE_NO_IO_URING", "1".to_string()));
@@ -146,7 +145,7 @@ pub fn preload_env(cfg: &CheckpointConfig) -> Vec<(&'static str, String)> {
 /// copy of the configured library when the agent made one (see the module
 /// docs), else the library itself; an error naming the problem when the
 /// library cannot be used.
-pub fn for_application(cfg: &CheckpointConfig) -> Result<Option<PathBuf>, String> {
+pub fn for_application(cfg: &PreemptConfig) -> Result<Option<PathBuf>, String> {
     if !preloaded(cfg) {
         return Ok(None);
     }
@@ -185,14 +184,15 @@ mod tests {
         }
     }
 
-    fn config(dir: &Path) -> CheckpointConfig {
-        CheckpointConfig { huge_pages: true, huge_pages_library: dir.join("lib.so"), huge_pages_dir: dir.join("kept"), ..Default::default() }
+    fn config(dir: &Path) -> PreemptConfig {
+        PreemptConfig { huge_pages: true, huge_pages_library: dir.join("lib.so"), huge_pages_dir: dir.join("kept"), ..Default::default() }
     }
 
     #[test]
     fn the_library_is_told_which_of_its_jobs_to_do() {
-        let mut cfg = CheckpointConfig { device_paths: vec!["/dev/nvidia".into(), "/tmp/sim/gpus/".into()], ..Default::default() };
-        let env = |cfg: &CheckpointConfig| preload_env(cfg).into_iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>();
+        let mut cfg = PreemptConfig::default();
+        let paths = ["/dev/nvidia".to_string(), "/tmp/sim/gpus/".to_string()];
+        let env = |cfg: &PreemptConfig| preload_env(cfg, &paths).into_iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>();
         assert_eq!(env(&cfg), ["GPU_MODE_FORK_DROP=1", "GPU_MODE_FORK_DROP_PREFIXES=/dev/nvidia:/tmp/sim/gpus/", "GPU_MODE_NO_IO_URING=1"]);
         cfg.huge_pages = false;
         assert_eq!(env(&cfg)[0], "GPU_MODE_HUGEPAGES=0");

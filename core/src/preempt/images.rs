@@ -376,7 +376,7 @@ pub struct Limits {
 }
 
 impl Limits {
-    pub fn from_config(cfg: &crate::config::CheckpointConfig) -> Limits {
+    pub fn from_config(cfg: &crate::config::PreemptConfig) -> Limits {
         Limits {
             max_bytes: cfg.images_max_gib.saturating_mul(1 << 30),
             max_age: Duration::from_secs(cfg.images_max_age_hours.saturating_mul(3600)),

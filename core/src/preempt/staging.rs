@@ -1,4 +1,4 @@
-//! The node-local staging tier (`checkpoint.staging_dir`): the dump lands in
+//! The node-local staging tier (`preempt.staging_dir`): the dump lands in
 //! a directory of the node (the same layout, seal and manifest as
 //! `image_dir`), the job is requeued as soon as that copy is durable, and the
 //! agent copies the image to `image_dir` (shared storage) in the background.
@@ -49,7 +49,7 @@ pub struct Staging {
 
 impl Staging {
     /// `None` where `staging_dir` is unset: dumps go to `image_dir`.
-    pub fn from_config(cfg: &crate::config::CheckpointConfig) -> Option<Staging> {
+    pub fn from_config(cfg: &crate::config::PreemptConfig) -> Option<Staging> {
         let dir = cfg.staging_dir.as_ref()?;
         Some(Staging {
             local: ImageStore::new(dir),
@@ -62,7 +62,7 @@ impl Staging {
 /// `staging_wait_s` where this node stages too; on a node without
 /// `staging_dir` (a site staging on some nodes only), less than the 30 s
 /// its wrapper gives `hello` (crate::preempt::wrapper), so that the wrapper hears why.
-pub fn wait_bound(cfg: &crate::config::CheckpointConfig) -> Duration {
+pub fn wait_bound(cfg: &crate::config::PreemptConfig) -> Duration {
     match cfg.staging_dir {
         Some(_) => Duration::from_secs(cfg.staging_wait_s),
         None => Duration::from_secs(cfg.staging_wait_s.min(20)),
@@ -396,7 +396,7 @@ mod tests {
 
     #[test]
     fn a_node_without_staging_waits_less_than_its_wrapper_gives_hello() {
-        let cfg = |dir: Option<&str>, wait| crate::config::CheckpointConfig {
+        let cfg = |dir: Option<&str>, wait| crate::config::PreemptConfig {
             staging_dir: dir.map(PathBuf::from),
             staging_wait_s: wait,
             ..Default::default()

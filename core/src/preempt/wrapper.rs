@@ -55,7 +55,7 @@ pub struct RunOptions {
     /// This node's name in Slurm (SLURMD_NODENAME), for moving the job off it.
     pub node: Option<String>,
     pub socket: PathBuf,
-    /// `checkpoint.signal` as a number.
+    /// `preempt.signal` as a number.
     pub checkpoint_signal: i32,
     pub scontrol: PathBuf,
     /// After a requeue, how long to wait for Slurm to end the job.
@@ -92,12 +92,12 @@ impl RunOptions {
             .parse()
             .map_err(|_| "SLURM_JOB_ID is not a job id".to_string())?;
         let restart_count = env("SLURM_RESTART_COUNT").and_then(|v| v.parse().ok()).unwrap_or(0);
-        let checkpoint_signal = super::signal_number(&cfg.checkpoint.signal)?;
+        let checkpoint_signal = super::signal_number(&cfg.preempt.signal)?;
         let signal_held = crate::signal_state::held_back(env(crate::signal_state::HELD_SIGNAL_VAR).as_deref(), checkpoint_signal);
         let inherited = InheritedSignals::inherited();
         let socket = env("GPU_MODE_CKPT_SOCKET")
             .map(PathBuf::from)
-            .unwrap_or_else(|| super::socket_path(&cfg.checkpoint.agent_socket_dir(&cfg.runtime_dir), job));
+            .unwrap_or_else(|| super::socket_path(&cfg.preempt.agent_socket_dir(&cfg.runtime_dir), job));
         Ok(RunOptions {
             app,
             job,
@@ -108,9 +108,9 @@ impl RunOptions {
             scontrol: cfg.slurm.scontrol.clone(),
             linger: Duration::from_secs(300),
             // Unset staging_dir: 30 s, as before the staging tier.
-            hello_wait: HELLO_WAIT + if cfg.checkpoint.staging_dir.is_some() { super::staging::wait_bound(&cfg.checkpoint) } else { Duration::ZERO },
-            preload: super::hugepages::for_application(&cfg.checkpoint),
-            preload_env: super::hugepages::preload_env(&cfg.checkpoint),
+            hello_wait: HELLO_WAIT + if cfg.preempt.staging_dir.is_some() { super::staging::wait_bound(&cfg.preempt) } else { Duration::ZERO },
+            preload: super::hugepages::for_application(&cfg.preempt),
+            preload_env: super::hugepages::preload_env(&cfg.preempt, &cfg.cuda_ckpt.device_paths),
             signals: if signal_held { inherited.without(checkpoint_signal) } else { inherited },
             signal_held,
         })
@@ -694,13 +694,13 @@ mod tests {
         let app = vec![OsString::from("./train")];
         let job = [("SLURM_JOB_ID", "42")];
         let mut cfg = crate::Config::default();
-        cfg.checkpoint.huge_pages_library = "/nonexistent/libgpu_mode_hugepages.so".into();
+        cfg.preempt.huge_pages_library = "/nonexistent/libgpu_mode_hugepages.so".into();
         let o = RunOptions::from_env(&cfg, app.clone(), &env(&job)).unwrap();
         let err = o.preload.unwrap_err();
         assert!(err.contains("/nonexistent/libgpu_mode_hugepages.so"), "{err}");
-        cfg.checkpoint.huge_pages = false;
-        cfg.checkpoint.forked_children_drop_gpu_files = false;
-        cfg.checkpoint.hide_io_uring = false;
+        cfg.preempt.huge_pages = false;
+        cfg.preempt.forked_children_drop_gpu_files = false;
+        cfg.preempt.hide_io_uring = false;
         assert_eq!(RunOptions::from_env(&cfg, app, &env(&job)).unwrap().preload, Ok(None));
     }
 }

@@ -108,8 +108,8 @@ pub fn gather(cfg: &Config) -> Records {
     jobs(rd, &mut r);
     mps(rd, &mut r);
     mig(rd, &mut r);
-    agents(&cfg.checkpoint.agent_socket_dir(rd), rd, &mut r);
-    images(&ImageStore::new(&cfg.checkpoint.image_dir), &mut r);
+    agents(&cfg.preempt.agent_socket_dir(rd), rd, &mut r);
+    images(&ImageStore::new(&cfg.preempt.image_dir), &mut r);
     match crate::drain::last_drain(rd) {
         Ok(d) => r.last_drain = d,
         Err(e) => r.problems.push(e),
@@ -215,7 +215,7 @@ mod tests {
     fn cfg(dir: &Path) -> Config {
         let mut c = Config::default();
         c.runtime_dir = dir.join("run");
-        c.checkpoint.image_dir = dir.join("images");
+        c.preempt.image_dir = dir.join("images");
         c
     }
 
@@ -308,7 +308,7 @@ mod tests {
             Case {
                 name: "an agent socket of an ended job",
                 plant: |c| {
-                    let dir = c.checkpoint.agent_socket_dir(&c.runtime_dir);
+                    let dir = c.preempt.agent_socket_dir(&c.runtime_dir);
                     std::fs::create_dir_all(&dir).unwrap();
                     std::fs::write(dir.join("job-13.sock"), b"").unwrap();
                 },
@@ -318,7 +318,7 @@ mod tests {
             Case {
                 name: "an image kept because a restore was refused",
                 plant: |c| {
-                    let store = ImageStore::new(&c.checkpoint.image_dir);
+                    let store = ImageStore::new(&c.preempt.image_dir);
                     let run = store.prepare_run(14, 0).unwrap();
                     std::fs::write(run.join("pages-1.img"), vec![0u8; 100]).unwrap();
                     std::fs::write(run.join(crate::preempt::manifest::MANIFEST_FILE), b"{}").unwrap();

@@ -27,13 +27,13 @@ const QUICK: Duration = Duration::from_secs(30);
 
 pub struct CriuCli {
     pub binary: PathBuf,
-    /// Bound on one dump or restore (`checkpoint.criu_timeout_ms`).
+    /// Bound on one dump or restore (`preempt.criu_timeout_ms`).
     pub timeout: Duration,
     /// Where a passed check is remembered for the boot (check_cache.rs);
     /// none: every check runs CRIU.
     pub check_cache: Option<CheckCache>,
     /// Threads that read a restored process's large mappings
-    /// (`checkpoint.restore_page_readers`, [`PAGE_READERS_ENV`]).
+    /// (`preempt.restore_page_readers`, [`PAGE_READERS_ENV`]).
     pub page_readers: u32,
 }
 

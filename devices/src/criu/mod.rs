@@ -116,7 +116,7 @@ pub struct RestoreReport {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CriuError {
-    #[error("CRIU is not installed at {path} ({detail}): run scripts/install-criu.sh, or set checkpoint.criu")]
+    #[error("CRIU is not installed at {path} ({detail}): run scripts/install-criu.sh, or set preempt.criu")]
     Missing { path: PathBuf, detail: String },
     #[error(
         "CRIU at {path} is version {version}; checkpointing needs CRIU {MIN_MAJOR}.0 or later (Debian bookworm's 3.17 \

@@ -78,7 +78,7 @@ impl std::fmt::Display for Target {
     }
 }
 
-/// Tunables, from the `[checkpoint]` section of the config.
+/// Tunables, from the `[cuda_ckpt]` section of the config.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settings {
     /// How long Lock waits for a process's in-flight GPU work.
@@ -118,7 +118,7 @@ pub enum CheckpointError {
     #[error(
         "pid {pid} holds {file} but the CUDA driver cannot checkpoint it ({detail}); a child forked without exec keeps its \
          parent's GPU mappings and cannot be checkpointed unless it dropped them at the fork (gpu-mode-run's preloaded \
-         library does, with [checkpoint] forked_children_drop_gpu_files on and LD_PRELOAD kept): refused, nothing was changed"
+         library does, with [preempt] forked_children_drop_gpu_files on and LD_PRELOAD kept): refused, nothing was changed"
     )]
     NotCheckpointable { pid: i32, file: NvidiaFile, detail: String },
     #[error("pid {pid} is {state}, not running: refused, nothing was changed")]
@@ -190,13 +190,13 @@ fn ms(d: std::time::Duration) -> f64 {
 }
 
 impl Settings {
-    /// The `[checkpoint]` section, with records under `<runtime_dir>/checkpoint`.
+    /// The `[cuda_ckpt]` section, with records under `<runtime_dir>/checkpoint`.
     pub fn from_config(cfg: &crate::Config) -> Settings {
         Settings {
-            lock_timeout_ms: cfg.checkpoint.lock_timeout_ms,
-            memory_margin_bytes: cfg.checkpoint.memory_margin_mib << 20,
+            lock_timeout_ms: cfg.cuda_ckpt.lock_timeout_ms,
+            memory_margin_bytes: cfg.cuda_ckpt.memory_margin_mib << 20,
             record_dir: cfg.runtime_dir.join("checkpoint"),
-            call_timeout: Duration::from_millis(cfg.checkpoint.call_timeout_ms),
+            call_timeout: Duration::from_millis(cfg.cuda_ckpt.call_timeout_ms),
         }
     }
 }

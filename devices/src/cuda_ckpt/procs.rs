@@ -58,7 +58,7 @@ pub struct ProcFs {
     pub root: PathBuf,
     /// Path prefixes whose descriptors and mappings make a process a GPU
     /// holder: /dev/nvidia, plus the simulated driver's device-memory folder
-    /// in tests (`checkpoint.device_paths`).
+    /// in tests (`cuda_ckpt.device_paths`).
     pub device_prefixes: Vec<String>,
 }
 

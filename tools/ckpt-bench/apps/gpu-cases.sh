@@ -9,7 +9,7 @@ BIN=$1; shift
 CASES=${*:-cli-1gib device-map job fork-child no-room cgroup-job}
 W=$(mktemp -d /tmp/ckpt-cases.XXXX)
 CFG=$W/config.toml
-printf 'runtime_dir = "%s/run"\n[log]\nsyslog = false\nstderr = true\n[checkpoint]\nlock_timeout_ms = 5000\n' "$W" >"$CFG"
+printf 'runtime_dir = "%s/run"\n[log]\nsyslog = false\nstderr = true\n[cuda_ckpt]\nlock_timeout_ms = 5000\n' "$W" >"$CFG"
 CK() { "$BIN/gpu-mode-checkpoint" --config "$CFG" "$@"; }
 mapfile -t UUID < <(nvidia-smi --query-gpu=uuid --format=csv,noheader)
 FAILS=0

@@ -82,7 +82,7 @@ pub struct AgentSettings {
     pub staging_wait: Duration,
     pub checkpoint: crate::cuda_ckpt::Settings,
     pub tcp_established: bool,
-    /// `checkpoint.early_writeback`.
+    /// `preempt.early_writeback`.
     pub early_writeback: bool,
     /// How long a restore waits for the image's pids to be free.
     pub pid_wait: Duration,
@@ -106,21 +106,21 @@ pub struct AgentSettings {
 impl AgentSettings {
     pub fn from_config(cfg: &crate::Config) -> AgentSettings {
         AgentSettings {
-            socket_dir: cfg.checkpoint.agent_socket_dir(&cfg.runtime_dir),
-            images: ImageStore::new(&cfg.checkpoint.image_dir),
-            staging: Staging::from_config(&cfg.checkpoint),
-            staging_wait: super::staging::wait_bound(&cfg.checkpoint),
+            socket_dir: cfg.preempt.agent_socket_dir(&cfg.runtime_dir),
+            images: ImageStore::new(&cfg.preempt.image_dir),
+            staging: Staging::from_config(&cfg.preempt),
+            staging_wait: super::staging::wait_bound(&cfg.preempt),
             checkpoint: crate::cuda_ckpt::Settings::from_config(cfg),
             tcp_established: true,
-            early_writeback: cfg.checkpoint.early_writeback,
+            early_writeback: cfg.preempt.early_writeback,
             pid_wait: Duration::from_secs(10),
             idle_exit: Duration::from_secs(30),
             start_grace: Duration::from_secs(600),
-            dump_wait: Duration::from_millis(cfg.checkpoint.criu_timeout_ms) + Duration::from_secs(60),
+            dump_wait: Duration::from_millis(cfg.preempt.criu_timeout_ms) + Duration::from_secs(60),
             request_wait: Duration::from_secs(30),
             log: cfg.log.clone(),
             events: None,
-            accounting: cfg.checkpoint.accounting,
+            accounting: cfg.preempt.accounting,
             scontrol: cfg.slurm.scontrol.clone(),
         }
     }

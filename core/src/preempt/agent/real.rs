@@ -37,7 +37,7 @@ impl CudaCkptDriver for NoDriver {
 
 /// The backends and the driver's CUDA version (0 without a driver).
 pub fn real_backends(cfg: &Config) -> Result<(Backends, i32), String> {
-    let (driver, cuda_version): (Arc<dyn CudaCkptDriver>, i32) = match CudaDriver::load(cfg.checkpoint.cuda_library.as_deref()) {
+    let (driver, cuda_version): (Arc<dyn CudaCkptDriver>, i32) = match CudaDriver::load(cfg.cuda_ckpt.cuda_library.as_deref()) {
         Ok(d) => {
             let v = d.version();
             (Arc::new(d), v)
@@ -47,13 +47,13 @@ pub fn real_backends(cfg: &Config) -> Result<(Backends, i32), String> {
     let nvml = Nvml::load(cfg.nvml_library().as_deref())?;
     let backends = Backends {
         criu: Arc::new(CriuCli {
-            binary: cfg.checkpoint.criu.clone(),
-            timeout: Duration::from_millis(cfg.checkpoint.criu_timeout_ms),
+            binary: cfg.preempt.criu.clone(),
+            timeout: Duration::from_millis(cfg.preempt.criu_timeout_ms),
             check_cache: Some(CheckCache { path: cfg.runtime_dir.join(crate::criu::CHECK_CACHE_FILE) }),
-            page_readers: cfg.checkpoint.restore_page_readers,
+            page_readers: cfg.preempt.restore_page_readers,
         }),
         driver,
-        host: Arc::new(ProcFs { device_prefixes: cfg.checkpoint.device_paths.clone(), ..ProcFs::default() }),
+        host: Arc::new(ProcFs { device_prefixes: cfg.cuda_ckpt.device_paths.clone(), ..ProcFs::default() }),
         gpus: Arc::new(nvml),
     };
     Ok((backends, cuda_version))

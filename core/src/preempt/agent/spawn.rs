@@ -1,6 +1,6 @@
 //! Starting and stopping a job's agent, for the prolog and the epilog.
 //!
-//! The prolog starts `checkpoint.agent` (an absolute path from the root-owned
+//! The prolog starts `preempt.agent` (an absolute path from the root-owned
 //! config) with an argument vector, an empty environment, in a session of
 //! its own (so the prolog's end does not take it along), and waits until its
 //! socket exists. The epilog sends it `stop` as root.
@@ -74,8 +74,8 @@ const SOCKET_POLL: Duration = Duration::from_millis(5);
 /// Starts the job's agent and waits (at most `wait`) for its socket.
 /// Returns its pid.
 pub fn spawn_agent(cfg: &Config, launch: &AgentLaunch, wait: Duration) -> Result<u32, String> {
-    let program = &cfg.checkpoint.agent;
-    let socket = socket_path(&cfg.checkpoint.agent_socket_dir(&cfg.runtime_dir), launch.run.job);
+    let program = &cfg.preempt.agent;
+    let socket = socket_path(&cfg.preempt.agent_socket_dir(&cfg.runtime_dir), launch.run.job);
     let _ = crate::fsutil::remove_if_present(&socket);
     let mut cmd = Command::new(program);
     cmd.args(launch.args()).env_clear().current_dir("/").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
@@ -109,7 +109,7 @@ pub fn spawn_agent(cfg: &Config, launch: &AgentLaunch, wait: Duration) -> Result
 /// Asks job `job`'s agent to exit (as root). `Ok(false)`: no agent was
 /// listening (it ended with the job already).
 pub fn stop_agent(cfg: &Config, job: u32, wait: Duration) -> Result<bool, String> {
-    let socket = socket_path(&cfg.checkpoint.agent_socket_dir(&cfg.runtime_dir), job);
+    let socket = socket_path(&cfg.preempt.agent_socket_dir(&cfg.runtime_dir), job);
     let stream = match UnixStream::connect(&socket) {
         Ok(s) => s,
         Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused) => {
@@ -146,7 +146,7 @@ mod tests {
     /// A stand-in agent on job 5's socket: acks `stop`, then removes its
     /// socket after `remove_after` (never when `None`).
     fn agent(cfg: &Config, remove_after: Option<Duration>) -> PathBuf {
-        let socket = socket_path(&cfg.checkpoint.agent_socket_dir(&cfg.runtime_dir), 5);
+        let socket = socket_path(&cfg.preempt.agent_socket_dir(&cfg.runtime_dir), 5);
         std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
         let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
         let path = socket.clone();
@@ -195,16 +195,16 @@ mod tests {
     fn stopping_an_absent_agent_is_not_an_error() {
         let dir = tempfile::tempdir().unwrap();
         let mut cfg = Config::default();
-        cfg.checkpoint.agent_socket_dir = Some(dir.path().to_path_buf());
+        cfg.preempt.agent_socket_dir = Some(dir.path().to_path_buf());
         assert_eq!(stop_agent(&cfg, 7, Duration::from_secs(1)), Ok(false));
     }
 
     #[test]
     fn a_missing_agent_binary_is_named() {
         let mut cfg = Config::default();
-        cfg.checkpoint.agent = "/nonexistent/gpu-mode-ckpt-agent".into();
+        cfg.preempt.agent = "/nonexistent/gpu-mode-ckpt-agent".into();
         let dir = tempfile::tempdir().unwrap();
-        cfg.checkpoint.agent_socket_dir = Some(dir.path().to_path_buf());
+        cfg.preempt.agent_socket_dir = Some(dir.path().to_path_buf());
         let l = AgentLaunch { run: JobRun { job: 1, restart_count: 0, uid: 0, gid: 0, node: "n".into() }, gpus: vec![], deadline_unix: None, config: None };
         let err = spawn_agent(&cfg, &l, Duration::from_secs(1)).unwrap_err();
         assert!(err.contains("cannot start /nonexistent/gpu-mode-ckpt-agent"), "{err}");

@@ -119,8 +119,8 @@ fn fixture_opts(counting: bool, accounting: crate::preempt::accounting::Accounti
         events: counting.then(|| {
             let mut cfg = crate::Config::default();
             cfg.runtime_dir = p.join("run");
-            cfg.checkpoint.image_dir = p.join("images");
-            cfg.checkpoint.agent_socket_dir = Some(p.join("sock"));
+            cfg.preempt.image_dir = p.join("images");
+            cfg.preempt.agent_socket_dir = Some(p.join("sock"));
             cfg.metrics.textfile = Some(p.join("gpu-mode.prom"));
             cfg.log = LogConfig { syslog: false, stderr: false };
             crate::observe::recorder(&cfg)

@@ -38,7 +38,7 @@
 //!     [--plain-huge-pages] [--cold]
 //! ```
 //! Ours' programs start as gpu-mode-run starts them: with the huge-page
-//! shim preloaded when the config's `[checkpoint] huge_pages` is on
+//! shim preloaded when the config's `[preempt] huge_pages` is on
 //! (preempt::hugepages). `--plain-huge-pages` preloads the same shim into
 //! the plain sequence's programs: what a site could do by hand.
 //! `--plain-driver bounded` makes the plain sequence call the driver the way
@@ -93,7 +93,7 @@ struct Opts {
     /// The plain sequence calls the driver through checkpoint::BoundedDriver.
     plain_bounded: bool,
     /// The huge-page shim for ours' programs, as gpu-mode-run preloads it
-    /// (`[checkpoint] huge_pages`).
+    /// (`[preempt] huge_pages`).
     ours_preload: Option<PathBuf>,
     /// The plain sequence's programs with the same shim.
     plain_preload: bool,
@@ -365,7 +365,7 @@ impl Plain {
 /// another user's processes (the GPU machines), and the plain sequence
 /// then runs CRIU as ours does.
 fn criu(cfg: &Config, uid: u32, args: &[&str], dir: &Path) -> anyhow::Result<f64> {
-    let mut cmd = Command::new(&cfg.checkpoint.criu);
+    let mut cmd = Command::new(&cfg.preempt.criu);
     cmd.args(args).arg("-D").arg(dir);
     if uid != 0 {
         std::os::unix::fs::chown(dir, Some(uid), Some(uid))?;
@@ -708,16 +708,16 @@ fn main() -> anyhow::Result<()> {
     // As gpu-mode-run: a shim that cannot be used is said, and not used.
     // The bench's programs fork nothing: the library is preloaded for its
     // huge pages alone (the A/B switch is `huge_pages`).
-    let huge_pages_only = gpu_mode_core::config::CheckpointConfig { forked_children_drop_gpu_files: false, ..cfg.checkpoint.clone() };
+    let huge_pages_only = gpu_mode_core::config::PreemptConfig { forked_children_drop_gpu_files: false, ..cfg.preempt.clone() };
     o.ours_preload = gpu_mode_core::preempt::hugepages::for_application(&huge_pages_only).unwrap_or_else(|e| {
         println!("ours: huge pages off ({e})");
         None
     });
-    anyhow::ensure!(!o.plain_preload || o.ours_preload.is_some(), "--plain-huge-pages needs [checkpoint] huge_pages and its library");
+    anyhow::ensure!(!o.plain_preload || o.ours_preload.is_some(), "--plain-huge-pages needs [preempt] huge_pages and its library");
     std::fs::create_dir_all(&o.workdir)?;
     // The plain sequence's `criu restore -d` reparents the tree to the nearest subreaper.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
-    let raw = CudaDriver::load(cfg.checkpoint.cuda_library.as_deref())?;
+    let raw = CudaDriver::load(cfg.cuda_ckpt.cuda_library.as_deref())?;
     let shim = |on: bool| if on { "with the huge-page shim" } else { "without huge pages" };
     println!(
         "driver CUDA {}, {} GPU(s), programs as uid {}, images under {}, plain driver calls {}; ours {}, plain {}; \
@@ -730,10 +730,10 @@ fn main() -> anyhow::Result<()> {
         shim(o.ours_preload.is_some()),
         shim(o.plain_preload),
         if o.cold { "the storage (the images dropped from the page cache)" } else { "the page cache the dump left" },
-        cfg.checkpoint.restore_page_readers,
+        cfg.preempt.restore_page_readers,
     );
     let driver: Box<dyn CudaCkptDriver> = if o.plain_bounded {
-        let timeout = Duration::from_millis(cfg.checkpoint.call_timeout_ms);
+        let timeout = Duration::from_millis(cfg.cuda_ckpt.call_timeout_ms);
         Box::new(gpu_mode_core::cuda_ckpt::BoundedDriver::new(Arc::new(raw), timeout))
     } else {
         Box::new(raw)
