@@ -44,7 +44,7 @@ dpkg-deb -c "$deb" | awk '{print substr($6, 2)}' | sed 's|/$||' > "$out/deb.list
 expect "$out/deb.list" \
     /usr/lib/x86_64-linux-gnu/slurm-wlm/gpu_mode.so \
     /usr/libexec/slurm-gpu-mode/gpu-mode-prolog /usr/libexec/slurm-gpu-mode/gpu-mode-epilog \
-    /usr/libexec/slurm-gpu-mode/gpu-mode-node-checker /usr/sbin/gpu-mode-checkpoint \
+    /usr/libexec/slurm-gpu-mode/gpu-mode-node-checker /usr/sbin/gpu-mode-cuda-ckpt /usr/sbin/gpu-mode-checkpoint \
     /usr/sbin/gpu-mode-mig /usr/libexec/slurm-gpu-mode/gpu-mode-ckpt-agent /usr/bin/gpu-mode-run \
     /usr/libexec/slurm-gpu-mode/libgpu_mode_hugepages.so \
     /usr/lib/systemd/system/gpu-mode-mig-baseline.service /etc/default/gpu-mode-mig-baseline \
@@ -54,7 +54,7 @@ expect "$out/deb.list" \
     /usr/lib/sysctl.d/60-slurm-gpu-mode.conf \
     /usr/share/man/man8/gpu-mode.8.gz /usr/share/man/man8/gpu-mode-prolog.8.gz \
     /usr/share/man/man8/gpu-mode-epilog.8.gz /usr/share/man/man8/gpu-mode-node-checker.8.gz \
-    /usr/share/man/man8/gpu-mode-checkpoint.8.gz \
+    /usr/share/man/man8/gpu-mode-cuda-ckpt.8.gz \
     /usr/sbin/gpu-mode-status /usr/share/man/man8/gpu-mode-status.8.gz \
     /usr/share/doc/slurm-gpu-mode/examples/gpu-mode-dashboard.json
 dpkg-deb -I "$deb" conffiles | grep -qx /etc/slurm-gpu-mode/config.toml || die "config.toml is not a conffile"
@@ -68,7 +68,7 @@ sed 's/^/   /' "$out/rpm.list"
 expect "$out/rpm.list" \
     /usr/lib64/slurm/gpu_mode.so /etc/slurm/plugstack.conf.d/gpu-mode.conf /etc/slurm-gpu-mode/config.toml \
     /usr/libexec/slurm-gpu-mode/gpu-mode-prolog /usr/libexec/slurm-gpu-mode/gpu-mode-epilog \
-    /usr/libexec/slurm-gpu-mode/gpu-mode-node-checker /usr/sbin/gpu-mode-checkpoint \
+    /usr/libexec/slurm-gpu-mode/gpu-mode-node-checker /usr/sbin/gpu-mode-cuda-ckpt /usr/sbin/gpu-mode-checkpoint \
     /usr/sbin/gpu-mode-mig /usr/libexec/slurm-gpu-mode/gpu-mode-ckpt-agent /usr/bin/gpu-mode-run \
     /usr/libexec/slurm-gpu-mode/libgpu_mode_hugepages.so \
     /usr/lib/systemd/system/gpu-mode-mig-baseline.service /etc/default/gpu-mode-mig-baseline \

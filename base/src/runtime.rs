@@ -11,7 +11,7 @@
 //!   health/                 the node checker's cursor
 //!   mig/                    MIG journals and marks
 //!   agent/                  checkpoint agents' sockets (default place)
-//!   checkpoint/             gpu-mode-checkpoint's records
+//!   checkpoint/             gpu-mode-cuda-ckpt's records
 //!   boot-id                 the boot these records belong to
 //!   criu-check              a passed `criu check` of this boot (criu::CheckCache)
 //! ```

@@ -1,4 +1,4 @@
-//! The command line of `gpu-mode-checkpoint`, in the library so that its
+//! The command line of `gpu-mode-cuda-ckpt`, in the library so that its
 //! man page is generated from the same definition (`gpu-mode-man`).
 
 use clap::{Args, CommandFactory, Parser, Subcommand};
@@ -6,7 +6,7 @@ use gpu_mode_core::cuda_ckpt::Target;
 use std::path::PathBuf;
 
 #[derive(Parser)]
-#[command(name = "gpu-mode-checkpoint", about = "CUDA checkpoint/restore of a process or a Slurm job's processes")]
+#[command(name = "gpu-mode-cuda-ckpt", about = "CUDA checkpoint/restore of a process or a Slurm job's processes")]
 pub struct Cli {
     /// Site configuration (default /etc/slurm-gpu-mode/config.toml).
     #[arg(long, global = true)]

@@ -1,7 +1,8 @@
-//! Human-readable reports shared by gpu-mode-checkpoint and the benchmark,
+//! Human-readable reports shared by gpu-mode-cuda-ckpt and the benchmark,
 //! and the command line (`cli`).
 
 pub mod cli;
+pub mod tool;
 
 use gpu_mode_core::cuda_ckpt::{CheckpointReport, Phase, RecordStatus, RestoreReport, StateReport, Step};
 

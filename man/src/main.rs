@@ -90,7 +90,7 @@ mod tests {
     #[test]
     fn every_program_has_a_page_with_its_options() {
         let names: Vec<String> = commands().iter().map(|c| c.get_name().to_string()).collect();
-        assert_eq!(names, ["gpu-mode-prolog", "gpu-mode-epilog", "gpu-mode-node-checker", "gpu-mode-checkpoint", "gpu-mode-mig", "gpu-mode-status"]);
+        assert_eq!(names, ["gpu-mode-prolog", "gpu-mode-epilog", "gpu-mode-node-checker", "gpu-mode-cuda-ckpt", "gpu-mode-mig", "gpu-mode-status"]);
         for cmd in commands() {
             let name = cmd.get_name().to_string();
             let page = String::from_utf8(render(cmd).unwrap()).unwrap();

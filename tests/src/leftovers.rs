@@ -25,7 +25,7 @@ pub struct Leftovers {
     pub locks_held: Vec<String>,
     /// Checkpoint agent sockets.
     pub agent_sockets: Vec<String>,
-    /// gpu-mode-checkpoint's records (a checkpoint or restore in progress).
+    /// gpu-mode-cuda-ckpt's records (a checkpoint or restore in progress).
     pub checkpoint_records: Vec<String>,
 }
 

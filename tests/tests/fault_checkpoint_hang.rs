@@ -1,7 +1,7 @@
 //! Fault matrix (docs/faults.md): a CUDA driver checkpoint call that hangs
 //! (`cuda-sim-ctl hang checkpoint`: the call never returns, as on a GPU stuck
 //! in the kernel). What the checkpoint core offers today, on a real
-//! `--gpu-mode=checkpoint` job: `gpu-mode-checkpoint` bounds the call by
+//! `--gpu-mode=checkpoint` job: `gpu-mode-cuda-ckpt` bounds the call by
 //! `[cuda_ckpt] call_timeout_ms`, fails naming it, leaves the process it
 //! could not vouch for alone (locked, not rolled back blindly), and drains
 //! nothing; once the driver answers again, `restore` recovers the process
@@ -31,11 +31,11 @@ fn c() -> &'static Cluster {
     c
 }
 
-/// `gpu-mode-checkpoint <verb> --pid P` as root, timed. (By pid, not
+/// `gpu-mode-cuda-ckpt <verb> --pid P` as root, timed. (By pid, not
 /// `--job`: job ids of this private cluster repeat other clusters' on a
 /// shared machine, and the tool rightly refuses a job id two users share.)
 fn checkpoint_tool(verb: &str, pid: i32) -> (i32, String, Duration) {
-    let exe = c().spec.artifacts.prolog.with_file_name("gpu-mode-checkpoint");
+    let exe = c().spec.artifacts.prolog.with_file_name("gpu-mode-cuda-ckpt");
     let start = Instant::now();
     let out = Command::new(exe)
         .args([verb, "--pid", &pid.to_string(), "--config", c().dir.join("gpu-mode.toml").to_str().unwrap()])

@@ -138,7 +138,7 @@ pub enum CheckpointError {
     Checkpoint { failures: Vec<PidFailure>, rollback: String },
     #[error("GPU files remain after checkpoint: {}; rollback: {rollback}", list_blocked(blocked))]
     HandlesRemain { blocked: Vec<(i32, NvidiaFile)>, rollback: String },
-    #[error("no checkpoint record for {target} at {path}: was it checkpointed by gpu-mode-checkpoint on this node?")]
+    #[error("no checkpoint record for {target} at {path}: was it checkpointed by gpu-mode-cuda-ckpt on this node?")]
     NoRecord { target: Target, path: PathBuf },
     #[error("checkpoint record {path}: {detail}")]
     Record { path: PathBuf, detail: String },

@@ -164,7 +164,7 @@ impl CheckpointRecord {
         let header: Header = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
         if header.version > RECORD_VERSION {
             return Err(format!(
-                "record format version {} is newer than this gpu-mode-checkpoint reads (up to {RECORD_VERSION}): \
+                "record format version {} is newer than this gpu-mode-cuda-ckpt reads (up to {RECORD_VERSION}): \
                  use the version that wrote it",
                 header.version
             ));
@@ -234,6 +234,6 @@ mod tests {
     fn a_newer_record_is_refused_by_its_version() {
         let v9 = r#"{"version":9,"target":"pid-7","shape":"new"}"#;
         let err = CheckpointRecord::parse(v9.as_bytes()).unwrap_err();
-        assert!(err.contains("record format version 9 is newer than this gpu-mode-checkpoint reads (up to 2)"), "{err}");
+        assert!(err.contains("record format version 9 is newer than this gpu-mode-cuda-ckpt reads (up to 2)"), "{err}");
     }
 }

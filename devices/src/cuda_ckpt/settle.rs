@@ -15,7 +15,7 @@
 //!
 //! Anything else is left alone: a record of another job's live process, or
 //! a live process of this job that a driver call did answer (someone may
-//! still restore it with `gpu-mode-checkpoint restore`), or a record that
+//! still restore it with `gpu-mode-cuda-ckpt restore`), or a record that
 //! cannot be read (named in the outcome, never guessed at).
 
 use super::procs::ProcessHost;

@@ -1,6 +1,6 @@
 #!/bin/bash
-# Real-GPU cases for gpu-mode-checkpoint (needs 2 GPUs, root, driver r580+).
-# Usage: gpu-cases.sh BIN_DIR [CASE...]   (BIN_DIR holds gpu-mode-checkpoint
+# Real-GPU cases for gpu-mode-cuda-ckpt (needs 2 GPUs, root, driver r580+).
+# Usage: gpu-cases.sh BIN_DIR [CASE...]   (BIN_DIR holds gpu-mode-cuda-ckpt
 # and gpu-mode-ckpt-testprog; no CASE runs them all). Each case prints
 # CASE <name>: PASS|FAIL.
 # Reads only; never changes compute mode, MIG, persistence, clocks or power.
@@ -10,7 +10,7 @@ CASES=${*:-cli-1gib device-map job fork-child no-room cgroup-job}
 W=$(mktemp -d /tmp/ckpt-cases.XXXX)
 CFG=$W/config.toml
 printf 'runtime_dir = "%s/run"\n[log]\nsyslog = false\nstderr = true\n[cuda_ckpt]\nlock_timeout_ms = 5000\n' "$W" >"$CFG"
-CK() { "$BIN/gpu-mode-checkpoint" --config "$CFG" "$@"; }
+CK() { "$BIN/gpu-mode-cuda-ckpt" --config "$CFG" "$@"; }
 mapfile -t UUID < <(nvidia-smi --query-gpu=uuid --format=csv,noheader)
 FAILS=0
 verdict() { if [ "$2" = 0 ]; then echo "CASE $1: PASS"; else echo "CASE $1: FAIL"; FAILS=$((FAILS + 1)); fi; }

@@ -1,21 +1,34 @@
-//! `gpu-mode-checkpoint`: CUDA checkpoint/restore of one process or of every
+//! `gpu-mode-cuda-ckpt`: CUDA checkpoint/restore of one process or of every
 //! CUDA process of a Slurm job on this node. All logic lives in
-//! gpu_mode_core::cuda_ckpt; this is argument parsing and printing.
+//! gpu_mode_core::cuda_ckpt; this is argument parsing and printing, for the
+//! binary and for its old name, `gpu-mode-checkpoint` (one word per
+//! concept: "checkpoint" is the mode), which warns and runs the same.
 
+use crate::cli::{Cli, Verb};
+use crate::{describe_checkpoint, describe_restore, describe_state};
 use clap::Parser;
-use gpu_mode_checkpoint::cli::{Cli, Verb};
-use gpu_mode_checkpoint::{describe_checkpoint, describe_restore, describe_state};
 use gpu_mode_core::cuda_ckpt::{Checkpointer, CudaDriver, DeviceMap, Nvml, ProcFs, Settings, Target};
 use gpu_mode_core::log::{ActionLine, Outcome};
 use gpu_mode_core::Config;
 use std::sync::Arc;
 
-fn main() {
+/// The tool's name.
+pub const NAME: &str = "gpu-mode-cuda-ckpt";
+/// Its name until this release, still installed beside it for one.
+pub const OLD_NAME: &str = "gpu-mode-checkpoint";
+
+/// What the old name says before it does what the new one does.
+pub fn old_name_warning() -> String {
+    format!("{OLD_NAME}: warning: this tool is now {NAME}; the old name goes in a later release")
+}
+
+/// The whole program: parse, run, print; exits.
+pub fn main() -> ! {
     let cli = Cli::parse();
     let cfg = match Config::load(cli.config.as_deref()) {
         Ok(cfg) => cfg,
         Err(e) => {
-            eprintln!("gpu-mode-checkpoint: {e}");
+            eprintln!("{NAME}: {e}");
             std::process::exit(2);
         }
     };
@@ -35,7 +48,7 @@ fn main() {
         Err(e) => {
             line.field("error", format!("{e:#}")).outcome(Outcome::Failed).emit(&cfg.log);
             if !cfg.log.stderr {
-                eprintln!("gpu-mode-checkpoint: {e:#}");
+                eprintln!("{NAME}: {e:#}");
             }
             if cli.json {
                 println!("{}", serde_json::json!({ "error": format!("{e:#}") }));
@@ -43,6 +56,7 @@ fn main() {
             std::process::exit(1);
         }
     }
+    std::process::exit(0)
 }
 
 fn run(cli: &Cli, cfg: &Config, target: &Target) -> anyhow::Result<String> {
