@@ -346,7 +346,16 @@ LAYERS = [
 ]
 
 
+# `--crate-is=NAME`: the crate checked is the module NAME of the layering,
+# moved out into a crate of its own (gpu-mode-preempt is `preempt`): its
+# own top-level modules are placed as NAME's submodules.
+CRATE_IS = None
+OWN_MODULES = set()
+
+
 def layer_of(path):
+    if CRATE_IS and path and path[0] in OWN_MODULES:
+        path = [CRATE_IS] + list(path)
     best, lvl = None, None
     for i, (_, mods) in enumerate(LAYERS):
         for m in mods.split():
@@ -445,6 +454,11 @@ def main():
     flags = {a for a in sys.argv[1:] if a.startswith("--")}
     src = args[0] if args else os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "core", "src")
     c = Crate(src, with_tests="--with-tests" in flags)
+    global CRATE_IS, OWN_MODULES
+    for f in flags:
+        if f.startswith("--crate-is="):
+            CRATE_IS = f.split("=", 1)[1]
+            OWN_MODULES = {mp[0] for mp in c.modules if mp}
     edges = defaultdict(set)
     examples = defaultdict(list)  # (a,b) -> [(file:line, path, kind)]
     nodes = {mp[0] for p, mp in c.files.items() if mp and p not in c.excluded}

@@ -29,7 +29,7 @@ sh scripts/install-criu.sh
 GPU_MODE_REQUIRE_CRIU=1
 export GPU_MODE_REQUIRE_CRIU
 # The agent carries a job's named semaphores in /dev/shm only where root
-# cannot be led by the user's links there (core/src/preempt/shm.rs): the
+# cannot be led by the user's links there (preempt/src/shm.rs): the
 # Debian and Ubuntu default, which some containers do not apply.
 sysctl -q -w fs.protected_symlinks=1 fs.protected_hardlinks=1
 # The huge-page shim's tests must check huge pages, not skip (the kernel's

@@ -24,7 +24,8 @@ pub mod mode_driver;
 pub mod modes;
 pub mod node_check;
 pub mod observe;
-pub mod preempt;
+/// Checkpoint on preemption (crate `gpu-mode-preempt`), at its old path.
+pub use gpu_mode_preempt as preempt;
 pub mod status;
 
 pub use config::Config;

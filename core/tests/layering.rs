@@ -9,24 +9,43 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 fn modgraph_check(src: &Path) -> Output {
+    modgraph_check_with(src, &[])
+}
+
+fn modgraph_check_with(src: &Path, flags: &[&str]) -> Output {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/modgraph.py");
-    Command::new("python3").arg(script).arg(src).arg("--check").output().expect("python3 runs scripts/modgraph.py")
+    Command::new("python3").arg(script).arg(src).arg("--check").args(flags).output().expect("python3 runs scripts/modgraph.py")
 }
 
 fn said(o: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }
 
-/// The three library crates: gpu-mode-base (the bottom three layers),
-/// gpu-mode-devices (NVML, CRIU, the CUDA checkpoint verb) and gpu-mode-core;
-/// Cargo keeps each from reaching up into the next, this keeps the layers
-/// inside each.
+/// The four library crates: gpu-mode-base (the bottom three layers),
+/// gpu-mode-devices (NVML, CRIU, the CUDA checkpoint verb), gpu-mode-preempt
+/// (the layering's `preempt`, a crate of its own) and gpu-mode-core; Cargo
+/// keeps each from reaching up into the next, this keeps the layers inside
+/// each.
 #[test]
 fn the_crates_keep_their_layering() {
-    for src in ["../base/src", "../devices/src", "src"] {
-        let out = modgraph_check(&Path::new(env!("CARGO_MANIFEST_DIR")).join(src));
+    for (src, flags) in [("../base/src", &[][..]), ("../devices/src", &[]), ("../preempt/src", &["--crate-is=preempt"]), ("src", &[])] {
+        let out = modgraph_check_with(&Path::new(env!("CARGO_MANIFEST_DIR")).join(src), flags);
         assert!(out.status.success(), "the layering of {src} is broken (see docs/architecture.md):\n{}", said(&out));
     }
+}
+
+/// In a crate that is one module of the layering, a reference to a higher
+/// layer is found as in gpu-mode-core.
+#[test]
+fn a_crate_that_is_one_module_is_held_to_that_modules_layer() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("lib.rs"), "pub mod agent;\n").unwrap();
+    std::fs::write(dir.path().join("agent.rs"), "pub fn f() { crate::health::g(); crate::fsutil::h() }\n").unwrap();
+    let out = modgraph_check_with(dir.path(), &["--crate-is=preempt"]);
+    assert!(!out.status.success() && said(&out).contains("preempt (L5 mig/preempt) -> health (L7 health)"), "{}", said(&out));
+    std::fs::write(dir.path().join("agent.rs"), "pub fn f() { crate::fsutil::h() }\n").unwrap();
+    let out = modgraph_check_with(dir.path(), &["--crate-is=preempt"]);
+    assert!(out.status.success(), "{}", said(&out));
 }
 
 #[test]

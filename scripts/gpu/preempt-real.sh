@@ -79,7 +79,7 @@ nvidia-smi --query-gpu=index,name,uuid,compute_mode,persistence_mode,mig.mode.cu
 nvidia-smi --query-gpu=index,compute_mode,persistence_mode,mig.mode.current --format=csv,noheader > "$OUT/gpu-settings-before.txt"
 # What the package's sysctl.d file sets (the distribution defaults, which this
 # machine's image does not apply): the agent carries a job's semaphores in
-# /dev/shm only with them (core/src/preempt/shm.rs). Not a GPU setting.
+# /dev/shm only with them (preempt/src/shm.rs). Not a GPU setting.
 say "link protections before: $(sysctl -n fs.protected_symlinks fs.protected_hardlinks | tr '\n' ' ')"
 sysctl -q -p "$REPO/packaging/sysctl/60-slurm-gpu-mode.conf"
 N=$(nvidia-smi -L | grep -c '^GPU')

@@ -161,7 +161,7 @@ impl ImageStore {
             f.sync_all()?;
             describe_file(&dir_fd, name)
         };
-        let out = crate::preempt::parallel_map(&names, SEAL_THREADS, seal_one).into_iter().collect::<io::Result<Vec<_>>>()?;
+        let out = crate::parallel_map(&names, SEAL_THREADS, seal_one).into_iter().collect::<io::Result<Vec<_>>>()?;
         fsync_dir(run)?;
         Ok(out)
     }
@@ -232,7 +232,7 @@ impl ImageStore {
 
     /// Removes every run directory of `job` except `keep`, with the staging
     /// records of the other runs (a staged image's record, a failed copy's
-    /// mark, a copy under way: crate::preempt::staging).
+    /// mark, a copy under way: crate::staging).
     pub fn remove_other_runs(&self, job: u32, keep: Option<u32>) -> io::Result<()> {
         for (restart, dir) in runs(&self.job_dir(job)) {
             if Some(restart) != keep {

@@ -6,8 +6,8 @@
 //! socket exists. The epilog sends it `stop` as root.
 
 use crate::job_env::JobRun;
-use crate::preempt::protocol::{self, Request, Response};
-use crate::preempt::socket_path;
+use crate::protocol::{self, Request, Response};
+use crate::socket_path;
 use crate::Config;
 use std::io::BufReader;
 use std::os::unix::net::UnixStream;

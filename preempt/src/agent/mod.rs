@@ -78,7 +78,7 @@ pub struct AgentSettings {
     /// `images` in the background (staging.rs); `None`: straight to `images`.
     pub staging: Option<Staging>,
     /// `staging_wait_s`: how long a restore waits for a staged image's copy
-    /// from another node (staging.rs, [`crate::preempt::staging::judge`]).
+    /// from another node (staging.rs, [`crate::staging::judge`]).
     pub staging_wait: Duration,
     pub checkpoint: crate::cuda_ckpt::Settings,
     pub tcp_established: bool,

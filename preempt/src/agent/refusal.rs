@@ -262,7 +262,7 @@ mod tests {
     #[test]
     fn failure_reasons_are_distinct_documented_words() {
         let labels: Vec<&str> = FailureReason::ALL.iter().map(|r| r.label()).collect();
-        gpu_mode_testkit::labels::assert_metric_labels("checkpoint failure reasons", &labels, include_str!("../../../../docs/metrics.md"));
+        gpu_mode_testkit::labels::assert_metric_labels("checkpoint failure reasons", &labels, include_str!("../../../docs/metrics.md"));
         let e = RequestError::failed(FailureReason::Seal, "criu said no: manifest missing");
         assert_eq!(e.reason(), Some(FailureReason::Seal), "the words of the message count for nothing");
         assert_eq!(RequestError::from("criu failed".to_string()).reason(), Some(FailureReason::Other));

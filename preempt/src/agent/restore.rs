@@ -8,13 +8,13 @@ use super::server::Peer;
 use super::{Agent, Because, FailureReason, RefusalKind, RequestError, RootState};
 use crate::cuda_ckpt::DeviceMap;
 use crate::criu::{RestoreRequest, TargetCgroup};
-use crate::preempt::images::ImageStore;
-use crate::preempt::manifest::Manifest;
-use crate::preempt::protocol::RestoreSummary;
-use crate::preempt::shm;
-use crate::preempt::staging::{self, Found, Source};
-use crate::preempt::timeline::Stopwatch;
-use crate::preempt::tree;
+use crate::images::ImageStore;
+use crate::manifest::Manifest;
+use crate::protocol::RestoreSummary;
+use crate::shm;
+use crate::staging::{self, Found, Source};
+use crate::timeline::Stopwatch;
+use crate::tree;
 use crate::procfs;
 use std::path::Path;
 use std::time::Instant;
@@ -287,7 +287,7 @@ impl Agent {
     pub(super) fn check_stopped_tree(&self, root: i32) -> Result<(), String> {
         let pids = self.host.with_descendants(root);
         tree::check_owned(&pids, &self.user)?;
-        crate::preempt::held::check_user_may_hold(&pids, &self.user)
+        crate::held::check_user_may_hold(&pids, &self.user)
     }
 
     /// After CRIU failed or was killed (security review F6): what it may

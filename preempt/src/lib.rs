@@ -36,6 +36,11 @@
 //! `uncheckpointable.rs` (what CRIU or the driver cannot bring back: refused
 //! before the lock).
 
+// The base and device modules at the paths these files name them by
+// (`crate::fsutil`), not re-exported: gpu-mode-core re-exports them itself.
+use gpu_mode_base::{command, config, drain, fsutil, hostlist, job_env, log, metrics, persist, privdrop, procfs, signal, signal_state, Config};
+use gpu_mode_devices::{criu, cuda_ckpt, gpu};
+
 pub mod accounting;
 pub mod agent;
 pub mod held;
@@ -46,11 +51,11 @@ pub mod protocol;
 pub mod shm;
 /// The application's signal state (a base module: the SPANK plugin holds the
 /// checkpoint signal with it too).
-pub use crate::signal_state as signals;
+pub use gpu_mode_base::signal_state as signals;
 pub mod slurm_view;
 pub mod staging;
 /// The submission check (the job tier: the SPANK plugin calls it).
-pub use crate::submit;
+pub use gpu_mode_base::submit;
 pub mod timeline;
 pub mod tree;
 pub mod uncheckpointable;

@@ -61,7 +61,7 @@ impl Staging {
 /// How long a restore waits for a staged image's copy from another node:
 /// `staging_wait_s` where this node stages too; on a node without
 /// `staging_dir` (a site staging on some nodes only), less than the 30 s
-/// its wrapper gives `hello` (crate::preempt::wrapper), so that the wrapper hears why.
+/// its wrapper gives `hello` (crate::wrapper), so that the wrapper hears why.
 pub fn wait_bound(cfg: &crate::config::PreemptConfig) -> Duration {
     match cfg.staging_dir {
         Some(_) => Duration::from_secs(cfg.staging_wait_s),

@@ -9,9 +9,9 @@ use super::server::{authorize, Peer};
 use super::*;
 use crate::cuda_ckpt::{DriverError, GpuPair, GpuProcess, GpuUuid, ProcFs, ProcessState};
 use crate::criu::{CriuCall, CriuError, RecordingCriu};
-use crate::preempt::images::ImageStore;
-use crate::preempt::manifest::{Manifest, MANIFEST_FILE};
-use crate::preempt::protocol::{self, Request, Response};
+use crate::images::ImageStore;
+use crate::manifest::{Manifest, MANIFEST_FILE};
+use crate::protocol::{self, Request, Response};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command};
 
@@ -64,7 +64,7 @@ fn root_or_skip() -> bool {
 }
 
 fn fixture() -> Fx {
-    fixture_with(false, crate::preempt::accounting::AccountingField::Off)
+    fixture_with(false, crate::accounting::AccountingField::Off)
 }
 
 /// Stand-ins for scontrol and squeue in `<dir>/bin`: each call appends a
@@ -87,13 +87,13 @@ fn scontrol_calls(fx: &Fx) -> Vec<String> {
 
 /// `counting`: with `[metrics] textfile` at `<dir>/gpu-mode.prom`;
 /// `accounting`: the field written through the fake scontrol.
-fn fixture_with(counting: bool, accounting: crate::preempt::accounting::AccountingField) -> Fx {
+fn fixture_with(counting: bool, accounting: crate::accounting::AccountingField) -> Fx {
     fixture_opts(counting, accounting, false)
 }
 
 /// With `staged`, dumps go to `<dir>/staging` first (staging.rs) and a
 /// restore waits for another node's copy for 1 s.
-fn fixture_opts(counting: bool, accounting: crate::preempt::accounting::AccountingField, staged: bool) -> Fx {
+fn fixture_opts(counting: bool, accounting: crate::accounting::AccountingField, staged: bool) -> Fx {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path();
     let scontrol = fake_scontrol(p);
@@ -107,7 +107,7 @@ fn fixture_opts(counting: bool, accounting: crate::preempt::accounting::Accounti
             call_timeout: Duration::from_secs(5),
         },
         tcp_established: false,
-        staging: staged.then(|| crate::preempt::staging::Staging { local: ImageStore::new(p.join("staging")), copy_bytes_per_s: 0 }),
+        staging: staged.then(|| crate::staging::Staging { local: ImageStore::new(p.join("staging")), copy_bytes_per_s: 0 }),
         staging_wait: Duration::from_secs(1),
         early_writeback: true,
         pid_wait: Duration::from_secs(2),
@@ -123,7 +123,7 @@ fn fixture_opts(counting: bool, accounting: crate::preempt::accounting::Accounti
             cfg.preempt.agent_socket_dir = Some(p.join("sock"));
             cfg.metrics.textfile = Some(p.join("gpu-mode.prom"));
             cfg.log = LogConfig { syslog: false, stderr: false };
-            crate::observe::recorder(&cfg)
+            gpu_mode_core::observe::recorder(&cfg)
         }),
         accounting,
         scontrol,
@@ -187,7 +187,7 @@ fn dumped(fx: &Fx) -> (Child, std::path::PathBuf) {
     let mut child = app();
     let pid = child.id() as i32;
     stop_on_dump(fx, pid);
-    let s = fx.agent.checkpoint(me(), pid, Some(crate::preempt::now_ms())).unwrap();
+    let s = fx.agent.checkpoint(me(), pid, Some(crate::now_ms())).unwrap();
     let status = child.wait().unwrap();
     assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(libc::SIGKILL), "the agent kills the dumped tree");
     (child, s.image_dir.into())
@@ -307,7 +307,7 @@ fn a_staged_dump_is_recorded_copied_in_the_background_and_restored_from_its_node
     if !root_or_skip() {
         return;
     }
-    let fx = fixture_opts(false, crate::preempt::accounting::AccountingField::Off, true);
+    let fx = fixture_opts(false, crate::accounting::AccountingField::Off, true);
     let (_child, run) = dumped(&fx);
     let (local, shared) = (&fx.agent.settings.staging.as_ref().unwrap().local, &fx.agent.settings.images);
     assert_eq!(run, local.run_dir(7, 0), "the dump lands on the node");
@@ -488,13 +488,13 @@ fn the_socket_is_the_users_and_answers_hello_and_stop() {
     let fx = fixture();
     let dir = fx.agent.settings.socket_dir.clone();
     let listener = listen(&dir, 7, NOBODY, NOBODY).unwrap();
-    let meta = std::fs::metadata(crate::preempt::socket_path(&dir, 7)).unwrap();
+    let meta = std::fs::metadata(crate::socket_path(&dir, 7)).unwrap();
     assert_eq!((meta.uid(), meta.mode() & 0o777), (NOBODY, 0o600));
     assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o777, 0o711);
     let agent = Arc::clone(&fx.agent);
     let server = std::thread::spawn(move || agent.serve(listener).unwrap());
     let ask = |req: &Request| -> Response {
-        let s = std::os::unix::net::UnixStream::connect(crate::preempt::socket_path(&dir, 7)).unwrap();
+        let s = std::os::unix::net::UnixStream::connect(crate::socket_path(&dir, 7)).unwrap();
         protocol::send(&mut s.try_clone().unwrap(), req).unwrap();
         protocol::receive(&mut std::io::BufReader::new(s)).unwrap().unwrap()
     };
@@ -530,10 +530,10 @@ fn another_user_cannot_connect_to_the_agent_socket() {
     // The fixture's temporary directory must be passable for the test to mean anything.
     std::fs::set_permissions(dir.parent().unwrap(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let _listener = listen(&dir, 7, 1001, 1001).unwrap();
-    let socket = crate::preempt::socket_path(&dir, 7);
+    let socket = crate::socket_path(&dir, 7);
     let connect_as = |uid: u32| {
         let mut cmd = Command::new(std::env::current_exe().unwrap());
-        let test = "preempt::agent::tests::another_user_cannot_connect_to_the_agent_socket";
+        let test = "agent::tests::another_user_cannot_connect_to_the_agent_socket";
         cmd.args(["--exact", test, "--test-threads=1"]).env(CONNECT_CHILD, &socket).uid(uid).gid(uid);
         cmd.status().unwrap().code()
     };
@@ -574,7 +574,7 @@ fn checkpoints_are_counted_in_the_metrics() {
     if !root_or_skip() {
         return;
     }
-    let fx = fixture_with(true, crate::preempt::accounting::AccountingField::Off);
+    let fx = fixture_with(true, crate::accounting::AccountingField::Off);
     let textfile = fx._dir.path().join("gpu-mode.prom");
     // A failure is counted; a refusal (pid 1) is not (security review F3).
     // The failure comes first: a failed dump replaces the run's image.
@@ -614,7 +614,7 @@ fn serving(fx: &Fx) -> (std::path::PathBuf, std::thread::JoinHandle<ExitReason>)
     std::fs::set_permissions(dir.parent().unwrap(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let listener = listen(&dir, 7, NOBODY, NOBODY).unwrap();
     let agent = Arc::clone(&fx.agent);
-    (crate::preempt::socket_path(&dir, 7), std::thread::spawn(move || agent.serve(listener).unwrap()))
+    (crate::socket_path(&dir, 7), std::thread::spawn(move || agent.serve(listener).unwrap()))
 }
 
 /// Set (to the socket's path) in the child that floods the agent as nobody.
@@ -658,7 +658,7 @@ fn a_flood_of_silent_connections_is_bounded_and_root_still_stops_the_agent() {
     let fx = fixture();
     let (socket, server) = serving(&fx);
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    let test = "preempt::agent::tests::a_flood_of_silent_connections_is_bounded_and_root_still_stops_the_agent";
+    let test = "agent::tests::a_flood_of_silent_connections_is_bounded_and_root_still_stops_the_agent";
     cmd.args(["--exact", test, "--test-threads=1", "--nocapture"]).env(FLOOD_CHILD, &socket).uid(NOBODY).gid(NOBODY);
     let mut child = cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).spawn().unwrap();
     // The test harness prints its own lines first, and "test <name> ... "
@@ -765,7 +765,7 @@ fn tree_holding(file: &std::path::Path) -> (Child, i32) {
     std::io::BufRead::read_line(&mut std::io::BufReader::new(shell.stdout.take().unwrap()), &mut line).unwrap();
     let sleep: i32 = line.trim().parse().unwrap();
     for pid in [shell.id() as i32, sleep] {
-        crate::preempt::held::stop_for_check(pid);
+        crate::held::stop_for_check(pid);
     }
     (shell, sleep)
 }
@@ -817,7 +817,7 @@ fn a_loop_of_refused_requests_reaches_neither_slurm_nor_the_metrics() {
     if !root_or_skip() {
         return;
     }
-    let fx = fixture_with(true, crate::preempt::accounting::AccountingField::AdminComment);
+    let fx = fixture_with(true, crate::accounting::AccountingField::AdminComment);
     // The test process is not a process of job 7: every request is refused.
     let outsider = Peer { pid: std::process::id() as i32, uid: NOBODY };
     for _ in 0..100 {

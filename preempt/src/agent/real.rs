@@ -7,7 +7,7 @@ use super::Backends;
 use crate::cuda_ckpt::{CudaCkptDriver, CudaDriver, DriverError, GpuPair, GpuUuid, Nvml, ProcFs, ProcessState};
 use crate::criu::{CheckCache, CriuCli};
 use crate::gpu::{GpuOps, NvmlGpus};
-use crate::preempt::manifest::GpuFacts;
+use crate::manifest::GpuFacts;
 use crate::Config;
 use std::sync::Arc;
 use std::time::Duration;

@@ -13,7 +13,7 @@
 use crate::cuda_ckpt::record::ProcessRecord;
 use crate::cuda_ckpt::GpuUuid;
 use crate::fsutil;
-use crate::preempt::timeline::Timeline;
+use crate::timeline::Timeline;
 use serde::{Deserialize, Serialize};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
@@ -103,7 +103,7 @@ pub struct Manifest {
     pub image_bytes: u64,
     /// The job's /dev/shm files carried in the image (shm.rs; absent when none).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub shm: Vec<crate::preempt::shm::ShmObject>,
+    pub shm: Vec<crate::shm::ShmObject>,
     pub timings: DumpTimings,
     /// Every phase of the dump up to the seal (absent in older manifests).
     #[serde(default)]

@@ -37,7 +37,7 @@
 //! Anything else that needs `--link-remap` is still refused by CRIU.
 
 use crate::privdrop::Identity;
-use crate::preempt::user_child::{answer, errno, run_as_user};
+use crate::user_child::{answer, errno, run_as_user};
 use serde::{Deserialize, Serialize};
 use std::ffi::CString;
 use std::fs::File;
@@ -189,7 +189,7 @@ pub fn collect_refs(pids: &[i32]) -> Result<Vec<ShmRef>, String> {
         }
         let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(|e| format!("cannot read pid {pid}'s mappings: {e}"))?;
         for line in maps.lines().filter(|l| l.contains(" /dev/shm/")) {
-            let Some(h) = crate::preempt::held::mapping_of_line(pid, line) else { continue };
+            let Some(h) = crate::held::mapping_of_line(pid, line) else { continue };
             out.extend(reference(pid, h.what.clone(), h.path.clone(), h.source().to_string()));
         }
     }

@@ -15,16 +15,16 @@ use super::{Agent, Because, FailureReason, RefusalKind, RequestError, RootState}
 use crate::cuda_ckpt::record::CheckpointRecord;
 use crate::cuda_ckpt::{CheckpointError, CheckpointReport, DeviceMap, FoundBy, Target};
 use crate::criu::DumpRequest;
-use crate::preempt::images::ImageStore;
-use crate::preempt::manifest::{DumpTimings, Manifest, MANIFEST_VERSION};
-use crate::preempt::protocol::CheckpointSummary;
-use crate::preempt::timeline::{Stopwatch, Timeline};
+use crate::images::ImageStore;
+use crate::manifest::{DumpTimings, Manifest, MANIFEST_VERSION};
+use crate::protocol::CheckpointSummary;
+use crate::timeline::{Stopwatch, Timeline};
 use crate::log::Outcome;
-use crate::preempt::shm::{self, Staged};
-use crate::preempt::staging;
-use crate::preempt::uncheckpointable;
-use crate::preempt::writeback::Writeback;
-use crate::preempt::{now_ms, tree};
+use crate::shm::{self, Staged};
+use crate::staging;
+use crate::uncheckpointable;
+use crate::writeback::Writeback;
+use crate::{now_ms, tree};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -266,7 +266,7 @@ impl Agent {
             image_bytes: manifest.image_bytes,
             gpu_bytes: cuda.map_or(0, |r| r.bytes()),
             cuda_processes: manifest.cuda.len(),
-            processes: cuda.map(crate::preempt::protocol::ProcessSteps::of).unwrap_or_default(),
+            processes: cuda.map(crate::protocol::ProcessSteps::of).unwrap_or_default(),
             timings: timings_of(&timeline, from_signal),
             timeline,
         })
@@ -359,7 +359,7 @@ impl Agent {
         root: i32,
         pids: &[i32],
         cuda: Option<&CheckpointReport>,
-        images: Vec<crate::preempt::manifest::ImageFile>,
+        images: Vec<crate::manifest::ImageFile>,
         timeline: &Timeline,
         from_signal: bool,
     ) -> Manifest {
