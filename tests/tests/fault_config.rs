@@ -48,6 +48,41 @@ fn a_node_without_its_config_refuses_mode_jobs_only_with_a_loud_line_and_no_drai
     assert!(left.is_clean(), "{}", left.summary());
 }
 
+/// A node whose config still has the old `[checkpoint]` section (the CUDA
+/// driver verb's and preemption's keys in one, before `[cuda_ckpt]` and
+/// `[preempt]`): jobs run as before, and each hook run says so in one
+/// `action=config` line that names the file, without failing or draining.
+#[test]
+fn a_node_config_with_the_old_checkpoint_section_runs_jobs_and_says_so_in_each_hook() {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    let conf = c().dir.join("gpu-mode.toml");
+    let now = std::fs::read_to_string(&conf).unwrap();
+    // The harness writes [cuda_ckpt], then [preempt] (see tests/src/conf.rs):
+    // one [checkpoint] with both sets of keys, as a site's file had them.
+    let old = now.replacen("[cuda_ckpt]\n", "[checkpoint]\n", 1).replacen("[preempt]\n", "", 1);
+    assert!(old.contains("[checkpoint]\n") && !old.contains("[preempt]") && !old.contains("[cuda_ckpt]"), "{old}");
+    std::fs::write(&conf, &old).unwrap();
+    let job = c().sbatch_wait(Some("gmtest1"), &["--gpu-mode=mps", "--gres=gpu:1"], "#!/bin/sh\necho mode-ran\n");
+    if let Ok(j) = &job {
+        let _ = c().wait_epilog(j.id, std::time::Duration::from_secs(60));
+    }
+    std::fs::write(&conf, &now).unwrap();
+    let job = job.unwrap();
+    assert_eq!(job.exit_code, 0, "{}", job.output);
+    assert!(job.output.contains("mode-ran"), "{}", job.output);
+    let lines = c().hook_log_lines(job.id);
+    let said: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains("action=config") && l.contains("deprecated: the [checkpoint] section is now [preempt]"))
+        .collect();
+    assert_eq!(said.len(), 2, "one line from the prolog and one from the epilog: {lines:#?}");
+    assert!(said.iter().all(|l| l.contains("gpu-mode.toml") && l.ends_with("outcome=ok")), "{said:#?}");
+    let (state, reason) = c().node_state().unwrap();
+    assert!(!state.contains("DRAIN"), "{state} {reason}");
+    let left = c().leftovers(None);
+    assert!(left.is_clean(), "{}", left.summary());
+}
+
 /// A submit host's own slurm.conf whose plugstack.conf gives the plugin
 /// `config=<config>` (missing or broken), as a login node that lags behind.
 fn submit_host(name: &str, config: &str) -> PathBuf {

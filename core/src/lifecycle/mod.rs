@@ -243,7 +243,7 @@ pub fn run_hook(verb: Verb, config_path: Option<std::path::PathBuf>) -> i32 {
         }
     };
     let (cfg, config_error) = Config::load_or_salvage(config_path.as_deref());
-    log_config_notices(verb, &cfg, &env);
+    log_config_notices(&cfg, &env);
     let dog = arm_watchdog(verb, &cfg, &env);
     let result = match &config_error {
         None => match verb {
@@ -263,15 +263,14 @@ pub fn run_hook(verb: Verb, config_path: Option<std::path::PathBuf>) -> i32 {
 }
 
 /// What the site config still says in a form that goes in a later release
-/// (`Config::notices`): one line each, so that the admin reads it where the
-/// hooks' lines go.
-fn log_config_notices(verb: Verb, cfg: &Config, env: &JobEnv) {
+/// (`Config::notices`): one `action=config` line each, as for a config that
+/// cannot be read, so that the admin reads it where the hooks' lines go.
+fn log_config_notices(cfg: &Config, env: &JobEnv) {
     for notice in &cfg.notices {
-        ActionLine::new(verb.name())
+        ActionLine::new("config")
             .field("job", env.job_id)
             .field("node", &env.node)
-            .field("config", cfg.path().display())
-            .field("detail", format!("deprecated: {notice}"))
+            .field("detail", format!("{}: deprecated: {notice}", cfg.path().display()))
             .outcome(Outcome::Ok)
             .emit(&cfg.log);
     }
