@@ -17,11 +17,11 @@ pub mod health;
 #[cfg(feature = "cli")]
 pub mod cli;
 pub mod lifecycle;
-pub mod mig;
+pub use gpu_mode_modes::mig;
 /// The node MIG baseline, at its old path (crate::mig::baseline).
 pub use mig::baseline as mig_baseline;
-pub mod mode_driver;
-pub mod modes;
+pub use gpu_mode_modes::mode_driver;
+pub use gpu_mode_modes::modes;
 pub mod node_check;
 pub mod observe;
 /// Checkpoint on preemption (crate `gpu-mode-preempt`), at its old path.

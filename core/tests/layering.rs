@@ -21,14 +21,15 @@ fn said(o: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }
 
-/// The four library crates: gpu-mode-base (the bottom three layers),
+/// The five library crates: gpu-mode-base (the bottom three layers),
 /// gpu-mode-devices (NVML, CRIU, the CUDA checkpoint verb), gpu-mode-preempt
-/// (the layering's `preempt`, a crate of its own) and gpu-mode-core; Cargo
-/// keeps each from reaching up into the next, this keeps the layers inside
-/// each.
+/// (the layering's `preempt`, a crate of its own), gpu-mode-modes (the mode
+/// interface, the modes, MIG) and gpu-mode-core; Cargo keeps each from
+/// reaching up into the next, this keeps the layers inside each.
 #[test]
 fn the_crates_keep_their_layering() {
-    for (src, flags) in [("../base/src", &[][..]), ("../devices/src", &[]), ("../preempt/src", &["--crate-is=preempt"]), ("src", &[])] {
+    let crates = [("../base/src", &[][..]), ("../devices/src", &[]), ("../preempt/src", &["--crate-is=preempt"]), ("../modes/src", &[]), ("src", &[])];
+    for (src, flags) in crates {
         let out = modgraph_check_with(&Path::new(env!("CARGO_MANIFEST_DIR")).join(src), flags);
         assert!(out.status.success(), "the layering of {src} is broken (see docs/architecture.md):\n{}", said(&out));
     }

@@ -4,7 +4,7 @@
 # instance creation and GPU resets, so this runs ONLY
 # read-only verbs:
 #   1. `gpu-mode-mig plan --all` for every config of the test fixtures
-#      (core/tests/fixtures/mig-parted/*.yaml) against the real profile table,
+#      (modes/tests/fixtures/mig-parted/*.yaml) against the real profile table,
 #      and the same against the simulated table of the same model; the two
 #      must place or refuse every layout alike (diffed);
 #   2. `gpu-mode-mig export`, and `assert` against the export, against
@@ -26,7 +26,7 @@ OUT=${OUT:-/tmp/mig-readonly}
 mkdir -p "$OUT"
 W=$(mktemp -d)
 exec > >(tee "$OUT/mig-readonly.log") 2>&1
-FIX=$ROOT/core/tests/fixtures/mig-parted
+FIX=$ROOT/modes/tests/fixtures/mig-parted
 MIG=$B/gpu-mode-mig
 for f in "$MIG" "$B/gpu-mode-node-checker" "$B/libnvml_sim.so"; do
     [ -e "$f" ] || { echo "missing $f: build the workspace (cargo build --workspace) and carry $B"; exit 2; }

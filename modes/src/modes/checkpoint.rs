@@ -191,9 +191,10 @@ fn is_executable(path: &std::path::Path) -> bool {
 
 /// A stand-in for the checkpoint agent in unit tests of the lifecycle: an
 /// executable that only marks that it started, and a thread that then
-/// listens on the job's socket and answers `stop`, as the agent would.
-#[cfg(test)]
-pub(crate) mod stand_in {
+/// listens on the job's socket and answers `stop`, as the agent would
+/// (feature `stand-in`: gpu-mode-core's lifecycle tests use it).
+#[cfg(any(test, feature = "stand-in"))]
+pub mod stand_in {
     use crate::config::Config;
     use crate::preempt::protocol::{self, Request, Response};
     use std::io::BufReader;
