@@ -766,6 +766,26 @@ mod tests {
         Config::parse(text, Path::new("/etc/x.toml")).map_err(|e| e.to_string())
     }
 
+    /// Each text is refused, the error naming the file and saying `needle`.
+    fn assert_refused(cases: &[(&str, &str)]) {
+        for (text, needle) in cases {
+            let err = parse(text).expect_err(text);
+            assert!(err.contains(needle), "config {text:?}: {err:?} lacks {needle:?}");
+            assert!(err.starts_with("config file /etc/x.toml"), "{err}");
+        }
+    }
+
+    /// The old section's keys that go to [cuda_ckpt] are exactly its fields
+    /// (a field added there and not to the list would be sent to [preempt]).
+    #[test]
+    fn the_keys_moved_to_cuda_ckpt_are_its_fields() {
+        let all = CudaCkptConfig { cuda_library: Some("/lib/libcuda.so.1".into()), ..CudaCkptConfig::default() };
+        let table: toml::Table = toml::Table::try_from(&all).unwrap();
+        let mut keys: Vec<&str> = CUDA_CKPT_KEYS.to_vec();
+        keys.sort();
+        assert_eq!(table.keys().map(String::as_str).collect::<Vec<_>>(), keys);
+    }
+
     #[test]
     fn empty_file_gives_defaults() {
         assert_eq!(parse("").unwrap(), Config::default());
@@ -803,10 +823,7 @@ mod tests {
             ("[health.deep]\nmemory_mib = 0", "health.deep.memory_mib"),
             ("[health]\nxid = [1]", "unknown field `xid`"),
         ];
-        for (text, needle) in cases {
-            let err = parse(text).expect_err(text);
-            assert!(err.contains(needle), "{text:?}: {err}");
-        }
+        assert_refused(&cases);
     }
 
     #[test]
@@ -891,10 +908,7 @@ mod tests {
             ("[checkpoint]\ncriu = \"criu\"", "preempt.criu = \"criu\" must be an absolute path (the [checkpoint] section is now [preempt]"),
             ("[checkpoint]\nimage_dirs = \"/a\"", "unknown field `image_dirs`"),
         ];
-        for (text, needle) in cases {
-            let err = parse(text).expect_err(text);
-            assert!(err.contains(needle), "{text:?}: {err}");
-        }
+        assert_refused(&cases);
     }
 
     #[test]
@@ -963,11 +977,7 @@ mod tests {
             ("[mig]\nnvidia_smi = \"nvidia-smi\"", "mig.nvidia_smi"),
             ("[mig.layouts]\nb = \"1g.10gb\"\n[mig]\nbaseline = \"@b\"\n[health]\nmig_baseline = [\"1g.10gb\"]", "health.mig_baseline and mig.baseline are both set"),
         ];
-        for (text, needle) in cases {
-            let err = parse(text).expect_err(text);
-            assert!(err.contains(needle), "config {text:?}: {err:?} lacks {needle:?}");
-            assert!(err.starts_with("config file /etc/x.toml"), "{err}");
-        }
+        assert_refused(&cases);
     }
 
     #[test]
