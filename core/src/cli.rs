@@ -3,7 +3,19 @@
 //! names (`drain::is_node_name`), flattened into `gpu-mode-status` and
 //! `gpu-mode-node-checker`.
 
-use std::path::PathBuf;
+use crate::config::Config;
+use std::path::{Path, PathBuf};
+
+/// The site config for an admin tool, its notices (a section that goes in a
+/// later release) printed as `program`'s warnings on stderr. The error is
+/// the line for stderr; the tool then exits with its usage code.
+pub fn load_config(program: &str, path: Option<&Path>) -> Result<Config, String> {
+    let cfg = Config::load(path).map_err(|e| format!("{program}: {e}"))?;
+    for notice in &cfg.notices {
+        crate::log::stderr_line(&format!("{program}: warning: {}: {notice}", cfg.path().display()));
+    }
+    Ok(cfg)
+}
 
 #[derive(clap::Args, Clone, Debug, Default)]
 pub struct SiteArgs {

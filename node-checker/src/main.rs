@@ -15,14 +15,10 @@ use std::time::Duration;
 
 
 fn load(config: Option<&std::path::Path>) -> Result<Config, ExitCode> {
-    let config = Config::load(config).map_err(|e| {
-        stderr_line(&format!("gpu-mode-node-checker: {e}"));
+    gpu_mode_core::cli::load_config("gpu-mode-node-checker", config).map_err(|e| {
+        stderr_line(&e);
         ExitCode::from(EXIT_USAGE)
-    })?;
-    for notice in &config.notices {
-        stderr_line(&format!("gpu-mode-node-checker: warning: {}: {notice}", config.path().display()));
-    }
-    Ok(config)
+    })
 }
 
 fn check(a: CheckArgs) -> Result<ExitCode, ExitCode> {

@@ -5,22 +5,18 @@ use clap::Parser;
 use gpu_mode_core::log::stderr_line;
 use gpu_mode_core::drain::node_name;
 use gpu_mode_core::status::{gather, EXIT_USAGE};
-use gpu_mode_core::Config;
 use gpu_mode_status::cli::Cli;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let cfg = match Config::load(cli.site.config.as_deref()) {
+    let cfg = match gpu_mode_core::cli::load_config("gpu-mode-status", cli.site.config.as_deref()) {
         Ok(c) => c,
         Err(e) => {
-            stderr_line(&format!("gpu-mode-status: {e}"));
+            stderr_line(&e);
             return ExitCode::from(EXIT_USAGE as u8);
         }
     };
-    for notice in &cfg.notices {
-        stderr_line(&format!("gpu-mode-status: warning: {}: {notice}", cfg.path().display()));
-    }
     let node = match cli.explicit_node() {
         Ok(n) => node_name(n),
         Err(e) => {
