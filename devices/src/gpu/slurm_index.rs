@@ -9,9 +9,9 @@
 
 use super::{GpuError, GpuOps};
 use crate::config::Config;
-use crate::gres::{read_gpu_order, GpuOrder, GresDevice};
+use crate::gres::{read_gpu_order, GpuOrder, GresDevice, GresError};
 use crate::job_env::{format_gpu_list, JobEnv};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// A job's GPUs in both numberings, in the same order.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -24,17 +24,42 @@ pub struct JobGpus {
     pub how: String,
 }
 
+/// Why a job's Slurm GPU indices could not be mapped to NVML's. The prolog
+/// drains the node with it (`GPU indices: ...`, [`Fault::GpuIndices`]), so
+/// each text is written to survive Slurm's cut of a drain reason.
+///
+/// [`Fault::GpuIndices`]: crate::failure::Fault::GpuIndices
+#[derive(Debug, thiserror::Error)]
+pub enum IndexError {
+    /// gres.conf could not be read or parsed.
+    #[error(transparent)]
+    Gres(#[from] GresError),
+    /// NVML could not be opened or counted, so no minor could be read.
+    #[error("NVML: {0}")]
+    Nvml(#[source] GpuError),
+    #[error("Slurm GPU index {index} is not in {}: it lists {count} GPU device files for this node", .path.display())]
+    NotListed { index: u32, path: PathBuf, count: usize },
+    /// No readable GPU has the device's minor, and some GPUs could not be
+    /// read: their errors (texts, one per GPU) come first, since "the GPU is
+    /// lost" must survive the drain reason's cut (docs/faults.md).
+    #[error("{}: so Slurm GPU index {index} ({file}, {} line {line}) matches no GPU NVML can read", .unreadable.join("; "), .path.display())]
+    Unreadable { unreadable: Vec<String>, index: u32, file: String, path: PathBuf, line: usize },
+    /// Every GPU was read, and none has the device's minor.
+    #[error("Slurm GPU index {index} is {file} ({} line {line}) but no GPU with minor {minor} is visible to NVML", .path.display())]
+    NoMinor { index: u32, file: String, path: PathBuf, line: usize, minor: u32 },
+}
+
 /// Reads the node's gres.conf and maps the job's GPUs. `nvml` is asked for
 /// only when minors must be read; a job without GPUs reads nothing.
 pub fn resolve<'a>(
     cfg: &Config,
     env: &JobEnv,
     nvml: impl FnOnce() -> Result<&'a dyn GpuOps, GpuError>,
-) -> Result<JobGpus, String> {
+) -> Result<JobGpus, IndexError> {
     if env.slurm_gpus.is_empty() {
         return Ok(JobGpus::default());
     }
-    let order = read_gpu_order(&cfg.slurm.gres_conf, &env.node).map_err(|e| e.to_string())?;
+    let order = read_gpu_order(&cfg.slurm.gres_conf, &env.node)?;
     map_to_nvml(&order, &env.slurm_gpus, nvml)
 }
 
@@ -43,7 +68,7 @@ pub fn map_to_nvml<'a>(
     order: &GpuOrder,
     slurm: &[u32],
     nvml: impl FnOnce() -> Result<&'a dyn GpuOps, GpuError>,
-) -> Result<JobGpus, String> {
+) -> Result<JobGpus, IndexError> {
     let (path, devices) = match order {
         GpuOrder::Nvml { reason } => {
             let how = format!("Slurm's GPU indices are NVML's ({reason})");
@@ -51,16 +76,16 @@ pub fn map_to_nvml<'a>(
         }
         GpuOrder::Files { path, devices } => (path, devices),
     };
-    let minors = NvmlMinors::read(nvml().map_err(|e| format!("NVML: {e}"))?)?;
+    let minors = NvmlMinors::read(nvml().map_err(IndexError::Nvml)?)?;
     let nvml = slurm
         .iter()
         .map(|&index| {
-            let device = devices.get(index as usize).ok_or_else(|| {
-                format!("Slurm GPU index {index} is not in {}: it lists {} GPU device files for this node", path.display(), devices.len())
-            })?;
+            let device = devices
+                .get(index as usize)
+                .ok_or_else(|| IndexError::NotListed { index, path: path.clone(), count: devices.len() })?;
             minors.index_of(index, device, path)
         })
-        .collect::<Result<Vec<u32>, String>>()?;
+        .collect::<Result<Vec<u32>, IndexError>>()?;
     let how = format!("Slurm GPUs {} are NVML GPUs {} (minors from {})", format_gpu_list(slurm), format_gpu_list(&nvml), path.display());
     Ok(JobGpus { slurm: slurm.to_vec(), nvml, how })
 }
@@ -73,8 +98,8 @@ struct NvmlMinors {
 }
 
 impl NvmlMinors {
-    fn read(ops: &dyn GpuOps) -> Result<NvmlMinors, String> {
-        let count = ops.count().map_err(|e| format!("NVML: {e}"))?;
+    fn read(ops: &dyn GpuOps) -> Result<NvmlMinors, IndexError> {
+        let count = ops.count().map_err(IndexError::Nvml)?;
         let mut minors = NvmlMinors { known: Vec::new(), unreadable: Vec::new() };
         // A GPU that cannot be read is only a problem if the job needs it:
         // it is named when a minor is not found.
@@ -87,28 +112,15 @@ impl NvmlMinors {
         Ok(minors)
     }
 
-    fn index_of(&self, slurm: u32, device: &GresDevice, path: &Path) -> Result<u32, String> {
+    fn index_of(&self, slurm: u32, device: &GresDevice, path: &Path) -> Result<u32, IndexError> {
         if let Some(&(_, gpu)) = self.known.iter().find(|(minor, _)| *minor == device.minor) {
             return Ok(gpu);
         }
+        let (index, file, path, line) = (slurm, device.file.clone(), path.to_path_buf(), device.line);
         if !self.unreadable.is_empty() {
-            // The cause first: drain reasons are cut at Slurm's length, and
-            // "the GPU is lost" must survive the cut (docs/faults.md).
-            return Err(format!(
-                "{}: so Slurm GPU index {slurm} ({}, {} line {}) matches no GPU NVML can read",
-                self.unreadable.join("; "),
-                device.file,
-                path.display(),
-                device.line
-            ));
+            return Err(IndexError::Unreadable { unreadable: self.unreadable.clone(), index, file, path, line });
         }
-        Err(format!(
-            "Slurm GPU index {slurm} is {} ({} line {}) but no GPU with minor {} is visible to NVML",
-            device.file,
-            path.display(),
-            device.line,
-            device.minor
-        ))
+        Err(IndexError::NoMinor { index, file, path, line, minor: device.minor })
     }
 }
 
@@ -123,6 +135,10 @@ mod tests {
     }
 
     fn map(text: &str, slurm: &[u32], gpus: &FakeGpus) -> Result<Vec<u32>, String> {
+        map_typed(text, slurm, gpus).map_err(|e| e.to_string())
+    }
+
+    fn map_typed(text: &str, slurm: &[u32], gpus: &FakeGpus) -> Result<Vec<u32>, IndexError> {
         map_to_nvml(&order(text), slurm, || Ok(gpus as &dyn GpuOps)).map(|j| j.nvml)
     }
 
@@ -177,7 +193,34 @@ mod tests {
         let err = map(text, &[1], &gpus).unwrap_err();
         assert!(err.starts_with("nvmlDeviceGetMinorNumber on GPU 1: the GPU is lost"), "the cause comes first: {err}");
         assert!(err.contains("so Slurm GPU index 1 (/dev/nvidia1, /etc/slurm/gres.conf line 2) matches no GPU NVML can read"), "{err}");
-        let err = map_to_nvml(&order(text), &[0], || Err(GpuError::DriverNotLoaded { call: "nvmlInit_v2" })).unwrap_err();
+        let err = map_to_nvml(&order(text), &[0], || Err(GpuError::DriverNotLoaded { call: "nvmlInit_v2" })).unwrap_err().to_string();
         assert!(err.starts_with("NVML: nvmlInit_v2: the NVIDIA driver is not loaded"), "{err}");
+    }
+
+    /// Each way a mapping fails is its own kind, carrying what it names.
+    #[test]
+    fn each_unmappable_index_is_its_own_kind() {
+        let mut gpus = FakeGpus::with_minors(&[0, 1]);
+        let text = "Name=gpu File=/dev/nvidia0\nName=gpu File=/dev/nvidia1\nName=gpu File=/dev/nvidia5";
+        assert!(matches!(map_typed(text, &[2], &gpus), Err(IndexError::NoMinor { index: 2, minor: 5, line: 3, .. })));
+        assert!(matches!(map_typed(text, &[3], &gpus), Err(IndexError::NotListed { index: 3, count: 3, .. })));
+        gpus.lost = vec![1];
+        match map_typed(text, &[1], &gpus) {
+            Err(IndexError::Unreadable { unreadable, index: 1, line: 2, .. }) => assert_eq!(unreadable.len(), 1, "{unreadable:?}"),
+            other => panic!("want Unreadable, got {other:?}"),
+        }
+        let opened = map_to_nvml(&order(text), &[0], || Err(GpuError::DriverNotLoaded { call: "nvmlInit_v2" }));
+        assert!(matches!(opened, Err(IndexError::Nvml(GpuError::DriverNotLoaded { .. }))), "{opened:?}");
+    }
+
+    #[test]
+    fn an_unreadable_gres_conf_is_the_gres_kind_with_its_own_text() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = Config::default();
+        cfg.slurm.gres_conf = dir.path().to_path_buf(); // a directory: read fails with EISDIR
+        let env = JobEnv { job_id: 1, uid: 1000, gid: 1000, user: "u".into(), node: "n1".into(), slurm_gpus: vec![0], mode_value: None, restart_count: 0 };
+        let err = resolve(&cfg, &env, || panic!("gres.conf comes first")).unwrap_err();
+        assert!(matches!(err, IndexError::Gres(GresError::Read { .. })), "{err:?}");
+        assert!(err.to_string().starts_with(&format!("cannot read {}: ", dir.path().display())), "{err}");
     }
 }

@@ -5,15 +5,38 @@ use super::daemon::{self, DaemonSpec};
 use super::registry::{create_daemon_dirs, daemon_dir, daemon_key, daemons_parent, DaemonRecord, REGISTRY_VERSION};
 use super::teardown::dismantle;
 use crate::config::Config;
-use crate::gpu::{apply_compute_mode, Applied, GpuOps};
+use crate::gpu::{apply_compute_mode, Applied, GpuError, GpuOps};
 use crate::gpu_lock::GpuLocks;
 use crate::job_env::{format_gpu_list, JobEnv};
 use crate::failure::{Failure, Fault};
 use crate::gpu_mode::MpsParams;
-use crate::privdrop::Identity;
+use crate::persist::StateError;
+use crate::privdrop::{Identity, SpawnError};
 use crate::procfs;
+use super::MpsError;
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
+
+/// The step of a daemon's start that failed. The prolog rolls back what the
+/// steps before it did and fails the job with `mps: <this>`.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// Reading a GPU's UUID, or setting its compute mode.
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+    /// Writing the daemon's record (the undo's intent, first of all).
+    #[error(transparent)]
+    Record(#[from] StateError),
+    #[error("creating {}: {source}", .dir.display())]
+    Dirs { dir: PathBuf, source: std::io::Error },
+    /// The job's user is not one the daemon can run as.
+    #[error(transparent)]
+    User(#[from] SpawnError),
+    /// The daemon did not start, or refused the job's parameters.
+    #[error(transparent)]
+    Daemon(#[from] MpsError),
+}
 
 /// What the job got: its daemon's key (for the epilog) and its tasks' variables.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -141,12 +164,8 @@ fn start_steps(
     gpus: &[u32],
     key: &str,
     undo: &mut Undo,
-) -> Result<DaemonRecord, String> {
-    let uuids = gpus
-        .iter()
-        .map(|&g| ops.inventory(g).map(|i| i.uuid))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| e.to_string())?;
+) -> Result<DaemonRecord, StartError> {
+    let uuids = gpus.iter().map(|&g| ops.inventory(g).map(|i| i.uuid)).collect::<Result<Vec<_>, _>>()?;
     let dir = daemon_dir(&cfg.runtime_dir, key);
     // The intent record comes first: whatever this prolog does next, a later
     // prolog or epilog finds it and knows what to undo (audit item H1).
@@ -165,18 +184,15 @@ fn start_steps(
     };
     save_record(cfg, &record, undo)?;
     for &gpu in gpus {
-        if let Applied::Changed { from, .. } =
-            apply_compute_mode(ops, gpu, cfg.gpu.mps_compute_mode).map_err(|e| e.to_string())?
-        {
+        if let Applied::Changed { from, .. } = apply_compute_mode(ops, gpu, cfg.gpu.mps_compute_mode)? {
             undo.saved_modes.push((gpu, from));
             record.saved_compute_modes = undo.saved_modes.clone();
             save_record(cfg, &record, undo)?;
         }
     }
     undo.dir = true;
-    create_daemon_dirs(&cfg.runtime_dir, key, env.uid, env.gid)
-        .map_err(|e| format!("creating {}: {e}", dir.display()))?;
-    let who = Identity::of_user(env.uid, env.gid).map_err(|e| e.to_string())?;
+    create_daemon_dirs(&cfg.runtime_dir, key, env.uid, env.gid).map_err(|source| StartError::Dirs { dir: dir.clone(), source })?;
+    let who = Identity::of_user(env.uid, env.gid)?;
     let spec = DaemonSpec {
         program: &cfg.mps.control,
         who: &who,
@@ -186,18 +202,18 @@ fn start_steps(
         pipe_dir: &record.pipe_dir,
         log_dir: &record.log_dir,
     };
-    record.daemon = Some(daemon::start(&spec, ms(cfg.mps.start_timeout_ms)).map_err(|e| e.to_string())?);
+    record.daemon = Some(daemon::start(&spec, ms(cfg.mps.start_timeout_ms))?);
     save_record(cfg, &record, undo)?;
     let commands = parameter_commands(params.threads, params.mem, gpus.len());
     if !commands.is_empty() {
         let control = Control { program: &cfg.mps.control, pipe_dir: &record.pipe_dir, log_dir: &record.log_dir, who: &who };
-        control.send(&commands, ms(cfg.mps.start_timeout_ms)).map_err(|e| e.to_string())?;
+        control.send(&commands, ms(cfg.mps.start_timeout_ms))?;
     }
     Ok(record)
 }
 
-fn save_record(cfg: &Config, record: &DaemonRecord, undo: &mut Undo) -> Result<(), String> {
-    record.save(&cfg.runtime_dir).map_err(|e| e.to_string())?;
+fn save_record(cfg: &Config, record: &DaemonRecord, undo: &mut Undo) -> Result<(), StartError> {
+    record.save(&cfg.runtime_dir)?;
     undo.record = Some(record.clone());
     Ok(())
 }
@@ -248,6 +264,34 @@ mod tests {
             saved_compute_modes: vec![],
             ..crate::mps::registry::test_record(uid, gpus, jobs)
         }
+    }
+
+    /// A step's failure keeps its kind (what the prolog's `mps: ...` names),
+    /// and the roll-back removes the record the steps before it wrote.
+    #[test]
+    fn a_failed_start_step_is_typed_and_rolled_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = Config { runtime_dir: dir.path().to_path_buf(), ..Config::default() };
+        let env = JobEnv { job_id: 7, uid: 1000, gid: 1000, user: "u".into(), node: "n1".into(), slurm_gpus: vec![0], mode_value: None, restart_count: 0 };
+        let key = daemon_key(env.uid, &[0]);
+        let step = |gpus: &crate::gpu::fake::FakeGpus, undo: &mut Undo| start_steps(&cfg, &env, &MpsParams::default(), gpus, &[0], &key, undo);
+
+        let mut lost = crate::gpu::fake::FakeGpus::with_minors(&[0]);
+        lost.lost = vec![0];
+        let mut undo = Undo::default();
+        let err = step(&lost, &mut undo).unwrap_err();
+        assert!(matches!(err, StartError::Gpu(GpuError::GpuLost { .. })), "{err:?}");
+        assert!(undo.record.is_none(), "nothing was written before the UUIDs were read");
+
+        // The fake does not model compute modes: the record is written, then the mode fails.
+        let gpus = crate::gpu::fake::FakeGpus::with_minors(&[0]);
+        let mut undo = Undo::default();
+        let err = step(&gpus, &mut undo).unwrap_err();
+        assert!(matches!(err, StartError::Gpu(GpuError::Refused { .. })), "{err:?}");
+        assert_eq!(err.to_string(), "GPU 0: modes is not modelled by FakeGpus");
+        assert!(DaemonRecord::load(&cfg.runtime_dir, &key).unwrap().is_some(), "the intent record comes first");
+        assert_eq!(roll_back(&cfg, &gpus, &daemon_dir(&cfg.runtime_dir, &key), &mut undo), "");
+        assert!(DaemonRecord::load(&cfg.runtime_dir, &key).unwrap().is_none(), "rolled back");
     }
 
     #[test]
