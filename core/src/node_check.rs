@@ -185,6 +185,6 @@ pub fn acknowledge(config: &Config) -> Result<String, String> {
         .collect();
     let forgotten = ctx.cursor.xids.len();
     ctx.cursor.acknowledge(&counts);
-    ctx.cursor.save(&config.health.state_dir(&config.runtime_dir))?;
+    ctx.cursor.save(&config.health.state_dir(&config.runtime_dir)).map_err(|e| e.to_string())?;
     Ok(format!("acknowledged: {forgotten} XID(s) forgotten, ECC baselines set for {} GPU(s)", counts.len()))
 }

@@ -115,7 +115,7 @@ fn uses() -> Vec<Use> {
         }),
         ("mps", |run| create_daemon_dirs(run, "1001-0", 1001, 1001).map(drop).map_err(|e| e.to_string())),
         ("mig", |run| MigJournal::new(7, 1001).save(run).map_err(|e| e.to_string())),
-        ("health", |run| Cursor::default().save(&run.join("health"))),
+        ("health", |run| Cursor::default().save(&run.join("health")).map_err(|e| e.to_string())),
     ]
 }
 

@@ -6,7 +6,7 @@
 
 use super::kmsg::{self, Record};
 use super::config::HealthConfig;
-use crate::state::{parse_versioned, write_json};
+use crate::state::{parse_versioned, write_json, StateError};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -67,6 +67,21 @@ impl Default for Cursor {
     }
 }
 
+/// Why the cursor could not be read (the checker starts afresh and warns)
+/// or saved (it warns: the next run would count these XIDs again).
+#[derive(Debug, thiserror::Error)]
+pub enum CursorError {
+    #[error("cannot read {}: {source}", .path.display())]
+    Read { path: PathBuf, source: std::io::Error },
+    /// Corrupt, or of another version.
+    #[error(transparent)]
+    Parse(StateError),
+    #[error("{}: {source}", .dir.display())]
+    Dir { dir: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    Write(StateError),
+}
+
 pub fn cursor_path(state_dir: &Path) -> PathBuf {
     state_dir.join(CURSOR_FILE)
 }
@@ -74,20 +89,20 @@ pub fn cursor_path(state_dir: &Path) -> PathBuf {
 impl Cursor {
     /// The saved cursor; a missing file is a fresh one. A corrupt one is an
     /// error (the caller starts afresh and reports it).
-    pub fn load(state_dir: &Path) -> Result<Cursor, String> {
+    pub fn load(state_dir: &Path) -> Result<Cursor, CursorError> {
         let path = cursor_path(state_dir);
         match std::fs::read(&path) {
-            Ok(text) => parse_versioned(&text, &path, CURSOR_VERSION).map_err(|e| e.to_string()),
+            Ok(text) => parse_versioned(&text, &path, CURSOR_VERSION).map_err(CursorError::Parse),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Cursor::default()),
-            Err(e) => Err(format!("cannot read {}: {e}", path.display())),
+            Err(source) => Err(CursorError::Read { path, source }),
         }
     }
 
     /// Writes the cursor atomically, creating the root-owned directory.
-    pub fn save(&self, state_dir: &Path) -> Result<(), String> {
+    pub fn save(&self, state_dir: &Path) -> Result<(), CursorError> {
         let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
-        crate::fsutil::ensure_private_dir(state_dir, uid, gid, 0o755).map_err(|e| format!("{}: {e}", state_dir.display()))?;
-        write_json(&cursor_path(state_dir), self).map_err(|e| e.to_string())
+        crate::fsutil::ensure_private_dir(state_dir, uid, gid, 0o755).map_err(|source| CursorError::Dir { dir: state_dir.to_path_buf(), source })?;
+        write_json(&cursor_path(state_dir), self).map_err(CursorError::Write)
     }
 
     /// A new boot: the kernel log and the XIDs start over.
@@ -228,6 +243,8 @@ mod tests {
         c.save(&sd).unwrap();
         assert_eq!(Cursor::load(&sd).unwrap(), c);
         std::fs::write(cursor_path(&sd), b"{").unwrap();
-        assert!(Cursor::load(&sd).unwrap_err().contains("is corrupt"));
+        let err = Cursor::load(&sd).unwrap_err();
+        assert!(matches!(err, CursorError::Parse(StateError::Corrupt { .. })), "{err:?}");
+        assert!(err.to_string().contains("is corrupt"), "{err}");
     }
 }

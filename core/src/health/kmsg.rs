@@ -7,7 +7,7 @@
 
 use std::io::Read;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// One kernel log record: `/dev/kmsg`'s `prio,seq,usec,flags;text`.
@@ -70,24 +70,40 @@ pub fn boot_id() -> String {
     std::fs::read_to_string("/proc/sys/kernel/random/boot_id").map(|s| s.trim().to_string()).unwrap_or_default()
 }
 
+/// Why the kernel log could not be read: the XID check warns with it and
+/// the cursor starts the boot afresh.
+#[derive(Debug, thiserror::Error)]
+pub enum KmsgError {
+    #[error("cannot read the kernel log {}: {source}", .path.display())]
+    Stat { path: PathBuf, source: std::io::Error },
+    #[error("cannot read {}: {source}", .path.display())]
+    ReadFile { path: PathBuf, source: std::io::Error },
+    #[error("cannot open the kernel log {}: {source}", .path.display())]
+    Open { path: PathBuf, source: std::io::Error },
+    #[error("reading the kernel log {}: {source}", .path.display())]
+    Read { path: PathBuf, source: std::io::Error },
+}
+
 /// Every record in the log at `path`: `/dev/kmsg` (one record per read) or
 /// a regular file of records, one per line (tests, saved logs).
-pub fn read_records(path: &Path) -> Result<Vec<Record>, String> {
-    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read the kernel log {}: {e}", path.display()))?;
+pub fn read_records(path: &Path) -> Result<Vec<Record>, KmsgError> {
+    let at = || path.to_path_buf();
+    let meta = std::fs::metadata(path).map_err(|source| KmsgError::Stat { path: at(), source })?;
     if meta.file_type().is_char_device() {
         read_device(path)
     } else {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let text = std::fs::read_to_string(path).map_err(|source| KmsgError::ReadFile { path: at(), source })?;
         Ok(text.lines().filter_map(parse_record).collect())
     }
 }
 
-fn read_device(path: &Path) -> Result<Vec<Record>, String> {
+fn read_device(path: &Path) -> Result<Vec<Record>, KmsgError> {
+    let at = || path.to_path_buf();
     let mut f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
         .open(path)
-        .map_err(|e| format!("cannot open the kernel log {}: {e}", path.display()))?;
+        .map_err(|source| KmsgError::Open { path: at(), source })?;
     let mut buf = vec![0u8; 16 * 1024];
     let (mut out, start) = (Vec::new(), Instant::now());
     while out.len() < MAX_RECORDS && start.elapsed() < MAX_TIME {
@@ -97,7 +113,7 @@ fn read_device(path: &Path) -> Result<Vec<Record>, String> {
             // EPIPE: records were overwritten before we read them; go on.
             Err(e) if e.raw_os_error() == Some(libc::EPIPE) => continue,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-            Err(e) => return Err(format!("reading the kernel log {}: {e}", path.display())),
+            Err(source) => return Err(KmsgError::Read { path: at(), source }),
         }
     }
     Ok(out)
@@ -140,6 +156,7 @@ mod tests {
         let r = read_records(&p).unwrap();
         assert_eq!(r.iter().map(|r| r.seq).collect::<Vec<_>>(), vec![1, 2]);
         let err = read_records(&dir.path().join("none")).unwrap_err();
-        assert!(err.contains("cannot read the kernel log"), "{err}");
+        assert!(matches!(&err, KmsgError::Stat { source, .. } if source.kind() == std::io::ErrorKind::NotFound), "{err:?}");
+        assert!(err.to_string().contains("cannot read the kernel log"), "{err}");
     }
 }

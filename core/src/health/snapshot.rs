@@ -2,7 +2,7 @@
 //! inventory, modes, health readings, MIG instances), processes, live jobs,
 //! new kernel-log XIDs and the cursor kept between runs.
 
-use super::cursor::Cursor;
+use super::cursor::{Cursor, CursorError};
 use super::kmsg;
 use super::config::HealthConfig;
 use crate::gpu::{DriverVersions, GpuError, GpuInventory, GpuModes, GpuOps, HealthReadings, MigInstance, MigProfile};
@@ -63,9 +63,9 @@ pub struct Ctx<'a> {
     /// XIDs (new and remembered) and ECC baselines, updated for this run.
     pub cursor: Cursor,
     /// Why the kernel log could not be read, if it could not.
-    pub kmsg_error: Option<String>,
+    pub kmsg_error: Option<kmsg::KmsgError>,
     /// Why the cursor file could not be read (it was started afresh).
-    pub cursor_error: Option<String>,
+    pub cursor_error: Option<CursorError>,
     /// The node's MIG baseline (`None`: none configured), or why it could
     /// not be read. The same definition `gpu-mode-mig` applies.
     pub mig_baseline: Result<Option<Baseline>, String>,
@@ -355,13 +355,13 @@ mod tests {
         std::fs::write(dir.path().join("state").join(super::super::cursor::CURSOR_FILE), b"{ corrupt").unwrap();
         let src = |h| Sources { health: h, runtime_dir: dir.path(), mps_control: &mps_control, mig_baseline: Ok(None) };
         let ctx = take(&src(&health), Ok(&ops));
-        assert!(ctx.kmsg_error.as_deref().is_some_and(|e| e.contains("no-kmsg")), "{:?}", ctx.kmsg_error);
-        assert!(ctx.cursor_error.as_deref().is_some_and(|e| e.contains("cursor.json")), "{:?}", ctx.cursor_error);
+        assert!(ctx.kmsg_error.as_ref().is_some_and(|e| e.to_string().contains("no-kmsg")), "{:?}", ctx.kmsg_error);
+        assert!(ctx.cursor_error.as_ref().is_some_and(|e| e.to_string().contains("cursor.json")), "{:?}", ctx.cursor_error);
         assert_eq!(ctx.cursor.boot_id, kmsg::boot_id(), "a fresh cursor for this boot");
         assert_eq!(ctx.cursor.ecc_baseline.get("GPU-0"), Some(&0), "a new GPU's ECC baseline starts at 0, not at its count");
         assert_eq!(ctx.gpus().len(), 1);
         let fresh = HealthConfig { state_dir: Some(dir.path().join("empty")), ..health.clone() };
         let ctx = take(&src(&fresh), Err("libnvidia-ml.so.1: not found".into()));
-        assert_eq!((ctx.nvml.unwrap_err().as_str(), ctx.cursor_error), ("libnvidia-ml.so.1: not found", None));
+        assert_eq!((ctx.nvml.unwrap_err().as_str(), ctx.cursor_error.map(|e| e.to_string())), ("libnvidia-ml.so.1: not found", None));
     }
 }

@@ -115,8 +115,10 @@ mod tests {
     fn an_unreadable_kernel_log_warns() {
         let fx = Fixture::new(vec![healthy_gpu(0)]);
         let mut ctx = fx.ctx();
-        ctx.kmsg_error = Some("cannot open /dev/kmsg".into());
+        let source = std::io::Error::from_raw_os_error(libc::EACCES);
+        ctx.kmsg_error = Some(super::super::kmsg::KmsgError::Open { path: "/dev/kmsg".into(), source });
         let r = Xid.run(&ctx);
         assert_eq!((r.len(), r[0].status), (1, Status::Warn));
+        assert!(r[0].message.starts_with("XIDs not checked: cannot open the kernel log /dev/kmsg: "), "{}", r[0].message);
     }
 }
