@@ -67,8 +67,14 @@ impl MetricsConfig {
     }
 }
 
+/// A name refused by [`check_unit_name`]: it could be read as an option or
+/// a path by systemctl, which root runs with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("\"{0}\" is not a systemd unit name (letters, digits and :_.@-\\ only, not starting with -)")]
+pub struct BadUnitName(pub String);
+
 /// systemd unit names as the config may give them: no options, no paths.
-pub fn check_unit_name(name: &str) -> Result<(), String> {
+pub fn check_unit_name(name: &str) -> Result<(), BadUnitName> {
     let ok = !name.is_empty()
         && name.len() <= 256
         && !name.starts_with('-')
@@ -76,7 +82,7 @@ pub fn check_unit_name(name: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!("\"{name}\" is not a systemd unit name (letters, digits and :_.@-\\ only, not starting with -)"))
+        Err(BadUnitName(name.to_string()))
     }
 }
 

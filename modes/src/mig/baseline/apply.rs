@@ -5,7 +5,7 @@
 //! problems changes nothing. One structured log line per action.
 
 use super::plan::{GpuPlan, Plan};
-use super::services::{GpuReset, Services};
+use super::services::{GpuReset, ProgramError, Services};
 use super::{describe, split_instances};
 use crate::gpu::{GpuOps, MigModeChange};
 use crate::log::{ActionLine, FinishedLine, Outcome};
@@ -20,7 +20,7 @@ pub enum Done {
 }
 
 /// Why an apply did not bring the GPUs to the baseline.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum ApplyError {
     /// The plan has problems: nothing was changed.
     #[error("refused, nothing changed: {}", .0.join("; "))]
@@ -35,16 +35,16 @@ pub enum ApplyError {
 }
 
 /// The step of an apply that failed, with what it was acting on.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum StepError {
-    #[error("cannot tell whether {unit} is active: {detail}")]
-    ServiceState { unit: String, detail: String },
-    #[error("cannot stop {unit}: {detail}")]
-    ServiceStop { unit: String, detail: String },
+    #[error("cannot tell whether {unit} is active: {source}")]
+    ServiceState { unit: String, source: ProgramError },
+    #[error("cannot stop {unit}: {source}")]
+    ServiceStop { unit: String, source: ProgramError },
     #[error("GPU {gpu}: cannot switch MIG {}: {detail}", on_off(*.enable))]
     MigMode { gpu: u32, enable: bool, detail: String },
     #[error("GPU reset to apply the MIG mode failed: {0}")]
-    Reset(String),
+    Reset(#[source] ProgramError),
     #[error("GPU {gpu}: MIG is still not {} after the reset ({modes}); a passthrough VM may need a reboot", on_off(*.enable))]
     ModeNotApplied { gpu: u32, enable: bool, modes: String },
     #[error("GPU {gpu}: cannot destroy GI {gpu_instance} ({profile}): {detail}")]
@@ -143,14 +143,14 @@ fn stop_services(units: &[String], services: &dyn Services, emit: Emit) -> Resul
         match services.is_active(u) {
             Ok(true) => active.push(u.clone()),
             Ok(false) => {}
-            Err(detail) => return Err((Vec::new(), StepError::ServiceState { unit: u.clone(), detail })),
+            Err(source) => return Err((Vec::new(), StepError::ServiceState { unit: u.clone(), source })),
         }
     }
     for (i, u) in active.iter().enumerate() {
         let r = services.stop(u);
         emit(done(step("stop").field("unit", u), &r));
-        if let Err(detail) = r {
-            return Err((active[..i].to_vec(), StepError::ServiceStop { unit: u.clone(), detail }));
+        if let Err(source) = r {
+            return Err((active[..i].to_vec(), StepError::ServiceStop { unit: u.clone(), source }));
         }
     }
     Ok(active)

@@ -4,7 +4,8 @@
 use super::apply::{apply, ApplyError, Done, StepError};
 use super::fake::FakeMig;
 use super::plan::{plan, Observed, Plan, Settings};
-use super::services::record::{RecordingReset, RecordingServices};
+use super::services::record::{failed as ran, RecordingReset, RecordingServices};
+use super::services::ProgramError;
 use super::{parted, tool, Baseline};
 use crate::gpu::{GpuOps, MigInstanceSetting, MigModeSetting};
 use crate::log::FinishedLine;
@@ -163,8 +164,9 @@ fn a_pending_mode_is_applied_by_a_reset_and_a_refused_reset_still_restarts_servi
     let (r, lines) = run(&ops, &all_on("\"7g.80gb\": 1"), &svc);
     let err = r.unwrap_err();
     assert_eq!(err.label(), "gpu_reset", "{err}");
+    assert!(matches!(&err, ApplyError::Failed { step: StepError::Reset(ProgramError::Failed { .. }), .. }), "{err}");
     let err = err.to_string();
-    assert!(err.starts_with("GPU reset to apply the MIG mode failed: reset of 00000000:18:00.0 refused"), "{err}");
+    assert!(err.starts_with("GPU reset to apply the MIG mode failed: nvidia-smi --gpu-reset -i 00000000:18:00.0 failed (exit status: 1): reset of 00000000:18:00.0 refused"), "{err}");
     assert_eq!(
         svc.changes(),
         [
@@ -279,7 +281,16 @@ fn every_fixture_config_is_placed_or_refused_on_its_model() {
 fn each_failed_step_has_its_label_and_says_what_it_acted_on() {
     let failed = |step: StepError| ApplyError::Failed { step, restart: vec![] };
     let cases = [
-        (failed(StepError::ServiceState { unit: "a.service".into(), detail: "x".into() }), "services", "cannot tell whether a.service is active: x"),
+        (
+            failed(StepError::ServiceState { unit: "a.service".into(), source: ran("/bin/systemctl", "is-active --quiet -- a.service", "x") }),
+            "services",
+            "cannot tell whether a.service is active: /bin/systemctl is-active --quiet -- a.service failed (exit status: 1): x",
+        ),
+        (
+            failed(StepError::ServiceStop { unit: "a.service".into(), source: ProgramError::BadUnitName(crate::config::BadUnitName("-a".into())) }),
+            "services",
+            "cannot stop a.service: \"-a\" is not a systemd unit name (letters, digits and :_.@-\\ only, not starting with -)",
+        ),
         (failed(StepError::MigMode { gpu: 1, enable: false, detail: "x".into() }), "mig_mode", "GPU 1: cannot switch MIG off: x"),
         (
             failed(StepError::ModeNotApplied { gpu: 0, enable: true, modes: "modes None".into() }),
@@ -294,9 +305,14 @@ fn each_failed_step_has_its_label_and_says_what_it_acted_on() {
         ),
         (failed(StepError::Verify { gpu: 2, detail: "after apply it has 7g.80gb, not 1g.10gb".into() }), "verify", "GPU 2: after apply it has 7g.80gb, not 1g.10gb"),
         (
-            ApplyError::Failed { step: StepError::Reset("refused".into()), restart: vec!["cannot start a.service again: x".into()] },
+            ApplyError::Failed { step: StepError::Reset(ran("/bin/nvidia-smi", "--gpu-reset -i 0", "refused")), restart: vec!["cannot start a.service again: x".into()] },
             "gpu_reset",
-            "GPU reset to apply the MIG mode failed: refused; and cannot start a.service again: x",
+            "GPU reset to apply the MIG mode failed: /bin/nvidia-smi --gpu-reset -i 0 failed (exit status: 1): refused; and cannot start a.service again: x",
+        ),
+        (
+            failed(StepError::Reset(ProgramError::BadPciBusId("0;reboot".into()))),
+            "gpu_reset",
+            "GPU reset to apply the MIG mode failed: \"0;reboot\" is not a PCI bus id",
         ),
     ];
     for (err, label, said) in cases {

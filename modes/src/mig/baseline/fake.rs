@@ -4,6 +4,7 @@
 //! GPU is held and IN_USE on destroy behave as in the simulated library
 //! and as the sim's README documents.
 
+use super::services::{record::failed, ProgramError};
 use crate::gpu::*;
 use nvml_sim::model::{ci_profile_slices, code, GpuModel, GpuState, NvmlCode};
 use std::cell::{Cell, RefCell};
@@ -47,12 +48,14 @@ impl FakeMig {
         self
     }
 
-    /// `nvidia-smi --gpu-reset` on the fake: by PCI bus id.
-    pub fn reset(&self, ids: &[String]) -> Result<(), String> {
+    /// `nvidia-smi --gpu-reset` on the fake: by PCI bus id; a refusal is
+    /// a failed run of nvidia-smi, as on a node.
+    pub fn reset(&self, ids: &[String]) -> Result<(), ProgramError> {
         let mut gpus = self.gpus.borrow_mut();
+        let said = |output: String| failed("nvidia-smi", &format!("--gpu-reset -i {}", ids.join(",")), &output);
         for id in ids {
-            let g = gpus.iter_mut().find(|g| &g.pci_bus_id == id).ok_or_else(|| format!("no GPU {id}"))?;
-            g.reset().map_err(|c| format!("reset of {id} refused (code {c})"))?;
+            let g = gpus.iter_mut().find(|g| &g.pci_bus_id == id).ok_or_else(|| said(format!("no GPU {id}")))?;
+            g.reset().map_err(|c| said(format!("reset of {id} refused (code {c})")))?;
         }
         Ok(())
     }
