@@ -14,6 +14,7 @@ fuzz_target!(|data: &[u8]| {
     let names = match parted::config_names(text, FILE) {
         Ok(names) => names,
         Err(e) => {
+            let e = e.to_string();
             assert!(e.starts_with(&format!("mig-parted config {FILE}: ")) && !e.contains('\n'), "{e:?}");
             return;
         }
@@ -25,7 +26,10 @@ fuzz_target!(|data: &[u8]| {
                 let again = parted::parse(&canonical, FILE, &name).unwrap_or_else(|e| panic!("canonical form refused: {e}\n{canonical}"));
                 assert_eq!(again, b, "{canonical}");
             }
-            Err(e) => assert!(e.contains(FILE) && !e.contains('\n'), "{e:?}"),
+            Err(e) => {
+                let e = e.to_string();
+                assert!(e.contains(FILE) && !e.contains('\n'), "{e:?}")
+            }
         }
     }
 });

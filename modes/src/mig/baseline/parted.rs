@@ -34,6 +34,64 @@ use std::path::Path;
 /// Files larger than this are refused before parsing (real ones are a few KiB).
 pub const MAX_FILE_BYTES: u64 = 1 << 20;
 
+/// Why a mig-parted config file could not be read, or a config in it not
+/// taken. Every message names the file (and the config and entry where
+/// there is one); those of parsing quote the file's text through
+/// [`printable`], so one from a root helper at boot stays one line.
+#[derive(Debug, thiserror::Error)]
+pub enum PartedError {
+    #[error("cannot read mig-parted config {file}: {source}")]
+    Read { file: String, source: std::io::Error },
+    #[error("mig-parted config {file} is not a regular file")]
+    NotAFile { file: String },
+    #[error("mig-parted config {file} is {bytes} bytes, more than the {} accepted", MAX_FILE_BYTES)]
+    TooLarge { file: String, bytes: u64 },
+    /// Root reads a file someone else may write.
+    #[error("mig-parted config {file} is owned by uid {uid} with mode {mode:o}: it decides what root does to the GPUs, so only root may write it")]
+    Unsafe { file: String, uid: u32, mode: u32 },
+    /// Not YAML, or not the file's shape (unknown keys, wrong types,
+    /// `devices` neither `all` nor indices): the YAML reader's message.
+    #[error("mig-parted config {}: {}", printable(.file), printable(.detail))]
+    Syntax { file: String, detail: String },
+    #[error("mig-parted config {}: unknown version \"{}\" (only v1 exists)", printable(.file), printable(.version))]
+    Version { file: String, version: String },
+    /// `known`: the file's config names, or `none`.
+    #[error("mig-parted config {}: no config named \"{}\" (configs: {})", printable(.file), printable(.name), printable(.known))]
+    UnknownConfig { file: String, name: String, known: String },
+    /// `start`: the name's first 40 characters.
+    #[error("mig-parted config {}: the config name \"{}...\" has {chars} characters; at most {}", printable(.file), printable(.start), MAX_NAME_CHARS)]
+    NameTooLong { file: String, start: String, chars: usize },
+    /// `config`: the baseline's source (`mig-parted config "x" in FILE`).
+    #[error("{}: at least one entry is required", printable(.config))]
+    NoEntries { config: String },
+    /// `entry`: 1-based.
+    #[error("{}, entry {entry}: {problem}", printable(.config))]
+    Entry { config: String, entry: usize, #[source] problem: EntryError },
+}
+
+/// What is wrong with one entry of a config (`mig-configs.<name>[i]`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EntryError {
+    #[error("mig-devices: count {count} of \"{}\" is not a number of instances", printable(.profile))]
+    Count { profile: String, count: i64 },
+    #[error("mig-devices is required when mig-enabled is true (write `mig-devices: {{}}` for none)")]
+    DevicesRequired,
+    #[error("mig-devices: all counts are 0")]
+    AllZero,
+    #[error("mig-devices are listed but mig-enabled is false")]
+    DevicesWhenOff,
+    /// `part`: the device or subsystem half of `filter` that is not hex.
+    #[error("device-filter \"{}\": \"{}\" is not a hex PCI id such as 0x233010DE", printable(.filter), printable(.part))]
+    DeviceFilter { filter: String, part: String },
+    /// A compute-instance profile smaller than its GPU instance; `gi` is
+    /// the GPU-instance part.
+    #[error("mig-devices: \"{}\": compute-instance profiles are not supported: slurm-gpu-mode makes one compute instance spanning each GPU instance (write \"{}\")", printable(.key), printable(.gi))]
+    ComputeInstance { key: String, gi: String },
+    /// `why`: what the profile-name parser said.
+    #[error("mig-devices: \"{}\": {}", printable(.key), printable(.why))]
+    Profile { key: String, why: String },
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct SpecFile {
@@ -102,8 +160,25 @@ pub const MAX_NAME_CHARS: usize = 128;
 
 /// Parses mig-parted config text and picks config `name`. `file` is only
 /// used in messages, which name the file, the config and the problem.
-pub fn parse(text: &str, file: &str, name: &str) -> Result<Baseline, String> {
-    parse_spec(text, file, name).map_err(|e| printable(&e))
+pub fn parse(text: &str, file: &str, name: &str) -> Result<Baseline, PartedError> {
+    let spec = read_spec(text, file)?;
+    if spec.version != "v1" {
+        return Err(PartedError::Version { file: file.into(), version: spec.version });
+    }
+    let Some(entries) = spec.mig_configs.get(name) else {
+        let known: Vec<&str> = spec.mig_configs.keys().map(String::as_str).collect();
+        let known = if known.is_empty() { "none".to_string() } else { known.join(", ") };
+        return Err(PartedError::UnknownConfig { file: file.into(), name: name.into(), known });
+    };
+    if name.chars().count() > MAX_NAME_CHARS {
+        return Err(PartedError::NameTooLong { file: file.into(), start: name.chars().take(40).collect(), chars: name.chars().count() });
+    }
+    let source = format!("mig-parted config \"{}\" in {file}", printable(name));
+    if entries.is_empty() {
+        return Err(PartedError::NoEntries { config: source });
+    }
+    let entries = entries.iter().enumerate().map(|(i, e)| entry(e).map_err(|problem| PartedError::Entry { config: source.clone(), entry: i + 1, problem }));
+    Ok(Baseline { source: source.clone(), entries: entries.collect::<Result<_, _>>()? })
 }
 
 /// Messages quote names, keys and values from the file, and one from a
@@ -111,51 +186,25 @@ pub fn parse(text: &str, file: &str, name: &str) -> Result<Baseline, String> {
 /// target: a device-filter spanning lines gave a message spanning lines).
 pub use crate::log::printable;
 
-fn parse_spec(text: &str, file: &str, name: &str) -> Result<Baseline, String> {
-    let spec = read_spec(text, file)?;
-    if spec.version != "v1" {
-        return Err(format!("mig-parted config {file}: unknown version \"{}\" (only v1 exists)", spec.version));
-    }
-    let Some(entries) = spec.mig_configs.get(name) else {
-        let known: Vec<&str> = spec.mig_configs.keys().map(String::as_str).collect();
-        let known = if known.is_empty() { "none".to_string() } else { known.join(", ") };
-        return Err(format!("mig-parted config {file}: no config named \"{name}\" (configs: {known})"));
-    };
-    if name.chars().count() > MAX_NAME_CHARS {
-        let start: String = name.chars().take(40).collect();
-        return Err(format!(
-            "mig-parted config {file}: the config name \"{}...\" has {} characters; at most {MAX_NAME_CHARS}",
-            printable(&start),
-            name.chars().count()
-        ));
-    }
-    let source = format!("mig-parted config \"{}\" in {file}", printable(name));
-    if entries.is_empty() {
-        return Err(format!("{source}: at least one entry is required"));
-    }
-    let entries = entries.iter().enumerate().map(|(i, e)| entry(e).map_err(|m| format!("{source}, entry {}: {m}", i + 1)));
-    Ok(Baseline { source: source.clone(), entries: entries.collect::<Result<_, _>>()? })
-}
-
 /// The config names in a file, for `plan --all`.
-pub fn config_names(text: &str, file: &str) -> Result<Vec<String>, String> {
-    Ok(read_spec(text, file).map_err(|e| printable(&e))?.mig_configs.into_keys().collect())
+pub fn config_names(text: &str, file: &str) -> Result<Vec<String>, PartedError> {
+    Ok(read_spec(text, file)?.mig_configs.into_keys().collect())
 }
 
 /// YAML to the file's shape. serde-saphyr's defaults are what we want:
 /// duplicate keys are errors, and its budget bounds alias expansion and
 /// sizes (a root helper parses this). Snippets off: errors are one line.
-fn read_spec(text: &str, file: &str) -> Result<SpecFile, String> {
+fn read_spec(text: &str, file: &str) -> Result<SpecFile, PartedError> {
     let mut options = serde_saphyr::Options::default();
     options.with_snippet = false;
-    serde_saphyr::from_str_with_options(text, options).map_err(|e| format!("mig-parted config {file}: {}", one_line(&e.to_string())))
+    serde_saphyr::from_str_with_options(text, options).map_err(|e| PartedError::Syntax { file: file.into(), detail: one_line(&e.to_string()) })
 }
 
 fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-fn entry(e: &EntryFile) -> Result<Entry, String> {
+fn entry(e: &EntryFile) -> Result<Entry, EntryError> {
     let filter = match &e.device_filter {
         None => vec![],
         Some(Filter::One(s)) if s.is_empty() => vec![],
@@ -164,25 +213,25 @@ fn entry(e: &EntryFile) -> Result<Entry, String> {
     };
     let mut instances = BTreeMap::new();
     for (profile, count) in e.mig_devices.iter().flatten() {
-        let count = u32::try_from(*count).map_err(|_| format!("mig-devices: count {count} of \"{profile}\" is not a number of instances"))?;
+        let count = u32::try_from(*count).map_err(|_| EntryError::Count { profile: profile.clone(), count: *count })?;
         if count > 0 {
             *instances.entry(profile_name(profile)?).or_insert(0) += count;
         }
     }
     match (e.mig_enabled, &e.mig_devices) {
-        (true, None) => return Err("mig-devices is required when mig-enabled is true (write `mig-devices: {}` for none)".into()),
-        (true, Some(m)) if !m.is_empty() && instances.is_empty() => return Err("mig-devices: all counts are 0".into()),
-        (false, Some(m)) if !m.is_empty() => return Err("mig-devices are listed but mig-enabled is false".into()),
+        (true, None) => return Err(EntryError::DevicesRequired),
+        (true, Some(m)) if !m.is_empty() && instances.is_empty() => return Err(EntryError::AllZero),
+        (false, Some(m)) if !m.is_empty() => return Err(EntryError::DevicesWhenOff),
         _ => {}
     }
     Ok(Entry { devices: e.devices.0.clone(), filter, mig_enabled: e.mig_enabled, instances })
 }
 
 /// `0x233010DE` or `0x233010DE:0x16C110DE` (mig-parted's DeviceID form).
-fn device_filter(s: &str) -> Result<DeviceFilter, String> {
+fn device_filter(s: &str) -> Result<DeviceFilter, EntryError> {
     let hex = |part: &str| {
         let digits = part.strip_prefix("0x").or_else(|| part.strip_prefix("0X")).unwrap_or(part);
-        u32::from_str_radix(digits, 16).map_err(|_| format!("device-filter \"{s}\": \"{part}\" is not a hex PCI id such as 0x233010DE"))
+        u32::from_str_radix(digits, 16).map_err(|_| EntryError::DeviceFilter { filter: s.into(), part: part.into() })
     };
     match s.split_once(':') {
         None => Ok(DeviceFilter { device: hex(s)?, subsystem: None }),
@@ -191,51 +240,44 @@ fn device_filter(s: &str) -> Result<DeviceFilter, String> {
 }
 
 /// Checks a mig-devices key and gives NVIDIA's GPU-instance profile name.
-fn profile_name(key: &str) -> Result<String, String> {
-    let bad = |why: String| format!("mig-devices: \"{key}\": {why}");
+fn profile_name(key: &str) -> Result<String, EntryError> {
     let gi = match key.split_once('.') {
         Some((c, rest)) if c.ends_with('c') => {
             let cs = c.trim_end_matches('c');
             let gs = rest.split_once('g').map(|(g, _)| g).unwrap_or_default();
             if cs != gs {
-                return Err(bad(format!(
-                    "compute-instance profiles are not supported: slurm-gpu-mode makes one compute instance spanning each GPU instance (write \"{rest}\")"
-                )));
+                return Err(EntryError::ComputeInstance { key: key.into(), gi: rest.into() });
             }
             rest
         }
         _ => key,
     };
-    gi.parse::<MigProfileName>().map(|p| p.to_string()).map_err(bad)
+    gi.parse::<MigProfileName>().map(|p| p.to_string()).map_err(|why| EntryError::Profile { key: key.into(), why })
 }
 
 /// Reads and parses a mig-parted file. As root the file must be root's and
 /// writable by root alone: it decides what root does to the GPUs.
-pub fn load(path: &Path, name: &str) -> Result<Baseline, String> {
+pub fn load(path: &Path, name: &str) -> Result<Baseline, PartedError> {
     let text = read_checked(path)?;
     parse(&text, &path.display().to_string(), name)
 }
 
 /// The file's text after the ownership and size checks.
-pub fn read_checked(path: &Path) -> Result<String, String> {
+pub fn read_checked(path: &Path) -> Result<String, PartedError> {
     use std::os::unix::fs::MetadataExt;
-    let shown = path.display();
-    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read mig-parted config {shown}: {e}"))?;
+    let file = || path.display().to_string();
+    let meta = std::fs::metadata(path).map_err(|source| PartedError::Read { file: file(), source })?;
     if !meta.is_file() {
-        return Err(format!("mig-parted config {shown} is not a regular file"));
+        return Err(PartedError::NotAFile { file: file() });
     }
     if meta.len() > MAX_FILE_BYTES {
-        return Err(format!("mig-parted config {shown} is {} bytes, more than the {MAX_FILE_BYTES} accepted", meta.len()));
+        return Err(PartedError::TooLarge { file: file(), bytes: meta.len() });
     }
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == 0 && (meta.uid() != 0 || meta.mode() & 0o022 != 0) {
-        return Err(format!(
-            "mig-parted config {shown} is owned by uid {} with mode {:o}: it decides what root does to the GPUs, so only root may write it",
-            meta.uid(),
-            meta.mode() & 0o7777
-        ));
+        return Err(PartedError::Unsafe { file: file(), uid: meta.uid(), mode: meta.mode() & 0o7777 });
     }
-    std::fs::read_to_string(path).map_err(|e| format!("cannot read mig-parted config {shown}: {e}"))
+    std::fs::read_to_string(path).map_err(|source| PartedError::Read { file: file(), source })
 }
 
 /// One GPU as `export` writes it.
@@ -374,7 +416,7 @@ mod tests {
     fn an_overlong_config_name_is_refused_naming_its_length() {
         let name = format!("a{}b", "\t".repeat(300));
         let text = format!("version: v1\nmig-configs:\n  \"{}\":\n    - devices: all\n      mig-enabled: false\n", name.replace('\t', "\\t"));
-        let err = super::parse(&text, "/f", &name).unwrap_err();
+        let err = super::parse(&text, "/f", &name).unwrap_err().to_string();
         assert!(err.contains("has 302 characters; at most 128") && !err.contains('\n'), "{err}");
         // At the bound, a name of nothing but tabs reads back from its canonical form.
         let name = "\t".repeat(super::MAX_NAME_CHARS);
@@ -445,7 +487,7 @@ mod tests {
             ("nope", "no config named \"nope\" (configs: "),
         ];
         for (name, needle) in cases {
-            let err = parse(&text, &file, name).expect_err(name);
+            let err = parse(&text, &file, name).expect_err(name).to_string();
             assert!(err.contains(needle), "{name}: {err}");
             assert!(err.contains(&file), "{name}: the message names the file: {err}");
             assert!(!err.contains('\n'), "{name}: one line: {err}");
@@ -453,10 +495,10 @@ mod tests {
         // Text from the file with line breaks or control characters in it
         // is escaped: one line whatever the file holds.
         let multi = "version: v1\nmig-configs:\n  a:\n    - devices: all\n      device-filter: \"0x\\r\\nzz\\u0007\"\n      mig-enabled: false\n";
-        let err = parse(multi, "m.yaml", "a").unwrap_err();
+        let err = parse(multi, "m.yaml", "a").unwrap_err().to_string();
         assert!(err.contains("device-filter \"0x\\r\\nzz\\u{7}\"") && !err.contains('\n'), "{err}");
         let name = "a\nb";
-        let err = parse("version: v1\nmig-configs:\n  \"a\\nb\": []\n", "m.yaml", name).unwrap_err();
+        let err = parse("version: v1\nmig-configs:\n  \"a\\nb\": []\n", "m.yaml", name).unwrap_err().to_string();
         assert!(err.starts_with("mig-parted config \"a\\nb\" in m.yaml: at least one entry"), "{err}");
         let shapes = [
             ("bad-devices.yaml", "devices: \"some\" is not `all` or a list of GPU indices"),
@@ -468,13 +510,74 @@ mod tests {
         ];
         for (f, needle) in shapes {
             let (text, file) = fixture(&format!("invalid-shape/{f}"));
-            let err = parse(&text, &file, "a").expect_err(f);
+            let err = parse(&text, &file, "a").expect_err(f).to_string();
             assert!(err.contains(needle) && err.starts_with(&format!("mig-parted config {file}")), "{f}: {err}");
         }
         for (text, needle) in [("mig-configs:\n  a: []\n", "missing field `version`"), (": : :\n\t- [", "bad.yaml"), ("version: v1\nextra: 1\nmig-configs: {}\n", "unknown field `extra`")] {
-            let err = parse(text, "bad.yaml", "a").expect_err(text);
+            let err = parse(text, "bad.yaml", "a").expect_err(text).to_string();
             assert!(err.contains(needle) && err.starts_with("mig-parted config bad.yaml"), "{text:?}: {err}");
         }
+    }
+
+    /// Each refusal is its own kind, and says what it said as a string.
+    #[test]
+    fn refusals_are_told_apart_by_kind() {
+        let one = |body: &str| format!("version: v1\nmig-configs:\n  a:\n    - devices: all\n{body}");
+        let entry = |problem: EntryError| move |e: &PartedError| matches!(e, PartedError::Entry { entry: 1, problem: p, .. } if *p == problem);
+        type Case = (String, &'static str, Box<dyn Fn(&PartedError) -> bool>, &'static str);
+        let cases: Vec<Case> = vec![
+            (": : :\n\t- [".into(), "a", Box::new(|e| matches!(e, PartedError::Syntax { .. })), "mig-parted config m.yaml: "),
+            ("version: v2\nmig-configs: {}\n".into(), "a", Box::new(|e| matches!(e, PartedError::Version { version, .. } if version == "v2")), "mig-parted config m.yaml: unknown version \"v2\" (only v1 exists)"),
+            (one("      mig-enabled: false\n"), "b\u{1b}", Box::new(|e| matches!(e, PartedError::UnknownConfig { name, .. } if name == "b\u{1b}")), "mig-parted config m.yaml: no config named \"b\\u{1b}\" (configs: a)"),
+            ("version: v1\nmig-configs:\n  a: []\n".into(), "a", Box::new(|e| matches!(e, PartedError::NoEntries { .. })), "mig-parted config \"a\" in m.yaml: at least one entry is required"),
+            (one("      mig-enabled: true\n"), "a", Box::new(entry(EntryError::DevicesRequired)), "mig-parted config \"a\" in m.yaml, entry 1: mig-devices is required when mig-enabled is true (write `mig-devices: {}` for none)"),
+            (one("      mig-enabled: true\n      mig-devices: {\"1g.10gb\": 0}\n"), "a", Box::new(entry(EntryError::AllZero)), "mig-parted config \"a\" in m.yaml, entry 1: mig-devices: all counts are 0"),
+            (one("      mig-enabled: false\n      mig-devices: {\"1g.10gb\": 1}\n"), "a", Box::new(entry(EntryError::DevicesWhenOff)), "mig-parted config \"a\" in m.yaml, entry 1: mig-devices are listed but mig-enabled is false"),
+            (
+                one("      mig-enabled: true\n      mig-devices: {\"1g.10gb\": -2}\n"),
+                "a",
+                Box::new(entry(EntryError::Count { profile: "1g.10gb".into(), count: -2 })),
+                "mig-parted config \"a\" in m.yaml, entry 1: mig-devices: count -2 of \"1g.10gb\" is not a number of instances",
+            ),
+            (
+                one("      device-filter: \"0x233010DE:zz\"\n      mig-enabled: false\n"),
+                "a",
+                Box::new(entry(EntryError::DeviceFilter { filter: "0x233010DE:zz".into(), part: "zz".into() })),
+                "mig-parted config \"a\" in m.yaml, entry 1: device-filter \"0x233010DE:zz\": \"zz\" is not a hex PCI id such as 0x233010DE",
+            ),
+            (
+                one("      mig-enabled: true\n      mig-devices: {\"1c.3g.40gb\": 1}\n"),
+                "a",
+                Box::new(entry(EntryError::ComputeInstance { key: "1c.3g.40gb".into(), gi: "3g.40gb".into() })),
+                "mig-parted config \"a\" in m.yaml, entry 1: mig-devices: \"1c.3g.40gb\": compute-instance profiles are not supported: slurm-gpu-mode makes one compute instance spanning each GPU instance (write \"3g.40gb\")",
+            ),
+            (
+                one("      mig-enabled: true\n      mig-devices: {\"1g.10\": 1}\n"),
+                "a",
+                Box::new(|e| matches!(e, PartedError::Entry { problem: EntryError::Profile { key, .. }, .. } if key == "1g.10")),
+                "mig-parted config \"a\" in m.yaml, entry 1: mig-devices: \"1g.10\": profile \"1g.10\"",
+            ),
+        ];
+        for (text, name, kind, said) in cases {
+            let err = parse(&text, "m.yaml", name).unwrap_err();
+            assert!(kind(&err), "{text}: {err:?}");
+            assert!(err.to_string().starts_with(said), "{text}: {err}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("m.yaml");
+        let err = read_checked(&missing).unwrap_err();
+        assert!(matches!(&err, PartedError::Read { source, .. } if source.kind() == std::io::ErrorKind::NotFound), "{err:?}");
+        assert_eq!(err.to_string(), format!("cannot read mig-parted config {}: No such file or directory (os error 2)", missing.display()));
+        let err = load(dir.path(), "a").unwrap_err();
+        assert!(matches!(err, PartedError::NotAFile { .. }), "{err:?}");
+        assert_eq!(err.to_string(), format!("mig-parted config {} is not a regular file", dir.path().display()));
+        let big = dir.path().join("big.yaml");
+        std::fs::write(&big, vec![b'#'; MAX_FILE_BYTES as usize + 1]).unwrap();
+        let err = read_checked(&big).unwrap_err();
+        assert!(matches!(err, PartedError::TooLarge { bytes: 1_048_577, .. }), "{err:?}");
+        assert_eq!(err.to_string(), format!("mig-parted config {} is 1048577 bytes, more than the 1048576 accepted", big.display()));
+        let unsafe_file = PartedError::Unsafe { file: "/etc/m.yaml".into(), uid: 1000, mode: 0o664 };
+        assert_eq!(unsafe_file.to_string(), "mig-parted config /etc/m.yaml is owned by uid 1000 with mode 664: it decides what root does to the GPUs, so only root may write it");
     }
 
     #[test]

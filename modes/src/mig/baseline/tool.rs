@@ -60,7 +60,7 @@ fn named(cfg: &Config, file: Option<&Path>, name: &str) -> Result<Baseline, Stri
         return Baseline::from_layout(layout, profiles);
     }
     match file.or(cfg.mig.baseline_config.as_deref()) {
-        Some(f) => parted::load(f, name),
+        Some(f) => parted::load(f, name).map_err(|e| e.to_string()),
         None => Err(format!(
             "\"{name}\" names a mig-parted config, but no file is given: pass -c FILE or set [mig] baseline_config (or write @{name} for a [mig.layouts] layout)"
         )),
@@ -71,7 +71,7 @@ fn named(cfg: &Config, file: Option<&Path>, name: &str) -> Result<Baseline, Stri
 /// `[mig.layouts]` layouts (as `@name`).
 pub fn all_names(cfg: &Config, file: Option<&Path>) -> Result<Vec<String>, String> {
     match file.or(cfg.mig.baseline_config.as_deref()) {
-        Some(f) => parted::config_names(&parted::read_checked(f)?, &f.display().to_string()),
+        Some(f) => parted::read_checked(f).and_then(|text| parted::config_names(&text, &f.display().to_string())).map_err(|e| e.to_string()),
         None => Ok(cfg.mig.layouts.keys().map(|k| format!("@{k}")).collect()),
     }
 }
