@@ -21,7 +21,7 @@ fn sources(config: &Config) -> Sources<'_> {
         health: &config.health,
         runtime_dir: &config.runtime_dir,
         mps_control: &config.mps.control,
-        mig_baseline: crate::mig_baseline::tool::configured(config),
+        mig_baseline: crate::mig_baseline::tool::configured(config).map_err(|e| e.to_string()),
     }
 }
 

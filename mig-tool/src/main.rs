@@ -125,7 +125,7 @@ fn required(cfg: &Config, c: &Choice) -> Result<Baseline, Fail> {
     match tool::choose(cfg, c.file.as_deref(), c.layout.as_deref()) {
         Ok(Some(b)) => Ok(b),
         Ok(None) => Err(Fail::new(EXIT_USAGE, "no baseline: set [mig] baseline in the site config, or pass -c FILE -l NAME or -l @LAYOUT")),
-        Err(e) => Err(Fail::new(EXIT_USAGE, e)),
+        Err(e) => Err(Fail::new(EXIT_USAGE, e.to_string())),
     }
 }
 
@@ -151,7 +151,7 @@ fn assert_cmd(cfg: &Config, c: &Choice) -> Result<ExitCode, Fail> {
 
 /// `plan --all`: every config of the file (or every layout), one after the other.
 fn plan_all(cfg: &Config, c: &Choice) -> Result<ExitCode, Fail> {
-    let names = tool::all_names(cfg, c.file.as_deref()).map_err(|e| Fail::new(EXIT_USAGE, e))?;
+    let names = tool::all_names(cfg, c.file.as_deref()).map_err(|e| Fail::new(EXIT_USAGE, e.to_string()))?;
     let gpus = open(cfg)?;
     let mut refused = 0;
     for name in &names {

@@ -44,7 +44,7 @@ fn target(ctx: &Ctx, g: &GpuSnap) -> Result<Option<GpuTarget>, String> {
         pci_device_id: inv.map_or(0, |i| i.pci_device_id),
         pci_subsystem_id: inv.map_or(0, |i| i.pci_subsystem_id),
     };
-    baseline.target_for(&id)
+    baseline.target_for(&id).map_err(|e| e.to_string())
 }
 
 fn judge(g: &GpuSnap, t: Option<&GpuTarget>) -> CheckResult {

@@ -29,6 +29,35 @@ pub(crate) mod fake;
 use crate::gpu::{MigInstance, MigProfile};
 use crate::gpu_mode::{GpuMode, MigRequest};
 use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// Why no baseline could be chosen (the command line, `[mig]`, the
+/// mig-parted file, a `[mig.layouts]` layout), or why one does not fit
+/// this node's GPUs. `baseline` fields are [`Baseline::source`].
+#[derive(Debug, thiserror::Error)]
+pub enum BaselineError {
+    #[error(transparent)]
+    Parted(#[from] parted::PartedError),
+    /// `problem`: what the `mig:` parser said of the layout.
+    #[error("{baseline}: {problem}")]
+    Layout { baseline: String, problem: String },
+    #[error("{baseline}: a layout lists profiles, not another layout")]
+    LayoutOfLayout { baseline: String },
+    /// mig-parted would apply both entries in turn.
+    #[error("{baseline}: GPU {gpu} is matched by entries {first} and {second}")]
+    TwoEntries { baseline: String, gpu: u32, first: usize, second: usize },
+    #[error("{baseline}: entry {entry} names GPU {gpu}, but this node has {count} GPU(s) (0-{})", .count.saturating_sub(1))]
+    NoSuchGpu { baseline: String, entry: usize, gpu: u32, count: u32 },
+    #[error("-c {} needs -l <config name>", .file.display())]
+    FileWithoutName { file: PathBuf },
+    #[error("-l {name} names a [mig.layouts] layout, not a config of {}", .file.display())]
+    LayoutWithFile { name: String, file: PathBuf },
+    /// `known`: the layouts there are, or `none`.
+    #[error("no [mig.layouts] layout named \"{layout}\" (layouts: {known})")]
+    UnknownLayout { layout: String, known: String },
+    #[error("\"{name}\" names a mig-parted config, but no file is given: pass -c FILE or set [mig] baseline_config (or write @{name} for a [mig.layouts] layout)")]
+    NoFile { name: String },
+}
 
 /// Where a baseline came from, for messages: `mig-parted config "x" in
 /// /etc/...yaml` or `[mig.layouts] half`.
@@ -109,12 +138,12 @@ impl Entry {
 
 impl Baseline {
     /// A `[mig.layouts]` layout (`"3g.40gbx2,1g.10gb"`) on every MIG-capable GPU.
-    pub fn from_layout(name: &str, profiles: &str) -> Result<Baseline, String> {
+    pub fn from_layout(name: &str, profiles: &str) -> Result<Baseline, BaselineError> {
         let source = format!("[mig.layouts] {name}");
         let list = match GpuMode::parse(&format!("mig:{profiles}")) {
             Ok(GpuMode::Mig(MigRequest::Profiles(list))) => list,
-            Ok(_) => return Err(format!("{source}: a layout lists profiles, not another layout")),
-            Err(e) => return Err(format!("{source}: {}", e.problem)),
+            Ok(_) => return Err(BaselineError::LayoutOfLayout { baseline: source }),
+            Err(e) => return Err(BaselineError::Layout { baseline: source, problem: e.problem }),
         };
         let instances = list.iter().map(|p| (p.profile.to_string(), u32::from(p.count))).collect();
         Ok(Baseline { source, entries: vec![Entry { devices: Devices::All, filter: vec![], mig_enabled: true, instances }] })
@@ -134,11 +163,11 @@ impl Baseline {
     /// The entry for `gpu`; `None` when no entry names it (the baseline then
     /// leaves it alone). Two matching entries are an error: mig-parted would
     /// apply both in turn, which is never what a site means.
-    pub fn target_for(&self, gpu: &GpuIdentity) -> Result<Option<GpuTarget>, String> {
+    pub fn target_for(&self, gpu: &GpuIdentity) -> Result<Option<GpuTarget>, BaselineError> {
         let mut found: Option<GpuTarget> = None;
         for (i, e) in self.entries.iter().enumerate().filter(|(_, e)| e.matches(gpu)) {
             if let Some(first) = &found {
-                return Err(format!("{}: GPU {} is matched by entries {} and {}", self.source, gpu.index, first.entry, i + 1));
+                return Err(BaselineError::TwoEntries { baseline: self.source.clone(), gpu: gpu.index, first: first.entry, second: i + 1 });
             }
             let explicit = matches!(e.devices, Devices::Indices(_));
             found = Some(GpuTarget { mig_enabled: e.mig_enabled, instances: e.instances.clone(), explicit, entry: i + 1 });
@@ -147,16 +176,11 @@ impl Baseline {
     }
 
     /// Entries naming GPU indices this node does not have.
-    pub fn check_indices(&self, gpu_count: u32) -> Result<(), String> {
+    pub fn check_indices(&self, gpu_count: u32) -> Result<(), BaselineError> {
         for (i, e) in self.entries.iter().enumerate() {
             if let Devices::Indices(list) = &e.devices {
-                if let Some(bad) = list.iter().find(|&&g| g >= gpu_count) {
-                    return Err(format!(
-                        "{}: entry {} names GPU {bad}, but this node has {gpu_count} GPU(s) (0-{})",
-                        self.source,
-                        i + 1,
-                        gpu_count.saturating_sub(1)
-                    ));
+                if let Some(&gpu) = list.iter().find(|&&g| g >= gpu_count) {
+                    return Err(BaselineError::NoSuchGpu { baseline: self.source.clone(), entry: i + 1, gpu, count: gpu_count });
                 }
             }
         }
@@ -255,8 +279,12 @@ mod tests {
         assert_eq!(entry_of(3), None, "subsystem differs");
         assert_eq!(entry_of(4), None, "no entry names GPU 4");
         let both = Baseline { source: "cfg".into(), entries: vec![entry(Devices::All, vec![], &[]), entry(Devices::Indices(vec![1]), vec![], &[])] };
-        assert_eq!(both.target_for(&gpu(1)).unwrap_err(), "cfg: GPU 1 is matched by entries 1 and 2");
-        assert_eq!(b.check_indices(2).unwrap_err(), "t: entry 3 names GPU 2, but this node has 2 GPU(s) (0-1)");
+        let two = both.target_for(&gpu(1)).unwrap_err();
+        assert!(matches!(two, BaselineError::TwoEntries { gpu: 1, first: 1, second: 2, .. }), "{two:?}");
+        assert_eq!(two.to_string(), "cfg: GPU 1 is matched by entries 1 and 2");
+        let missing = b.check_indices(2).unwrap_err();
+        assert!(matches!(missing, BaselineError::NoSuchGpu { entry: 3, gpu: 2, count: 2, .. }), "{missing:?}");
+        assert_eq!(missing.to_string(), "t: entry 3 names GPU 2, but this node has 2 GPU(s) (0-1)");
         assert!(b.check_indices(4).is_ok());
     }
 
@@ -267,7 +295,12 @@ mod tests {
         let t = b.target_for(&gpu(5)).unwrap().unwrap();
         assert!(t.mig_enabled && !t.explicit);
         assert_eq!(describe(&t.instances), "1x 1g.10gb, 2x 3g.40gb");
-        assert!(Baseline::from_layout("x", "3g.40gbx9").unwrap_err().contains("[mig.layouts] x: count 9"));
+        let err = Baseline::from_layout("x", "3g.40gbx9").unwrap_err();
+        assert!(matches!(&err, BaselineError::Layout { baseline, .. } if baseline == "[mig.layouts] x"), "{err:?}");
+        assert!(err.to_string().contains("[mig.layouts] x: count 9"));
+        let err = Baseline::from_layout("x", "@half").unwrap_err();
+        assert!(matches!(err, BaselineError::LayoutOfLayout { .. }), "{err:?}");
+        assert_eq!(err.to_string(), "[mig.layouts] x: a layout lists profiles, not another layout");
         let old = Baseline::from_profile_names(&["1g.18gb".into(), "1g.18gb".into()]);
         assert_eq!(describe(&old.entries[0].instances), "2x 1g.18gb");
     }

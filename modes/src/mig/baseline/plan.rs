@@ -114,12 +114,12 @@ impl Plan {
 pub fn plan(baseline: &Baseline, observed: &[Observed], settings: &Settings) -> Plan {
     let mut plan = Plan { source: baseline.source.clone(), ..Plan::default() };
     if let Err(e) = baseline.check_indices(observed.len() as u32) {
-        plan.problems.push(e);
+        plan.problems.push(e.to_string());
     }
     for o in observed {
         let g = match baseline.target_for(&o.identity) {
             Ok(target) => plan_gpu(o, target, settings),
-            Err(e) => GpuPlan { problems: vec![e.clone()], differs: vec![e], ..blank(o) },
+            Err(e) => GpuPlan { problems: vec![e.to_string()], differs: vec![e.to_string()], ..blank(o) },
         };
         plan.gpus.push(g);
     }

@@ -4,7 +4,7 @@
 //! The binary (mig-tool/) only parses arguments and prints.
 
 use super::plan::{Observed, Settings};
-use super::{parted, Baseline, GpuIdentity};
+use super::{parted, Baseline, BaselineError, GpuIdentity};
 use crate::config::Config;
 use crate::drain::{NodeStatus, Scontrol};
 use crate::gpu::{GpuError, GpuOps};
@@ -28,7 +28,7 @@ pub fn settings(cfg: &Config) -> Settings {
 /// config of `[mig] baseline_config`), else the old `[health]
 /// mig_baseline` list, else none. The node checker and `gpu-mode-mig`
 /// both call this: one definition.
-pub fn configured(cfg: &Config) -> Result<Option<Baseline>, String> {
+pub fn configured(cfg: &Config) -> Result<Option<Baseline>, BaselineError> {
     match &cfg.mig.baseline {
         Some(name) => named(cfg, None, name).map(Some),
         None if !cfg.health.mig_baseline.is_empty() => Ok(Some(Baseline::from_profile_names(&cfg.health.mig_baseline))),
@@ -38,40 +38,39 @@ pub fn configured(cfg: &Config) -> Result<Option<Baseline>, String> {
 
 /// The baseline the command line names, or the configured one when it
 /// names none.
-pub fn choose(cfg: &Config, file: Option<&Path>, name: Option<&str>) -> Result<Option<Baseline>, String> {
+pub fn choose(cfg: &Config, file: Option<&Path>, name: Option<&str>) -> Result<Option<Baseline>, BaselineError> {
     match (file, name) {
         (None, None) => configured(cfg),
-        (Some(f), None) => Err(format!("-c {} needs -l <config name>", f.display())),
+        (Some(f), None) => Err(BaselineError::FileWithoutName { file: f.to_path_buf() }),
         (f, Some(n)) => named(cfg, f, n).map(Some),
     }
 }
 
 /// `@layout` from `[mig.layouts]`, or config `name` of `file` (or of
 /// `[mig] baseline_config`).
-fn named(cfg: &Config, file: Option<&Path>, name: &str) -> Result<Baseline, String> {
+fn named(cfg: &Config, file: Option<&Path>, name: &str) -> Result<Baseline, BaselineError> {
     if let Some(layout) = name.strip_prefix('@') {
         if let Some(f) = file {
-            return Err(format!("-l {name} names a [mig.layouts] layout, not a config of {}", f.display()));
+            return Err(BaselineError::LayoutWithFile { name: name.into(), file: f.to_path_buf() });
         }
         let Some(profiles) = cfg.mig.layouts.get(layout) else {
             let known: Vec<&str> = cfg.mig.layouts.keys().map(String::as_str).collect();
-            return Err(format!("no [mig.layouts] layout named \"{layout}\" (layouts: {})", if known.is_empty() { "none".into() } else { known.join(", ") }));
+            let known = if known.is_empty() { "none".into() } else { known.join(", ") };
+            return Err(BaselineError::UnknownLayout { layout: layout.into(), known });
         };
         return Baseline::from_layout(layout, profiles);
     }
     match file.or(cfg.mig.baseline_config.as_deref()) {
-        Some(f) => parted::load(f, name).map_err(|e| e.to_string()),
-        None => Err(format!(
-            "\"{name}\" names a mig-parted config, but no file is given: pass -c FILE or set [mig] baseline_config (or write @{name} for a [mig.layouts] layout)"
-        )),
+        Some(f) => Ok(parted::load(f, name)?),
+        None => Err(BaselineError::NoFile { name: name.into() }),
     }
 }
 
 /// Every config name `plan --all` goes through: those of `file`, or the
 /// `[mig.layouts]` layouts (as `@name`).
-pub fn all_names(cfg: &Config, file: Option<&Path>) -> Result<Vec<String>, String> {
+pub fn all_names(cfg: &Config, file: Option<&Path>) -> Result<Vec<String>, parted::PartedError> {
     match file.or(cfg.mig.baseline_config.as_deref()) {
-        Some(f) => parted::read_checked(f).and_then(|text| parted::config_names(&text, &f.display().to_string())).map_err(|e| e.to_string()),
+        Some(f) => parted::config_names(&parted::read_checked(f)?, &f.display().to_string()),
         None => Ok(cfg.mig.layouts.keys().map(|k| format!("@{k}")).collect()),
     }
 }
@@ -180,7 +179,9 @@ mod tests {
         assert_eq!((b.source.as_str(), b.entries[0].instances["1g.18gb"]), ("[health] mig_baseline", 2), "old configs keep working");
         assert!(configured(&Config::default()).unwrap().is_none());
         let missing = parse("[mig]\nbaseline = \"b\"\nbaseline_config = \"/nonexistent/m.yaml\"").unwrap();
-        assert!(configured(&missing).unwrap_err().starts_with("cannot read mig-parted config /nonexistent/m.yaml"));
+        let err = configured(&missing).unwrap_err();
+        assert!(matches!(err, BaselineError::Parted(parted::PartedError::Read { .. })), "{err:?}");
+        assert!(err.to_string().starts_with("cannot read mig-parted config /nonexistent/m.yaml"));
     }
 
     #[test]
@@ -188,12 +189,23 @@ mod tests {
         let mut cfg = Config::default();
         cfg.mig.layouts.insert("half".into(), "3g.40gbx2".into());
         let f = Path::new("/nonexistent/m.yaml");
-        let err = |file: Option<&Path>, name: Option<&str>| choose(&cfg, file, name).unwrap_err();
+        let err = |file: Option<&Path>, name: Option<&str>| choose(&cfg, file, name).unwrap_err().to_string();
         assert_eq!(err(Some(f), None), "-c /nonexistent/m.yaml needs -l <config name>");
         assert!(err(Some(f), Some("@half")).contains("names a [mig.layouts] layout, not a config of /nonexistent/m.yaml"));
         assert_eq!(err(None, Some("@full")), "no [mig.layouts] layout named \"full\" (layouts: half)");
         assert!(err(None, Some("all-1g")).contains("no file is given: pass -c FILE or set [mig] baseline_config (or write @all-1g"));
         assert!(err(Some(f), Some("all-1g")).starts_with("cannot read mig-parted config /nonexistent/m.yaml"));
+        let kinds: [(Option<&Path>, Option<&str>, fn(&BaselineError) -> bool); 5] = [
+            (Some(f), None, |e| matches!(e, BaselineError::FileWithoutName { .. })),
+            (Some(f), Some("@half"), |e| matches!(e, BaselineError::LayoutWithFile { .. })),
+            (None, Some("@full"), |e| matches!(e, BaselineError::UnknownLayout { layout, .. } if layout == "full")),
+            (None, Some("all-1g"), |e| matches!(e, BaselineError::NoFile { name } if name == "all-1g")),
+            (Some(f), Some("all-1g"), |e| matches!(e, BaselineError::Parted(parted::PartedError::Read { .. }))),
+        ];
+        for (file, name, kind) in kinds {
+            let e = choose(&cfg, file, name).unwrap_err();
+            assert!(kind(&e), "{file:?} {name:?}: {e:?}");
+        }
         assert_eq!(choose(&cfg, None, Some("@half")).unwrap().unwrap().source, "[mig.layouts] half");
         assert!(choose(&cfg, None, None).unwrap().is_none(), "none configured");
     }
