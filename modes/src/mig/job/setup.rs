@@ -5,7 +5,7 @@
 //! A failure half-way destroys what this job made and is a node fault.
 
 use super::journal::{MigJournal, PendingCreate};
-use super::layout::{place_or_explain, requested, resolve};
+use super::layout::{place_or_explain, requested, resolve, LayoutError};
 use super::placement::{Occupied, Placed};
 use super::teardown::{release_journal, undo};
 use super::{GrantedInstance, MigGpuGrant};
@@ -37,7 +37,7 @@ pub fn setup(cfg: &Config, env: &JobEnv, gpus: &[u32], request: &MigRequest, ops
         return Err(Failure::Job("--gpu-mode=mig needs GPUs: request whole GPUs with --gres=gpu:N or --gpus=N".into()));
     }
     let node = |what: &str, e: &dyn std::fmt::Display| Failure::node(Fault::Mig, format!("mig: {what}: {e}"));
-    let list = requested(cfg, request).map_err(Failure::Job)?;
+    let list = requested(cfg, request).map_err(|e| Failure::Job(e.to_string()))?;
     let _locks = GpuLocks::acquire(&cfg.runtime_dir, gpus, Duration::from_millis(cfg.mps.lock_timeout_ms))
         .map_err(|e| node("locking GPUs", &e))?;
     clear_stale(cfg, gpus, ops)?;
@@ -120,7 +120,7 @@ fn occupied(existing: &[MigInstance], table: &[crate::gpu::MigProfile]) -> Occup
 
 /// With `mig_instances = "leave"`: the existing instances that serve the
 /// layout (not in use by another live job), or why there are none.
-fn reuse(cfg: &Config, gpu: u32, want: &[(&crate::gpu::MigProfile, u32)], existing: &[MigInstance]) -> Result<Vec<GrantedInstance>, String> {
+fn reuse(cfg: &Config, gpu: u32, want: &[(&crate::gpu::MigProfile, u32)], existing: &[MigInstance]) -> Result<Vec<GrantedInstance>, LayoutError> {
     let taken = instances_of_live_jobs(cfg, gpu);
     let mut out = Vec::new();
     for (p, n) in want {
@@ -130,14 +130,10 @@ fn reuse(cfg: &Config, gpu: u32, want: &[(&crate::gpu::MigProfile, u32)], existi
             .take(*n as usize)
             .collect();
         if free.len() < *n as usize {
-            return Err(format!(
-                "{n} free {} instance(s) wanted, {} there, and [gpu] mig_instances = \"leave\" (an admin must create them)",
-                p.name,
-                free.len()
-            ));
+            return Err(LayoutError::TooFewFree { wanted: *n, profile: p.name.clone(), free: free.len() });
         }
         for i in free {
-            out.push(granted(i, &p.name, false).ok_or_else(|| format!("MIG instance {} has no compute instance", i.gpu_instance))?);
+            out.push(granted(i, &p.name, false).ok_or(LayoutError::NoComputeInstance(i.gpu_instance))?);
         }
     }
     Ok(out)
