@@ -63,7 +63,7 @@ pub(crate) mod user_child;
 pub mod wrapper;
 pub mod writeback;
 
-pub use agent::{spawn_agent, stop_agent, Agent, AgentLaunch, AgentParams, NodeFacts};
+pub use agent::{spawn_agent, stop_agent, Agent, AgentControlError, AgentLaunch, AgentParams, NodeFacts};
 pub use images::{cleanup_after_job, discard_job_images, sweep_images, Cleanup, ImageStore, Limits};
 pub use manifest::{Manifest, MANIFEST_VERSION};
 pub use submit::{checkpoint_submit_check, SubmitSite};

@@ -26,7 +26,7 @@ mod tests;
 
 pub use real::{gpu_facts, node_gpus, real_backends};
 pub use server::{listen, ExitReason};
-pub use spawn::{spawn_agent, stop_agent, AgentLaunch};
+pub use spawn::{spawn_agent, stop_agent, AgentControlError, AgentLaunch};
 pub use refusal::FailureReason;
 use refusal::{Because, RefusalKind, RequestError};
 

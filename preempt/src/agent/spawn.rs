@@ -13,7 +13,7 @@ use std::io::BufReader;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 /// The only variables the agent gets from the prolog's environment (which
@@ -66,6 +66,33 @@ impl AgentLaunch {
     }
 }
 
+/// Why the prolog could not start a job's agent or the epilog could not
+/// stop it. The prolog drains the node on any of them (Fault::CheckpointAgent)
+/// and the epilog logs them; the variants tell a test, or a later caller,
+/// which step failed without reading the words.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentControlError {
+    #[error("cannot start {program}: {source}")]
+    Start { program: PathBuf, source: std::io::Error },
+    /// The agent logs why before it exits: the message points there.
+    #[error("{program} exited at start ({status}): see its log lines (journalctl -t slurm-gpu-mode)")]
+    ExitedAtStart { program: PathBuf, status: ExitStatus },
+    /// The agent was killed and reaped.
+    #[error("{program} did not open {socket} within {secs} s")]
+    SocketTimeout { program: PathBuf, socket: PathBuf, secs: u64 },
+    /// Connecting to the agent's socket or sending it `stop`.
+    #[error("{socket}: {source}")]
+    Socket { socket: PathBuf, source: std::io::Error },
+    /// Setting up the connected socket (its timeout, a second handle).
+    #[error(transparent)]
+    Stream(#[from] std::io::Error),
+    #[error("job {job}'s agent answered {answer:?} to stop")]
+    Answer { job: u32, answer: Option<Response> },
+    /// Reading the agent's answer (its timeout included).
+    #[error("job {job}'s agent: {source}")]
+    Receive { job: u32, source: std::io::Error },
+}
+
 /// How often the prolog looks for the agent's socket and the epilog for its
 /// removal. Every checkpoint job's prolog waits on this: at 20 ms its times
 /// came in 20 ms steps (gpu-mode-hook-bench, docs/metrics.md "Hook cost").
@@ -73,7 +100,7 @@ const SOCKET_POLL: Duration = Duration::from_millis(5);
 
 /// Starts the job's agent and waits (at most `wait`) for its socket.
 /// Returns its pid.
-pub fn spawn_agent(cfg: &Config, launch: &AgentLaunch, wait: Duration) -> Result<u32, String> {
+pub fn spawn_agent(cfg: &Config, launch: &AgentLaunch, wait: Duration) -> Result<u32, AgentControlError> {
     let program = &cfg.preempt.agent;
     let socket = socket_path(&cfg.preempt.agent_socket_dir(&cfg.runtime_dir), launch.run.job);
     let _ = crate::fsutil::remove_if_present(&socket);
@@ -88,19 +115,19 @@ pub fn spawn_agent(cfg: &Config, launch: &AgentLaunch, wait: Duration) -> Result
     unsafe {
         cmd.pre_exec(crate::command::new_session);
     }
-    let mut child = cmd.spawn().map_err(|e| format!("cannot start {}: {e}", program.display()))?;
+    let mut child = cmd.spawn().map_err(|source| AgentControlError::Start { program: program.clone(), source })?;
     let start = Instant::now();
     loop {
         if UnixStream::connect(&socket).is_ok() {
             return Ok(child.id());
         }
         if let Ok(Some(status)) = child.try_wait() {
-            return Err(format!("{} exited at start ({status}): see its log lines (journalctl -t slurm-gpu-mode)", program.display()));
+            return Err(AgentControlError::ExitedAtStart { program: program.clone(), status });
         }
         if start.elapsed() > wait {
             let _ = child.kill();
             let _ = child.wait();
-            return Err(format!("{} did not open {} within {} s", program.display(), socket.display(), wait.as_secs()));
+            return Err(AgentControlError::SocketTimeout { program: program.clone(), socket, secs: wait.as_secs() });
         }
         std::thread::sleep(SOCKET_POLL);
     }
@@ -108,7 +135,7 @@ pub fn spawn_agent(cfg: &Config, launch: &AgentLaunch, wait: Duration) -> Result
 
 /// Asks job `job`'s agent to exit (as root). `Ok(false)`: no agent was
 /// listening (it ended with the job already).
-pub fn stop_agent(cfg: &Config, job: u32, wait: Duration) -> Result<bool, String> {
+pub fn stop_agent(cfg: &Config, job: u32, wait: Duration) -> Result<bool, AgentControlError> {
     let socket = socket_path(&cfg.preempt.agent_socket_dir(&cfg.runtime_dir), job);
     let stream = match UnixStream::connect(&socket) {
         Ok(s) => s,
@@ -116,11 +143,13 @@ pub fn stop_agent(cfg: &Config, job: u32, wait: Duration) -> Result<bool, String
             let _ = crate::fsutil::remove_if_present(&socket);
             return Ok(false);
         }
-        Err(e) => return Err(format!("{}: {e}", socket.display())),
+        Err(source) => return Err(AgentControlError::Socket { socket, source }),
     };
-    stream.set_read_timeout(Some(wait)).map_err(|e| e.to_string())?;
-    let mut out = stream.try_clone().map_err(|e| e.to_string())?;
-    protocol::send(&mut out, &Request::Stop).map_err(|e| format!("{}: {e}", socket.display()))?;
+    stream.set_read_timeout(Some(wait))?;
+    let mut out = stream.try_clone()?;
+    if let Err(source) = protocol::send(&mut out, &Request::Stop) {
+        return Err(AgentControlError::Socket { socket, source });
+    }
     match protocol::receive::<Response>(&mut BufReader::new(stream)) {
         Ok(Some(Response::Stopping)) => {
             // The agent removes its socket as it exits. Wait for that (the
@@ -134,8 +163,8 @@ pub fn stop_agent(cfg: &Config, job: u32, wait: Duration) -> Result<bool, String
             let _ = crate::fsutil::remove_if_present(&socket);
             Ok(true)
         }
-        Ok(other) => Err(format!("job {job}'s agent answered {other:?} to stop")),
-        Err(e) => Err(format!("job {job}'s agent: {e}")),
+        Ok(answer) => Err(AgentControlError::Answer { job, answer }),
+        Err(source) => Err(AgentControlError::Receive { job, source }),
     }
 }
 
@@ -169,11 +198,11 @@ mod tests {
         let cfg = Config { runtime_dir: dir.path().join("run"), ..Config::default() };
         let socket = agent(&cfg, Some(Duration::from_millis(300)));
         let start = Instant::now();
-        assert_eq!(stop_agent(&cfg, 5, Duration::from_secs(5)), Ok(true));
+        assert_eq!(stop_agent(&cfg, 5, Duration::from_secs(5)).map_err(|e| e.to_string()), Ok(true));
         assert!(!socket.exists() && start.elapsed() >= Duration::from_millis(300), "{:?}", start.elapsed());
         // An agent too slow to go: the socket is removed all the same.
         let socket = agent(&cfg, None);
-        assert_eq!(stop_agent(&cfg, 5, Duration::from_millis(200)), Ok(true));
+        assert_eq!(stop_agent(&cfg, 5, Duration::from_millis(200)).map_err(|e| e.to_string()), Ok(true));
         assert!(!socket.exists());
     }
 
@@ -196,7 +225,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut cfg = Config::default();
         cfg.preempt.agent_socket_dir = Some(dir.path().to_path_buf());
-        assert_eq!(stop_agent(&cfg, 7, Duration::from_secs(1)), Ok(false));
+        assert_eq!(stop_agent(&cfg, 7, Duration::from_secs(1)).map_err(|e| e.to_string()), Ok(false));
     }
 
     #[test]
@@ -207,6 +236,48 @@ mod tests {
         cfg.preempt.agent_socket_dir = Some(dir.path().to_path_buf());
         let l = AgentLaunch { run: JobRun { job: 1, restart_count: 0, uid: 0, gid: 0, node: "n".into() }, gpus: vec![], deadline_unix: None, config: None };
         let err = spawn_agent(&cfg, &l, Duration::from_secs(1)).unwrap_err();
-        assert!(err.contains("cannot start /nonexistent/gpu-mode-ckpt-agent"), "{err}");
+        assert!(matches!(err, AgentControlError::Start { .. }), "{err:?}");
+        assert!(err.to_string().contains("cannot start /nonexistent/gpu-mode-ckpt-agent"), "{err}");
+    }
+
+    /// Spawns the agent `program` of job 1, trying again while the script
+    /// just written is still busy (ETXTBSY: another test forked meanwhile).
+    fn spawn_program(program: &std::path::Path, socket_dir: &std::path::Path) -> Result<u32, AgentControlError> {
+        let mut cfg = Config::default();
+        cfg.preempt.agent = program.to_path_buf();
+        cfg.preempt.agent_socket_dir = Some(socket_dir.to_path_buf());
+        let l = AgentLaunch { run: JobRun { job: 1, restart_count: 0, uid: 0, gid: 0, node: "n".into() }, gpus: vec![], deadline_unix: None, config: None };
+        for _ in 0..50 {
+            match spawn_agent(&cfg, &l, Duration::from_millis(300)) {
+                Err(AgentControlError::Start { source, .. }) if source.raw_os_error() == Some(libc::ETXTBSY) => std::thread::sleep(Duration::from_millis(10)),
+                other => return other,
+            }
+        }
+        spawn_agent(&cfg, &l, Duration::from_millis(300))
+    }
+
+    /// An agent that exits at once and one that never opens its socket: each
+    /// its own variant, with the words the prolog's drain reason carried before.
+    #[test]
+    fn an_agent_that_exits_or_never_listens_is_told_apart() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let cases = [("exits", "exit 3", "exited at start (exit status: 3): see its log lines (journalctl -t slurm-gpu-mode)"), ("sleeps", "exec sleep 5", "did not open")];
+        for (name, body, words) in cases {
+            let program = dir.path().join(name);
+            std::fs::write(&program, format!("#!/bin/sh\n{body}\n")).unwrap();
+            std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+            let err = spawn_program(&program, dir.path()).unwrap_err();
+            let text = err.to_string();
+            match name {
+                "exits" => assert!(matches!(err, AgentControlError::ExitedAtStart { .. }), "{err:?}"),
+                _ => {
+                    assert!(matches!(err, AgentControlError::SocketTimeout { secs: 0, .. }), "{err:?}");
+                    let socket = socket_path(dir.path(), 1);
+                    assert_eq!(text, format!("{} did not open {} within 0 s", program.display(), socket.display()));
+                }
+            }
+            assert!(text.starts_with(&program.display().to_string()) && text.contains(words), "{text}");
+        }
     }
 }
