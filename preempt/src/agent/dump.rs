@@ -13,7 +13,7 @@
 use super::server::Peer;
 use super::{Agent, Because, FailureReason, RefusalKind, RequestError, RootState};
 use crate::cuda_ckpt::record::CheckpointRecord;
-use crate::cuda_ckpt::{CheckpointError, CheckpointReport, DeviceMap, FoundBy, Target};
+use crate::cuda_ckpt::{CheckpointError, CheckpointReport, DeviceMap, FoundBy, NvidiaFile, Target};
 use crate::criu::DumpRequest;
 use crate::images::ImageStore;
 use crate::manifest::{DumpTimings, Manifest, MANIFEST_VERSION};
@@ -27,6 +27,27 @@ use crate::writeback::Writeback;
 use crate::{now_ms, tree};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
+
+/// Why an image CRIU wrote is not kept: each kind is one failure reason of
+/// the metrics (`reason`), whatever its words.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum DumpedError {
+    /// The tree is resumed (end_dumped_tree).
+    #[error("pid {pid} opened {file} after the GPU scan and before CRIU froze the tree: the image could never be restored and is dropped")]
+    GpuFileOpened { pid: i32, file: NvidiaFile },
+    /// The shared store could not record the staged image (publish_staged).
+    #[error("cannot record the staged image in {store}: {source}")]
+    StagedUnrecorded { store: PathBuf, source: std::io::Error },
+}
+
+impl DumpedError {
+    pub(super) fn reason(&self) -> FailureReason {
+        match self {
+            DumpedError::GpuFileOpened { .. } => FailureReason::GpuFileInDump,
+            DumpedError::StagedUnrecorded { .. } => FailureReason::Staging,
+        }
+    }
+}
 
 /// What stands ready for CRIU's dump: the driver's checkpoint (none when the
 /// tree holds no GPU files) and the /dev/shm files to carry (shm.rs).
@@ -208,7 +229,7 @@ impl Agent {
         }
         if let Some(Err(e)) = ended {
             // The tree runs again: its GPU state goes back too.
-            return Err(RequestError::failed(FailureReason::GpuFileInDump, format!("{e}; {}", self.roll_back(cuda.is_some(), &target))));
+            return Err(RequestError::failed(e.reason(), format!("{e}; {}", self.roll_back(cuda.is_some(), &target))));
         }
         let _ = CheckpointRecord::remove(&self.settings.checkpoint.record_dir, &target.key());
         // From here on the tree is gone: a failure means starting over,
@@ -256,7 +277,7 @@ impl Agent {
         self.dump_store().sync_parents(self.params.run.job).map_err(|e| (FailureReason::Manifest, format!("cannot sync the image directory: {e}")))?;
         sw.since("manifest", t);
         if self.settings.staging.is_some() {
-            sw.time("staged", || self.publish_staged(run)).map_err(|e| (FailureReason::Staging, e))?;
+            sw.time("staged", || self.publish_staged(run)).map_err(|e| (e.reason(), e.to_string()))?;
         }
         // Older images of this job (restored already) are of no more use.
         let _ = self.dump_store().remove_other_runs(self.params.run.job, Some(self.params.run.restart_count));
@@ -275,12 +296,12 @@ impl Agent {
     /// A staged image (staging.rs) is durable on this node: the shared
     /// store records it (before the job is requeued: a restore anywhere
     /// then knows of it), and its copy there starts in the background.
-    fn publish_staged(&self, run: &Path) -> Result<(), String> {
+    fn publish_staged(&self, run: &Path) -> Result<(), DumpedError> {
         let (job, restart, node) = (self.params.run.job, self.params.run.restart_count, self.params.run.node.clone());
         let shared = self.settings.images.clone();
         shared
             .record_staged(job, restart, &node)
-            .map_err(|e| format!("cannot record the staged image in {}: {e}", shared.root.display()))?;
+            .map_err(|source| DumpedError::StagedUnrecorded { store: shared.root.clone(), source })?;
         let _ = shared.remove_other_runs(job, Some(restart));
         let bytes_per_s = self.settings.staging.as_ref().map_or(0, |s| s.copy_bytes_per_s);
         let (run, log) = (run.to_path_buf(), self.settings.log.clone());
@@ -321,7 +342,7 @@ impl Agent {
     /// found the 8 GiB process still a zombie its parent had not yet been
     /// able to reap). The real driver's files are character devices CRIU
     /// refuses on its own; this catches every `device_paths` file.
-    fn end_dumped_tree(&self, root: i32) -> Result<(), String> {
+    fn end_dumped_tree(&self, root: i32) -> Result<(), DumpedError> {
         let pids = self.host.with_descendants(root);
         let held = pids.iter().find_map(|p| Some((*p, self.host.nvidia_files(*p).ok()?.into_iter().next()?)));
         match held {
@@ -335,9 +356,7 @@ impl Agent {
             }
             Some((pid, file)) => {
                 tree::resume_all(&pids);
-                Err(format!(
-                    "pid {pid} opened {file} after the GPU scan and before CRIU froze the tree: the image could never be restored and is dropped"
-                ))
+                Err(DumpedError::GpuFileOpened { pid, file })
             }
         }
     }
@@ -406,5 +425,31 @@ fn timings_of(t: &Timeline, from_signal: bool) -> DumpTimings {
         seal_ms: len("seal"),
         total_ms: durable - lead,
         signal_to_durable_ms: from_signal.then_some(durable),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each kind has its reason and the words the failure carried before.
+    #[test]
+    fn a_dropped_image_names_its_reason_by_kind() {
+        let file = NvidiaFile { how: "fd 12".into(), path: "/dev/nvidia0".into() };
+        let cases = [
+            (
+                DumpedError::GpuFileOpened { pid: 42, file },
+                FailureReason::GpuFileInDump,
+                "pid 42 opened /dev/nvidia0 (fd 12) after the GPU scan and before CRIU froze the tree: the image could never be restored and is dropped",
+            ),
+            (
+                DumpedError::StagedUnrecorded { store: "/shared/images".into(), source: std::io::Error::from_raw_os_error(libc::ENOSPC) },
+                FailureReason::Staging,
+                "cannot record the staged image in /shared/images: No space left on device (os error 28)",
+            ),
+        ];
+        for (e, reason, text) in cases {
+            assert_eq!((e.reason(), e.to_string()), (reason, text.to_string()));
+        }
     }
 }
