@@ -68,7 +68,7 @@ fn main() {
         line().field("detail", format!("no GPU facts: {e}")).outcome(Outcome::Failed).emit(&cfg.log);
         (Vec::new(), "unknown".into())
     });
-    let (backends, cuda_version) = real_backends(&cfg).unwrap_or_else(|e| fail(1, e));
+    let (backends, cuda_version) = real_backends(&cfg).unwrap_or_else(|e| fail(1, e.to_string()));
     // The huge-page shim's copy for this version, which gpu-mode-run preloads
     // (preempt::hugepages): without it the job still runs, on the library
     // itself, and an upgrade may then strand its image.

@@ -6,6 +6,7 @@ use super::driver::{CudaCkptDriver, ProcessState};
 use super::parallel::{run_all, Phase, Step};
 use super::procs::{FoundBy, NvidiaFile};
 use super::record::{CheckpointRecord, Footprint, ProcessPhase, ProcessRecord, RecordStatus, RECORD_VERSION};
+use super::nvml::GpuInfoError;
 use super::{CheckpointError, Checkpointer, Target};
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -57,7 +58,7 @@ impl Checkpointer<'_> {
         let (ready, record) = std::thread::scope(|s| {
             let record = s.spawn(|| self.make_record(target, &pids));
             let ready = self.refuse_unready(&holders);
-            (ready, record.join().unwrap_or_else(|_| Err(CheckpointError::Footprint("NVML query thread panicked".into()))))
+            (ready, record.join().unwrap_or_else(|_| Err(CheckpointError::Footprint(GpuInfoError::Panicked))))
         });
         ready?;
         let mut record = record?;

@@ -1,6 +1,22 @@
 //! `--device-map OLD=NEW,...`: restore onto other GPUs (driver r580 / CUDA 13.0).
 
-use super::driver::{GpuPair, GpuUuid};
+use super::driver::{GpuPair, GpuUuid, UuidError};
+
+/// Why a `--device-map` (or the one a restore builds from its image) cannot
+/// be used: the driver restores one GPU's state onto one GPU.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeviceMapError {
+    #[error("{item:?} is not OLD_UUID=NEW_UUID")]
+    NotAPair { item: String },
+    #[error(transparent)]
+    Uuid(#[from] UuidError),
+    #[error("{old} is mapped twice")]
+    OldTwice { old: GpuUuid },
+    #[error("two GPUs are mapped onto {new}")]
+    NewTwice { new: GpuUuid },
+    #[error("empty device map")]
+    Empty,
+}
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DeviceMap {
@@ -10,21 +26,21 @@ pub struct DeviceMap {
 impl DeviceMap {
     /// Parses `GPU-a=GPU-b,GPU-b=GPU-a`. Each old GPU once, each new GPU once:
     /// the driver restores one GPU's state onto one GPU.
-    pub fn parse(text: &str) -> Result<DeviceMap, String> {
+    pub fn parse(text: &str) -> Result<DeviceMap, DeviceMapError> {
         let mut pairs: Vec<GpuPair> = Vec::new();
         for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            let (old, new) = item.split_once('=').ok_or_else(|| format!("{item:?} is not OLD_UUID=NEW_UUID"))?;
+            let (old, new) = item.split_once('=').ok_or_else(|| DeviceMapError::NotAPair { item: item.to_string() })?;
             let pair = GpuPair { old: GpuUuid::parse(old.trim())?, new: GpuUuid::parse(new.trim())? };
             if pairs.iter().any(|p| p.old == pair.old) {
-                return Err(format!("{} is mapped twice", pair.old));
+                return Err(DeviceMapError::OldTwice { old: pair.old });
             }
             if pairs.iter().any(|p| p.new == pair.new) {
-                return Err(format!("two GPUs are mapped onto {}", pair.new));
+                return Err(DeviceMapError::NewTwice { new: pair.new });
             }
             pairs.push(pair);
         }
         if pairs.is_empty() {
-            return Err("empty device map".into());
+            return Err(DeviceMapError::Empty);
         }
         Ok(DeviceMap { pairs })
     }
@@ -84,16 +100,17 @@ mod tests {
         assert_eq!(map.target(a), b);
         assert_eq!(map.target(b), a);
         assert!(map.covers(a) && map.covers(b));
-        let bad = [
-            (A.to_string(), "not OLD_UUID=NEW_UUID"),
-            (format!("{A}={B},{A}={A}"), "mapped twice"),
-            (format!("{A}={B},{B}={B}"), "two GPUs are mapped onto"),
-            (format!("{A}=GPU-12"), "not a GPU UUID"),
-            (String::from(" , "), "empty device map"),
+        let bad: [(String, &str, fn(&DeviceMapError) -> bool); 5] = [
+            (A.to_string(), "not OLD_UUID=NEW_UUID", |e| matches!(e, DeviceMapError::NotAPair { .. })),
+            (format!("{A}={B},{A}={A}"), "mapped twice", |e| matches!(e, DeviceMapError::OldTwice { .. })),
+            (format!("{A}={B},{B}={B}"), "two GPUs are mapped onto", |e| matches!(e, DeviceMapError::NewTwice { .. })),
+            (format!("{A}=GPU-12"), "not a GPU UUID", |e| matches!(e, DeviceMapError::Uuid(UuidError::Malformed { .. }))),
+            (String::from(" , "), "empty device map", |e| *e == DeviceMapError::Empty),
         ];
-        for (text, needle) in bad {
+        for (text, needle, kind) in bad {
             let err = DeviceMap::parse(&text).unwrap_err();
-            assert!(err.contains(needle), "{text}: {err}");
+            assert!(err.to_string().contains(needle), "{text}: {err}");
+            assert!(kind(&err), "{text}: {err:?}");
         }
     }
 

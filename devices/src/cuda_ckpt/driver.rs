@@ -47,6 +47,16 @@ impl ProcessState {
     }
 }
 
+/// Why a text is no GPU UUID a checkpoint can name. A MIG device's UUID is
+/// well formed but its own kind: the driver cannot checkpoint MIG.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UuidError {
+    #[error("{text:?} is a MIG UUID: MIG devices cannot be checkpointed")]
+    Mig { text: String },
+    #[error("{text:?} is not a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)")]
+    Malformed { text: String },
+}
+
 /// A GPU's 16-byte UUID, as CUDA's `CUuuid` and NVML's `GPU-…` text hold it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct GpuUuid(pub [u8; 16]);
@@ -54,13 +64,13 @@ pub struct GpuUuid(pub [u8; 16]);
 impl GpuUuid {
     /// Parses `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (the `GPU-` prefix is
     /// optional). MIG UUIDs are refused: the driver cannot checkpoint MIG.
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, UuidError> {
         let hex = text.strip_prefix("GPU-").unwrap_or(text);
         if hex.starts_with("MIG-") {
-            return Err(format!("{text:?} is a MIG UUID: MIG devices cannot be checkpointed"));
+            return Err(UuidError::Mig { text: text.to_string() });
         }
         let digits: String = hex.chars().filter(|c| *c != '-').collect();
-        let bad = || format!("{text:?} is not a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)");
+        let bad = || UuidError::Malformed { text: text.to_string() };
         if digits.len() != 32 || !digits.chars().all(|c| c.is_ascii_hexdigit()) {
             return Err(bad());
         }
@@ -381,14 +391,17 @@ mod tests {
         assert_eq!(uuid.to_string(), text);
         assert_eq!(GpuUuid::parse("5a3c1f2e-0b9d-4e11-8a2b-c0ffee123456").unwrap(), uuid);
         let bad = [
-            ("GPU-123", "not a GPU UUID"),
-            ("GPU-zz3c1f2e-0b9d-4e11-8a2b-c0ffee123456", "not a GPU UUID"),
-            ("MIG-5a3c1f2e-0b9d-4e11-8a2b-c0ffee123456", "MIG devices cannot be checkpointed"),
+            ("GPU-123", "not a GPU UUID", false),
+            ("GPU-zz3c1f2e-0b9d-4e11-8a2b-c0ffee123456", "not a GPU UUID", false),
+            ("MIG-5a3c1f2e-0b9d-4e11-8a2b-c0ffee123456", "MIG devices cannot be checkpointed", true),
         ];
-        for (text, needle) in bad {
+        for (text, needle, mig) in bad {
             let err = GpuUuid::parse(text).unwrap_err();
-            assert!(err.contains(needle), "{text}: {err}");
+            assert!(err.to_string().contains(needle), "{text}: {err}");
+            assert_eq!(matches!(err, UuidError::Mig { .. }), mig, "{text}: {err:?}");
         }
+        let err = GpuUuid::parse("GPU-123").unwrap_err();
+        assert_eq!(err.to_string(), r#""GPU-123" is not a GPU UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)"#);
     }
 
     #[test]

@@ -34,9 +34,9 @@ mod state;
 #[cfg(test)]
 mod tests;
 
-pub use device_map::DeviceMap;
-pub use driver::{CudaCkptDriver, CudaDriver, DriverError, GpuPair, GpuUuid, ProcessState};
-pub use nvml::{GpuInfo, GpuProcess, Nvml};
+pub use device_map::{DeviceMap, DeviceMapError};
+pub use driver::{CudaCkptDriver, CudaDriver, DriverError, GpuPair, GpuUuid, ProcessState, UuidError};
+pub use nvml::{GpuInfo, GpuInfoError, GpuProcess, Nvml};
 pub use parallel::{Phase, Step, StepRun};
 pub use procs::{FoundBy, NvidiaFile, ProcFs, ProcessHost};
 pub use bounded::BoundedDriver;
@@ -131,7 +131,7 @@ pub enum CheckpointError {
     )]
     HostMemory { short: host_room::Shortfall },
     #[error("cannot record the GPU memory footprint (needed to check free memory before restore): {0}")]
-    Footprint(String),
+    Footprint(GpuInfoError),
     #[error("locking failed: {}; rollback: {rollback}", list_failures(failures))]
     Lock { failures: Vec<PidFailure>, rollback: String },
     #[error("checkpoint failed: {}; rollback: {rollback}", list_failures(failures))]
@@ -154,7 +154,7 @@ pub enum CheckpointError {
     )]
     NotEnoughMemory { gpu: GpuUuid, pids: Vec<i32>, need: u64, margin: u64, free: u64 },
     #[error("cannot read free memory of {gpu}: {detail}")]
-    FreeMemory { gpu: GpuUuid, detail: String },
+    FreeMemory { gpu: GpuUuid, detail: GpuInfoError },
     #[error("restore failed: {}; every process stays locked (restored ones included) so none runs without its peers; run restore again", list_failures(failures))]
     Restore { failures: Vec<PidFailure> },
     #[error("unlock failed: {}", list_failures(failures))]

@@ -3,7 +3,7 @@
 //! (checked before restore). Kept in this one file, behind [`GpuInfo`], so it
 //! can be swapped for the project's full NVML layer later.
 
-use super::driver::GpuUuid;
+use super::driver::{GpuUuid, UuidError};
 use std::ffi::{c_char, c_uint, CStr};
 use std::path::{Path, PathBuf};
 
@@ -15,11 +15,34 @@ pub struct GpuProcess {
     pub used_bytes: u64,
 }
 
+/// Why NVML could not be loaded or could not tell a GPU's memory: the
+/// checkpoint's footprint and the restore's free-memory check carry it.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuInfoError {
+    #[error("cannot load NVML from {path}: {source}")]
+    Load { path: PathBuf, source: libloading::Error },
+    /// An NVML too old for the _v3 process query, or not NVML.
+    #[error("NVML in {path} lacks {symbol}")]
+    MissingSymbol { path: PathBuf, symbol: &'static str },
+    /// `text` is nvmlErrorString's.
+    #[error("{call} failed: {text} ({code})")]
+    Call { call: &'static str, text: String, code: u32 },
+    #[error(transparent)]
+    Uuid(#[from] UuidError),
+    #[error("NVML does not report pid {pid}'s memory on {gpu} (container without pid access?)")]
+    MemoryUnreported { pid: u32, gpu: GpuUuid },
+    #[error("no GPU {gpu} on this node")]
+    NoGpu { gpu: GpuUuid },
+    /// The thread that asked NVML (beside the driver's lock) panicked.
+    #[error("NVML query thread panicked")]
+    Panicked,
+}
+
 pub trait GpuInfo: Sync {
     /// Every compute process on every GPU of the node.
-    fn compute_processes(&self) -> Result<Vec<GpuProcess>, String>;
+    fn compute_processes(&self) -> Result<Vec<GpuProcess>, GpuInfoError>;
     /// Free memory of the GPU with this UUID.
-    fn free_bytes(&self, gpu: GpuUuid) -> Result<u64, String>;
+    fn free_bytes(&self, gpu: GpuUuid) -> Result<u64, GpuInfoError>;
 }
 
 type Device = *mut std::ffi::c_void;
@@ -62,14 +85,14 @@ unsafe impl Send for Nvml {}
 
 impl Nvml {
     /// Loads `library` (default libnvidia-ml.so.1) and calls nvmlInit_v2.
-    pub fn load(library: Option<&Path>) -> Result<Nvml, String> {
+    pub fn load(library: Option<&Path>) -> Result<Nvml, GpuInfoError> {
         let path = library.map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("libnvidia-ml.so.1"));
         let lib = unsafe { libloading::Library::new(&path) }
-            .map_err(|e| format!("cannot load NVML from {}: {e}", path.display()))?;
+            .map_err(|source| GpuInfoError::Load { path: path.clone(), source })?;
         macro_rules! sym {
             ($name:literal) => {
                 *unsafe { lib.get(concat!($name, "\0").as_bytes()) }
-                    .map_err(|_| format!("NVML in {} lacks {}", path.display(), $name))?
+                    .map_err(|_| GpuInfoError::MissingSymbol { path: path.clone(), symbol: $name })?
             };
         }
         let init: unsafe extern "C" fn() -> Ret = sym!("nvmlInit_v2");
@@ -86,21 +109,21 @@ impl Nvml {
         Ok(nvml)
     }
 
-    fn check(&self, call: &str, ret: Ret) -> Result<(), String> {
+    fn check(&self, call: &'static str, ret: Ret) -> Result<(), GpuInfoError> {
         if ret == 0 {
             return Ok(());
         }
         let text = unsafe { CStr::from_ptr((self.error_string)(ret)) }.to_string_lossy().into_owned();
-        Err(format!("{call} failed: {text} ({ret})"))
+        Err(GpuInfoError::Call { call, text, code: ret })
     }
 
-    fn devices(&self) -> Result<Vec<(GpuUuid, Device)>, String> {
+    fn devices(&self) -> Result<Vec<(GpuUuid, Device)>, GpuInfoError> {
         let mut n: c_uint = 0;
         self.check("nvmlDeviceGetCount_v2", unsafe { (self.count)(&mut n) })?;
         (0..n).map(|i| self.device(i)).collect()
     }
 
-    fn device(&self, index: c_uint) -> Result<(GpuUuid, Device), String> {
+    fn device(&self, index: c_uint) -> Result<(GpuUuid, Device), GpuInfoError> {
         let mut dev: Device = std::ptr::null_mut();
         self.check("nvmlDeviceGetHandleByIndex_v2", unsafe { (self.by_index)(index, &mut dev) })?;
         let mut buf = [0 as c_char; 96];
@@ -109,7 +132,7 @@ impl Nvml {
         Ok((GpuUuid::parse(&text)?, dev))
     }
 
-    fn device_processes(&self, dev: Device) -> Result<Vec<ProcessInfo>, String> {
+    fn device_processes(&self, dev: Device) -> Result<Vec<ProcessInfo>, GpuInfoError> {
         let empty = ProcessInfo { pid: 0, used_gpu_memory: 0, gpu_instance_id: 0, compute_instance_id: 0 };
         let mut list = vec![empty; 64];
         loop {
@@ -128,12 +151,12 @@ impl Nvml {
 }
 
 impl GpuInfo for Nvml {
-    fn compute_processes(&self) -> Result<Vec<GpuProcess>, String> {
+    fn compute_processes(&self) -> Result<Vec<GpuProcess>, GpuInfoError> {
         let mut out = Vec::new();
         for (gpu, dev) in self.devices()? {
             for p in self.device_processes(dev)? {
                 if p.used_gpu_memory == NVML_VALUE_NOT_AVAILABLE {
-                    return Err(format!("NVML does not report pid {}'s memory on {gpu} (container without pid access?)", p.pid));
+                    return Err(GpuInfoError::MemoryUnreported { pid: p.pid, gpu });
                 }
                 out.push(GpuProcess { gpu, pid: p.pid as i32, used_bytes: p.used_gpu_memory });
             }
@@ -141,8 +164,8 @@ impl GpuInfo for Nvml {
         Ok(out)
     }
 
-    fn free_bytes(&self, gpu: GpuUuid) -> Result<u64, String> {
-        let (_, dev) = self.devices()?.into_iter().find(|(u, _)| *u == gpu).ok_or_else(|| format!("no GPU {gpu} on this node"))?;
+    fn free_bytes(&self, gpu: GpuUuid) -> Result<u64, GpuInfoError> {
+        let (_, dev) = self.devices()?.into_iter().find(|(u, _)| *u == gpu).ok_or(GpuInfoError::NoGpu { gpu })?;
         let mut mem = Memory { total: 0, free: 0, used: 0 };
         self.check("nvmlDeviceGetMemoryInfo", unsafe { (self.memory)(dev, &mut mem) })?;
         Ok(mem.free)
@@ -160,6 +183,7 @@ mod tests {
     #[test]
     fn a_missing_library_is_named() {
         let err = super::Nvml::load(Some(std::path::Path::new("/nonexistent/libnvidia-ml.so.1"))).err().unwrap();
-        assert!(err.contains("/nonexistent/libnvidia-ml.so.1"), "{err}");
+        assert!(matches!(err, super::GpuInfoError::Load { .. }), "{err:?}");
+        assert!(err.to_string().starts_with("cannot load NVML from /nonexistent/libnvidia-ml.so.1: "), "{err}");
     }
 }

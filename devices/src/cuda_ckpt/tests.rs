@@ -153,11 +153,11 @@ impl ProcessHost for Node {
 }
 
 impl GpuInfo for Node {
-    fn compute_processes(&self) -> Result<Vec<GpuProcess>, String> {
+    fn compute_processes(&self) -> Result<Vec<GpuProcess>, GpuInfoError> {
         Ok(self.memory.iter().map(|(pid, (gpu, bytes))| GpuProcess { gpu: *gpu, pid: *pid, used_bytes: *bytes }).collect())
     }
-    fn free_bytes(&self, gpu: GpuUuid) -> Result<u64, String> {
-        self.free.get(&gpu).copied().ok_or_else(|| format!("no GPU {gpu}"))
+    fn free_bytes(&self, gpu: GpuUuid) -> Result<u64, GpuInfoError> {
+        self.free.get(&gpu).copied().ok_or(GpuInfoError::NoGpu { gpu })
     }
 }
 

@@ -24,7 +24,7 @@ mod spawn;
 #[cfg(test)]
 mod tests;
 
-pub use real::{gpu_facts, node_gpus, real_backends};
+pub use real::{gpu_facts, node_gpus, real_backends, GpuFactsError};
 pub use server::{listen, ExitReason};
 pub use spawn::{spawn_agent, stop_agent, AgentControlError, AgentLaunch};
 pub use refusal::FailureReason;

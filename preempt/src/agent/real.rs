@@ -4,9 +4,9 @@
 //! with the loader's error), /proc, NVML; and the node's GPU facts.
 
 use super::Backends;
-use crate::cuda_ckpt::{CudaCkptDriver, CudaDriver, DriverError, GpuPair, GpuUuid, Nvml, ProcFs, ProcessState};
+use crate::cuda_ckpt::{CudaCkptDriver, CudaDriver, DriverError, GpuInfoError, GpuPair, GpuUuid, Nvml, ProcFs, ProcessState, UuidError};
 use crate::criu::{CheckCache, CriuCli};
-use crate::gpu::{GpuOps, NvmlGpus};
+use crate::gpu::{GpuError, GpuOps, NvmlGpus};
 use crate::manifest::GpuFacts;
 use crate::Config;
 use std::sync::Arc;
@@ -35,8 +35,9 @@ impl CudaCkptDriver for NoDriver {
     }
 }
 
-/// The backends and the driver's CUDA version (0 without a driver).
-pub fn real_backends(cfg: &Config) -> Result<(Backends, i32), String> {
+/// The backends and the driver's CUDA version (0 without a driver). Only
+/// NVML's loading can fail: without libcuda the driver knows no process.
+pub fn real_backends(cfg: &Config) -> Result<(Backends, i32), GpuInfoError> {
     let (driver, cuda_version): (Arc<dyn CudaCkptDriver>, i32) = match CudaDriver::load(cfg.cuda_ckpt.cuda_library.as_deref()) {
         Ok(d) => {
             let v = d.version();
@@ -68,15 +69,27 @@ pub fn node_gpus(cfg: &Config) -> Vec<GpuUuid> {
     (0..count).filter_map(|i| GpuUuid::parse(&nvml.inventory(i).ok()?.uuid).ok()).collect()
 }
 
-pub fn gpu_facts(cfg: &Config, indices: &[u32]) -> Result<(Vec<GpuFacts>, String), String> {
-    let nvml = NvmlGpus::from_config(cfg).map_err(|e| e.to_string())?;
-    let driver = nvml.driver().map_err(|e| e.to_string())?.driver;
+/// Why the job's GPU facts are unknown; the agent then runs without them
+/// (its log line says why).
+#[derive(Debug, thiserror::Error)]
+pub enum GpuFactsError {
+    /// NVML could not be loaded or asked.
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+    /// A GPU's UUID is one the driver cannot checkpoint (a MIG device).
+    #[error(transparent)]
+    Uuid(#[from] UuidError),
+}
+
+pub fn gpu_facts(cfg: &Config, indices: &[u32]) -> Result<(Vec<GpuFacts>, String), GpuFactsError> {
+    let nvml = NvmlGpus::from_config(cfg)?;
+    let driver = nvml.driver()?.driver;
     let facts = indices
         .iter()
         .map(|&i| {
-            let inv = nvml.inventory(i).map_err(|e| e.to_string())?;
+            let inv = nvml.inventory(i)?;
             Ok(GpuFacts { uuid: GpuUuid::parse(&inv.uuid)?, name: inv.name })
         })
-        .collect::<Result<_, String>>()?;
+        .collect::<Result<_, GpuFactsError>>()?;
     Ok((facts, driver))
 }

@@ -204,14 +204,15 @@ impl From<String> for RequestError {
     }
 }
 
-/// `result.because(reason)?`: a `String` error becomes a failure of `reason`.
+/// `result.because(reason)?`: an error of a lower layer (a `String` or a
+/// typed error) becomes a failure of `reason` with its Display as message.
 pub(super) trait Because<T> {
     fn because(self, reason: FailureReason) -> Result<T, RequestError>;
 }
 
-impl<T> Because<T> for Result<T, String> {
+impl<T, E: std::fmt::Display> Because<T> for Result<T, E> {
     fn because(self, reason: FailureReason) -> Result<T, RequestError> {
-        self.map_err(|message| RequestError::failed(reason, message))
+        self.map_err(|e| RequestError::failed(reason, e.to_string()))
     }
 }
 

@@ -7,7 +7,7 @@
 
 use super::server::{authorize, Peer};
 use super::*;
-use crate::cuda_ckpt::{DriverError, GpuPair, GpuProcess, GpuUuid, ProcFs, ProcessState};
+use crate::cuda_ckpt::{DriverError, GpuInfoError, GpuPair, GpuProcess, GpuUuid, ProcFs, ProcessState};
 use crate::criu::{CriuCall, CriuError, RecordingCriu};
 use crate::images::ImageStore;
 use crate::manifest::{Manifest, MANIFEST_FILE};
@@ -44,10 +44,10 @@ impl CudaCkptDriver for NoCuda {
 struct RoomyGpus;
 
 impl GpuInfo for RoomyGpus {
-    fn compute_processes(&self) -> Result<Vec<GpuProcess>, String> {
+    fn compute_processes(&self) -> Result<Vec<GpuProcess>, GpuInfoError> {
         Ok(Vec::new())
     }
-    fn free_bytes(&self, _: GpuUuid) -> Result<u64, String> {
+    fn free_bytes(&self, _: GpuUuid) -> Result<u64, GpuInfoError> {
         Ok(u64::MAX / 2)
     }
 }
