@@ -116,7 +116,7 @@ impl Checkpointer<'_> {
             Target::Job(job) => self
                 .host
                 .job_processes(*job)
-                .map_err(|detail| CheckpointError::Scan { target: target.clone(), detail })?,
+                .map_err(|e| CheckpointError::Scan { target: target.clone(), detail: e.to_string() })?,
             Target::Pids(pids) => {
                 if let Some(gone) = pids.iter().find(|p| self.host.start_time(**p).is_none()) {
                     return Err(CheckpointError::Scan { target: target.clone(), detail: format!("pid {gone} does not exist") });
@@ -140,7 +140,7 @@ impl Checkpointer<'_> {
                 Ok(files) if files.is_empty() => {}
                 Ok(files) => out.push((pid, files)),
                 Err(_) if self.host.start_time(pid).is_none() => {}
-                Err(detail) => return Err(CheckpointError::Scan { target: target.clone(), detail }),
+                Err(e) => return Err(CheckpointError::Scan { target: target.clone(), detail: e.to_string() }),
             }
         }
         Ok(out)
@@ -239,7 +239,7 @@ impl Checkpointer<'_> {
                 Ok(files) => blocked.extend(files.into_iter().map(|f| (pid, f))),
                 // Unreadable is not proof of absence, unless the process is gone.
                 Err(e) if self.host.start_time(pid).is_some() => {
-                    blocked.push((pid, NvidiaFile { how: "unreadable".into(), path: e }))
+                    blocked.push((pid, NvidiaFile { how: "unreadable".into(), path: e.to_string() }))
                 }
                 Err(_) => {}
             }

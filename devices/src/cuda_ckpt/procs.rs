@@ -31,20 +31,38 @@ pub enum FoundBy {
     Pid,
 }
 
+/// Why the host could not tell a job's processes or a process's GPU files.
+/// A checkpoint is refused on either (CheckpointError::Scan); an unreadable
+/// process that is gone meanwhile held nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// The environment is the user's to write: one user could name another's
+    /// job. Processes of several users are therefore refused, not mixed.
+    #[error("processes naming SLURM_JOB_ID={job} belong to several users ({}): refusing to guess which are the job's", list_users(uids))]
+    SeveralUsers { job: u32, uids: Vec<(u32, i32)> },
+    #[error("cannot read {path}: {source}")]
+    Unreadable { path: PathBuf, source: std::io::Error },
+}
+
+/// `uid 1001, e.g. pid 5; uid 1002, e.g. pid 9`: each uid with one of its pids.
+fn list_users(uids: &[(u32, i32)]) -> String {
+    uids.iter().map(|(u, p)| format!("uid {u}, e.g. pid {p}")).collect::<Vec<_>>().join("; ")
+}
+
 /// What the orchestration needs from the host, behind a trait so tests can
 /// hand it a made-up process table.
 pub trait ProcessHost: Sync {
     /// Every process of Slurm job `job` on this node, except the caller.
-    fn job_processes(&self, job: u32) -> Result<(Vec<i32>, FoundBy), String>;
+    fn job_processes(&self, job: u32) -> Result<(Vec<i32>, FoundBy), HostError>;
     /// Whether `pid` is one of [`Self::job_processes`].
-    fn is_job_process(&self, pid: i32, job: u32) -> Result<bool, String> {
+    fn is_job_process(&self, pid: i32, job: u32) -> Result<bool, HostError> {
         self.job_processes(job).map(|(pids, _)| pids.contains(&pid))
     }
     /// `pid` and all its descendants (a child forked without exec keeps the
     /// parent's GPU mappings, so it belongs to the checkpoint's scope).
     fn with_descendants(&self, pid: i32) -> Vec<i32>;
     /// The /dev/nvidia* descriptors and mappings `pid` holds.
-    fn nvidia_files(&self, pid: i32) -> Result<Vec<NvidiaFile>, String>;
+    fn nvidia_files(&self, pid: i32) -> Result<Vec<NvidiaFile>, HostError>;
     /// The process's start time (clock ticks since boot): tells a pid reused by
     /// another process apart from the one that was checkpointed.
     fn start_time(&self, pid: i32) -> Option<u64>;
@@ -91,7 +109,7 @@ impl ProcFs {
 }
 
 impl ProcessHost for ProcFs {
-    fn job_processes(&self, job: u32) -> Result<(Vec<i32>, FoundBy), String> {
+    fn job_processes(&self, job: u32) -> Result<(Vec<i32>, FoundBy), HostError> {
         let pids = self.pids();
         let by_cgroup: Vec<i32> = pids
             .iter()
@@ -103,16 +121,12 @@ impl ProcessHost for ProcFs {
         }
         let by_env: Vec<i32> =
             pids.iter().copied().filter(|p| self.read(*p, "environ").is_some_and(|e| environ_is_job(&e, job))).collect();
-        // The environment is the user's to write: one user could name another's
-        // job. Processes of several users are therefore refused, not mixed.
+        // Processes of several users are refused (HostError::SeveralUsers).
         let mut uids: Vec<(u32, i32)> = by_env.iter().filter_map(|p| Some((self.uid(*p)?, *p))).collect();
         uids.sort_unstable();
         uids.dedup_by_key(|(uid, _)| *uid);
         if uids.len() > 1 {
-            return Err(format!(
-                "processes naming SLURM_JOB_ID={job} belong to several users ({}): refusing to guess which are the job's",
-                uids.iter().map(|(u, p)| format!("uid {u}, e.g. pid {p}")).collect::<Vec<_>>().join("; ")
-            ));
+            return Err(HostError::SeveralUsers { job, uids });
         }
         Ok((by_env, FoundBy::Environ))
     }
@@ -120,7 +134,7 @@ impl ProcessHost for ProcFs {
     /// The process's own cgroup first (one file, where the full answer reads
     /// every process's): a process in the job's cgroup is one of
     /// `job_processes` whatever the others are. Otherwise the full answer.
-    fn is_job_process(&self, pid: i32, job: u32) -> Result<bool, String> {
+    fn is_job_process(&self, pid: i32, job: u32) -> Result<bool, HostError> {
         if self.read(pid, "cgroup").is_some_and(|c| cgroup_is_job(&String::from_utf8_lossy(&c), job)) {
             return Ok(true);
         }
@@ -136,16 +150,16 @@ impl ProcessHost for ProcFs {
         descendants(pid, &parents)
     }
 
-    fn nvidia_files(&self, pid: i32) -> Result<Vec<NvidiaFile>, String> {
+    fn nvidia_files(&self, pid: i32) -> Result<Vec<NvidiaFile>, HostError> {
         let dir = self.root.join(pid.to_string());
         let mut found = Vec::new();
-        let fds = crate::procfs::fd_links(&dir.join("fd")).map_err(|e| format!("cannot read {}: {e}", dir.join("fd").display()))?;
+        let fds = crate::procfs::fd_links(&dir.join("fd")).map_err(|source| HostError::Unreadable { path: dir.join("fd"), source })?;
         for (fd, target) in fds {
             if is_device_path(&target, &self.device_prefixes) {
                 found.push(NvidiaFile { how: format!("fd {fd}"), path: target });
             }
         }
-        let maps = std::fs::read(dir.join("maps")).map_err(|e| format!("cannot read {}: {e}", dir.join("maps").display()))?;
+        let maps = std::fs::read(dir.join("maps")).map_err(|source| HostError::Unreadable { path: dir.join("maps"), source })?;
         found.extend(device_maps(&String::from_utf8_lossy(&maps), &self.device_prefixes));
         Ok(found)
     }
@@ -312,5 +326,28 @@ mod tests {
             assert_eq!(full, want, "full scan: pid {pid} job {job}");
             assert_eq!(fs.is_job_process(pid, job).unwrap(), want, "pid {pid} job {job}");
         }
+    }
+
+    /// Processes of several users naming the job, and a process whose files
+    /// cannot be read: each its own kind, with the words of before.
+    #[test]
+    fn a_scan_that_cannot_answer_says_why_by_kind() {
+        let root = tempfile::tempdir().unwrap();
+        for (pid, uid) in [(21, 1000), (22, 1001)] {
+            let d = root.path().join(pid.to_string());
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("cgroup"), "0::/user.slice\n").unwrap();
+            std::fs::write(d.join("environ"), b"SLURM_JOB_ID=7\0").unwrap();
+            std::fs::write(d.join("status"), format!("Uid:\t{uid}\t{uid}\t{uid}\t{uid}\n")).unwrap();
+        }
+        let fs = ProcFs { root: root.path().to_path_buf(), ..ProcFs::default() };
+        let err = fs.job_processes(7).unwrap_err();
+        assert!(matches!(&err, HostError::SeveralUsers { job: 7, uids } if uids.len() == 2), "{err:?}");
+        let text = "processes naming SLURM_JOB_ID=7 belong to several users (uid 1000, e.g. pid 21; uid 1001, e.g. pid 22): refusing to guess which are the job's";
+        assert_eq!(err.to_string(), text);
+        let err = fs.nvidia_files(21).unwrap_err();
+        assert!(matches!(err, HostError::Unreadable { .. }), "{err:?}");
+        let fd = root.path().join("21/fd");
+        assert!(err.to_string().starts_with(&format!("cannot read {}: ", fd.display())), "{err}");
     }
 }

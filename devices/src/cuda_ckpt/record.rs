@@ -128,6 +128,28 @@ pub struct CheckpointRecord {
     pub processes: Vec<ProcessRecord>,
 }
 
+/// Why a checkpoint record could not be written or read. The callers add
+/// which record and what it means for the processes (CheckpointError::Record).
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// The record directory could not be made root's and private.
+    #[error("{dir}: {source}")]
+    Dir { dir: PathBuf, source: std::io::Error },
+    #[error("{0}")]
+    Encode(serde_json::Error),
+    #[error("{path}: {source}")]
+    Write { path: PathBuf, source: std::io::Error },
+    /// Reading an existing record (a missing one is `Ok(None)`).
+    #[error("{0}")]
+    Read(std::io::Error),
+    #[error("{0}")]
+    Corrupt(serde_json::Error),
+    /// Written by a newer gpu-mode-cuda-ckpt: named as such rather than as
+    /// whatever field fails to parse.
+    #[error("record format version {version} is newer than this gpu-mode-cuda-ckpt reads (up to {RECORD_VERSION}): use the version that wrote it")]
+    Newer { version: u32 },
+}
+
 /// Only the version, read first so a newer format is named as such rather
 /// than as whatever field fails to parse.
 #[derive(serde::Deserialize)]
@@ -141,35 +163,33 @@ impl CheckpointRecord {
         dir.join(format!("{key}.json"))
     }
 
-    pub fn save(&self, dir: &Path) -> Result<PathBuf, String> {
+    pub fn save(&self, dir: &Path) -> Result<PathBuf, RecordError> {
         let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
-        fsutil::ensure_private_dir(dir, uid, gid, 0o700).map_err(|e| format!("{}: {e}", dir.display()))?;
+        fsutil::ensure_private_dir(dir, uid, gid, 0o700).map_err(|source| RecordError::Dir { dir: dir.to_path_buf(), source })?;
         let path = Self::path(dir, &self.target);
-        let text = serde_json::to_vec_pretty(self).map_err(|e| e.to_string())?;
-        fsutil::write_atomic(&path, &text, 0o600).map_err(|e| format!("{}: {e}", path.display()))?;
+        let text = serde_json::to_vec_pretty(self).map_err(RecordError::Encode)?;
+        if let Err(source) = fsutil::write_atomic(&path, &text, 0o600) {
+            return Err(RecordError::Write { path, source });
+        }
         Ok(path)
     }
 
     /// `Ok(None)` when there is no record for `key`.
-    pub fn load(dir: &Path, key: &str) -> Result<Option<CheckpointRecord>, String> {
+    pub fn load(dir: &Path, key: &str) -> Result<Option<CheckpointRecord>, RecordError> {
         let path = Self::path(dir, key);
         match std::fs::read(&path) {
             Ok(bytes) => Self::parse(&bytes).map(Some),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(RecordError::Read(e)),
         }
     }
 
-    fn parse(bytes: &[u8]) -> Result<CheckpointRecord, String> {
-        let header: Header = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+    fn parse(bytes: &[u8]) -> Result<CheckpointRecord, RecordError> {
+        let header: Header = serde_json::from_slice(bytes).map_err(RecordError::Corrupt)?;
         if header.version > RECORD_VERSION {
-            return Err(format!(
-                "record format version {} is newer than this gpu-mode-cuda-ckpt reads (up to {RECORD_VERSION}): \
-                 use the version that wrote it",
-                header.version
-            ));
+            return Err(RecordError::Newer { version: header.version });
         }
-        serde_json::from_slice(bytes).map_err(|e| e.to_string())
+        serde_json::from_slice(bytes).map_err(RecordError::Corrupt)
     }
 
     pub fn remove(dir: &Path, key: &str) -> std::io::Result<bool> {
@@ -234,6 +254,9 @@ mod tests {
     fn a_newer_record_is_refused_by_its_version() {
         let v9 = r#"{"version":9,"target":"pid-7","shape":"new"}"#;
         let err = CheckpointRecord::parse(v9.as_bytes()).unwrap_err();
+        assert!(matches!(err, RecordError::Newer { version: 9 }), "{err:?}");
+        let err = err.to_string();
         assert!(err.contains("record format version 9 is newer than this gpu-mode-cuda-ckpt reads (up to 2)"), "{err}");
+        assert!(err.ends_with("(up to 2): use the version that wrote it"), "{err}");
     }
 }

@@ -83,7 +83,7 @@ impl Checkpointer<'_> {
         match CheckpointRecord::load(dir, &key) {
             Ok(Some(record)) => Ok(record),
             Ok(None) => Err(CheckpointError::NoRecord { target: target.clone(), path }),
-            Err(detail) => Err(CheckpointError::Record { path, detail }),
+            Err(e) => Err(CheckpointError::Record { path, detail: e.to_string() }),
         }
     }
 

@@ -122,7 +122,7 @@ pub fn settle_records(dir: &Path, host: &dyn ProcessHost, job: u32) -> Settled {
 mod tests {
     use super::*;
     use crate::cuda_ckpt::driver::GpuUuid;
-    use crate::cuda_ckpt::procs::{FoundBy, NvidiaFile};
+    use crate::cuda_ckpt::procs::{FoundBy, HostError, NvidiaFile};
     use crate::cuda_ckpt::record::{Footprint, ProcessRecord, RecordStatus, RECORD_VERSION};
     use std::collections::BTreeMap;
 
@@ -133,13 +133,13 @@ mod tests {
     }
 
     impl ProcessHost for Host {
-        fn job_processes(&self, _job: u32) -> Result<(Vec<i32>, FoundBy), String> {
+        fn job_processes(&self, _job: u32) -> Result<(Vec<i32>, FoundBy), HostError> {
             Ok((self.job.clone(), FoundBy::Cgroup))
         }
         fn with_descendants(&self, pid: i32) -> Vec<i32> {
             vec![pid]
         }
-        fn nvidia_files(&self, _pid: i32) -> Result<Vec<NvidiaFile>, String> {
+        fn nvidia_files(&self, _pid: i32) -> Result<Vec<NvidiaFile>, HostError> {
             Ok(Vec::new())
         }
         fn start_time(&self, pid: i32) -> Option<u64> {

@@ -135,7 +135,7 @@ impl CudaCkptDriver for Node {
 }
 
 impl ProcessHost for Node {
-    fn job_processes(&self, job: u32) -> Result<(Vec<i32>, FoundBy), String> {
+    fn job_processes(&self, job: u32) -> Result<(Vec<i32>, FoundBy), HostError> {
         Ok((self.jobs.get(&job).cloned().unwrap_or_default(), FoundBy::Cgroup))
     }
     fn with_descendants(&self, pid: i32) -> Vec<i32> {
@@ -143,7 +143,7 @@ impl ProcessHost for Node {
         out.extend(self.children.get(&pid).into_iter().flatten());
         out
     }
-    fn nvidia_files(&self, pid: i32) -> Result<Vec<NvidiaFile>, String> {
+    fn nvidia_files(&self, pid: i32) -> Result<Vec<NvidiaFile>, HostError> {
         Ok(self.files.lock().unwrap().get(&pid).cloned().unwrap_or_default())
     }
     fn start_time(&self, pid: i32) -> Option<u64> {
