@@ -7,6 +7,33 @@ use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::Command;
 
+/// Why a restored tree cannot be put in, or was not found in, the job's
+/// cgroups. The agent refuses the restore on each (a tree outside the job's
+/// cgroup escapes its limits and accounting).
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    /// /proc/<pid>/cgroup or /proc/self/mountinfo.
+    #[error("{path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    /// Another cgroup namespace: we could not put the tree there.
+    #[error("cgroup {path} is outside the mounted {root} at {point}")]
+    OutsideMount { path: String, root: String, point: PathBuf },
+    #[error("cgroup path {path:?} contains '..'")]
+    DotDot { path: String },
+    #[error("{file} has a NUL byte")]
+    NulByte { file: PathBuf },
+    /// `hierarchy`: `cgroup v2` or `<controllers> hierarchy`.
+    #[error("pid {pid} is in cgroup {found} ({hierarchy}), not the job's {want}")]
+    Elsewhere { pid: i32, found: String, hierarchy: String, want: String },
+    #[error("pid {pid} has no {hierarchy} cgroup")]
+    Missing { pid: i32, hierarchy: String },
+}
+
+/// A /proc file read whole, its path named on failure.
+fn read_proc(path: String) -> Result<String, CgroupError> {
+    std::fs::read_to_string(&path).map_err(|source| CgroupError::Read { path: path.into(), source })
+}
+
 /// One line of /proc/<pid>/cgroup: `id:controllers:path`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CgroupLine {
@@ -96,15 +123,15 @@ fn mount_for<'a>(line: &CgroupLine, mounts: &'a [Mount]) -> Option<&'a Mount> {
 /// The lines whose hierarchy is mounted here, each with its `cgroup.procs`.
 /// A path outside a mount's root (another cgroup namespace) is an error: we
 /// could not put the tree there.
-fn joinable(lines: Vec<CgroupLine>, mounts: &[Mount]) -> Result<Vec<(CgroupLine, PathBuf)>, String> {
+fn joinable(lines: Vec<CgroupLine>, mounts: &[Mount]) -> Result<Vec<(CgroupLine, PathBuf)>, CgroupError> {
     let mut out = Vec::new();
     for line in lines {
         let Some(m) = mount_for(&line, mounts) else { continue };
         let rel = if m.root == "/" { Some(line.path.as_str()) } else { line.path.strip_prefix(m.root.as_str()) };
-        let rel = rel.ok_or_else(|| format!("cgroup {} is outside the mounted {} at {}", line.path, m.root, m.point.display()))?;
+        let rel = rel.ok_or_else(|| CgroupError::OutsideMount { path: line.path.clone(), root: m.root.clone(), point: m.point.clone() })?;
         let rel = rel.trim_start_matches('/');
         if rel.split('/').any(|c| c == "..") {
-            return Err(format!("cgroup path {:?} contains '..'", line.path));
+            return Err(CgroupError::DotDot { path: line.path.clone() });
         }
         let file = m.point.join(rel).join("cgroup.procs");
         out.push((line, file));
@@ -114,23 +141,23 @@ fn joinable(lines: Vec<CgroupLine>, mounts: &[Mount]) -> Result<Vec<(CgroupLine,
 
 impl TargetCgroup {
     /// The cgroups `pid` is in now.
-    pub fn of_pid(pid: i32) -> Result<TargetCgroup, String> {
-        let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).map_err(|e| format!("/proc/{pid}/cgroup: {e}"))?;
-        let mounts = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| format!("/proc/self/mountinfo: {e}"))?;
+    pub fn of_pid(pid: i32) -> Result<TargetCgroup, CgroupError> {
+        let text = read_proc(format!("/proc/{pid}/cgroup"))?;
+        let mounts = read_proc("/proc/self/mountinfo".into())?;
         Self::from_texts(&text, &mounts)
     }
 
-    fn from_texts(cgroup: &str, mountinfo: &str) -> Result<TargetCgroup, String> {
+    fn from_texts(cgroup: &str, mountinfo: &str) -> Result<TargetCgroup, CgroupError> {
         let (lines, procs_files) = joinable(parse_proc_cgroup(cgroup), &parse_mountinfo(mountinfo))?.into_iter().unzip();
         Ok(TargetCgroup { lines, procs_files })
     }
 
     /// Makes `cmd`'s child join these cgroups before it execs.
-    pub fn join_before_exec(&self, cmd: &mut Command) -> Result<(), String> {
+    pub fn join_before_exec(&self, cmd: &mut Command) -> Result<(), CgroupError> {
         let files: Vec<CString> = self
             .procs_files
             .iter()
-            .map(|p| CString::new(p.as_os_str().as_encoded_bytes()).map_err(|_| format!("{} has a NUL byte", p.display())))
+            .map(|p| CString::new(p.as_os_str().as_encoded_bytes()).map_err(|_| CgroupError::NulByte { file: p.clone() }))
             .collect::<Result<_, _>>()?;
         // SAFETY: open/write/close are async-signal-safe; the paths were
         // built before the fork.
@@ -157,20 +184,20 @@ impl TargetCgroup {
     /// Checks that `pid` is in exactly these cgroups on every hierarchy we
     /// could join: a tree restored into another job's cgroup escapes this
     /// job's limits and accounting.
-    pub fn verify(&self, pid: i32) -> Result<(), String> {
-        let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).map_err(|e| format!("/proc/{pid}/cgroup: {e}"))?;
+    pub fn verify(&self, pid: i32) -> Result<(), CgroupError> {
+        let text = read_proc(format!("/proc/{pid}/cgroup"))?;
         self.verify_text(pid, &text)
     }
 
-    fn verify_text(&self, pid: i32, text: &str) -> Result<(), String> {
+    fn verify_text(&self, pid: i32, text: &str) -> Result<(), CgroupError> {
         let now = parse_proc_cgroup(text);
         for want in &self.lines {
             match now.iter().find(|l| l.id == want.id && l.controllers == want.controllers) {
                 Some(l) if l.path == want.path => {}
                 Some(l) => {
-                    return Err(format!("pid {pid} is in cgroup {} ({}), not the job's {}", l.path, hierarchy(want), want.path))
+                    return Err(CgroupError::Elsewhere { pid, found: l.path.clone(), hierarchy: hierarchy(want), want: want.path.clone() })
                 }
-                None => return Err(format!("pid {pid} has no {} cgroup", hierarchy(want))),
+                None => return Err(CgroupError::Missing { pid, hierarchy: hierarchy(want) }),
             }
         }
         Ok(())
@@ -229,9 +256,15 @@ mod tests {
             vec![PathBuf::from("/sys/fs/cgroup/step_0/cgroup.procs")]
         );
         let err = TargetCgroup::from_texts("0::/job_8/step_0\n", ns).unwrap_err();
-        assert!(err.contains("outside the mounted /job_7"), "{err}");
+        assert!(matches!(err, CgroupError::OutsideMount { .. }), "{err:?}");
+        assert_eq!(err.to_string(), "cgroup /job_8/step_0 is outside the mounted /job_7 at /sys/fs/cgroup");
         let err = TargetCgroup::from_texts("0::/a/../b\n", V2_MOUNTS).unwrap_err();
-        assert!(err.contains("'..'"), "{err}");
+        assert!(matches!(err, CgroupError::DotDot { .. }), "{err:?}");
+        assert_eq!(err.to_string(), r#"cgroup path "/a/../b" contains '..'"#);
+        let nul = TargetCgroup { lines: vec![], procs_files: vec![PathBuf::from("/a\0b")] };
+        let err = nul.join_before_exec(&mut Command::new("/bin/true")).unwrap_err();
+        assert!(matches!(err, CgroupError::NulByte { .. }), "{err:?}");
+        assert_eq!(err.to_string(), "/a\0b has a NUL byte");
     }
 
     #[test]
@@ -239,7 +272,15 @@ mod tests {
         let t = TargetCgroup::from_texts("0::/job_9/step_batch\n", V2_MOUNTS).unwrap();
         assert!(t.verify_text(5, "0::/job_9/step_batch\n").is_ok());
         let err = t.verify_text(5, "0::/job_7/step_batch\n").unwrap_err();
-        assert_eq!(err, "pid 5 is in cgroup /job_7/step_batch (cgroup v2), not the job's /job_9/step_batch");
+        assert!(matches!(err, CgroupError::Elsewhere { pid: 5, .. }), "{err:?}");
+        assert_eq!(err.to_string(), "pid 5 is in cgroup /job_7/step_batch (cgroup v2), not the job's /job_9/step_batch");
+        let v1 = TargetCgroup::from_texts("4:memory:/slurm/job_9\n", V1_MOUNTS).unwrap();
+        let err = v1.verify_text(5, "0::/\n").unwrap_err();
+        assert!(matches!(err, CgroupError::Missing { pid: 5, .. }), "{err:?}");
+        assert_eq!(err.to_string(), "pid 5 has no memory hierarchy cgroup");
+        let err = TargetCgroup::of_pid(i32::MAX).unwrap_err();
+        assert!(matches!(err, CgroupError::Read { .. }), "{err:?}");
+        assert!(err.to_string().starts_with(&format!("/proc/{}/cgroup: ", i32::MAX)), "{err}");
     }
 
     #[test]

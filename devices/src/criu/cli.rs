@@ -231,7 +231,7 @@ impl Criu for CriuCli {
         crate::fsutil::remove_if_present(&pidfile).map_err(|e| other(e.to_string()))?;
         let dir = open_images(&req.images_dir, "restore")?;
         let mut cmd = self.restore_command(req, dir.as_raw_fd());
-        req.cgroup.join_before_exec(&mut cmd).map_err(other)?;
+        req.cgroup.join_before_exec(&mut cmd).map_err(|e| other(e.to_string()))?;
         Self::as_user(&mut cmd, &dir, &req.user, &capabilities(req.tcp_established));
         let start = Instant::now();
         self.run("restore", cmd, &log, self.timeout)?;

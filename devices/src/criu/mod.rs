@@ -68,7 +68,7 @@ mod cli;
 mod recording;
 mod version;
 
-pub use cgroup::{CgroupLine, TargetCgroup};
+pub use cgroup::{CgroupError, CgroupLine, TargetCgroup};
 pub use check_cache::{CheckCache, FILE as CHECK_CACHE_FILE};
 pub use cli::{capabilities, CriuCli};
 pub use recording::{CriuCall, RecordingCriu};

@@ -115,7 +115,7 @@ impl Agent {
         // node, where the wrapper then moves the job (security review F7).
         sw.time("pids-free", || tree::wait_pids_free(&manifest.pids, self.settings.pid_wait))
             .map_err(|e| RequestError::NotHere(format!("{e}; the image is kept")))?;
-        let cgroup = TargetCgroup::of_pid(peer.pid)?;
+        let cgroup = TargetCgroup::of_pid(peer.pid).because(FailureReason::Other)?;
         // Dropped on any failure below: the names made are removed again.
         let shm = sw
             .time("shm", || shm::recreate(&manifest.shm, &dir, peer.pid, &self.user))
@@ -268,7 +268,7 @@ impl Agent {
         let check = if r.pid != m.root_pid {
             Err(format!("CRIU restored pid {}, but the image's root is pid {}", r.pid, m.root_pid))
         } else {
-            cgroup.verify(r.pid).and_then(|_| self.check_stopped_tree(r.pid))
+            cgroup.verify(r.pid).map_err(|e| e.to_string()).and_then(|_| self.check_stopped_tree(r.pid))
         };
         if let Err(e) = check {
             self.kill_restored(m);
