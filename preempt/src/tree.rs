@@ -5,7 +5,25 @@
 
 use crate::privdrop::Identity;
 use crate::procfs;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
+
+/// Why a process may not be dumped, or run restored: it has more than its
+/// user's rights, which CRIU would give back (check_owned).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OwnerError {
+    #[error("pid {pid} runs as uids {uids:?}, not only as the job's user (uid {uid}): refused")]
+    Uids { pid: i32, uids: Vec<u32>, uid: u32 },
+    /// A setgid program.
+    #[error("pid {pid} runs with gid {gid}, which is not one of the job user's groups (a setgid program?): refused")]
+    Gid { pid: i32, gid: u32 },
+    /// `caps`: CapEff | CapPrm.
+    #[error("pid {pid} holds capabilities ({caps:x}), which its user does not have: refused")]
+    Capabilities { pid: i32, caps: u64 },
+    /// A user or pid namespace CRIU would recreate (security review F9).
+    #[error("pid {pid} runs in a {ns} namespace of its own ({}), not the node's ({}): CRIU would recreate it; refused", theirs.display(), mine.display())]
+    Namespace { pid: i32, ns: &'static str, theirs: PathBuf, mine: PathBuf },
+}
 
 /// Real, effective, saved and filesystem ids, and capabilities, of a process.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,18 +57,18 @@ pub fn creds(pid: i32) -> Option<Creds> {
 /// in a user namespace the user made would have CRIU recreate its
 /// namespaces and mounts (security review F9). Refused at dump time, and
 /// the restored tree is checked again.
-pub fn check_owned(pids: &[i32], who: &Identity) -> Result<(), String> {
+pub fn check_owned(pids: &[i32], who: &Identity) -> Result<(), OwnerError> {
     let uid = who.uid;
     for &pid in pids {
         let Some(c) = creds(pid) else { continue };
         if c.uids.iter().any(|u| *u != uid) {
-            return Err(format!("pid {pid} runs as uids {:?}, not only as the job's user (uid {uid}): refused", c.uids));
+            return Err(OwnerError::Uids { pid, uids: c.uids, uid });
         }
         if let Some(g) = c.gids.iter().find(|g| **g != who.gid && !who.groups.contains(g)) {
-            return Err(format!("pid {pid} runs with gid {g}, which is not one of the job user's groups (a setgid program?): refused"));
+            return Err(OwnerError::Gid { pid, gid: *g });
         }
         if c.cap_eff != 0 || c.cap_prm != 0 {
-            return Err(format!("pid {pid} holds capabilities ({:x}), which its user does not have: refused", c.cap_eff | c.cap_prm));
+            return Err(OwnerError::Capabilities { pid, caps: c.cap_eff | c.cap_prm });
         }
         check_namespaces(pid)?;
     }
@@ -62,18 +80,14 @@ pub fn check_owned(pids: &[i32], who: &Identity) -> Result<(), String> {
 /// another pid namespace.
 const SHARED_NAMESPACES: [&str; 2] = ["user", "pid"];
 
-fn check_namespaces(pid: i32) -> Result<(), String> {
+fn check_namespaces(pid: i32) -> Result<(), OwnerError> {
     for ns in SHARED_NAMESPACES {
         let mine = std::fs::read_link(format!("/proc/self/ns/{ns}")).ok();
         let theirs = std::fs::read_link(format!("/proc/{pid}/ns/{ns}")).ok();
         // Gone meanwhile: the caller's next step finds it gone.
         if let (Some(mine), Some(theirs)) = (mine, theirs) {
             if mine != theirs {
-                return Err(format!(
-                    "pid {pid} runs in a {ns} namespace of its own ({}), not the node's ({}): CRIU would recreate it; refused",
-                    theirs.display(),
-                    mine.display()
-                ));
+                return Err(OwnerError::Namespace { pid, ns, theirs, mine });
             }
         }
     }
@@ -171,12 +185,19 @@ mod tests {
         let as_me = Identity { uid: my_uid, gid: my_gid, groups: vec![my_gid] };
         if my_uid == 0 {
             // Root holds capabilities: refused, as a setuid program would be.
-            assert!(check_owned(&[pid], &as_me).unwrap_err().contains("holds capabilities"));
+            let err = check_owned(&[pid], &as_me).unwrap_err();
+            assert!(matches!(err, OwnerError::Capabilities { .. }) && err.to_string().contains("holds capabilities"), "{err:?}");
         }
         let other = Identity { uid: my_uid + 1, ..as_me.clone() };
-        assert!(check_owned(&[pid], &other).unwrap_err().contains("not only as the job's user"));
+        let err = check_owned(&[pid], &other).unwrap_err();
+        assert!(matches!(err, OwnerError::Uids { .. }), "{err:?}");
+        let u = my_uid;
+        let text = format!("pid {pid} runs as uids [{u}, {u}, {u}, {u}], not only as the job's user (uid {}): refused", u + 1);
+        assert_eq!(err.to_string(), text);
         let other_group = Identity { gid: my_gid + 1, groups: vec![my_gid + 1, my_gid + 2], ..as_me.clone() };
-        assert!(check_owned(&[pid], &other_group).unwrap_err().contains("which is not one of the job user's groups"));
+        let err = check_owned(&[pid], &other_group).unwrap_err();
+        assert!(matches!(err, OwnerError::Gid { .. }), "{err:?}");
+        assert!(err.to_string().contains("which is not one of the job user's groups"), "{err}");
         let pinned = procfs::Pinned::new(pid).unwrap();
         pinned.still_there().unwrap();
         assert!(wait_pids_free(&[pid], Duration::from_millis(50)).unwrap_err().contains("in use on this node (sleep"));
@@ -205,6 +226,7 @@ mod tests {
         child.kill().unwrap();
         child.wait().unwrap();
         let err = err.unwrap_err();
-        assert!(err.contains("runs in a user namespace of its own"), "{err}");
+        assert!(matches!(err, OwnerError::Namespace { ns: "user", .. }), "{err:?}");
+        assert!(err.to_string().contains("runs in a user namespace of its own"), "{err}");
     }
 }

@@ -72,7 +72,7 @@ impl Agent {
         self.check_root(peer, root)?;
         let pinned = crate::procfs::Pinned::new(root)?;
         let pids = self.host.with_descendants(root);
-        tree::check_owned(&pids, &self.user)?;
+        tree::check_owned(&pids, &self.user).because(FailureReason::Other)?;
         // Before anything is locked: what CRIU could not dump alone is
         // found (and refused) here.
         uncheckpointable::refuse(&pids, &self.facts.driver_version).map_err(|e| format!("cannot checkpoint: {e}")).because(FailureReason::Uncheckpointable)?;

@@ -7,7 +7,7 @@
 use super::server::Peer;
 use super::{Agent, Because, FailureReason, RefusalKind, RequestError, RootState};
 use crate::cuda_ckpt::DeviceMap;
-use crate::criu::{RestoreRequest, TargetCgroup};
+use crate::criu::{CgroupError, RestoreRequest, TargetCgroup};
 use crate::images::ImageStore;
 use crate::manifest::Manifest;
 use crate::protocol::RestoreSummary;
@@ -18,6 +18,22 @@ use crate::tree;
 use crate::procfs;
 use std::path::Path;
 use std::time::Instant;
+
+/// Why the tree CRIU restored (and left stopped) is killed before it runs:
+/// every kind is the failure reason `restored_check`.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum RestoredCheckError {
+    #[error("CRIU restored pid {restored}, but the image's root is pid {image}")]
+    OtherRoot { restored: i32, image: i32 },
+    /// Not in the job's cgroups: it would escape its limits and accounting.
+    #[error(transparent)]
+    Cgroup(#[from] CgroupError),
+    #[error(transparent)]
+    Owner(#[from] tree::OwnerError),
+    /// A file the user may not hold (held.rs, whose errors are text yet).
+    #[error("{0}")]
+    Held(String),
+}
 
 /// The image a restore takes (Agent::locate).
 pub(super) struct Located {
@@ -266,9 +282,9 @@ impl Agent {
         };
         let t = Instant::now();
         let check = if r.pid != m.root_pid {
-            Err(format!("CRIU restored pid {}, but the image's root is pid {}", r.pid, m.root_pid))
+            Err(RestoredCheckError::OtherRoot { restored: r.pid, image: m.root_pid })
         } else {
-            cgroup.verify(r.pid).map_err(|e| e.to_string()).and_then(|_| self.check_stopped_tree(r.pid))
+            cgroup.verify(r.pid).map_err(RestoredCheckError::from).and_then(|_| self.check_stopped_tree(r.pid))
         };
         if let Err(e) = check {
             self.kill_restored(m);
@@ -284,10 +300,10 @@ impl Agent {
     /// the user may hold (CRIU reopened them by path as root: held.rs).
     /// The tree as it is, from its root: the manifest's list was made before
     /// CRIU froze the tree, which may have forked since (security review S4).
-    pub(super) fn check_stopped_tree(&self, root: i32) -> Result<(), String> {
+    pub(super) fn check_stopped_tree(&self, root: i32) -> Result<(), RestoredCheckError> {
         let pids = self.host.with_descendants(root);
         tree::check_owned(&pids, &self.user)?;
-        crate::held::check_user_may_hold(&pids, &self.user)
+        crate::held::check_user_may_hold(&pids, &self.user).map_err(RestoredCheckError::Held)
     }
 
     /// After CRIU failed or was killed (security review F6): what it may
@@ -334,4 +350,23 @@ fn read_ahead(dir: &Path, m: &Manifest) {
             unsafe { libc::posix_fadvise(fd.as_raw_fd(), 0, bytes as libc::off_t, libc::POSIX_FADV_WILLNEED) };
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each kind says what it said as text, the lower layers' words unchanged.
+    #[test]
+    fn a_restored_tree_refused_says_why_in_today_s_words() {
+        let owner = tree::OwnerError::Gid { pid: 9, gid: 5 };
+        let cases = [
+            (RestoredCheckError::OtherRoot { restored: 12, image: 10 }, "CRIU restored pid 12, but the image's root is pid 10".to_string()),
+            (RestoredCheckError::from(owner.clone()), owner.to_string()),
+            (RestoredCheckError::Held("pid 9 was restored holding /x".into()), "pid 9 was restored holding /x".to_string()),
+        ];
+        for (e, text) in cases {
+            assert_eq!(e.to_string(), text, "{e:?}");
+        }
+    }
 }
