@@ -38,6 +38,41 @@ use std::time::Duration;
 /// must not hang the agent): past it, the tree is refused.
 const CHECK_BOUND: Duration = Duration::from_secs(10);
 
+/// Why a restored tree may not run: a file its user may not hold, or one
+/// the check could not look at (refused rather than let run unchecked).
+#[derive(Debug, thiserror::Error)]
+pub enum HeldError {
+    #[error("cannot list pid {pid}'s descriptors: {source}")]
+    Descriptors { pid: i32, source: std::io::Error },
+    #[error("cannot read the flags of pid {pid}'s fd {fd}")]
+    Flags { pid: i32, fd: String },
+    #[error("cannot read pid {pid}'s mappings: {source}")]
+    Mappings { pid: i32, source: std::io::Error },
+    /// The held file could not be opened (O_PATH) or stat'ed as root.
+    #[error("cannot check pid {pid}'s {what} ({path}): {source}")]
+    Unprobed { pid: i32, what: String, path: String, source: std::io::Error },
+    #[error("{path:?}: NUL in path")]
+    NulInPath { path: String },
+    /// The user's child that checks (user_child.rs, whose errors are text yet).
+    #[error("{0}")]
+    Child(String),
+    /// The child answered an index past the files (never expected).
+    #[error("the check named no file")]
+    NoFile,
+    /// `errno`: the user's access, or EXDEV where the path now leads to
+    /// another file than the one held.
+    #[error("pid {pid} was restored holding {path} ({what}, {need}), which uid {uid} may not ({}): a path was swapped since the dump", refusal(*errno))]
+    Refused { pid: i32, path: String, what: String, need: &'static str, uid: u32, errno: i32 },
+}
+
+fn refusal(errno: i32) -> String {
+    if errno == libc::EXDEV {
+        "its path now leads elsewhere".to_string()
+    } else {
+        std::io::Error::from_raw_os_error(errno).to_string()
+    }
+}
+
 /// One file a process holds: a descriptor or a file mapping.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Held {
@@ -89,8 +124,8 @@ fn fd_flags(pid: i32, fd: &str) -> Option<u32> {
     u32::from_str_radix(info.lines().find_map(|l| l.strip_prefix("flags:"))?.trim(), 8).ok()
 }
 
-fn descriptors(pid: i32, out: &mut Vec<Held>) -> Result<(), String> {
-    let dir = std::fs::read_dir(format!("/proc/{pid}/fd")).map_err(|e| format!("cannot list pid {pid}'s descriptors: {e}"))?;
+fn descriptors(pid: i32, out: &mut Vec<Held>) -> Result<(), HeldError> {
+    let dir = std::fs::read_dir(format!("/proc/{pid}/fd")).map_err(|source| HeldError::Descriptors { pid, source })?;
     for entry in dir.flatten() {
         let fd = entry.file_name().to_string_lossy().into_owned();
         let Ok(link) = std::fs::read_link(entry.path()) else { continue };
@@ -98,7 +133,7 @@ fn descriptors(pid: i32, out: &mut Vec<Held>) -> Result<(), String> {
         if !is_path(&link) {
             continue;
         }
-        let flags = fd_flags(pid, &fd).ok_or_else(|| format!("cannot read the flags of pid {pid}'s fd {fd}"))?;
+        let Some(flags) = fd_flags(pid, &fd) else { return Err(HeldError::Flags { pid, fd }) };
         out.push(Held {
             pid,
             what: format!("fd {fd}"),
@@ -135,14 +170,14 @@ pub fn mapping_of_line(pid: i32, line: &str) -> Option<Held> {
     })
 }
 
-fn mappings(pid: i32, out: &mut Vec<Held>) -> Result<(), String> {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(|e| format!("cannot read pid {pid}'s mappings: {e}"))?;
+fn mappings(pid: i32, out: &mut Vec<Held>) -> Result<(), HeldError> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(|source| HeldError::Mappings { pid, source })?;
     out.extend(maps.lines().filter_map(|l| mapping_of_line(pid, l)));
     Ok(())
 }
 
 /// Every file the processes `pids` hold by descriptor or mapping.
-pub fn held_files(pids: &[i32]) -> Result<Vec<Held>, String> {
+pub fn held_files(pids: &[i32]) -> Result<Vec<Held>, HeldError> {
     let mut out = Vec::new();
     for &pid in pids {
         descriptors(pid, &mut out)?;
@@ -162,16 +197,13 @@ struct Probe {
     exec_ok: bool,
 }
 
-fn probe(h: &Held) -> Result<Probe, String> {
+fn probe(h: &Held) -> Result<Probe, HeldError> {
     use std::os::unix::fs::OpenOptionsExt;
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_PATH)
-        .open(&h.source)
-        // Cannot look at it: refuse rather than let it run unchecked.
-        .map_err(|e| format!("cannot check pid {}'s {} ({}): {e}", h.pid, h.what, h.path))?;
-    let meta = file.metadata().map_err(|e| format!("cannot check pid {}'s {} ({}): {e}", h.pid, h.what, h.path))?;
-    let path = (!deleted(&h.path)).then(|| CString::new(h.path.as_bytes())).transpose().map_err(|_| format!("{:?}: NUL in path", h.path))?;
+    let unprobed = |source| HeldError::Unprobed { pid: h.pid, what: h.what.clone(), path: h.path.clone(), source };
+    // Cannot look at it: refuse rather than let it run unchecked.
+    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_PATH).open(&h.source).map_err(unprobed)?;
+    let meta = file.metadata().map_err(unprobed)?;
+    let path = (!deleted(&h.path)).then(|| CString::new(h.path.as_bytes())).transpose().map_err(|_| HeldError::NulInPath { path: h.path.clone() })?;
     Ok(Probe { fd: file.into(), path, dev: meta.dev(), ino: meta.ino(), need: h.need, exec_ok: h.exec_ok })
 }
 
@@ -210,7 +242,7 @@ fn user_may_hold(p: &Probe) -> i32 {
 
 /// Runs the probes as `who` in a child; the index of the first the user may
 /// not hold and why, or `None`.
-fn first_refused(probes: &[Probe], who: &Identity) -> Result<Option<(usize, i32)>, String> {
+fn first_refused(probes: &[Probe], who: &Identity) -> Result<Option<(usize, i32)>, HeldError> {
     let answer = super::user_child::run_as_user(who, CHECK_BOUND, |w| {
         for (i, p) in probes.iter().enumerate() {
             let err = user_may_hold(p);
@@ -219,7 +251,8 @@ fn first_refused(probes: &[Probe], who: &Identity) -> Result<Option<(usize, i32)
                 break;
             }
         }
-    })?;
+    })
+    .map_err(HeldError::Child)?;
     Ok(answer.map(|(i, errno)| (i as usize, errno)))
 }
 
@@ -235,26 +268,14 @@ fn describe_need(h: &Held) -> &'static str {
 
 /// Every file the processes `pids` hold must be one `who` may hold (see the
 /// module docs); the first that is not is named.
-pub fn check_user_may_hold(pids: &[i32], who: &Identity) -> Result<(), String> {
+pub fn check_user_may_hold(pids: &[i32], who: &Identity) -> Result<(), HeldError> {
     let held = held_files(pids)?;
     let probes = held.iter().map(probe).collect::<Result<Vec<_>, _>>()?;
     match first_refused(&probes, who)? {
         None => Ok(()),
         Some((i, errno)) => {
-            let h = held.get(i).ok_or("the check named no file")?;
-            let why = if errno == libc::EXDEV {
-                "its path now leads elsewhere".to_string()
-            } else {
-                std::io::Error::from_raw_os_error(errno).to_string()
-            };
-            Err(format!(
-                "pid {} was restored holding {} ({}, {}), which uid {} may not ({why}): a path was swapped since the dump",
-                h.pid,
-                h.path,
-                h.what,
-                describe_need(h),
-                who.uid
-            ))
+            let h = held.get(i).ok_or(HeldError::NoFile)?;
+            Err(HeldError::Refused { pid: h.pid, path: h.path.clone(), what: h.what.clone(), need: describe_need(h), uid: who.uid, errno })
         }
     }
 }
@@ -381,7 +402,7 @@ mod tests {
     }
 
     /// The check of a holder of `file` (opened with `flags`) as nobody.
-    fn check_holder(file: &std::path::Path, flags: i32) -> Result<(), String> {
+    fn check_holder(file: &std::path::Path, flags: i32) -> Result<(), HeldError> {
         let mut child = holder(file, flags, NOBODY);
         stop_for_check(child.id() as i32);
         let result = check_user_may_hold(&[child.id() as i32], &nobody());
@@ -399,6 +420,8 @@ mod tests {
         std::os::unix::fs::chown(&theirs, Some(NOBODY), Some(NOBODY)).unwrap();
         for (flags, need) in [(libc::O_RDWR, "read and write"), (libc::O_RDONLY, "read")] {
             let err = check_holder(&root_only, flags).unwrap_err();
+            assert!(matches!(err, HeldError::Refused { errno: libc::EACCES, .. }), "{err:?}");
+            let err = err.to_string();
             assert!(err.contains(&format!("holding {} (fd 3, {need})", root_only.display())), "{err}");
             assert!(err.contains("which uid 65534 may not (Permission denied"), "{err}");
         }
@@ -413,7 +436,7 @@ mod tests {
         set_mode(&closed, 0o700);
         let file = closed.join("notes");
         file_with(&file, 0o644);
-        let err = check_holder(&file, libc::O_RDONLY).unwrap_err();
+        let err = check_holder(&file, libc::O_RDONLY).unwrap_err().to_string();
         assert!(err.contains(&format!("holding {}", file.display())) && err.contains("Permission denied"), "{err}");
     }
 
@@ -430,7 +453,7 @@ mod tests {
         let result = check_user_may_hold(&[child.id() as i32], &Identity { uid: 0, gid: 0, groups: vec![0] });
         child.kill().unwrap();
         child.wait().unwrap();
-        let err = result.unwrap_err();
+        let err = result.unwrap_err().to_string();
         assert!(err.contains(&format!("holding {} (fd 3, read)", file.display())), "{err}");
     }
 }

@@ -30,9 +30,9 @@ pub(super) enum RestoredCheckError {
     Cgroup(#[from] CgroupError),
     #[error(transparent)]
     Owner(#[from] tree::OwnerError),
-    /// A file the user may not hold (held.rs, whose errors are text yet).
-    #[error("{0}")]
-    Held(String),
+    /// A file the user may not hold, or one the check could not look at.
+    #[error(transparent)]
+    Held(#[from] crate::held::HeldError),
 }
 
 /// The image a restore takes (Agent::locate).
@@ -303,7 +303,7 @@ impl Agent {
     pub(super) fn check_stopped_tree(&self, root: i32) -> Result<(), RestoredCheckError> {
         let pids = self.host.with_descendants(root);
         tree::check_owned(&pids, &self.user)?;
-        crate::held::check_user_may_hold(&pids, &self.user).map_err(RestoredCheckError::Held)
+        Ok(crate::held::check_user_may_hold(&pids, &self.user)?)
     }
 
     /// After CRIU failed or was killed (security review F6): what it may
@@ -363,7 +363,10 @@ mod tests {
         let cases = [
             (RestoredCheckError::OtherRoot { restored: 12, image: 10 }, "CRIU restored pid 12, but the image's root is pid 10".to_string()),
             (RestoredCheckError::from(owner.clone()), owner.to_string()),
-            (RestoredCheckError::Held("pid 9 was restored holding /x".into()), "pid 9 was restored holding /x".to_string()),
+            (
+                RestoredCheckError::from(crate::held::HeldError::Refused { pid: 9, path: "/x".into(), what: "fd 3".into(), need: "read", uid: 7, errno: libc::EXDEV }),
+                "pid 9 was restored holding /x (fd 3, read), which uid 7 may not (its path now leads elsewhere): a path was swapped since the dump".to_string(),
+            ),
         ];
         for (e, text) in cases {
             assert_eq!(e.to_string(), text, "{e:?}");
