@@ -53,9 +53,9 @@ pub enum HeldError {
     Unprobed { pid: i32, what: String, path: String, source: std::io::Error },
     #[error("{path:?}: NUL in path")]
     NulInPath { path: String },
-    /// The user's child that checks (user_child.rs, whose errors are text yet).
-    #[error("{0}")]
-    Child(String),
+    /// The user's child that checks.
+    #[error(transparent)]
+    Child(#[from] crate::user_child::UserChildError),
     /// The child answered an index past the files (never expected).
     #[error("the check named no file")]
     NoFile,
@@ -251,8 +251,7 @@ fn first_refused(probes: &[Probe], who: &Identity) -> Result<Option<(usize, i32)
                 break;
             }
         }
-    })
-    .map_err(HeldError::Child)?;
+    })?;
     Ok(answer.map(|(i, errno)| (i as usize, errno)))
 }
 

@@ -343,7 +343,8 @@ fn run_ops(dir: &OwnedFd, ops: &[Op], who: &Identity, stop: bool) -> Result<Opti
         if let Some((i, e)) = first {
             answer(w, i, e);
         }
-    })?;
+    })
+    .map_err(|e| e.to_string())?;
     Ok(got.map(|(i, e)| (i as usize, e)))
 }
 

@@ -11,6 +11,27 @@ use crate::privdrop::Identity;
 use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
+/// Why work as the job's user gave no answer; the callers refuse what it
+/// was to check or do (a restored tree, the job's /dev/shm objects).
+#[derive(Debug, thiserror::Error)]
+pub enum UserChildError {
+    #[error("pipe: {0}")]
+    Pipe(nix::errno::Errno),
+    #[error("fork: {0}")]
+    Fork(nix::errno::Errno),
+    #[error("waitpid: {0}")]
+    Wait(nix::errno::Errno),
+    /// Killed past its bound (and reaped, unless stuck in the kernel).
+    #[error("the work as the job's user did not finish within {} s", bound.as_secs())]
+    Timeout { bound: Duration },
+    /// setgroups, setresgid, setresuid or capset failed in the child (exit
+    /// 2), or the child died otherwise.
+    #[error("the work as uid {uid} could not take the user's identity ({status:?})")]
+    Identity { uid: u32, status: nix::sys::wait::WaitStatus },
+    #[error("the child's answer: {0}")]
+    Answer(std::io::Error),
+}
+
 /// Takes `who`'s identity with no capabilities at all (uid 0 keeps its
 /// capabilities through setresuid: they are cleared explicitly).
 fn become_user(groups: &[libc::gid_t], uid: u32, gid: u32) -> bool {
@@ -56,12 +77,12 @@ pub(crate) fn errno() -> i32 {
 /// ([`answer`]: a step's index and errno), or `None`. `body` must only make
 /// system calls on memory prepared before the fork (no allocation, no
 /// locks); past `bound` the child is killed and the run refused.
-pub(crate) fn run_as_user(who: &Identity, bound: Duration, body: impl FnOnce(RawFd)) -> Result<Option<(u32, i32)>, String> {
-    let (read_end, write_end) = nix::unistd::pipe().map_err(|e| format!("pipe: {e}"))?;
+pub(crate) fn run_as_user(who: &Identity, bound: Duration, body: impl FnOnce(RawFd)) -> Result<Option<(u32, i32)>, UserChildError> {
+    let (read_end, write_end) = nix::unistd::pipe().map_err(UserChildError::Pipe)?;
     let groups: Vec<libc::gid_t> = who.groups.clone();
     // SAFETY: the child runs only system calls on memory prepared before the
     // fork (the caller's promise for `body`) and leaves with _exit.
-    match unsafe { nix::unistd::fork() }.map_err(|e| format!("fork: {e}"))? {
+    match unsafe { nix::unistd::fork() }.map_err(UserChildError::Fork)? {
         nix::unistd::ForkResult::Child => {
             let code = if become_user(&groups, who.uid, who.gid) {
                 body(write_end.as_raw_fd());
@@ -76,11 +97,11 @@ pub(crate) fn run_as_user(who: &Identity, bound: Duration, body: impl FnOnce(Raw
             drop(write_end);
             let status = wait_bounded(child, bound)?;
             if !matches!(status, nix::sys::wait::WaitStatus::Exited(_, 0)) {
-                return Err(format!("the work as uid {} could not take the user's identity ({status:?})", who.uid));
+                return Err(UserChildError::Identity { uid: who.uid, status });
             }
             // The child wrote at most 8 bytes (within any pipe's buffer) and is gone.
             let mut buf = Vec::new();
-            std::io::Read::read_to_end(&mut std::fs::File::from(read_end), &mut buf).map_err(|e| format!("the child's answer: {e}"))?;
+            std::io::Read::read_to_end(&mut std::fs::File::from(read_end), &mut buf).map_err(UserChildError::Answer)?;
             Ok((buf.len() == 8).then(|| {
                 let i = u32::from_le_bytes(buf[..4].try_into().unwrap_or_default());
                 (i, i32::from_le_bytes(buf[4..].try_into().unwrap_or_default()))
@@ -90,14 +111,14 @@ pub(crate) fn run_as_user(who: &Identity, bound: Duration, body: impl FnOnce(Raw
 }
 
 /// Waits for the child for at most `bound`; past it, kills it.
-fn wait_bounded(child: nix::unistd::Pid, bound: Duration) -> Result<nix::sys::wait::WaitStatus, String> {
+fn wait_bounded(child: nix::unistd::Pid, bound: Duration) -> Result<nix::sys::wait::WaitStatus, UserChildError> {
     use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
     let start = std::time::Instant::now();
     loop {
         match waitpid(child, Some(WaitPidFlag::WNOHANG)) {
             Ok(WaitStatus::StillAlive) | Err(nix::errno::Errno::EINTR) => {}
             Ok(status) => return Ok(status),
-            Err(e) => return Err(format!("waitpid: {e}")),
+            Err(e) => return Err(UserChildError::Wait(e)),
         }
         if start.elapsed() >= bound {
             let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
@@ -109,7 +130,7 @@ fn wait_bounded(child: nix::unistd::Pid, bound: Duration) -> Result<nix::sys::wa
                 }
                 std::thread::sleep(Duration::from_millis(10));
             }
-            return Err(format!("the work as the job's user did not finish within {} s", bound.as_secs()));
+            return Err(UserChildError::Timeout { bound });
         }
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -128,7 +149,8 @@ mod tests {
         let pid = nix::unistd::Pid::from_raw(child.id() as i32);
         let start = std::time::Instant::now();
         let err = wait_bounded(pid, Duration::from_millis(200)).unwrap_err();
-        assert!(err.contains("did not finish within"), "{err}");
+        assert!(matches!(err, UserChildError::Timeout { .. }), "{err:?}");
+        assert_eq!(err.to_string(), "the work as the job's user did not finish within 0 s");
         assert!(start.elapsed() < Duration::from_secs(2), "{:?}", start.elapsed());
         assert!(crate::procfs::read(child.id() as i32).is_none(), "the child was killed and reaped");
     }
