@@ -109,19 +109,23 @@ pub fn descends_from(pid: i32, ancestor: i32) -> bool {
     false
 }
 
+/// A pid of the image held by another process on this node: the restore
+/// may succeed on another node (RequestError::NotHere, security review F7).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("pid {} is in use on this node ({}, uid {}, state {}): CRIU restores processes with their original pids", holder.pid, holder.comm, holder.uid, holder.state)]
+pub struct PidInUse {
+    pub holder: procfs::ProcInfo,
+}
+
 /// Waits until no process holds any of `pids` (CRIU restores the original
 /// pids). Zombies of the dumped tree are normally reaped within moments by
 /// the wrapper (a subreaper); a live stranger is named when time is up.
-pub fn wait_pids_free(pids: &[i32], timeout: Duration) -> Result<(), String> {
+pub fn wait_pids_free(pids: &[i32], timeout: Duration) -> Result<(), PidInUse> {
     let start = Instant::now();
     loop {
-        let taken: Vec<procfs::ProcInfo> = pids.iter().filter_map(|p| procfs::read(*p)).collect();
-        let Some(first) = taken.first() else { return Ok(()) };
+        let Some(first) = pids.iter().find_map(|p| procfs::read(*p)) else { return Ok(()) };
         if start.elapsed() >= timeout {
-            return Err(format!(
-                "pid {} is in use on this node ({}, uid {}, state {}): CRIU restores processes with their original pids",
-                first.pid, first.comm, first.uid, first.state
-            ));
+            return Err(PidInUse { holder: first });
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -200,7 +204,11 @@ mod tests {
         assert!(err.to_string().contains("which is not one of the job user's groups"), "{err}");
         let pinned = procfs::Pinned::new(pid).unwrap();
         pinned.still_there().unwrap();
-        assert!(wait_pids_free(&[pid], Duration::from_millis(50)).unwrap_err().contains("in use on this node (sleep"));
+        let err = wait_pids_free(&[pid], Duration::from_millis(50)).unwrap_err();
+        assert_eq!(err.holder.pid, pid);
+        let (uid, state) = (err.holder.uid, err.holder.state);
+        let text = format!("pid {pid} is in use on this node (sleep, uid {uid}, state {state}): CRIU restores processes with their original pids");
+        assert_eq!(err.to_string(), text);
         child.kill().unwrap();
         child.wait().unwrap();
         assert!(pinned.still_there().unwrap_err().contains("ended after it was checked"));
