@@ -210,7 +210,16 @@ pub(super) trait Because<T> {
     fn because(self, reason: FailureReason) -> Result<T, RequestError>;
 }
 
-impl<T, E: std::fmt::Display> Because<T> for Result<T, E> {
+/// The lower layers' errors `because` takes. A list, not every `Display`:
+/// a `RequestError` already has its reason, and must never be given another.
+pub(super) trait LowerError: std::fmt::Display {}
+
+impl LowerError for String {}
+impl LowerError for crate::tree::OwnerError {}
+impl LowerError for gpu_mode_devices::criu::CgroupError {}
+impl LowerError for gpu_mode_devices::cuda_ckpt::DeviceMapError {}
+
+impl<T, E: LowerError> Because<T> for Result<T, E> {
     fn because(self, reason: FailureReason) -> Result<T, RequestError> {
         self.map_err(|e| RequestError::failed(reason, e.to_string()))
     }
