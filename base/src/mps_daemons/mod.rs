@@ -80,12 +80,27 @@ pub fn task_privileged(runtime_dir: &std::path::Path, job_id: u32, grant: &crate
     })
 }
 
+/// Why a job's MPS daemon could not be moved into its cgroup (logged by the
+/// task step; the job runs either way).
+#[derive(Debug, thiserror::Error)]
+pub enum AdoptError {
+    /// The daemon's record is unreadable.
+    #[error(transparent)]
+    Record(#[from] crate::persist::StateError),
+    /// This process's own cgroup, which locates the job's, is unreadable.
+    #[error("/proc/self/cgroup: {0}")]
+    OwnCgroup(#[source] std::io::Error),
+    /// Writing some pids into the cgroup failed: one text per failed write.
+    #[error("{}", .0.join("; "))]
+    Move(Vec<String>),
+}
+
 /// Puts the MPS daemon `key` of `job_id` into the job's extern step cgroup
 /// (audit item M9; see [`cgroup`]). Runs as root in a process of the
 /// job (the plugin's task_init_privileged), which tells where the job's
 /// cgroup is. Errors are for the log: the job runs either way.
-pub fn adopt_into_job(runtime_dir: &std::path::Path, job_id: u32, key: &str) -> Result<Adoption, String> {
-    let Some(rec) = DaemonRecord::load(runtime_dir, key).map_err(|e| e.to_string())? else { return Ok(Adoption::NoDaemon) };
+pub fn adopt_into_job(runtime_dir: &std::path::Path, job_id: u32, key: &str) -> Result<Adoption, AdoptError> {
+    let Some(rec) = DaemonRecord::load(runtime_dir, key)? else { return Ok(Adoption::NoDaemon) };
     if rec.jobs != [job_id] {
         return Ok(Adoption::Shared);
     }
@@ -94,7 +109,7 @@ pub fn adopt_into_job(runtime_dir: &std::path::Path, job_id: u32, key: &str) -> 
     if pids.is_empty() {
         return Ok(Adoption::NoDaemon);
     }
-    let own = std::fs::read_to_string("/proc/self/cgroup").map_err(|e| format!("/proc/self/cgroup: {e}"))?;
+    let own = std::fs::read_to_string("/proc/self/cgroup").map_err(AdoptError::OwnCgroup)?;
     let into = cgroup::extern_step_procs(&own, std::path::Path::new("/sys/fs/cgroup"), job_id);
     if into.is_empty() {
         return Ok(Adoption::NotContained);
@@ -103,6 +118,28 @@ pub fn adopt_into_job(runtime_dir: &std::path::Path, job_id: u32, key: &str) -> 
     if errors.is_empty() {
         Ok(Adoption::Moved { pids, into })
     } else {
-        Err(errors.join("; "))
+        Err(AdoptError::Move(errors))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// No record: nothing to adopt; a corrupt one: the Record kind, whose
+    /// words are the record's own (the task step logs them).
+    #[test]
+    fn adoption_without_a_record_or_with_a_corrupt_one() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(adopt_into_job(dir.path(), 7, "1001-0").unwrap(), Adoption::NoDaemon);
+        let mut rec = registry::test_record(1001, &[0], &[7]);
+        rec.key = "1001-0".into();
+        rec.save(dir.path()).unwrap();
+        let path = registry::registry_dir(dir.path()).join("1001-0.json");
+        std::fs::write(&path, b"{").unwrap();
+        let err = adopt_into_job(dir.path(), 7, "1001-0").unwrap_err();
+        assert!(matches!(err, AdoptError::Record(crate::persist::StateError::Corrupt { .. })), "{err:?}");
+        assert!(err.to_string().starts_with(&format!("state file {} is corrupt: ", path.display())), "{err}");
+        assert_eq!(AdoptError::Move(vec!["a: EPERM".into(), "b: ESRCH".into()]).to_string(), "a: EPERM; b: ESRCH");
     }
 }

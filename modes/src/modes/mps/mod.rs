@@ -41,4 +41,4 @@ pub enum MpsError {
     Control { pipe_dir: PathBuf, commands: String, detail: String },
 }
 
-pub use gpu_mode_base::mps_daemons::{adopt_into_job, task_privileged, Adoption};
+pub use gpu_mode_base::mps_daemons::{adopt_into_job, task_privileged, AdoptError, Adoption};
