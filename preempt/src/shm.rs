@@ -37,13 +37,13 @@
 //! Anything else that needs `--link-remap` is still refused by CRIU.
 
 use crate::privdrop::Identity;
-use crate::user_child::{answer, errno, run_as_user};
+use crate::user_child::{answer, errno, run_as_user, UserChildError};
 use serde::{Deserialize, Serialize};
 use std::ffi::CString;
 use std::fs::File;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// Where the job's objects live, as the processes name it.
@@ -51,6 +51,113 @@ const SHM_DIR: &str = "/dev/shm/";
 const DELETED: &str = " (deleted)";
 /// How long the work as the user may take.
 const USER_BOUND: Duration = Duration::from_secs(10);
+
+/// Why the job's /dev/shm objects cannot be carried in the image (at the
+/// dump) or made again (at the restore), or a name that stays behind. Its
+/// own kind per failure, so that a test or a caller tells them apart without
+/// reading the words; each Display is the message the agent has always
+/// given (the dump and the restore add their own words around it, and every
+/// kind is the metrics' reason `shm` there).
+#[derive(Debug, thiserror::Error)]
+pub enum ShmError {
+    /// plan: another user's file, deleted under one name but named still.
+    #[error(
+        "pid {pid} holds {path} ({what}), a file of uid {uid} that was deleted under this name but still has another: \
+         only the job's own such files are carried in the image: refused"
+    )]
+    ForeignFile { pid: i32, path: String, what: String, uid: u32 },
+    /// plan: some of the file's names are elsewhere (another directory), so
+    /// CRIU would need `--link-remap`.
+    #[error(
+        "pid {pid} holds {path} ({what}), deleted under this name, whose {nlink} name(s) are not all in {SHM_DIR} ({found} found): \
+         CRIU cannot dump it without --link-remap: refused"
+    )]
+    NamesElsewhere { pid: i32, path: String, what: String, nlink: u64, found: usize },
+    /// plan: the name CRIU looks up (`<name> (deleted)`) is another file.
+    #[error("pid {pid} holds {path} ({what}), and {SHM_DIR}{alias} is another file: refused")]
+    AliasTaken { pid: i32, path: String, what: String, alias: String },
+    /// collect_refs: a process's /proc/<pid>/maps.
+    #[error("cannot read pid {pid}'s mappings: {source}")]
+    Mappings { pid: i32, source: std::io::Error },
+    /// shm_dir: /dev/shm as the process sees it.
+    #[error("cannot open {SHM_DIR} of pid {pid}: {source}")]
+    OpenDir { pid: i32, source: nix::errno::Errno },
+    /// shm_dir: its fstat or fstatfs.
+    #[error("{SHM_DIR}: {0}")]
+    StatDir(nix::errno::Errno),
+    /// shm_dir: not what the design relies on (module docs).
+    #[error("{SHM_DIR} {0}: the job's semaphores there cannot be carried safely: refused")]
+    UnsafeDir(DirProblem),
+    /// links_protected: `fs.<knob>` (its value, trimmed) is not 1 or 2.
+    #[error(
+        "fs.{knob} is {value:?} on this node, not 1: root would follow the user's links in {SHM_DIR} at restore, so the job's \
+         semaphores there cannot be carried (set fs.{knob}=1, the Debian and Ubuntu default): refused"
+    )]
+    LinksUnprotected { knob: &'static str, value: String },
+    /// list: the directory's listing.
+    #[error("cannot list {SHM_DIR}: {0}")]
+    List(std::io::Error),
+    /// cstr: a name with a NUL byte (a corrupt manifest).
+    #[error("{name:?}: NUL in a name")]
+    Nul { name: String },
+    /// run_ops: the work as the job's user gave no answer.
+    #[error(transparent)]
+    Child(#[from] UserChildError),
+    /// stage: the file the tree holds, opened through /proc.
+    #[error("cannot read {path}: {source}")]
+    Source { path: String, source: std::io::Error },
+    /// stage: that file's metadata.
+    #[error("{path}: {source}")]
+    SourceStat { path: String, source: std::io::Error },
+    /// stage: another inode than the one planned.
+    #[error("{path} changed while it was looked at: refused")]
+    Changed { path: String },
+    /// stage: an alias CRIU looks up not linked as the user (`name` is its path).
+    #[error("cannot link {name} as uid {uid}: {source}: refused")]
+    Link { name: String, uid: u32, source: std::io::Error },
+    /// Staged::save: an object's content (`name`: its first name).
+    #[error("cannot read {SHM_DIR}{name}: {source}")]
+    Content { name: String, source: std::io::Error },
+    /// Staged::save: the image's `shm-<n>.img`, created or written.
+    #[error("{}: {source}", .path.display())]
+    ImageWrite { path: PathBuf, source: std::io::Error },
+    /// Staged::save's note: a name not removed after the dump (`name` is its path).
+    #[error("{name} stays: {source}")]
+    Stays { name: String, source: std::io::Error },
+    /// recreate: the image directory, opened without following a symlink.
+    #[error("{}: {source}", .path.display())]
+    RunDir { path: PathBuf, source: std::io::Error },
+    /// recreate: the manifest names an object outside /dev/shm, or none.
+    #[error("the manifest's /dev/shm object {names:?} is not valid: corrupt")]
+    CorruptObject { names: Vec<String> },
+    /// recreate: an object's image file (missing, short, a symlink).
+    #[error("image file {image}: {source}")]
+    ImageRead { image: String, source: std::io::Error },
+    /// recreate: a name not made again as the user (`name` is its path);
+    /// EEXIST says that something made it since the checkpoint.
+    #[error("cannot make {name} again as uid {uid}: {}: nothing was restored", remake_why(.source))]
+    Remake { name: String, uid: u32, source: std::io::Error },
+}
+
+/// What is wrong with /dev/shm ([`ShmError::UnsafeDir`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DirProblem {
+    #[error("belongs to uid {0}, not root")]
+    NotRoot(u32),
+    /// Its permission bits (not sticky and world-writable).
+    #[error("has mode {0:o}, not 1777")]
+    Mode(u32),
+    #[error("is not a tmpfs")]
+    NotTmpfs,
+}
+
+fn remake_why(e: &std::io::Error) -> String {
+    if e.raw_os_error() == Some(libc::EEXIST) {
+        "it exists (made since the checkpoint)".to_string()
+    } else {
+        e.to_string()
+    }
+}
 
 /// One object of the job's, as the manifest records it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -116,7 +223,7 @@ fn valid_name(name: &str) -> bool {
 /// deleted name, yet still named), with all their names: `entries` is the
 /// directory's listing (name, inode) and `dev` its device. Pure: the rules
 /// are here, the reading is in [`stage`].
-pub fn plan(refs: &[ShmRef], dev: u64, entries: &[(String, u64)], uid: u32) -> Result<Vec<Planned>, String> {
+pub fn plan(refs: &[ShmRef], dev: u64, entries: &[(String, u64)], uid: u32) -> Result<Vec<Planned>, ShmError> {
     let mut out: Vec<Planned> = Vec::new();
     for r in refs {
         let Some((name, true)) = shm_name(&r.path) else { continue };
@@ -126,11 +233,7 @@ pub fn plan(refs: &[ShmRef], dev: u64, entries: &[(String, u64)], uid: u32) -> R
             continue;
         }
         if r.uid != uid {
-            return Err(format!(
-                "pid {} holds {} ({}), a file of uid {} that was deleted under this name but still has another: \
-                 only the job's own such files are carried in the image: refused",
-                r.pid, r.path, r.what, r.uid
-            ));
+            return Err(ShmError::ForeignFile { pid: r.pid, path: r.path.clone(), what: r.what.clone(), uid: r.uid });
         }
         let alias = format!("{name}{DELETED}");
         if let Some(p) = out.iter_mut().find(|p| p.ino == r.ino) {
@@ -143,15 +246,7 @@ pub fn plan(refs: &[ShmRef], dev: u64, entries: &[(String, u64)], uid: u32) -> R
         let names: Vec<String> =
             entries.iter().filter(|(n, ino)| *ino == r.ino && !n.ends_with(DELETED)).map(|(n, _)| n.clone()).collect();
         if linked as u64 != r.nlink || names.is_empty() {
-            return Err(format!(
-                "pid {} holds {} ({}), deleted under this name, whose {} name(s) are not all in {SHM_DIR} ({} found): \
-                 CRIU cannot dump it without --link-remap: refused",
-                r.pid,
-                r.path,
-                r.what,
-                r.nlink,
-                names.len()
-            ));
+            return Err(ShmError::NamesElsewhere { pid: r.pid, path: r.path.clone(), what: r.what.clone(), nlink: r.nlink, found: names.len() });
         }
         let mut p = Planned {
             ino: r.ino,
@@ -168,26 +263,26 @@ pub fn plan(refs: &[ShmRef], dev: u64, entries: &[(String, u64)], uid: u32) -> R
     Ok(out)
 }
 
-fn add_alias(p: &mut Planned, alias: String, entries: &[(String, u64)], r: &ShmRef) -> Result<(), String> {
+fn add_alias(p: &mut Planned, alias: String, entries: &[(String, u64)], r: &ShmRef) -> Result<(), ShmError> {
     match entries.iter().find(|(n, _)| *n == alias) {
         None => p.aliases.push(alias),
         Some((_, ino)) if *ino == r.ino => p.existing_aliases.push(alias),
         Some(_) => {
-            return Err(format!("pid {} holds {} ({}), and {SHM_DIR}{alias} is another file: refused", r.pid, r.path, r.what));
+            return Err(ShmError::AliasTaken { pid: r.pid, path: r.path.clone(), what: r.what.clone(), alias });
         }
     }
     Ok(())
 }
 
 /// The tree's descriptors and mappings that name a file in /dev/shm.
-pub fn collect_refs(pids: &[i32]) -> Result<Vec<ShmRef>, String> {
+pub fn collect_refs(pids: &[i32]) -> Result<Vec<ShmRef>, ShmError> {
     let mut out = Vec::new();
     for &pid in pids {
         let links = crate::procfs::fd_links(Path::new(&format!("/proc/{pid}/fd"))).unwrap_or_default();
         for (fd, link) in links.into_iter().filter(|(_, link)| link.starts_with(SHM_DIR)) {
             out.extend(reference(pid, format!("fd {fd}"), link, format!("/proc/{pid}/fd/{fd}")));
         }
-        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(|e| format!("cannot read pid {pid}'s mappings: {e}"))?;
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(|source| ShmError::Mappings { pid, source })?;
         for line in maps.lines().filter(|l| l.contains(" /dev/shm/")) {
             let Some(h) = crate::held::mapping_of_line(pid, line) else { continue };
             out.extend(reference(pid, h.what.clone(), h.path.clone(), h.source().to_string()));
@@ -205,23 +300,23 @@ fn reference(pid: i32, what: String, path: String, source: String) -> Option<Shm
 /// /dev/shm as process `pid` sees it, if it is what the design relies on:
 /// root's, sticky and world-writable, a tmpfs; with root's protection from
 /// the user's symlinks and hard links there on.
-fn shm_dir(pid: i32) -> Result<(OwnedFd, u64), String> {
+fn shm_dir(pid: i32) -> Result<(OwnedFd, u64), ShmError> {
     let path = format!("/proc/{pid}/root{}", SHM_DIR.trim_end_matches('/'));
     let dir = nix::fcntl::open(path.as_str(), nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC, nix::sys::stat::Mode::empty())
-        .map_err(|e| format!("cannot open {SHM_DIR} of pid {pid}: {e}"))?;
-    let st = nix::sys::stat::fstat(&dir).map_err(|e| format!("{SHM_DIR}: {e}"))?;
-    let fs = nix::sys::statfs::fstatfs(&dir).map_err(|e| format!("{SHM_DIR}: {e}"))?;
+        .map_err(|source| ShmError::OpenDir { pid, source })?;
+    let st = nix::sys::stat::fstat(&dir).map_err(ShmError::StatDir)?;
+    let fs = nix::sys::statfs::fstatfs(&dir).map_err(ShmError::StatDir)?;
     let problem = if st.st_uid != 0 {
-        Some(format!("belongs to uid {}, not root", st.st_uid))
+        Some(DirProblem::NotRoot(st.st_uid))
     } else if st.st_mode & 0o1777 != 0o1777 {
-        Some(format!("has mode {:o}, not 1777", st.st_mode & 0o7777))
+        Some(DirProblem::Mode(st.st_mode & 0o7777))
     } else if fs.filesystem_type() != nix::sys::statfs::TMPFS_MAGIC {
-        Some("is not a tmpfs".to_string())
+        Some(DirProblem::NotTmpfs)
     } else {
         None
     };
     if let Some(p) = problem {
-        return Err(format!("{SHM_DIR} {p}: the job's semaphores there cannot be carried safely: refused"));
+        return Err(ShmError::UnsafeDir(p));
     }
     links_protected(|knob| std::fs::read_to_string(format!("/proc/sys/fs/{knob}")).ok())?;
     Ok((dir, st.st_dev))
@@ -229,23 +324,19 @@ fn shm_dir(pid: i32) -> Result<(OwnedFd, u64), String> {
 
 /// Root's protection from the user's symlinks and hard links in sticky
 /// directories is on (`read` gives a /proc/sys/fs knob's value).
-fn links_protected(read: impl Fn(&str) -> Option<String>) -> Result<(), String> {
+fn links_protected(read: impl Fn(&str) -> Option<String>) -> Result<(), ShmError> {
     for knob in ["protected_symlinks", "protected_hardlinks"] {
         let v = read(knob).unwrap_or_default();
         if !matches!(v.trim(), "1" | "2") {
-            return Err(format!(
-                "fs.{knob} is {:?} on this node, not 1: root would follow the user's links in {SHM_DIR} at restore, so the job's \
-                 semaphores there cannot be carried (set fs.{knob}=1, the Debian and Ubuntu default): refused",
-                v.trim()
-            ));
+            return Err(ShmError::LinksUnprotected { knob, value: v.trim().to_string() });
         }
     }
     Ok(())
 }
 
 /// The directory's entries and their inodes (symlinks and all, not followed).
-fn list(dir: &OwnedFd) -> Result<Vec<(String, u64)>, String> {
-    let listing = std::fs::read_dir(format!("/proc/self/fd/{}", dir.as_raw_fd())).map_err(|e| format!("cannot list {SHM_DIR}: {e}"))?;
+fn list(dir: &OwnedFd) -> Result<Vec<(String, u64)>, ShmError> {
+    let listing = std::fs::read_dir(format!("/proc/self/fd/{}", dir.as_raw_fd())).map_err(ShmError::List)?;
     let mut out = Vec::new();
     for entry in listing.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
@@ -267,8 +358,8 @@ enum Op {
     Unlink { name: CString, ino: u64 },
 }
 
-fn cstr(name: &str) -> Result<CString, String> {
-    CString::new(name).map_err(|_| format!("{name:?}: NUL in a name"))
+fn cstr(name: &str) -> Result<CString, ShmError> {
+    CString::new(name).map_err(|_| ShmError::Nul { name: name.to_string() })
 }
 
 /// In the child: one step; 0 or an errno.
@@ -324,7 +415,7 @@ fn run_op(dir: RawFd, op: &Op) -> i32 {
 
 /// Runs `ops` as `who` in `dir`: up to the first failure when `stop` (its
 /// index and errno), else all of them (the first failure is still named).
-fn run_ops(dir: &OwnedFd, ops: &[Op], who: &Identity, stop: bool) -> Result<Option<(usize, i32)>, String> {
+fn run_ops(dir: &OwnedFd, ops: &[Op], who: &Identity, stop: bool) -> Result<Option<(usize, i32)>, UserChildError> {
     if ops.is_empty() {
         return Ok(None);
     }
@@ -343,8 +434,7 @@ fn run_ops(dir: &OwnedFd, ops: &[Op], who: &Identity, stop: bool) -> Result<Opti
         if let Some((i, e)) = first {
             answer(w, i, e);
         }
-    })
-    .map_err(|e| e.to_string())?;
+    })?;
     Ok(got.map(|(i, e)| (i as usize, e)))
 }
 
@@ -373,7 +463,7 @@ pub struct Staged {
 /// Finds what CRIU could not dump in the tree `pids` (see the module docs),
 /// and makes the aliases CRIU will look up. `None` when there is nothing to
 /// carry (the common case: one read of each process's maps and fds).
-pub fn stage(pids: &[i32], root: i32, who: &Identity) -> Result<Option<Staged>, String> {
+pub fn stage(pids: &[i32], root: i32, who: &Identity) -> Result<Option<Staged>, ShmError> {
     let refs = collect_refs(pids)?;
     if !refs.iter().any(|r| r.path.ends_with(DELETED) && r.nlink > 0) {
         return Ok(None);
@@ -385,10 +475,10 @@ pub fn stage(pids: &[i32], root: i32, who: &Identity) -> Result<Option<Staged>, 
     }
     let mut objects = Vec::new();
     for p in planned {
-        let file = File::open(&p.source).map_err(|e| format!("cannot read {}: {e}", p.source))?;
-        let ino = file.metadata().map_err(|e| format!("{}: {e}", p.source))?.ino();
+        let file = File::open(&p.source).map_err(|source| ShmError::Source { path: p.source.clone(), source })?;
+        let ino = file.metadata().map_err(|source| ShmError::SourceStat { path: p.source.clone(), source })?.ino();
         if ino != p.ino {
-            return Err(format!("{} changed while it was looked at: refused", p.source));
+            return Err(ShmError::Changed { path: p.source });
         }
         objects.push((p, file));
     }
@@ -401,7 +491,7 @@ pub fn stage(pids: &[i32], root: i32, who: &Identity) -> Result<Option<Staged>, 
     let staged = Staged { dir, who: who.clone(), objects, armed: true };
     if let Some((i, e)) = run_ops(&staged.dir, &ops, who, true)? {
         // Drop removes the aliases made before the failure.
-        return Err(format!("cannot link {} as uid {}: {}: refused", op_name(&ops[i]), who.uid, std::io::Error::from_raw_os_error(e)));
+        return Err(ShmError::Link { name: op_name(&ops[i]), uid: who.uid, source: std::io::Error::from_raw_os_error(e) });
     }
     Ok(Some(staged))
 }
@@ -410,12 +500,13 @@ impl Staged {
     /// After CRIU dumped the tree: each object's content into `run`
     /// (`shm-<n>.img`), then its names and aliases removed as the user.
     /// Returns what the manifest records, and a note if a name could not
-    /// be removed (it then stays behind; the image is complete).
-    pub fn save(mut self, run: &Path) -> Result<(Vec<ShmObject>, Option<String>), String> {
+    /// be removed (it then stays behind; the image is complete): `Stays`,
+    /// or `Child` when the work as the user gave no answer.
+    pub fn save(mut self, run: &Path) -> Result<(Vec<ShmObject>, Option<ShmError>), ShmError> {
         let mut out = Vec::new();
         for (i, (p, file)) in self.objects.iter().enumerate() {
             let image = format!("shm-{i}.img");
-            let content = read_all(file, p.bytes).map_err(|e| format!("cannot read {}{}: {e}", SHM_DIR, p.names[0]))?;
+            let content = read_all(file, p.bytes).map_err(|source| ShmError::Content { name: p.names[0].clone(), source })?;
             let path = run.join(&image);
             // create_new: never over an existing file or through a symlink.
             let mut f = std::fs::OpenOptions::new()
@@ -423,8 +514,8 @@ impl Staged {
                 .create_new(true)
                 .mode(0o600)
                 .open(&path)
-                .map_err(|e| format!("{}: {e}", path.display()))?;
-            std::io::Write::write_all(&mut f, &content).map_err(|e| format!("{}: {e}", path.display()))?;
+                .map_err(|source| ShmError::ImageWrite { path: path.clone(), source })?;
+            std::io::Write::write_all(&mut f, &content).map_err(|source| ShmError::ImageWrite { path: path.clone(), source })?;
             let aliases = p.aliases.iter().chain(&p.existing_aliases).cloned().collect();
             out.push(ShmObject { names: p.names.clone(), aliases, mode: p.mode, bytes: content.len() as u64, image });
         }
@@ -434,11 +525,11 @@ impl Staged {
             .iter()
             .flat_map(|(p, _)| p.names.iter().chain(&p.aliases).chain(&p.existing_aliases).map(move |n| (n, p.ino)))
             .map(|(n, ino)| Ok(Op::Unlink { name: cstr(n)?, ino }))
-            .collect::<Result<_, String>>()?;
+            .collect::<Result<_, ShmError>>()?;
         let note = match run_ops(&self.dir, &ops, &self.who, false) {
             Ok(None) => None,
-            Ok(Some((i, e))) => Some(format!("{} stays: {}", op_name(&ops[i]), std::io::Error::from_raw_os_error(e))),
-            Err(e) => Some(e),
+            Ok(Some((i, e))) => Some(ShmError::Stays { name: op_name(&ops[i]), source: std::io::Error::from_raw_os_error(e) }),
+            Err(e) => Some(ShmError::Child(e)),
         };
         Ok((out, note))
     }
@@ -489,18 +580,18 @@ pub struct Recreated {
 /// process `pid` (the job's new run), as the user. A name that exists
 /// refuses the restore (something made it since the checkpoint), with
 /// nothing left behind.
-pub fn recreate(objects: &[ShmObject], run: &Path, pid: i32, who: &Identity) -> Result<Option<Recreated>, String> {
+pub fn recreate(objects: &[ShmObject], run: &Path, pid: i32, who: &Identity) -> Result<Option<Recreated>, ShmError> {
     if objects.is_empty() {
         return Ok(None);
     }
     let (dir, _) = shm_dir(pid)?;
-    let run_fd = crate::fsutil::open_dir_nofollow(run).map_err(|e| format!("{}: {e}", run.display()))?;
+    let run_fd = crate::fsutil::open_dir_nofollow(run).map_err(|source| ShmError::RunDir { path: run.to_path_buf(), source })?;
     let mut ops = Vec::new();
     for o in objects {
         if o.names.is_empty() || !o.names.iter().chain(&o.aliases).all(|n| valid_name(n)) || !valid_name(&o.image) {
-            return Err(format!("the manifest's /dev/shm object {:?} is not valid: corrupt", o.names));
+            return Err(ShmError::CorruptObject { names: o.names.clone() });
         }
-        let content = read_image(&run_fd, &o.image, o.bytes).map_err(|e| format!("image file {}: {e}", o.image))?;
+        let content = read_image(&run_fd, &o.image, o.bytes).map_err(|source| ShmError::ImageRead { image: o.image.clone(), source })?;
         ops.push(Op::Create { name: cstr(&o.names[0])?, mode: o.mode & 0o7777, content });
         for n in o.names[1..].iter().chain(&o.aliases) {
             ops.push(Op::Link { from: cstr(&o.names[0])?, to: cstr(n)? });
@@ -516,13 +607,8 @@ pub fn recreate(objects: &[ShmObject], run: &Path, pid: i32, who: &Identity) -> 
         done.made.push((name, ino));
     }
     if let Some((i, e)) = failed {
-        let why = if e == libc::EEXIST {
-            "it exists (made since the checkpoint)".to_string()
-        } else {
-            std::io::Error::from_raw_os_error(e).to_string()
-        };
         // Drop removes what was made.
-        return Err(format!("cannot make {} again as uid {}: {why}: nothing was restored", op_name(&ops[i]), who.uid));
+        return Err(ShmError::Remake { name: op_name(&ops[i]), uid: who.uid, source: std::io::Error::from_raw_os_error(e) });
     }
     Ok(Some(done))
 }
@@ -598,7 +684,7 @@ mod tests {
         if let Err(why) = links_protected(|k| std::fs::read_to_string(format!("/proc/sys/fs/{k}")).ok()) {
             // scripts/test.sh sets the distro default.
             assert!(!gpu_mode_testkit::required("GPU_MODE_REQUIRE_CRIU"), "{why}");
-            gpu_mode_testkit::skipped(&gpu_mode_testkit::this_test(), &why);
+            gpu_mode_testkit::skipped(&gpu_mode_testkit::this_test(), &why.to_string());
             return;
         }
         let who = Identity { uid: 65534, gid: 65534, groups: vec![65534] };
@@ -619,18 +705,21 @@ mod tests {
 
         // The first name exists now: refused, and nothing else is made.
         let err = recreate(std::slice::from_ref(&object), run.path(), me, &who).err().unwrap();
+        assert!(matches!(&err, ShmError::Remake { source, .. } if source.raw_os_error() == Some(libc::EEXIST)), "{err:?}");
+        let err = err.to_string();
         assert!(err.contains(&name) && err.contains("exists"), "{err}");
         assert!(!at(&alias).exists());
         std::fs::remove_file(at(&name)).unwrap();
         // The second exists: the first, made before the failure, goes again.
-        let err = recreate(std::slice::from_ref(&object), run.path(), me, &who).err().unwrap();
+        let err = recreate(std::slice::from_ref(&object), run.path(), me, &who).err().unwrap().to_string();
         assert!(err.contains(&other) && err.contains("nothing was restored"), "{err}");
         assert!(!at(&name).exists(), "what was made before the refusal is removed");
         std::fs::remove_file(at(&other)).unwrap();
 
         // A manifest whose name would leave /dev/shm is corrupt.
         let bad = ShmObject { names: vec!["../etc/x".into()], ..object };
-        assert!(recreate(&[bad], run.path(), me, &who).err().unwrap().contains("corrupt"));
+        let err = recreate(&[bad], run.path(), me, &who).err().unwrap();
+        assert!(matches!(err, ShmError::CorruptObject { .. }) && err.to_string().contains("corrupt"), "{err:?}");
     }
 
     #[test]
@@ -643,7 +732,7 @@ mod tests {
             ("", "1", Some("fs.protected_symlinks is \"\"")),
         ];
         for (sym, hard, want) in table {
-            let got = links_protected(|k| Some(if k == "protected_symlinks" { sym } else { hard }.to_string()));
+            let got = links_protected(|k| Some(if k == "protected_symlinks" { sym } else { hard }.to_string())).map_err(|e| e.to_string());
             match want {
                 None => assert_eq!(got, Ok(()), "{sym:?} {hard:?}"),
                 Some(needle) => assert!(got.as_ref().is_err_and(|e| e.contains(needle) && e.contains("refused")), "{sym:?} {hard:?}: {got:?}"),
@@ -702,8 +791,85 @@ mod tests {
             ("the alias taken by another file", vec![r(10, "/dev/shm/s (deleted)", 5, 1, 1000)], e(&[("t", 5), ("s (deleted)", 9)]), "is another file"),
         ];
         for (why, refs, entries, needle) in table {
-            let err = plan(refs, 7, entries, 1000).unwrap_err();
+            let err = plan(refs, 7, entries, 1000).unwrap_err().to_string();
             assert!(err.contains(needle) && err.contains("pid 10"), "{why}: {err}");
+        }
+    }
+
+    /// Each refusal by kind, with the words the agent has always given.
+    #[test]
+    fn each_shm_error_is_its_kind_with_todays_words() {
+        let refs = |uid, nlink| vec![r(10, "/dev/shm/s (deleted)", 5, nlink, uid)];
+        let planned = [
+            (plan(&refs(1001, 1), 7, &e(&[("t", 5)]), 1000).unwrap_err(), "ForeignFile"),
+            (plan(&refs(1000, 2), 7, &e(&[("t", 5)]), 1000).unwrap_err(), "NamesElsewhere"),
+            (plan(&refs(1000, 1), 7, &e(&[("t", 5), ("s (deleted)", 9)]), 1000).unwrap_err(), "AliasTaken"),
+        ];
+        for (err, kind) in &planned {
+            let got = match err {
+                ShmError::ForeignFile { .. } => "ForeignFile",
+                ShmError::NamesElsewhere { .. } => "NamesElsewhere",
+                ShmError::AliasTaken { .. } => "AliasTaken",
+                _ => "another",
+            };
+            assert_eq!(got, *kind, "{err}");
+        }
+        let protected = links_protected(|k| Some(if k == "protected_symlinks" { "1" } else { " 0\n" }.to_string())).unwrap_err();
+        assert!(matches!(&protected, ShmError::LinksUnprotected { knob: "protected_hardlinks", value } if value == "0"), "{protected:?}");
+        let os = |errno| std::io::Error::from_raw_os_error(errno);
+        let table: Vec<(ShmError, &str)> = vec![
+            (
+                planned.into_iter().next().map(|(e, _)| e).unwrap(),
+                "pid 10 holds /dev/shm/s (deleted) (mapping 5), a file of uid 1001 that was deleted under this name but still has another: \
+                 only the job's own such files are carried in the image: refused",
+            ),
+            (
+                ShmError::NamesElsewhere { pid: 10, path: "/dev/shm/s (deleted)".into(), what: "fd 3".into(), nlink: 2, found: 1 },
+                "pid 10 holds /dev/shm/s (deleted) (fd 3), deleted under this name, whose 2 name(s) are not all in /dev/shm/ (1 found): \
+                 CRIU cannot dump it without --link-remap: refused",
+            ),
+            (
+                ShmError::AliasTaken { pid: 10, path: "/dev/shm/s (deleted)".into(), what: "fd 3".into(), alias: "s (deleted)".into() },
+                "pid 10 holds /dev/shm/s (deleted) (fd 3), and /dev/shm/s (deleted) is another file: refused",
+            ),
+            (ShmError::Mappings { pid: 12, source: os(libc::ESRCH) }, "cannot read pid 12's mappings: No such process (os error 3)"),
+            (ShmError::OpenDir { pid: 12, source: nix::errno::Errno::ENOENT }, "cannot open /dev/shm/ of pid 12: ENOENT: No such file or directory"),
+            (ShmError::StatDir(nix::errno::Errno::EIO), "/dev/shm/: EIO: I/O error"),
+            (ShmError::UnsafeDir(DirProblem::NotRoot(1000)), "/dev/shm/ belongs to uid 1000, not root: the job's semaphores there cannot be carried safely: refused"),
+            (ShmError::UnsafeDir(DirProblem::Mode(0o755)), "/dev/shm/ has mode 755, not 1777: the job's semaphores there cannot be carried safely: refused"),
+            (ShmError::UnsafeDir(DirProblem::NotTmpfs), "/dev/shm/ is not a tmpfs: the job's semaphores there cannot be carried safely: refused"),
+            (
+                protected,
+                "fs.protected_hardlinks is \"0\" on this node, not 1: root would follow the user's links in /dev/shm/ at restore, so the job's \
+                 semaphores there cannot be carried (set fs.protected_hardlinks=1, the Debian and Ubuntu default): refused",
+            ),
+            (ShmError::List(os(libc::EACCES)), "cannot list /dev/shm/: Permission denied (os error 13)"),
+            (cstr("a\0b").unwrap_err(), "\"a\\0b\": NUL in a name"),
+            (ShmError::Child(UserChildError::Timeout { bound: USER_BOUND }), "the work as the job's user did not finish within 10 s"),
+            (ShmError::Source { path: "/proc/10/fd/3".into(), source: os(libc::ENOENT) }, "cannot read /proc/10/fd/3: No such file or directory (os error 2)"),
+            (ShmError::SourceStat { path: "/proc/10/fd/3".into(), source: os(libc::EIO) }, "/proc/10/fd/3: Input/output error (os error 5)"),
+            (ShmError::Changed { path: "/proc/10/fd/3".into() }, "/proc/10/fd/3 changed while it was looked at: refused"),
+            (
+                ShmError::Link { name: "/dev/shm/s (deleted)".into(), uid: 1000, source: os(libc::EPERM) },
+                "cannot link /dev/shm/s (deleted) as uid 1000: Operation not permitted (os error 1): refused",
+            ),
+            (ShmError::Content { name: "sem.mp-x".into(), source: os(libc::EIO) }, "cannot read /dev/shm/sem.mp-x: Input/output error (os error 5)"),
+            (ShmError::ImageWrite { path: "/run/j/shm-0.img".into(), source: os(libc::EEXIST) }, "/run/j/shm-0.img: File exists (os error 17)"),
+            (ShmError::Stays { name: "/dev/shm/sem.mp-x".into(), source: os(libc::EPERM) }, "/dev/shm/sem.mp-x stays: Operation not permitted (os error 1)"),
+            (ShmError::RunDir { path: "/run/j".into(), source: os(libc::ENOTDIR) }, "/run/j: Not a directory (os error 20)"),
+            (ShmError::CorruptObject { names: vec!["../etc/x".into()] }, "the manifest's /dev/shm object [\"../etc/x\"] is not valid: corrupt"),
+            (ShmError::ImageRead { image: "shm-0.img".into(), source: os(libc::ENOENT) }, "image file shm-0.img: No such file or directory (os error 2)"),
+            (
+                ShmError::Remake { name: "/dev/shm/sem.mp-x".into(), uid: 1000, source: os(libc::EEXIST) },
+                "cannot make /dev/shm/sem.mp-x again as uid 1000: it exists (made since the checkpoint): nothing was restored",
+            ),
+            (
+                ShmError::Remake { name: "/dev/shm/sem.mp-x".into(), uid: 1000, source: os(libc::ENOSPC) },
+                "cannot make /dev/shm/sem.mp-x again as uid 1000: No space left on device (os error 28): nothing was restored",
+            ),
+        ];
+        for (err, text) in table {
+            assert_eq!(err.to_string(), text, "{err:?}");
         }
     }
 

@@ -259,9 +259,9 @@ impl Agent {
     ) -> Result<CheckpointSummary, (FailureReason, String)> {
         let shm = match shm {
             Some(s) => {
-                let (objects, note) = sw.time("shm", || s.save(run)).map_err(|e| (FailureReason::Shm, e))?;
+                let (objects, note) = sw.time("shm", || s.save(run)).map_err(|e| (FailureReason::Shm, e.to_string()))?;
                 if let Some(note) = note {
-                    self.log("shm-remove", crate::log::Outcome::Failed, &note);
+                    self.log("shm-remove", crate::log::Outcome::Failed, &note.to_string());
                 }
                 objects
             }
