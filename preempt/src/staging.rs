@@ -137,7 +137,27 @@ pub enum Verdict {
     Ready,
     Wait,
     /// Stop waiting: the job starts over; why.
-    GiveUp(String),
+    GiveUp(CopyWaitError),
+}
+
+/// Why a restore stops waiting for the copy of run `run`'s image from
+/// `node` (the node that staged it) and the job starts over: each way a
+/// copy can fail to come, with the words the agent has always logged and
+/// answered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CopyWaitError {
+    /// The copy wrote `copy-failed-<run>` (`why`: its first line).
+    #[error("the copy of run {run}'s image from {node} to shared storage failed: {why}")]
+    CopyFailed { run: u32, node: String, why: String },
+    /// `staged-<run>` went (the image was given up on its node).
+    #[error("run {run}'s staged image on {node} was given up meanwhile")]
+    GivenUp { run: u32, node: String },
+    /// The copy did not grow for `idle`.
+    #[error("the copy of run {run}'s image from {node} to shared storage made no progress for {} s ({node} may be down or its copy stopped)", .idle.as_secs())]
+    Stalled { run: u32, node: String, idle: Duration },
+    /// `staging_wait_s` passed.
+    #[error("the copy of run {run}'s image from {node} to shared storage did not finish within staging_wait_s = {} s", .wait.as_secs())]
+    TimedOut { run: u32, node: String, wait: Duration },
 }
 
 /// One look of a restore waiting for the copy of `run` from `node`:
@@ -147,23 +167,18 @@ pub fn judge(o: &Observed, run: u32, node: &str, waited: Duration, idle: Duratio
     if o.complete {
         return Verdict::Ready;
     }
+    let node = node.to_string();
     if let Some(why) = &o.failed {
-        return Verdict::GiveUp(format!("the copy of run {run}'s image from {node} to shared storage failed: {why}"));
+        return Verdict::GiveUp(CopyWaitError::CopyFailed { run, node, why: why.clone() });
     }
     if !o.staged {
-        return Verdict::GiveUp(format!("run {run}'s staged image on {node} was given up meanwhile"));
+        return Verdict::GiveUp(CopyWaitError::GivenUp { run, node });
     }
     if idle >= stall.min(wait) {
-        return Verdict::GiveUp(format!(
-            "the copy of run {run}'s image from {node} to shared storage made no progress for {} s ({node} may be down or its copy stopped)",
-            idle.as_secs()
-        ));
+        return Verdict::GiveUp(CopyWaitError::Stalled { run, node, idle });
     }
     if waited >= wait {
-        return Verdict::GiveUp(format!(
-            "the copy of run {run}'s image from {node} to shared storage did not finish within staging_wait_s = {} s",
-            wait.as_secs()
-        ));
+        return Verdict::GiveUp(CopyWaitError::TimedOut { run, node, wait });
     }
     Verdict::Wait
 }
@@ -181,7 +196,7 @@ pub fn observe(shared: &ImageStore, job: u32, run: u32) -> Observed {
 /// Waits until run `run`'s copy from `node` is complete in the shared
 /// store (`Ok`), or gives up as [`judge`] says (`Err`: why). Progress is the
 /// size of the copy under way.
-pub fn wait_for_copy(shared: &ImageStore, job: u32, run: u32, node: &str, wait: Duration, stall: Duration) -> Result<(), String> {
+pub fn wait_for_copy(shared: &ImageStore, job: u32, run: u32, node: &str, wait: Duration, stall: Duration) -> Result<(), CopyWaitError> {
     let start = Instant::now();
     let (mut last_bytes, mut last_growth) = (None, Instant::now());
     loop {
@@ -387,10 +402,34 @@ mod tests {
             let v = judge(&obs, 0, "a", s(waited), s(idle), s(wait), STALL);
             let ok = match (&v, want) {
                 (Verdict::Ready, "ready") | (Verdict::Wait, "wait") => true,
-                (Verdict::GiveUp(why), part) => why.contains(part),
+                (Verdict::GiveUp(why), part) => why.to_string().contains(part),
                 _ => false,
             };
             assert!(ok, "case {i}: {obs:?} waited {waited} idle {idle} wait {wait}: {v:?}, want {want}");
+        }
+    }
+
+    /// Each way a waiting restore gives up, by kind, with today's words.
+    #[test]
+    fn each_give_up_says_todays_words() {
+        let node = || "a".to_string();
+        let table = [
+            (
+                CopyWaitError::CopyFailed { run: 3, node: node(), why: "No space left on device".into() },
+                "the copy of run 3's image from a to shared storage failed: No space left on device",
+            ),
+            (CopyWaitError::GivenUp { run: 3, node: node() }, "run 3's staged image on a was given up meanwhile"),
+            (
+                CopyWaitError::Stalled { run: 3, node: node(), idle: Duration::from_millis(60_900) },
+                "the copy of run 3's image from a to shared storage made no progress for 60 s (a may be down or its copy stopped)",
+            ),
+            (
+                CopyWaitError::TimedOut { run: 3, node: node(), wait: Duration::from_secs(600) },
+                "the copy of run 3's image from a to shared storage did not finish within staging_wait_s = 600 s",
+            ),
+        ];
+        for (err, text) in table {
+            assert_eq!(err.to_string(), text, "{err:?}");
         }
     }
 
@@ -466,6 +505,8 @@ mod tests {
         let f = Found { local: None, shared: None, staged: shared.staged(7), copy_failed: vec![] };
         assert_eq!(decide(&f, "b"), Source::Wait { run: 0, node: "a".into() });
         let gave_up = wait_for_copy(&shared, 7, 0, "a", Duration::from_secs(5), Duration::from_millis(600)).unwrap_err();
+        assert!(matches!(&gave_up, CopyWaitError::Stalled { run: 0, node, .. } if node == "a"), "{gave_up:?}");
+        let gave_up = gave_up.to_string();
         assert!(gave_up.contains("made no progress") && gave_up.contains("a may be down"), "{gave_up}");
         // The node that staged it still restores its own copy.
         let f = Found { local: local.latest(7).map(|(r, _)| r), ..f };

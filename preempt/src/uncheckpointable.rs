@@ -22,6 +22,28 @@ const NCCL_THREAD: &str = "pt_nccl_watchdg";
 
 const IO_URING: &str = "anon_inode:[io_uring]";
 
+/// Why a tree is refused before anything is locked: what it holds that CRIU
+/// or the driver cannot bring back, with the process (`comm`: its name).
+/// One kind per limit, so that a test tells which one refused; each Display
+/// is the message the agent has always given (reason `uncheckpointable`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UncheckpointableError {
+    /// A PyTorch NCCL process group on a driver (`driver`: its version)
+    /// before the branch that restores CUDA IPC.
+    #[error(
+        "pid {pid} ({comm}) runs a PyTorch NCCL process group (thread {NCCL_THREAD}); NVIDIA driver {driver} \
+         cannot restore NCCL ranks after a checkpoint (CUDA IPC needs the r{NCCL_DRIVER_MAJOR} branch): refused, \
+         nothing was changed"
+    )]
+    Nccl { pid: i32, comm: String, driver: String },
+    /// An io_uring instance (`what`: `fd N` or `mapping A-B`).
+    #[error(
+        "pid {pid} ({comm}) holds an io_uring instance ({what}), which CRIU cannot checkpoint (torchrun's agent \
+         holds one for PyTorch's libuv TCPStore): refused, nothing was changed"
+    )]
+    IoUring { pid: i32, comm: String, what: String },
+}
+
 /// Where a process holds an io_uring: its descriptors' link texts and its
 /// maps text. `fd N` or `mapping A-B`.
 pub fn io_uring_in(fd_links: &[(String, String)], maps: &str) -> Option<String> {
@@ -45,30 +67,21 @@ pub fn driver_major(version: &str) -> u32 {
 /// Refuses a tree that holds what CRIU or the driver (`driver_version`)
 /// cannot checkpoint and bring back, naming the process; before anything is
 /// locked. The driver's limits first: they stand whatever CRIU learns.
-pub fn refuse(pids: &[i32], driver_version: &str) -> Result<(), String> {
+pub fn refuse(pids: &[i32], driver_version: &str) -> Result<(), UncheckpointableError> {
     let comm = |pid: i32| std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default().trim().to_string();
     for &pid in pids {
         let threads: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
             .map(|d| d.flatten().filter_map(|t| Some(std::fs::read_to_string(t.path().join("comm")).ok()?.trim().to_string())).collect())
             .unwrap_or_default();
         if nccl_unsupported(&threads, driver_major(driver_version)) {
-            return Err(format!(
-                "pid {pid} ({}) runs a PyTorch NCCL process group (thread {NCCL_THREAD}); NVIDIA driver {driver_version} \
-                 cannot restore NCCL ranks after a checkpoint (CUDA IPC needs the r{NCCL_DRIVER_MAJOR} branch): refused, \
-                 nothing was changed",
-                comm(pid)
-            ));
+            return Err(UncheckpointableError::Nccl { pid, comm: comm(pid), driver: driver_version.to_string() });
         }
     }
     for &pid in pids {
         let links = crate::procfs::fd_links(std::path::Path::new(&format!("/proc/{pid}/fd"))).unwrap_or_default();
         let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
         if let Some(what) = io_uring_in(&links, &maps) {
-            return Err(format!(
-                "pid {pid} ({}) holds an io_uring instance ({what}), which CRIU cannot checkpoint (torchrun's agent \
-                 holds one for PyTorch's libuv TCPStore): refused, nothing was changed",
-                comm(pid)
-            ));
+            return Err(UncheckpointableError::IoUring { pid, comm: comm(pid), what });
         }
     }
     Ok(())
@@ -86,6 +99,26 @@ mod tests {
         let table: &[(&Vec<String>, &str, bool)] = &[(&nccl, "580.159.04", true), (&nccl, "610.10", false), (&gloo, "580.159.04", false), (&nccl, "", true)];
         for (threads, driver, want) in table {
             assert_eq!(nccl_unsupported(threads, driver_major(driver)), *want, "{threads:?} on {driver:?}");
+        }
+    }
+
+    /// Each refusal's kind says the words the agent has always given.
+    #[test]
+    fn each_refusal_says_todays_words() {
+        let table = [
+            (
+                UncheckpointableError::Nccl { pid: 42, comm: "python".into(), driver: "580.159.04".into() },
+                "pid 42 (python) runs a PyTorch NCCL process group (thread pt_nccl_watchdg); NVIDIA driver 580.159.04 \
+                 cannot restore NCCL ranks after a checkpoint (CUDA IPC needs the r610 branch): refused, nothing was changed",
+            ),
+            (
+                UncheckpointableError::IoUring { pid: 43, comm: "torchrun".into(), what: "mapping 7f00-7f10".into() },
+                "pid 43 (torchrun) holds an io_uring instance (mapping 7f00-7f10), which CRIU cannot checkpoint (torchrun's agent \
+                 holds one for PyTorch's libuv TCPStore): refused, nothing was changed",
+            ),
+        ];
+        for (err, text) in table {
+            assert_eq!(err.to_string(), text, "{err:?}");
         }
     }
 
@@ -117,6 +150,8 @@ mod tests {
         }
         let me = std::process::id() as i32;
         let err = refuse(&[me], "580.159.04").unwrap_err();
+        assert!(matches!(&err, UncheckpointableError::IoUring { pid, what, .. } if *pid == me && *what == format!("fd {fd}")), "{err:?}");
+        let err = err.to_string();
         assert!(err.contains(&format!("pid {me}")) && err.contains(&format!("fd {fd}")) && err.contains("refused"), "{err}");
         // SAFETY: closes the descriptor made above.
         unsafe { libc::close(fd as i32) };

@@ -105,14 +105,14 @@ impl Agent {
             },
             Source::CopyFailed { run, node } => {
                 let why = staging::observe(shared, job, run).failed.unwrap_or_default();
-                (run, format!("the copy of run {run}'s image from {node} to shared storage failed: {why}"))
+                (run, staging::CopyWaitError::CopyFailed { run, node, why })
             }
         };
         let (run, why) = why;
         if let Err(e) = shared.unstage(job, run) {
             self.log("staging-give-up", crate::log::Outcome::Failed, &e.to_string());
         }
-        self.log("staging-give-up", crate::log::Outcome::Ok, &why);
+        self.log("staging-give-up", crate::log::Outcome::Ok, &why.to_string());
         (None, Some(format!("{why}; nothing is restored from a partial copy")))
     }
 
