@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -184,22 +184,42 @@ pub fn receive<T: for<'de> Deserialize<'de>>(r: &mut impl BufRead) -> std::io::R
     Ok(Some(env.body))
 }
 
+/// Why a request to the job's checkpoint agent (the wrapper's, the bench's)
+/// got no answer: the agent not reached, the request not sent, no answer or
+/// an unreadable one. The callers say it to the user as text, so each
+/// Display is the message they have always shown.
+#[derive(Debug, thiserror::Error)]
+pub enum AskError {
+    #[error("cannot reach the checkpoint agent at {}: {source}", .socket.display())]
+    Connect { socket: PathBuf, source: std::io::Error },
+    /// The connection's read timeout or its second handle.
+    #[error("{0}")]
+    Stream(std::io::Error),
+    #[error("{}: {source}", .socket.display())]
+    Send { socket: PathBuf, source: std::io::Error },
+    #[error("the checkpoint agent closed the connection without an answer")]
+    Closed,
+    /// The answer unread, too long or not a message of this version.
+    #[error("the checkpoint agent: {0}")]
+    Answer(std::io::Error),
+}
+
 /// One request on a new connection; returns the answer and the reader for
 /// any later message. `timeout` bounds the answer (none: the agent bounds
 /// its own work).
-pub fn request(socket: &Path, req: &Request, timeout: Option<Duration>) -> Result<(Response, BufReader<UnixStream>), String> {
-    let stream = UnixStream::connect(socket).map_err(|e| format!("cannot reach the checkpoint agent at {}: {e}", socket.display()))?;
-    stream.set_read_timeout(timeout).map_err(|e| e.to_string())?;
-    let mut out = stream.try_clone().map_err(|e| e.to_string())?;
-    send(&mut out, req).map_err(|e| format!("{}: {e}", socket.display()))?;
+pub fn request(socket: &Path, req: &Request, timeout: Option<Duration>) -> Result<(Response, BufReader<UnixStream>), AskError> {
+    let stream = UnixStream::connect(socket).map_err(|source| AskError::Connect { socket: socket.to_path_buf(), source })?;
+    stream.set_read_timeout(timeout).map_err(AskError::Stream)?;
+    let mut out = stream.try_clone().map_err(AskError::Stream)?;
+    send(&mut out, req).map_err(|source| AskError::Send { socket: socket.to_path_buf(), source })?;
     let mut reader = BufReader::new(stream);
     match receive::<Response>(&mut reader) {
         Ok(Some(r)) => {
             let _ = reader.get_ref().set_read_timeout(None);
             Ok((r, reader))
         }
-        Ok(None) => Err("the checkpoint agent closed the connection without an answer".into()),
-        Err(e) => Err(format!("the checkpoint agent: {e}")),
+        Ok(None) => Err(AskError::Closed),
+        Err(e) => Err(AskError::Answer(e)),
     }
 }
 
@@ -284,6 +304,45 @@ mod tests {
         for (bytes, needle) in cases {
             let err = receive::<Request>(&mut std::io::BufReader::new(bytes)).unwrap_err().to_string();
             assert!(err.contains(needle), "{}: {err}", String::from_utf8_lossy(bytes));
+        }
+    }
+    /// An agent not there, one that hangs up, one that answers another
+    /// version: each its kind, with the words the wrapper has always said.
+    #[test]
+    fn a_request_without_an_answer_names_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("job-7.sock");
+        let err = request(&socket, &Request::Hello, Some(Duration::from_secs(5))).unwrap_err();
+        assert!(matches!(&err, AskError::Connect { source, .. } if source.kind() == std::io::ErrorKind::NotFound), "{err:?}");
+        assert_eq!(err.to_string(), format!("cannot reach the checkpoint agent at {}: No such file or directory (os error 2)", socket.display()));
+
+        let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        let agent = std::thread::spawn(move || {
+            // Reads the request, then hangs up; then answers the next in version 2.
+            let (first, _) = listener.accept().unwrap();
+            let _ = receive::<Request>(&mut BufReader::new(&first));
+            drop(first);
+            let (mut second, _) = listener.accept().unwrap();
+            let _ = receive::<Request>(&mut BufReader::new(&second));
+            second.write_all(b"{\"v\":2,\"kind\":\"stopping\"}\n").unwrap();
+        });
+        let err = request(&socket, &Request::Hello, Some(Duration::from_secs(5))).unwrap_err();
+        assert!(matches!(err, AskError::Closed), "{err:?}");
+        assert_eq!(err.to_string(), "the checkpoint agent closed the connection without an answer");
+        let err = request(&socket, &Request::Hello, Some(Duration::from_secs(5))).unwrap_err();
+        assert!(matches!(err, AskError::Answer(_)), "{err:?}");
+        assert!(err.to_string().starts_with("the checkpoint agent: protocol version 2"), "{err}");
+        agent.join().unwrap();
+
+        let table = [
+            (AskError::Stream(std::io::Error::from_raw_os_error(libc::EBADF)), "Bad file descriptor (os error 9)"),
+            (
+                AskError::Send { socket: "/run/gpu-mode/job-7.sock".into(), source: std::io::Error::from_raw_os_error(libc::EPIPE) },
+                "/run/gpu-mode/job-7.sock: Broken pipe (os error 32)",
+            ),
+        ];
+        for (err, text) in table {
+            assert_eq!(err.to_string(), text, "{err:?}");
         }
     }
 }

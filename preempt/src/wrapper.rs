@@ -261,7 +261,7 @@ pub fn run(o: &RunOptions) -> i32 {
         }
         other => {
             let why = match other {
-                Err(e) => e,
+                Err(e) => e.to_string(),
                 Ok((r, _)) => format!("unexpected answer {r:?}"),
             };
             say(&format!("warning: no checkpoint agent for job {} ({why}): the application runs, but a preemption will restart it from the beginning", o.job));
@@ -338,7 +338,7 @@ impl Wrapper<'_> {
     /// tree ended, which a reader thread turns into an event.
     fn restore(&mut self) -> Result<(), NotRestored> {
         let here = |message| NotRestored { message, movable: false };
-        let (resp, mut reader) = request(&self.o.socket, &Request::Restore, None).map_err(here)?;
+        let (resp, mut reader) = request(&self.o.socket, &Request::Restore, None).map_err(|e| here(e.to_string()))?;
         match resp {
             Response::Restored { pid, summary } => {
                 self.root = pid;
@@ -468,7 +468,7 @@ impl Wrapper<'_> {
                     Err(message)
                 }
                 Ok((other, _)) => Err(format!("unexpected answer {other:?}")),
-                Err(e) => Err(e),
+                Err(e) => Err(e.to_string()),
             }
         } else {
             Err("no checkpoint agent runs for this job".into())
