@@ -8,7 +8,7 @@
 //! work started: driver, CRIU, the image's checks) is logged, counted and
 //! accounted as before (server.rs).
 
-use super::ratelimit::{Budget, LogLimit, RequestBudget};
+use super::ratelimit::{Budget, LogLimit, OverBudget, RequestBudget};
 use super::Agent;
 use crate::log::Outcome;
 use std::time::{Duration, Instant};
@@ -237,15 +237,12 @@ impl Agent {
         }
     }
 
-    /// One request of `uid` from its budget; over it, the answer's message
-    /// (the refusal is logged within the cap, nothing else is done).
-    pub(super) fn within_budget(&self, uid: u32) -> Result<(), String> {
+    /// One request of `uid` from its budget; over it, why (its Display is
+    /// the answer's message; the refusal is logged within the cap, nothing
+    /// else is done).
+    pub(super) fn within_budget(&self, uid: u32) -> Result<(), OverBudget> {
         let taken = self.budget.lock().unwrap_or_else(|p| p.into_inner()).take(uid, Instant::now());
-        taken.map_err(|over| {
-            let message = over.to_string();
-            self.refused(uid, "request", RefusalKind::OverBudget, &message);
-            message
-        })
+        taken.inspect_err(|over| self.refused(uid, "request", RefusalKind::OverBudget, &over.to_string()))
     }
 
     /// At exit: the refusals of each uid that went unlogged, one line each.

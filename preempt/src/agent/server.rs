@@ -73,13 +73,25 @@ pub fn peer_of(stream: &UnixStream) -> std::io::Result<Peer> {
     Ok(Peer { pid: cred.pid, uid: cred.uid })
 }
 
+/// A caller the agent does not serve (refusal kind `unauthorized`): the
+/// answer's message and the refusal's log line, each the words of before.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unauthorized {
+    /// Neither the job's user nor root.
+    #[error("refused: this agent serves job {job} of uid {job_uid}; the caller (pid {pid}) is uid {uid}")]
+    OtherUser { job: u32, job_uid: u32, pid: i32, uid: u32 },
+    /// `stop` from anyone but root.
+    #[error("refused: only root (the epilog) stops the agent")]
+    Stop,
+}
+
 /// Only the job's user and root; only root may stop the agent.
-pub fn authorize(peer: Peer, job_uid: u32, job: u32, req: &Request) -> Result<(), String> {
+pub fn authorize(peer: Peer, job_uid: u32, job: u32, req: &Request) -> Result<(), Unauthorized> {
     if peer.uid != job_uid && peer.uid != 0 {
-        return Err(format!("refused: this agent serves job {job} of uid {job_uid}; the caller (pid {}) is uid {}", peer.pid, peer.uid));
+        return Err(Unauthorized::OtherUser { job, job_uid, pid: peer.pid, uid: peer.uid });
     }
     if matches!(req, Request::Stop) && peer.uid != 0 {
-        return Err("refused: only root (the epilog) stops the agent".into());
+        return Err(Unauthorized::Stop);
     }
     Ok(())
 }
@@ -213,10 +225,11 @@ impl Agent {
             Err(e) => return reply(&mut out, &Response::Error { message: e.to_string() }),
         };
         // Before anything else: a request over budget costs nothing more.
-        if let Err(message) = self.within_budget(peer.uid) {
-            return reply(&mut out, &Response::Error { message });
+        if let Err(over) = self.within_budget(peer.uid) {
+            return reply(&mut out, &Response::Error { message: over.to_string() });
         }
-        if let Err(message) = authorize(peer, self.params.run.uid, self.params.run.job, &req) {
+        if let Err(refusal) = authorize(peer, self.params.run.uid, self.params.run.job, &req) {
+            let message = refusal.to_string();
             self.refused(peer.uid, "agent-refused", RefusalKind::Unauthorized, &message);
             return reply(&mut out, &Response::Error { message });
         }

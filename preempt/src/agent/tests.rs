@@ -5,7 +5,7 @@
 //! file or another driver, with the image kept and CRIU never called.
 //! The full path (real CRIU, simulated CUDA) is checkpoint/tests/preempt_criu.rs.
 
-use super::server::{authorize, Peer};
+use super::server::{authorize, Peer, Unauthorized};
 use super::*;
 use crate::cuda_ckpt::{DriverError, GpuInfoError, GpuPair, GpuProcess, GpuUuid, ProcFs, ProcessState};
 use crate::criu::{CriuCall, CriuError, RecordingCriu};
@@ -474,9 +474,15 @@ fn callers_other_than_the_user_and_root_are_refused() {
         let got = authorize(peer, 1001, 7, &req);
         match want {
             Ok(()) => assert!(got.is_ok(), "{peer:?} {req:?}: {got:?}"),
-            Err(needle) => assert!(got.unwrap_err().contains(needle), "{peer:?} {req:?}"),
+            Err(needle) => assert!(got.unwrap_err().to_string().contains(needle), "{peer:?} {req:?}"),
         }
     }
+    // Each kind, with its whole text.
+    let other = Unauthorized::OtherUser { job: 7, job_uid: 1001, pid: 5, uid: 1002 };
+    assert_eq!(authorize(Peer { pid: 5, uid: 1002 }, 1001, 7, &Request::Stop), Err(other.clone()), "another user's stop: the user is refused first");
+    assert_eq!(authorize(Peer { pid: 5, uid: 1001 }, 1001, 7, &Request::Stop), Err(Unauthorized::Stop));
+    assert_eq!(other.to_string(), "refused: this agent serves job 7 of uid 1001; the caller (pid 5) is uid 1002");
+    assert_eq!(Unauthorized::Stop.to_string(), "refused: only root (the epilog) stops the agent");
 }
 
 #[test]
@@ -857,6 +863,8 @@ fn the_users_requests_have_a_budget_and_roots_do_not() {
         assert_eq!(fx.agent.within_budget(NOBODY), Ok(()), "request {i} of the burst");
     }
     let err = fx.agent.within_budget(NOBODY).unwrap_err();
+    assert_eq!((err.uid, err.refused), (NOBODY, 1), "{err:?}");
+    let err = err.to_string();
     assert!(err.starts_with("too many requests from uid 65534: 1 refused in the last 60 s"), "{err}");
     for _ in 0..1000 {
         assert_eq!(fx.agent.within_budget(0), Ok(()));
