@@ -216,6 +216,7 @@ pub(super) trait LowerError: std::fmt::Display {}
 
 impl LowerError for String {}
 impl LowerError for crate::tree::OwnerError {}
+impl LowerError for crate::manifest::ManifestError {}
 impl LowerError for gpu_mode_devices::criu::CgroupError {}
 impl LowerError for gpu_mode_devices::cuda_ckpt::DeviceMapError {}
 

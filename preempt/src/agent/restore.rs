@@ -9,7 +9,7 @@ use super::{Agent, Because, FailureReason, RefusalKind, RequestError, RootState}
 use crate::cuda_ckpt::DeviceMap;
 use crate::criu::{CgroupError, RestoreRequest, TargetCgroup};
 use crate::images::ImageStore;
-use crate::manifest::Manifest;
+use crate::manifest::{Manifest, ManifestError};
 use crate::protocol::RestoreSummary;
 use crate::shm;
 use crate::staging::{self, Found, Source};
@@ -187,14 +187,14 @@ impl Agent {
     /// cache, e.g. on shared storage, is then read while the checks run).
     fn vet(&self, dir: &Path, sw: &mut Stopwatch) -> Result<(Manifest, DeviceMap), RequestError> {
         let m = sw
-            .time("manifest", || -> Result<Manifest, String> {
-                let m = Manifest::load(dir).map_err(|e| e.to_string())?;
-                m.check_owner(dir, self.params.run.job, self.params.run.uid).map_err(|e| e.to_string())?;
+            .time("manifest", || -> Result<Manifest, ManifestError> {
+                let m = Manifest::load(dir)?;
+                m.check_owner(dir, self.params.run.job, self.params.run.uid)?;
                 Ok(m)
             })
             .because(FailureReason::Image)?;
         read_ahead(dir, &m);
-        sw.time("checksums", || m.check_files(dir)).map_err(|e| e.to_string()).because(FailureReason::Image)?;
+        sw.time("checksums", || m.check_files(dir)).because(FailureReason::Image)?;
         let map = sw.time("gpu-room", || -> Result<DeviceMap, RequestError> {
             let map = self.device_map(&m)?;
             self.checkpointer().check_restore_room(&m.cuda, &map).map_err(|e| e.to_string()).because(FailureReason::GpuMemory)?;
@@ -260,9 +260,9 @@ impl Agent {
         // CRIU reads as the user (crate::criu): the files are theirs, the
         // directory for the run only.
         let names: Vec<&str> = m.images.iter().map(|f| f.name.as_str()).collect();
-        let lend = || -> Result<_, String> {
-            ImageStore::hand_files_to(dir, &names, uid, gid).map_err(|e| e.to_string())?;
-            ImageStore::lend(dir, uid, gid).map_err(|e| e.to_string())
+        let lend = || -> std::io::Result<_> {
+            ImageStore::hand_files_to(dir, &names, uid, gid)?;
+            ImageStore::lend(dir, uid, gid)
         };
         let lent = lend().map_err(|e| format!("{e}; the image is kept")).because(FailureReason::ImageDir)?;
         let t = Instant::now();
