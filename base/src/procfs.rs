@@ -143,14 +143,29 @@ pub struct Pinned {
     id: ProcId,
 }
 
+/// Why a process could not be pinned, or is no longer the pinned one: the
+/// agent refuses to dump a tree whose root it cannot hold still (F8), and a
+/// bounded driver call only asks whether its process is gone.
+#[derive(Debug, thiserror::Error)]
+pub enum PinError {
+    /// No /proc entry when it was to be pinned.
+    #[error("pid {pid} has ended")]
+    Ended { pid: i32 },
+    /// The kernel gave no pidfd (ESRCH: ended meanwhile; EMFILE; ENOSYS).
+    #[error("pidfd_open({pid}): {source}")]
+    PidfdOpen { pid: i32, source: std::io::Error },
+    /// Exited, or its pid now names another process (another start time).
+    #[error("pid {pid} ended after it was checked: nothing was dumped")]
+    EndedAfterCheck { pid: i32 },
+}
+
 impl Pinned {
-    pub fn new(pid: i32) -> Result<Pinned, String> {
-        let gone = || format!("pid {pid} has ended");
-        let id = read(pid).ok_or_else(gone)?.id();
+    pub fn new(pid: i32) -> Result<Pinned, PinError> {
+        let id = read(pid).ok_or(PinError::Ended { pid })?.id();
         // SAFETY: pidfd_open returns a new descriptor we own, or -1.
         let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) } as i32;
         if fd < 0 {
-            return Err(format!("pidfd_open({pid}): {}", std::io::Error::last_os_error()));
+            return Err(PinError::PidfdOpen { pid, source: std::io::Error::last_os_error() });
         }
         // SAFETY: fd was just returned by the kernel and is ours alone.
         let pidfd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
@@ -163,14 +178,14 @@ impl Pinned {
     /// The process is alive (its pidfd is not readable: a pidfd turns
     /// readable when its process exits, and its pid cannot be reused before
     /// that) and the pid's start time is the checked one.
-    pub fn still_there(&self) -> Result<(), String> {
+    pub fn still_there(&self) -> Result<(), PinError> {
         use std::os::fd::AsRawFd;
         let mut poll = libc::pollfd { fd: self.pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
         // SAFETY: one pollfd we own, no wait.
         let exited = unsafe { libc::poll(&mut poll, 1, 0) } != 0;
         let same = read(self.id.pid).is_some_and(|p| p.start_time == self.id.start_time);
         if exited || !same {
-            return Err(format!("pid {} ended after it was checked: nothing was dumped", self.id.pid));
+            return Err(PinError::EndedAfterCheck { pid: self.id.pid });
         }
         Ok(())
     }
@@ -218,6 +233,36 @@ mod tests {
         assert_eq!(environ_lookup(data, "CUDA_MPS_PIPE_DIRECTORY").as_deref(), Some("/run/x/pipe"));
         assert_eq!(environ_lookup(data, "CUDA_MPS"), None);
         assert_eq!(environ_lookup(data, "B"), None);
+    }
+
+    /// Each kind says the words the agent's failures carried before.
+    #[test]
+    fn pin_errors_say_todays_words() {
+        let cases = [
+            (PinError::Ended { pid: 42 }, "pid 42 has ended"),
+            (PinError::PidfdOpen { pid: 42, source: std::io::Error::from_raw_os_error(libc::EMFILE) }, "pidfd_open(42): Too many open files (os error 24)"),
+            (PinError::EndedAfterCheck { pid: 42 }, "pid 42 ended after it was checked: nothing was dumped"),
+        ];
+        for (e, text) in cases {
+            assert_eq!(e.to_string(), text, "{e:?}");
+        }
+    }
+
+    /// A pid with no process is Ended; a pinned process that exits is
+    /// EndedAfterCheck.
+    #[test]
+    fn a_pinned_process_that_ends_is_no_longer_there() {
+        let mut child = std::process::Command::new("/bin/sleep").arg("30").spawn().unwrap();
+        let pid = child.id() as i32;
+        let pinned = Pinned::new(pid).unwrap();
+        pinned.still_there().unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let err = pinned.still_there().unwrap_err();
+        assert!(matches!(err, PinError::EndedAfterCheck { pid: p } if p == pid), "{err:?}");
+        // pid_max is at most 2^22 (PID_MAX_LIMIT): no process has pid i32::MAX.
+        let err = Pinned::new(i32::MAX).err().unwrap();
+        assert!(matches!(err, PinError::Ended { pid: i32::MAX }), "{err:?}");
     }
 
     #[test]

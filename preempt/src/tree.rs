@@ -211,7 +211,7 @@ mod tests {
         assert_eq!(err.to_string(), text);
         child.kill().unwrap();
         child.wait().unwrap();
-        assert!(pinned.still_there().unwrap_err().contains("ended after it was checked"));
+        assert!(pinned.still_there().unwrap_err().to_string().contains("ended after it was checked"));
         wait_pids_free(&[pid], Duration::from_secs(5)).unwrap();
     }
 

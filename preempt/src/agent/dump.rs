@@ -70,7 +70,7 @@ impl Agent {
         self.criu_usable("checkpoint")?;
         let t = Instant::now();
         self.check_root(peer, root)?;
-        let pinned = crate::procfs::Pinned::new(root)?;
+        let pinned = crate::procfs::Pinned::new(root).because(FailureReason::Other)?;
         let pids = self.host.with_descendants(root);
         tree::check_owned(&pids, &self.user).because(FailureReason::Other)?;
         // Before anything is locked: what CRIU could not dump alone is
@@ -85,7 +85,7 @@ impl Agent {
         // The root checked above is the one the driver and CRIU get.
         let result = pinned
             .still_there()
-            .map_err(RequestError::from)
+            .because(FailureReason::Other)
             .and_then(|_| self.dump_tree(&pinned, root, &pids, shm, signal_at_ms.is_some(), &mut sw));
         if was.is_some() {
             self.set_root(root, Some(if result.is_ok() { RootState::Dumped } else { RootState::Running }));

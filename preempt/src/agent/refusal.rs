@@ -214,6 +214,8 @@ pub(super) trait Because<T> {
 /// a `RequestError` already has its reason, and must never be given another.
 pub(super) trait LowerError: std::fmt::Display {}
 
+impl LowerError for gpu_mode_base::procfs::PinError {}
+
 impl LowerError for String {}
 impl LowerError for crate::tree::OwnerError {}
 impl LowerError for crate::manifest::ManifestError {}
