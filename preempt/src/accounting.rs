@@ -30,7 +30,7 @@
 //! may lose one of the two writes. Comment is the job owner's to change, so
 //! a record there is only as trustworthy as the user; AdminComment is not.
 
-use crate::drain::Scontrol;
+use crate::drain::{DrainError, Scontrol};
 use std::collections::BTreeMap;
 
 /// Opens our section; it ends at the next `}`.
@@ -227,19 +227,42 @@ fn split_field(field: &str) -> (String, Section) {
     (text.trim().to_string(), ours)
 }
 
+/// Why an event was not recorded: the field was not read whole, or the
+/// site's text leaves no room, or Slurm refused. Each leaves the field as it
+/// is (never a rewrite of what was not read); the agent logs the words, and
+/// the job's checkpoint or restore is not affected.
+#[derive(Debug, thiserror::Error)]
+pub enum AccountingError {
+    /// merge: not even `omitted=...` fits beside the site's text.
+    #[error("the field's own text ({site_bytes} bytes) leaves no room for the gpu-mode section within Slurm's {limit} bytes: left as it is", limit = FIELD_LIMIT)]
+    NoRoom { site_bytes: usize },
+    /// Several lines (an array's tasks, a value with a newline) or none.
+    #[error("squeue printed {count} lines for the job, not one: left as it is")]
+    Lines { count: usize },
+    /// The value reaches squeue's width: it may have been cut there.
+    #[error("the value may run past squeue's {width} bytes: left as it is", width = SQUEUE_WIDTH)]
+    MayBeCut,
+    /// squeue printed nothing, or said the job id is invalid.
+    #[error("Slurm no longer knows job {job}: left as it is")]
+    UnknownJob { job: u32 },
+    /// squeue failed or timed out.
+    #[error(transparent)]
+    Read(DrainError),
+    /// `scontrol update` failed or timed out.
+    #[error(transparent)]
+    Update(DrainError),
+}
+
 /// The field's new value: `current` with `event` added to our section.
 /// Errors only when the site's text leaves no room for the section.
-pub fn merge(current: &str, event: &Event) -> Result<String, String> {
+pub fn merge(current: &str, event: &Event) -> Result<String, AccountingError> {
     let (site, mut section) = split_field(current);
     section.events.push((event.kind, event.token()));
     let separator = usize::from(!site.is_empty());
     let room = MAX_SECTION.min(FIELD_LIMIT.saturating_sub(site.len() + separator));
     while section.text().len() > room {
         if !section.give_way() {
-            return Err(format!(
-                "the field's own text ({} bytes) leaves no room for the gpu-mode section within Slurm's {FIELD_LIMIT} bytes: left as it is",
-                site.len()
-            ));
+            return Err(AccountingError::NoRoom { site_bytes: site.len() });
         }
     }
     Ok(if site.is_empty() { section.text() } else { format!("{site} {}", section.text()) })
@@ -268,13 +291,13 @@ pub fn squeue_format(field: AccountingField) -> Option<String> {
 /// width are errors, so that an update never rewrites what was not read
 /// whole. The value may hold anything (`AdminComment=`, `JobState=`):
 /// squeue printed nothing else.
-pub fn squeue_value(lines: &[String]) -> Result<String, String> {
+pub fn squeue_value(lines: &[String]) -> Result<String, AccountingError> {
     let [line] = lines else {
-        return Err(format!("squeue printed {} lines for the job, not one: left as it is", lines.len()));
+        return Err(AccountingError::Lines { count: lines.len() });
     };
     let value = line.trim_end_matches(' ');
     if value.len() >= SQUEUE_WIDTH {
-        return Err(format!("the value may run past squeue's {SQUEUE_WIDTH} bytes: left as it is"));
+        return Err(AccountingError::MayBeCut);
     }
     Ok(if value == "(null)" { String::new() } else { value.to_string() })
 }
@@ -282,20 +305,20 @@ pub fn squeue_value(lines: &[String]) -> Result<String, String> {
 /// Job `job`'s `field` as Slurm holds it, read through squeue next to
 /// `scontrol` ([`Scontrol::job_field`]), never from `scontrol show job`,
 /// whose user fields come first and may hold `\nAdminComment=...`.
-pub fn job_value(scontrol: &Scontrol, field: AccountingField, job: u32) -> Result<String, String> {
+pub fn job_value(scontrol: &Scontrol, field: AccountingField, job: u32) -> Result<String, AccountingError> {
     let Some(format) = squeue_format(field) else { return Ok(String::new()) };
-    match scontrol.job_field(job, &["-O", &format]).map_err(|e| e.to_string())? {
+    match scontrol.job_field(job, &["-O", &format]).map_err(AccountingError::Read)? {
         Some(lines) => squeue_value(&lines),
-        None => Err(format!("Slurm no longer knows job {job}: left as it is")),
+        None => Err(AccountingError::UnknownJob { job }),
     }
 }
 
 /// Adds `event` to job `job`'s `field` through scontrol (as root).
-pub fn record(scontrol: &Scontrol, field: AccountingField, job: u32, event: &Event) -> Result<(), String> {
+pub fn record(scontrol: &Scontrol, field: AccountingField, job: u32, event: &Event) -> Result<(), AccountingError> {
     let Some(key) = slurm_key(field) else { return Ok(()) };
     let current = job_value(scontrol, field, job)?;
     let value = merge(&current, event)?;
-    scontrol.update_job(job, key, &value).map_err(|e| e.to_string())
+    scontrol.update_job(job, key, &value).map_err(AccountingError::Update)
 }
 
 #[cfg(test)]
@@ -379,7 +402,7 @@ mod tests {
         let with_history = merge(&merge(&near_full, &e).unwrap(), &e).unwrap();
         assert_eq!(&with_history[near_full.len()..], " gpu-mode{omitted=ckpt:1;ckpt=r0@n1:1.0s/1MiB}");
         let full = "x".repeat(FIELD_LIMIT - 10);
-        let err = merge(&full, &e).unwrap_err();
+        let err = merge(&full, &e).unwrap_err().to_string();
         assert!(err.contains("leaves no room") && err.contains("left as it is"), "{err}");
     }
 
@@ -398,14 +421,15 @@ mod tests {
             ("a\nb\nc\n", Err("3 lines")),
         ];
         for (text, want) in cases {
-            let got = squeue_value(&lines(text));
+            let got = squeue_value(&lines(text)).map_err(|e| e.to_string());
             match want {
                 Ok(v) => assert_eq!(got.as_deref(), Ok(v), "{text:?}"),
                 Err(e) => assert!(got.as_ref().is_err_and(|g| g.contains(e) && g.contains("left as it is")), "{text:?}: {got:?}"),
             }
         }
         let err = squeue_value(&[format!("{} ", "x".repeat(SQUEUE_WIDTH))]).unwrap_err();
-        assert!(err.contains("may run past"), "{err}");
+        assert!(matches!(err, AccountingError::MayBeCut), "{err:?}");
+        assert!(err.to_string().contains("may run past"), "{err}");
     }
 
     /// Any read that is not one whole value writes nothing.
@@ -498,6 +522,38 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (s, _) = fake_scontrol(dir.path(), SHOW_JOB, 1);
         let err = record(&s, AccountingField::AdminComment, 7, &restore(1, "n2", 5.2)).unwrap_err();
+        assert!(matches!(err, AccountingError::Update(DrainError::Failed { .. })), "{err:?}");
+        let err = err.to_string();
         assert!(err.contains("update JobId=7 AdminComment=") && err.contains("failed"), "{err}");
+    }
+
+    /// Each reason an event is not recorded has its kind and the words the
+    /// agent logged before.
+    #[test]
+    fn each_unrecorded_event_says_todays_words() {
+        let failed = |path: &str, args: &str| DrainError::Failed { path: path.into(), args: args.into(), status: "exit status: 1".into(), stderr: "Unable to contact slurm controller".into() };
+        let cases = [
+            (AccountingError::NoRoom { site_bytes: 1014 }, "the field's own text (1014 bytes) leaves no room for the gpu-mode section within Slurm's 1024 bytes: left as it is"),
+            (AccountingError::Lines { count: 0 }, "squeue printed 0 lines for the job, not one: left as it is"),
+            (AccountingError::MayBeCut, "the value may run past squeue's 8192 bytes: left as it is"),
+            (AccountingError::UnknownJob { job: 7 }, "Slurm no longer knows job 7: left as it is"),
+            (
+                AccountingError::Read(failed("/usr/bin/squeue", "-h -t all -j 7 -O admin_comment:8192")),
+                "/usr/bin/squeue -h -t all -j 7 -O admin_comment:8192 failed (exit status: 1): Unable to contact slurm controller",
+            ),
+            (
+                AccountingError::Update(failed("/usr/bin/scontrol", "update JobId=7 AdminComment=x")),
+                "/usr/bin/scontrol update JobId=7 AdminComment=x failed (exit status: 1): Unable to contact slurm controller",
+            ),
+        ];
+        for (e, text) in cases {
+            assert_eq!(e.to_string(), text, "{e:?}");
+        }
+        // Where each comes from: the read's kinds.
+        let read = |text: &str| squeue_value(&text.lines().map(str::to_string).collect::<Vec<_>>()).unwrap_err();
+        assert!(matches!(read(""), AccountingError::Lines { count: 0 }));
+        assert!(matches!(read("a\nb"), AccountingError::Lines { count: 2 }));
+        let full = "x".repeat(FIELD_LIMIT - 10);
+        assert!(matches!(merge(&full, &restore(1, "n2", 5.2)), Err(AccountingError::NoRoom { site_bytes }) if site_bytes == full.len()));
     }
 }

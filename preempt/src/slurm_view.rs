@@ -8,7 +8,7 @@
 //! 2). The values asked for hold no spaces, so a line that does not split
 //! into exactly the fields asked for is ambiguous and read as unknown.
 
-use crate::drain::Scontrol;
+use crate::drain::{DrainError, Scontrol};
 use std::path::Path;
 use std::time::Duration;
 
@@ -34,6 +34,37 @@ impl JobState {
     }
 }
 
+/// Why the job cannot be moved off this node: Slurm could not say where it
+/// may run, the answer was not one line of the fields asked for, no node of
+/// its partition would be left, or the update failed. The wrapper says it
+/// and the job fails as for any refused restore (review F7), so each
+/// variant's Display is the line's words.
+#[derive(Debug, thiserror::Error)]
+pub enum SlurmViewError {
+    /// squeue failed, timed out or no longer knows the job (`field`
+    /// reads that as unknown, as `job_state` does).
+    #[error("squeue cannot say the job's partition and excluded nodes")]
+    Unknown,
+    /// An array's tasks, or none: which line is the job's cannot be told.
+    #[error("squeue printed {count} lines for the job, not one")]
+    Lines { count: usize },
+    /// Not `<partition>` or `<partition> <nodes>` (the values hold no blanks).
+    #[error("squeue's line {line:?} is not a partition and a node list")]
+    NotPartitionAndNodes { line: String },
+    /// The excluded nodes are no hostlist expression we can expand.
+    #[error("{0}")]
+    Hostlist(String),
+    /// sinfo failed or timed out.
+    #[error("sinfo cannot list partition {partition}'s nodes: {source}")]
+    PartitionNodes { partition: String, source: DrainError },
+    /// The job would pend for ever.
+    #[error("every node of partition {partition} ({}) would be excluded", .nodes.join(","))]
+    NoNodeLeft { partition: String, nodes: Vec<String> },
+    /// `scontrol update ... ExcNodeList=` failed.
+    #[error(transparent)]
+    Exclude(DrainError),
+}
+
 /// The Slurm client programs, found beside the configured scontrol.
 pub struct SlurmView {
     scontrol: Scontrol,
@@ -54,17 +85,20 @@ impl SlurmView {
     /// excluded nodes, as an `ExcNodeList=` value; an error when that would
     /// leave its partition no node (the job would pend for ever) or when
     /// Slurm cannot say.
-    pub fn exclusion_with(&self, job: u32, node: &str) -> Result<String, String> {
-        let lines = self.field(job, &["-o", "%P %x"]).ok_or("squeue cannot say the job's partition and excluded nodes")?;
+    pub fn exclusion_with(&self, job: u32, node: &str) -> Result<String, SlurmViewError> {
+        let lines = self.field(job, &["-o", "%P %x"]).ok_or(SlurmViewError::Unknown)?;
         let (partition, excluded) = partition_and_excluded(&lines)?;
-        let nodes = self.scontrol.partition_nodes(&partition).map_err(|e| format!("sinfo cannot list partition {partition}'s nodes: {e}"))?;
+        let nodes = match self.scontrol.partition_nodes(&partition) {
+            Ok(nodes) => nodes,
+            Err(source) => return Err(SlurmViewError::PartitionNodes { partition, source }),
+        };
         exclusion(&excluded, node, &partition, &nodes)
     }
 
     /// `scontrol update JobId=<job> ExcNodeList=<nodes>`: Slurm takes it
     /// only while the job pends, i.e. after its requeue.
-    pub fn exclude(&self, job: u32, nodes: &str) -> Result<(), String> {
-        self.scontrol.update_job(job, "ExcNodeList", nodes).map_err(|e| e.to_string())
+    pub fn exclude(&self, job: u32, nodes: &str) -> Result<(), SlurmViewError> {
+        self.scontrol.update_job(job, "ExcNodeList", nodes).map_err(SlurmViewError::Exclude)
     }
 
     fn field(&self, job: u32, format: &[&str]) -> Option<Vec<String>> {
@@ -74,25 +108,25 @@ impl SlurmView {
 
 /// squeue's one `%P %x` line: the partition and the excluded nodes (none
 /// printed as nothing or `(null)`).
-fn partition_and_excluded(lines: &[String]) -> Result<(String, Vec<String>), String> {
-    let [line] = lines else { return Err(format!("squeue printed {} lines for the job, not one", lines.len())) };
+fn partition_and_excluded(lines: &[String]) -> Result<(String, Vec<String>), SlurmViewError> {
+    let [line] = lines else { return Err(SlurmViewError::Lines { count: lines.len() }) };
     match line.split_whitespace().collect::<Vec<_>>()[..] {
         [partition] => Ok((partition.to_string(), Vec::new())),
         [partition, "(null)"] => Ok((partition.to_string(), Vec::new())),
-        [partition, excluded] => Ok((partition.to_string(), crate::hostlist::expand(excluded)?)),
-        _ => Err(format!("squeue's line {line:?} is not a partition and a node list")),
+        [partition, excluded] => Ok((partition.to_string(), crate::hostlist::expand(excluded).map_err(SlurmViewError::Hostlist)?)),
+        _ => Err(SlurmViewError::NotPartitionAndNodes { line: line.clone() }),
     }
 }
 
 /// The excluded nodes with `node` added, unless no node of the partition
 /// would be left.
-fn exclusion(excluded: &[String], node: &str, partition: &str, partition_nodes: &[String]) -> Result<String, String> {
+fn exclusion(excluded: &[String], node: &str, partition: &str, partition_nodes: &[String]) -> Result<String, SlurmViewError> {
     let mut list: Vec<String> = excluded.to_vec();
     if !list.iter().any(|n| n == node) {
         list.push(node.to_string());
     }
     if partition_nodes.iter().all(|n| list.contains(n)) {
-        return Err(format!("every node of partition {partition} ({}) would be excluded", partition_nodes.join(",")));
+        return Err(SlurmViewError::NoNodeLeft { partition: partition.to_string(), nodes: partition_nodes.to_vec() });
     }
     Ok(list.join(","))
 }
@@ -141,6 +175,35 @@ mod tests {
         }
     }
 
+    /// Each refusal to move the job has its kind and the words the wrapper
+    /// said before.
+    #[test]
+    fn each_reason_not_to_move_the_job_says_todays_words() {
+        let kind = |text: &str| match partition_and_excluded(&lines(text)).unwrap_err() {
+            SlurmViewError::Lines { .. } => "lines",
+            SlurmViewError::NotPartitionAndNodes { .. } => "not_partition_and_nodes",
+            SlurmViewError::Hostlist(_) => "hostlist",
+            other => panic!("{other:?}"),
+        };
+        assert_eq!([kind(""), kind("low\nlow"), kind("low a b"), kind("low n[3-1]")], ["lines", "lines", "not_partition_and_nodes", "hostlist"]);
+        let failed = || DrainError::Failed { path: "/usr/bin/sinfo".into(), args: "-h -N -p low -o %N".into(), status: "exit status: 1".into(), stderr: "no such partition".into() };
+        let cases = [
+            (SlurmViewError::Unknown, "squeue cannot say the job's partition and excluded nodes"),
+            (SlurmViewError::Lines { count: 2 }, "squeue printed 2 lines for the job, not one"),
+            (SlurmViewError::NotPartitionAndNodes { line: "low a b".into() }, "squeue's line \"low a b\" is not a partition and a node list"),
+            (SlurmViewError::Hostlist("bad range [3-1]: 3-1 runs backwards".into()), "bad range [3-1]: 3-1 runs backwards"),
+            (
+                SlurmViewError::PartitionNodes { partition: "low".into(), source: failed() },
+                "sinfo cannot list partition low's nodes: /usr/bin/sinfo -h -N -p low -o %N failed (exit status: 1): no such partition",
+            ),
+            (SlurmViewError::NoNodeLeft { partition: "low".into(), nodes: vec!["gma".into(), "gmb".into()] }, "every node of partition low (gma,gmb) would be excluded"),
+            (SlurmViewError::Exclude(failed()), "/usr/bin/sinfo -h -N -p low -o %N failed (exit status: 1): no such partition"),
+        ];
+        for (e, text) in cases {
+            assert_eq!(e.to_string(), text, "{e:?}");
+        }
+    }
+
     #[test]
     fn this_node_is_added_unless_the_partition_would_have_none_left() {
         let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
@@ -154,7 +217,8 @@ mod tests {
         ];
         for (excluded, node, nodes, want) in cases {
             let got = exclusion(&names(excluded), node, "low", &names(nodes));
-            assert_eq!(got.as_deref().map_err(String::as_str), *want, "{excluded:?} + {node} of {nodes:?}");
+            assert_eq!(got.as_deref().map_err(|e| e.to_string()), (*want).map_err(str::to_string), "{excluded:?} + {node} of {nodes:?}");
+            assert!(got.as_ref().is_ok() || matches!(got, Err(SlurmViewError::NoNodeLeft { .. })), "{got:?}");
         }
     }
 }

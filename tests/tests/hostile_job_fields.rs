@@ -66,7 +66,7 @@ fn the_users_fields_are_never_read_as_the_admin_comment_or_the_job_state() {
     assert_eq!((state.state.as_str(), state.being_preempted), ("PENDING", false));
     let node = &c.spec.node_name;
     let moved = view.exclusion_with(job, node).unwrap_err();
-    assert_eq!(moved, format!("every node of partition debug ({node}) would be excluded"));
+    assert_eq!(moved.to_string(), format!("every node of partition debug ({node}) would be excluded"));
 
     // Held, the job has not ended; cancelled, it has, whatever its name says.
     assert!(!scontrol.job_has_ended(job).unwrap(), "a held job has not ended");
