@@ -46,7 +46,34 @@ use std::time::{Duration, Instant};
 /// Exit status when the wrapper itself fails (bad use, no agent for a restore).
 pub const EXIT_FAILED: i32 = 1;
 
-#[derive(Debug, Clone)]
+/// Why gpu-mode-run cannot run the application at all: the command line or
+/// the job's environment is not a checkpoint job's, or the wrapper's own
+/// start failed. gpu-mode-run says it (a usage error, or a line of the job's
+/// output) and fails; each Display is the words said before.
+#[derive(Debug, thiserror::Error)]
+pub enum WrapperError {
+    /// No application named.
+    #[error("usage: gpu-mode-run <application> [arguments...]")]
+    Usage,
+    /// Run outside a Slurm job.
+    #[error("SLURM_JOB_ID is not set: gpu-mode-run runs inside a Slurm job (sbatch --gpu-mode=checkpoint)")]
+    NoJob,
+    #[error("SLURM_JOB_ID is not a job id")]
+    BadJobId,
+    /// `preempt.signal` names no signal (signal_number's words).
+    #[error("{0}")]
+    Signal(String),
+    /// pthread_sigmask failed: the signals could not be waited for.
+    #[error("cannot block signals: {0}")]
+    BlockSignals(std::io::Error),
+    /// The application could not be spawned (`app` its name as given).
+    #[error("cannot start {app}: {source}")]
+    Start { app: String, source: std::io::Error },
+}
+
+/// Not Clone: the preload's error may hold an io::Error (nothing copies
+/// the options).
+#[derive(Debug)]
 pub struct RunOptions {
     /// The application and its arguments.
     pub app: Vec<OsString>,
@@ -67,7 +94,7 @@ pub struct RunOptions {
     /// The library to preload into the application, for huge pages and
     /// for forked children's GPU files (`Ok(None)`: both off; `Err`: on,
     /// but unusable, and why), preempt::hugepages.
-    pub preload: Result<Option<PathBuf>, String>,
+    pub preload: Result<Option<PathBuf>, super::hugepages::HugepagesError>,
     /// What the preloaded library is told to do (its variables).
     pub preload_env: Vec<(&'static str, String)>,
     /// What the application starts with: the mask and ignored set the
@@ -83,16 +110,13 @@ impl RunOptions {
     /// From the job's environment and the site config: SLURM_JOB_ID,
     /// SLURM_RESTART_COUNT, and the socket `GPU_MODE_CKPT_SOCKET` or the
     /// config's.
-    pub fn from_env(cfg: &crate::Config, app: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> Result<RunOptions, String> {
+    pub fn from_env(cfg: &crate::Config, app: Vec<OsString>, env: &dyn Fn(&str) -> Option<String>) -> Result<RunOptions, WrapperError> {
         if app.is_empty() {
-            return Err("usage: gpu-mode-run <application> [arguments...]".into());
+            return Err(WrapperError::Usage);
         }
-        let job: u32 = env("SLURM_JOB_ID")
-            .ok_or("SLURM_JOB_ID is not set: gpu-mode-run runs inside a Slurm job (sbatch --gpu-mode=checkpoint)")?
-            .parse()
-            .map_err(|_| "SLURM_JOB_ID is not a job id".to_string())?;
+        let job: u32 = env("SLURM_JOB_ID").ok_or(WrapperError::NoJob)?.parse().map_err(|_| WrapperError::BadJobId)?;
         let restart_count = env("SLURM_RESTART_COUNT").and_then(|v| v.parse().ok()).unwrap_or(0);
-        let checkpoint_signal = super::signal_number(&cfg.preempt.signal)?;
+        let checkpoint_signal = super::signal_number(&cfg.preempt.signal).map_err(WrapperError::Signal)?;
         let signal_held = crate::signal_state::held_back(env(crate::signal_state::HELD_SIGNAL_VAR).as_deref(), checkpoint_signal);
         let inherited = InheritedSignals::inherited();
         let socket = env("GPU_MODE_CKPT_SOCKET")
@@ -189,11 +213,11 @@ fn handled(checkpoint_signal: i32) -> libc::sigset_t {
     }
 }
 
-fn start_signal_thread(set: libc::sigset_t, tx: Sender<Event>) -> Result<(), String> {
+fn start_signal_thread(set: libc::sigset_t, tx: Sender<Event>) -> Result<(), WrapperError> {
     // SAFETY: blocks the set in this thread, whose later threads inherit it.
     let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
     if rc != 0 {
-        return Err(format!("cannot block signals: {}", std::io::Error::from_raw_os_error(rc)));
+        return Err(WrapperError::BlockSignals(std::io::Error::from_raw_os_error(rc)));
     }
     // Taken by sigwait, so never ignored: the plugin may have held the
     // checkpoint signal back as ignored (signal_state::hold), and what
@@ -226,7 +250,7 @@ fn start_signal_thread(set: libc::sigset_t, tx: Sender<Event>) -> Result<(), Str
 pub fn run(o: &RunOptions) -> i32 {
     let (tx, rx) = channel();
     if let Err(e) = start_signal_thread(handled(o.checkpoint_signal), tx.clone()) {
-        say(&e);
+        say(&e.to_string());
         return EXIT_FAILED;
     }
     // SAFETY: plain prctl on this process.
@@ -255,7 +279,7 @@ pub fn run(o: &RunOptions) -> i32 {
                 say(&format!("warning: checkpointing will fail on this node: {e}"));
             }
             if let Err(e) = w.start() {
-                say(&e);
+                say(&e.to_string());
                 return EXIT_FAILED;
             }
         }
@@ -266,7 +290,7 @@ pub fn run(o: &RunOptions) -> i32 {
             };
             say(&format!("warning: no checkpoint agent for job {} ({why}): the application runs, but a preemption will restart it from the beginning", o.job));
             if let Err(e) = w.start() {
-                say(&e);
+                say(&e.to_string());
                 return EXIT_FAILED;
             }
         }
@@ -286,7 +310,7 @@ struct Wrapper<'a> {
 }
 
 impl Wrapper<'_> {
-    fn start(&mut self) -> Result<(), String> {
+    fn start(&mut self) -> Result<(), WrapperError> {
         let mut cmd = std::process::Command::new(&self.o.app[0]);
         cmd.args(&self.o.app[1..]);
         // The plugin's note that it held the checkpoint signal back is ours.
@@ -311,7 +335,7 @@ impl Wrapper<'_> {
                 signals.apply()
             });
         }
-        let child = cmd.spawn().map_err(|e| format!("cannot start {}: {e}", self.o.app[0].to_string_lossy()))?;
+        let child = cmd.spawn().map_err(|source| WrapperError::Start { app: self.o.app[0].to_string_lossy().into_owned(), source })?;
         self.root = child.id() as i32;
         Ok(())
     }
@@ -685,8 +709,45 @@ mod tests {
         let o = RunOptions::from_env(&cfg, app.clone(), &env(&[("SLURM_JOB_ID", "42"), ("GPU_MODE_CKPT_SOCKET", "/x.sock")])).unwrap();
         assert_eq!((o.restart_count, o.socket), (0, PathBuf::from("/x.sock")));
         let err = RunOptions::from_env(&cfg, app, &env(&[])).unwrap_err();
-        assert!(err.contains("SLURM_JOB_ID is not set"), "{err}");
-        assert!(RunOptions::from_env(&cfg, vec![], &env(&[("SLURM_JOB_ID", "1")])).unwrap_err().starts_with("usage"));
+        assert!(err.to_string().contains("SLURM_JOB_ID is not set"), "{err}");
+        assert!(RunOptions::from_env(&cfg, vec![], &env(&[("SLURM_JOB_ID", "1")])).unwrap_err().to_string().starts_with("usage"));
+    }
+
+    /// Each reason the wrapper cannot run has its kind and the words it
+    /// said before.
+    #[test]
+    fn each_wrapper_failure_says_todays_words() {
+        let cfg = crate::Config::default();
+        let app = || vec![OsString::from("./train")];
+        let from = |app, vars: &[(&str, &str)]| RunOptions::from_env(&cfg, app, &env(vars)).unwrap_err();
+        assert!(matches!(from(vec![], &[("SLURM_JOB_ID", "1")]), WrapperError::Usage));
+        assert!(matches!(from(app(), &[]), WrapperError::NoJob));
+        assert!(matches!(from(app(), &[("SLURM_JOB_ID", "42.1")]), WrapperError::BadJobId));
+        let mut bad = crate::Config::default();
+        bad.preempt.signal = "NOSUCH".into();
+        let err = RunOptions::from_env(&bad, app(), &env(&[("SLURM_JOB_ID", "42")])).unwrap_err();
+        assert!(matches!(err, WrapperError::Signal(_)), "{err:?}");
+        let signal_text = crate::signal_number("NOSUCH").unwrap_err();
+        // An application that is not there: Start, with the spawn's error.
+        let o = RunOptions::from_env(&cfg, vec![OsString::from("/nonexistent/train")], &env(&[("SLURM_JOB_ID", "42")])).unwrap();
+        let (tx, rx) = channel();
+        let mut w = Wrapper { o: &o, rx, tx, root: 0, restored: false, agent: false };
+        let started = w.start().unwrap_err();
+        assert!(matches!(&started, WrapperError::Start { app, source } if app == "/nonexistent/train" && source.kind() == std::io::ErrorKind::NotFound), "{started:?}");
+        let cases = [
+            (WrapperError::Usage, "usage: gpu-mode-run <application> [arguments...]".to_string()),
+            (WrapperError::NoJob, "SLURM_JOB_ID is not set: gpu-mode-run runs inside a Slurm job (sbatch --gpu-mode=checkpoint)".into()),
+            (WrapperError::BadJobId, "SLURM_JOB_ID is not a job id".into()),
+            (err, signal_text),
+            (WrapperError::BlockSignals(std::io::Error::from_raw_os_error(libc::EINVAL)), "cannot block signals: Invalid argument (os error 22)".into()),
+            (
+                WrapperError::Start { app: "./train".into(), source: std::io::Error::from_raw_os_error(libc::ENOENT) },
+                "cannot start ./train: No such file or directory (os error 2)".into(),
+            ),
+        ];
+        for (e, text) in cases {
+            assert_eq!(e.to_string(), text, "{e:?}");
+        }
     }
 
     #[test]
@@ -697,10 +758,10 @@ mod tests {
         cfg.preempt.huge_pages_library = "/nonexistent/libgpu_mode_hugepages.so".into();
         let o = RunOptions::from_env(&cfg, app.clone(), &env(&job)).unwrap();
         let err = o.preload.unwrap_err();
-        assert!(err.contains("/nonexistent/libgpu_mode_hugepages.so"), "{err}");
+        assert!(err.to_string().contains("/nonexistent/libgpu_mode_hugepages.so"), "{err}");
         cfg.preempt.huge_pages = false;
         cfg.preempt.forked_children_drop_gpu_files = false;
         cfg.preempt.hide_io_uring = false;
-        assert_eq!(RunOptions::from_env(&cfg, app, &env(&job)).unwrap().preload, Ok(None));
+        assert_eq!(RunOptions::from_env(&cfg, app, &env(&job)).unwrap().preload.map_err(|e| e.to_string()), Ok(None));
     }
 }

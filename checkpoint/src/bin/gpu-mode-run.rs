@@ -49,7 +49,7 @@ fn main() {
         }
     }
     let cfg = Config::load(config.as_deref()).unwrap_or_else(|e| usage(&e.to_string()));
-    let mut opts = RunOptions::from_env(&cfg, args, &|k| std::env::var(k).ok()).unwrap_or_else(|e| usage(&e));
+    let mut opts = RunOptions::from_env(&cfg, args, &|k| std::env::var(k).ok()).unwrap_or_else(|e| usage(&e.to_string()));
     if let Some(l) = linger {
         opts.linger = l;
     }
