@@ -52,8 +52,8 @@ pub enum SlurmViewError {
     #[error("squeue's line {line:?} is not a partition and a node list")]
     NotPartitionAndNodes { line: String },
     /// The excluded nodes are no hostlist expression we can expand.
-    #[error("{0}")]
-    Hostlist(String),
+    #[error(transparent)]
+    Hostlist(crate::hostlist::HostlistError),
     /// sinfo failed or timed out.
     #[error("sinfo cannot list partition {partition}'s nodes: {source}")]
     PartitionNodes { partition: String, source: DrainError },
@@ -182,7 +182,7 @@ mod tests {
         let kind = |text: &str| match partition_and_excluded(&lines(text)).unwrap_err() {
             SlurmViewError::Lines { .. } => "lines",
             SlurmViewError::NotPartitionAndNodes { .. } => "not_partition_and_nodes",
-            SlurmViewError::Hostlist(_) => "hostlist",
+            SlurmViewError::Hostlist(crate::hostlist::HostlistError::Item { .. }) => "hostlist",
             other => panic!("{other:?}"),
         };
         assert_eq!([kind(""), kind("low\nlow"), kind("low a b"), kind("low n[3-1]")], ["lines", "lines", "not_partition_and_nodes", "hostlist"]);
@@ -191,7 +191,7 @@ mod tests {
             (SlurmViewError::Unknown, "squeue cannot say the job's partition and excluded nodes"),
             (SlurmViewError::Lines { count: 2 }, "squeue printed 2 lines for the job, not one"),
             (SlurmViewError::NotPartitionAndNodes { line: "low a b".into() }, "squeue's line \"low a b\" is not a partition and a node list"),
-            (SlurmViewError::Hostlist("bad range [3-1]: 3-1 runs backwards".into()), "bad range [3-1]: 3-1 runs backwards"),
+            (SlurmViewError::Hostlist(crate::hostlist::HostlistError::EmptyName { expr: "a,,b".into() }), "empty name in \"a,,b\""),
             (
                 SlurmViewError::PartitionNodes { partition: "low".into(), source: failed() },
                 "sinfo cannot list partition low's nodes: /usr/bin/sinfo -h -N -p low -o %N failed (exit status: 1): no such partition",
