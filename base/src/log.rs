@@ -112,14 +112,24 @@ pub fn printable(text: &str) -> String {
 /// pipe, and `eprintln!` would panic on EPIPE (exit 101, a "Prolog error"
 /// drain). Logging must never fail a hook.
 pub fn stderr_line(text: &str) {
-    use std::io::Write as _;
-    let _ = writeln!(std::io::stderr().lock(), "{text}");
+    let _ = write_line(&mut std::io::stderr().lock(), text);
 }
 
 /// The same for stdout (the node checker's report).
 pub fn stdout_line(text: &str) {
-    use std::io::Write as _;
-    let _ = writeln!(std::io::stdout().lock(), "{text}");
+    let _ = write_line(&mut std::io::stdout().lock(), text);
+}
+
+/// `text` and its newline in one `write_all`: stderr is unbuffered, and
+/// `writeln!` writes the text and the newline in two calls, between which
+/// another hook's line lands in the shared log file (seen in the churn:
+/// `outcome=okgpu-mode: action=prolog job=54 ...`, one job's prolog line lost
+/// inside another's).
+pub fn write_line(out: &mut impl std::io::Write, text: &str) -> std::io::Result<()> {
+    let mut line = String::with_capacity(text.len() + 1);
+    line.push_str(text);
+    line.push('\n');
+    out.write_all(line.as_bytes())
 }
 
 fn to_syslog(priority: libc::c_int, text: &str) {
@@ -137,6 +147,30 @@ fn to_syslog(priority: libc::c_int, text: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Records each write call, as a file shared with other processes
+    /// sees them.
+    #[derive(Default)]
+    struct Writes(Vec<Vec<u8>>);
+
+    impl std::io::Write for Writes {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.push(buf.to_vec());
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_line_and_its_newline_are_one_write() {
+        for text in ["gpu-mode: action=prolog job=54 outcome=ok", "", "x y=\"z\""] {
+            let mut out = Writes::default();
+            write_line(&mut out, text).unwrap();
+            assert_eq!(out.0, vec![format!("{text}\n").into_bytes()], "{text:?}");
+        }
+    }
 
     #[test]
     fn fields_are_logfmt_and_hostile_values_are_quoted() {

@@ -156,14 +156,13 @@ enum Event {
     AgentLost(String),
 }
 
-/// One line on the job's stderr, in one write: the application writes to the
-/// same file, and `eprintln!` writes a line in pieces, between which a line
-/// of the application's can land (seen: a restored counter's `step 16` line
-/// split ours in two, and the test lost the step).
+/// One line on the job's stderr, in one write (log::stderr_line): the
+/// application writes to the same file, and `eprintln!` writes a line in
+/// pieces, between which a line of the application's can land (seen: a
+/// restored counter's `step 16` line split ours in two, and the test lost
+/// the step).
 fn say(text: &str) {
-    use std::io::Write;
-    let line = format!("gpu-mode-run: {text}\n");
-    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+    crate::log::stderr_line(&format!("gpu-mode-run: {text}"));
 }
 
 /// The signals the wrapper passes on to the application: every one a
