@@ -214,6 +214,18 @@ impl Scontrol {
         })
     }
 
+    /// How many times Slurm has requeued `job`: squeue's `RestartCnt`, which
+    /// Slurm counts up at the requeue itself, so an epilog that reads more
+    /// than its own run's count knows the job comes back. `None`: Slurm no
+    /// longer knows the job, or printed anything but one number (an array's
+    /// tasks); an error (no controller) is an error.
+    pub fn restart_count(&self, job: u32) -> Result<Option<u32>, DrainError> {
+        Ok(match self.job_field(job, &["-O", "RestartCnt"])?.as_deref() {
+            Some([line]) => line.trim().parse().ok(),
+            _ => None,
+        })
+    }
+
     /// One field of job `job`, one line per job record Slurm lists under that
     /// id (an array's job id lists its tasks): `squeue -h -t all -j <job>
     /// <format>`, run from scontrol's directory (Slurm installs both in one).
@@ -325,6 +337,27 @@ pub(crate) mod tests {
             script(dir.path(), "squeue", &format!("echo \"$*\" > {}/argv\n{body}", dir.path().display()));
             assert_eq!(Scontrol::new(&scontrol).job_has_ended(7).ok(), want, "{body}");
             assert_eq!(std::fs::read_to_string(dir.path().join("argv")).unwrap(), "-h -t all -j 7 -o %T\n");
+        }
+    }
+
+    #[test]
+    fn a_restart_count_is_one_number_and_anything_else_is_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let scontrol = script(dir.path(), "scontrol", "exit 1");
+        let cases: [(&str, Option<Option<u32>>); 7] = [
+            ("echo '2                   '", Some(Some(2))),
+            ("echo 0", Some(Some(0))),
+            // An array's tasks, a word, nothing: no count.
+            ("printf '1\n2\n'", Some(None)),
+            ("echo N/A", Some(None)),
+            ("exit 0", Some(None)),
+            ("echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1", Some(None)),
+            ("echo 'slurm_load_jobs error: Unable to contact slurm controller' >&2; exit 1", None),
+        ];
+        for (body, want) in cases {
+            script(dir.path(), "squeue", &format!("echo \"$*\" > {}/argv\n{body}", dir.path().display()));
+            assert_eq!(Scontrol::new(&scontrol).restart_count(7).ok(), want, "{body}");
+            assert_eq!(std::fs::read_to_string(dir.path().join("argv")).unwrap(), "-h -t all -j 7 -O RestartCnt\n");
         }
     }
 
