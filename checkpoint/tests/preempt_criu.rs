@@ -410,7 +410,7 @@ fn a_preempted_job_is_dumped_requeued_restored_on_another_gpu_preempted_again_an
     assert!(m.timings.signal_to_gpu_free_ms.is_some() && m.image_bytes > 8 << 20);
     // The epilog of run 0: the agent stops, the fresh image stays.
     assert_eq!(stop_agent(&cfg, job, Duration::from_secs(10)).map_err(|e| e.to_string()), Ok(true));
-    assert_eq!(cleanup_after_job(&store, job, 0).unwrap(), Cleanup::Kept { restart: 0 });
+    assert_eq!(cleanup_after_job(&store, job, 0, &|| panic!("not asked")).unwrap(), Cleanup::Kept { restart: 0 });
 
     // Run 1 on GPU 1: restored into the new job's cgroup, preempted again.
     n.agent((&cfg_path, &cfg), job, 1, 1);
@@ -426,7 +426,7 @@ fn a_preempted_job_is_dumped_requeued_restored_on_another_gpu_preempted_again_an
     assert!(store.run_dir(job, 1).join(MANIFEST_FILE).exists());
     assert!(!store.run_dir(job, 0).exists(), "the consumed image of run 0 is gone");
     assert_eq!(stop_agent(&cfg, job, Duration::from_secs(10)).map_err(|e| e.to_string()), Ok(true));
-    assert_eq!(cleanup_after_job(&store, job, 1).unwrap(), Cleanup::Kept { restart: 1 });
+    assert_eq!(cleanup_after_job(&store, job, 1, &|| panic!("not asked")).unwrap(), Cleanup::Kept { restart: 1 });
 
     // Run 2 back on GPU 0: finishes the count, ends with the app's code.
     let cg2 = JobCgroup::make("a-run2");
@@ -440,7 +440,7 @@ fn a_preempted_job_is_dumped_requeued_restored_on_another_gpu_preempted_again_an
     assert!(read(&out).contains("DONE count=60") && !read(&out).contains("MISMATCH"));
     assert!(store.run_dir(job, 1).join(CONSUMED_FILE).exists() && !store.run_dir(job, 1).join(MANIFEST_FILE).exists());
     assert_eq!(stop_agent(&cfg, job, Duration::from_secs(10)).map_err(|e| e.to_string()), Ok(true));
-    assert_eq!(cleanup_after_job(&store, job, 2).unwrap(), Cleanup::Removed);
+    assert_eq!(cleanup_after_job(&store, job, 2, &|| true).unwrap(), Cleanup::Removed);
     for cg in [cg0, cg1, cg2] {
         cg.remove();
     }

@@ -5,7 +5,8 @@
 //! a failed or interrupted dump and is never restored.
 //!
 //! Retention: the epilog calls [`cleanup_after_job`] (keep only an image this
-//! run completed, which its requeued run will restore) and [`sweep_images`]
+//! run completed, which its requeued run will restore, one whose restore it
+//! was refused, or one it never tried while Slurm requeued the job) and [`sweep_images`]
 //! (age and size limits over the whole directory, oldest first).
 
 use super::manifest::{describe_file, ImageFile, CONSUMED_FILE, MANIFEST_FILE};
@@ -332,6 +333,11 @@ pub enum Cleanup {
     /// This run could not restore the image of run `restart`: kept (the job
     /// failed with "the image is kept") for a retry, within the sweep's limits.
     KeptRefused { restart: u32 },
+    /// An earlier run's image `restart` that this run never tried to
+    /// restore (its task never reached the agent: Slurm started it without
+    /// its prolog, or ran the prolog only after the task had failed), kept
+    /// because Slurm has requeued the job: a later run restores it.
+    KeptUntried { restart: u32 },
     /// Nothing of the job is kept (it ended, or its checkpoint failed and it
     /// starts over).
     Removed,
@@ -340,8 +346,11 @@ pub enum Cleanup {
 /// For the epilog of `job`'s run `restart`: keep the image this run
 /// completed, if any (the job was checkpointed and is being requeued), and
 /// remove everything else of the job: consumed images, partial dumps, and
-/// the whole directory of a job that ended without a checkpoint.
-pub fn cleanup_after_job(store: &ImageStore, job: u32, restart: u32) -> io::Result<Cleanup> {
+/// the whole directory of a job that ended without a checkpoint. An earlier
+/// run's image this run left untouched (neither restored nor refused) is
+/// kept when `requeued` says Slurm requeued the job, asked only then:
+/// removing it would make the next run start over from the beginning.
+pub fn cleanup_after_job(store: &ImageStore, job: u32, restart: u32, requeued: &dyn Fn() -> bool) -> io::Result<Cleanup> {
     let this_run = store.run_dir(job, restart);
     // A staged image of this run (its copy to this store may be under way)
     // is kept as a complete one is.
@@ -356,8 +365,32 @@ pub fn cleanup_after_job(store: &ImageStore, job: u32, restart: u32) -> io::Resu
             return Ok(Cleanup::KeptRefused { restart: image });
         }
     }
+    if let Some(image) = untried_image(store, job, restart).filter(|_| requeued()) {
+        store.remove_other_runs(job, Some(image))?;
+        return Ok(Cleanup::KeptUntried { restart: image });
+    }
     fsutil::remove_tree_if_present(&store.job_dir(job))?;
     Ok(Cleanup::Removed)
+}
+
+/// The job's newest image, if it is another run's and still restorable:
+/// complete (a manifest) or staged (its copy to this store may be under
+/// way), and not consumed. An older complete image behind a newer consumed
+/// one is stale: none.
+fn untried_image(store: &ImageStore, job: u32, restart: u32) -> Option<u32> {
+    let mut restorable = std::collections::BTreeMap::new();
+    for (run, dir) in runs(&store.job_dir(job)) {
+        match run_state(&dir) {
+            "complete" => restorable.insert(run, true),
+            "consumed" => restorable.insert(run, false),
+            _ => None,
+        };
+    }
+    for (run, _) in store.staged(job) {
+        restorable.entry(run).or_insert(true);
+    }
+    let (&newest, &usable) = restorable.iter().next_back()?;
+    (usable && newest != restart).then_some(newest)
 }
 
 /// For a caller that knows the job ended for good (completed, cancelled,
@@ -634,15 +667,16 @@ mod tests {
         ImageStore::consume(&store.run_dir(7, 1)).unwrap();
         assert_eq!(store.latest(7).map(|(r, _)| r), Some(0));
         assert_eq!(store.latest(8), None);
-        // Run 1's epilog: run 1 made no image (its manifest was consumed): all goes.
-        assert_eq!(cleanup_after_job(&store, 7, 2).unwrap(), Cleanup::Removed);
+        // Run 2's epilog: run 1's image was consumed, run 0's behind it is
+        // stale, run 2 made none: all goes, requeued or not.
+        assert_eq!(cleanup_after_job(&store, 7, 2, &|| true).unwrap(), Cleanup::Removed);
         assert!(!store.job_dir(7).exists());
         // A run that completed an image keeps it alone.
         for r in 0..2 {
             store.prepare_run(9, r).unwrap();
         }
         write(&store.run_dir(9, 1).join(MANIFEST_FILE), 1);
-        assert_eq!(cleanup_after_job(&store, 9, 1).unwrap(), Cleanup::Kept { restart: 1 });
+        assert_eq!(cleanup_after_job(&store, 9, 1, &|| panic!("not asked")).unwrap(), Cleanup::Kept { restart: 1 });
         assert!(store.run_dir(9, 1).exists() && !store.run_dir(9, 0).exists());
         discard_job_images(&store, 9).unwrap();
         discard_job_images(&store, 9).unwrap();
@@ -658,12 +692,53 @@ mod tests {
         // Run 1 was refused (e.g. another driver); it left a partial dir too.
         store.prepare_run(7, 1).unwrap();
         store.mark_refused(7, 1, "the image was taken with NVIDIA driver 570").unwrap();
-        assert_eq!(cleanup_after_job(&store, 7, 1).unwrap(), Cleanup::KeptRefused { restart: 0 });
+        assert_eq!(cleanup_after_job(&store, 7, 1, &|| panic!("not asked")).unwrap(), Cleanup::KeptRefused { restart: 0 });
         assert!(store.run_dir(7, 0).join(MANIFEST_FILE).exists() && !store.run_dir(7, 1).exists());
         assert_eq!(store.latest(7).map(|(r, _)| r), Some(0), "the mark is no run directory");
         // Run 2 tried nothing (e.g. no agent, started afresh) and ended: all goes.
-        assert_eq!(cleanup_after_job(&store, 7, 2).unwrap(), Cleanup::Removed);
+        assert_eq!(cleanup_after_job(&store, 7, 2, &|| false).unwrap(), Cleanup::Removed);
         assert!(!store.job_dir(7).exists());
+    }
+
+    /// The CI's churn, 2026-11-27: Slurm started run 1 of a checkpointed
+    /// job without its prolog and ran the prolog only after the plugin had
+    /// requeued the run; that run's epilog removed run 0's image as a job
+    /// that ended without one, and run 2 started over from the beginning.
+    #[test]
+    fn an_image_a_requeued_run_never_tried_is_kept_and_only_while_slurm_requeued_the_job() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = ImageStore::new(tmp.path());
+        let asked = std::cell::Cell::new(0);
+        let image = |store: &ImageStore| {
+            store.prepare_run(7, 0).unwrap();
+            write(&store.run_dir(7, 0).join(MANIFEST_FILE), 1);
+            // Run 1 left a partial directory (a dump it never finished).
+            store.prepare_run(7, 1).unwrap();
+        };
+        image(&store);
+        let requeued = || {
+            asked.set(asked.get() + 1);
+            true
+        };
+        assert_eq!(cleanup_after_job(&store, 7, 1, &requeued).unwrap(), Cleanup::KeptUntried { restart: 0 });
+        assert_eq!(asked.get(), 1);
+        assert!(store.run_dir(7, 0).join(MANIFEST_FILE).exists() && !store.run_dir(7, 1).exists());
+        assert_eq!(store.latest(7).map(|(r, _)| r), Some(0));
+        // The same run, the job not requeued (cancelled before its task
+        // started): all goes.
+        assert_eq!(cleanup_after_job(&store, 7, 1, &|| false).unwrap(), Cleanup::Removed);
+        assert!(!store.job_dir(7).exists());
+        // Restored (consumed) by run 1: nothing untried, Slurm not asked.
+        image(&store);
+        ImageStore::consume(&store.run_dir(7, 0)).unwrap();
+        assert_eq!(cleanup_after_job(&store, 7, 1, &|| panic!("not asked")).unwrap(), Cleanup::Removed);
+        assert!(!store.job_dir(7).exists());
+        // Staged on another node, its copy here under way (no manifest
+        // yet): kept as well.
+        store.prepare_run(7, 0).unwrap();
+        store.record_staged(7, 0, "n2").unwrap();
+        assert_eq!(cleanup_after_job(&store, 7, 1, &|| true).unwrap(), Cleanup::KeptUntried { restart: 0 });
+        assert!(store.staged_path(7, 0).is_file());
     }
 
     #[test]

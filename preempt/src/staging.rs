@@ -552,12 +552,14 @@ mod tests {
         shared.record_staged(7, 1, "b").unwrap();
         fs::write(shared.copy_failed_path(7, 0), "x\n").unwrap();
         fs::create_dir(shared.copy_dir(7, 0, "a")).unwrap();
-        assert_eq!(super::super::cleanup_after_job(&shared, 7, 1).unwrap(), super::super::Cleanup::Kept { restart: 1 });
+        assert_eq!(super::super::cleanup_after_job(&shared, 7, 1, &|| panic!("not asked")).unwrap(), super::super::Cleanup::Kept { restart: 1 });
         let mut left: Vec<String> = fs::read_dir(shared.job_dir(7)).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
         left.sort();
         assert_eq!(left, ["staged-1"]);
-        // A run that restored it and made no image of its own: all goes.
-        assert_eq!(super::super::cleanup_after_job(&shared, 7, 2).unwrap(), super::super::Cleanup::Removed);
+        // Run 2 restored it (from its staged copy) and made no image of its
+        // own: all goes, even as the job is requeued.
+        settle_restored(&shared, 7, 1, true).unwrap();
+        assert_eq!(super::super::cleanup_after_job(&shared, 7, 2, &|| true).unwrap(), super::super::Cleanup::Removed);
         assert!(!shared.job_dir(7).exists());
     }
 }

@@ -416,6 +416,34 @@ fn a_requeued_run_that_slurm_starts_without_its_prolog_is_requeued_again_and_the
     assert_nothing_stuck(c, job);
 }
 
+/// Slurm 22.05 at times skips the prolog at a requeued run's batch launch
+/// and then runs it anyway, for the prolog request that came after (the
+/// CI's churn, 2026-11-27: run 2 found no image and started over). Here the
+/// harness runs the next prolog 2 s late: the run's task finds no state and
+/// the plugin requeues it; the late prolog starts that run's agent, and
+/// that run's epilog, which waits for it, must keep run 0's image, which
+/// the run never tried to restore, because Slurm requeued the job. A later
+/// run restores it: every step once, the application's exit code, the
+/// image gone at the end.
+#[test]
+fn a_run_whose_prolog_came_after_its_task_keeps_the_image_for_the_next_run() {
+    let Some(c) = c() else { return };
+    let _turn = serial();
+    let (job, _ready) = start_counter(c, job_user(), "lateprolog", 5);
+    c.run_next_prolog_late().unwrap();
+    send_checkpoint_signal(c, job).unwrap();
+    let end = wait_finished(c, job);
+    let out = c.job_output(job);
+    assert!(out.contains(&format!("run 1 of job {job} on this node without its prolog")), "{out}\n{}", c.logs_tail());
+    let hooks = c.hook_log_lines(job).join("\n");
+    assert!(hooks.contains("image of run 0 kept: run 1 never tried to restore it and the job is requeued"), "{hooks}\n{out}");
+    assert!(out.contains("restoring the checkpoint taken in run 0"), "{out}\n{hooks}");
+    assert_eq!(end.get("ExitCode"), format!("{EXIT}:0").as_str(), "{out}");
+    assert_counted_once(&out);
+    assert_images_removed(c, job);
+    assert_nothing_stuck(c, job);
+}
+
 /// The manifest of run 0 is spoiled while the job waits: the requeued run
 /// fails with one line naming why, nothing is restored, and the image is
 /// kept — so that, once the manifest is put back, `scontrol requeue`

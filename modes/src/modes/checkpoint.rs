@@ -105,18 +105,22 @@ fn finish(cfg: &Config, job_id: u32, restart_count: Option<u32>) -> Result<Relea
     });
     let store = ImageStore::new(&cfg.preempt.image_dir);
     let mut parts = vec![if stopped { "agent stopped".to_string() } else { "no agent".to_string() }];
+    let requeued = || requeued_since(cfg, job_id, restart_count.unwrap_or(0));
     if let Some(run) = restart_count {
-        match preempt::cleanup_after_job(&store, job_id, run) {
+        match preempt::cleanup_after_job(&store, job_id, run, &requeued) {
             Ok(Cleanup::Kept { .. }) => parts.push(format!("image of run {run} kept for the requeued job")),
             Ok(Cleanup::KeptRefused { restart }) => {
                 parts.push(format!("image of run {restart} kept: this run's restore of it was refused"))
+            }
+            Ok(Cleanup::KeptUntried { restart }) => {
+                parts.push(format!("image of run {restart} kept: run {run} never tried to restore it and the job is requeued"))
             }
             Ok(Cleanup::Removed) => parts.push("the job's images removed".into()),
             Err(e) => return Err(Failure::node(Fault::CheckpointImages, format!("checkpoint images of job {job_id}: {e}"))),
         }
     }
     if let Some(staging) = Staging::from_config(&cfg.preempt) {
-        parts.extend(tidy_staging(cfg, &store, &staging.local, job_id, restart_count)?);
+        parts.extend(tidy_staging(cfg, &store, &staging.local, job_id, restart_count, &requeued)?);
     }
     match sweep(cfg, &store, SWEEP_QUERIES) {
         Ok(swept) if !swept.is_empty() => parts.push(format!("swept images of jobs {swept:?}")),
@@ -144,12 +148,20 @@ fn finish(cfg: &Config, job_id: u32, restart_count: Option<u32>) -> Result<Relea
 /// staged copy whose run the shared store no longer records (restored
 /// elsewhere, given up, or removed with the job's images) is of no more
 /// use and goes; jobs live on this node are never touched.
-fn tidy_staging(cfg: &Config, shared: &ImageStore, local: &ImageStore, job_id: u32, restart_count: Option<u32>) -> Result<Vec<String>, Failure> {
+fn tidy_staging(
+    cfg: &Config,
+    shared: &ImageStore,
+    local: &ImageStore,
+    job_id: u32,
+    restart_count: Option<u32>,
+    requeued: &dyn Fn() -> bool,
+) -> Result<Vec<String>, Failure> {
     let mut parts = Vec::new();
     if let Some(run) = restart_count {
-        match preempt::cleanup_after_job(local, job_id, run) {
+        match preempt::cleanup_after_job(local, job_id, run, requeued) {
             Ok(Cleanup::Kept { .. }) => parts.push(format!("staged image of run {run} kept")),
             Ok(Cleanup::KeptRefused { restart }) => parts.push(format!("staged image of run {restart} kept: its restore was refused")),
+            Ok(Cleanup::KeptUntried { restart }) => parts.push(format!("staged image of run {restart} kept: never tried, the job is requeued")),
             Ok(Cleanup::Removed) => {}
             Err(e) => return Err(Failure::node(Fault::CheckpointImages, format!("staged checkpoint images of job {job_id}: {e}"))),
         }
@@ -162,6 +174,22 @@ fn tidy_staging(cfg: &Config, shared: &ImageStore, local: &ImageStore, job_id: u
         Err(e) => parts.push(format!("staging sweep failed: {e}")),
     }
     Ok(parts)
+}
+
+/// Whether Slurm has requeued `job_id` since its run `run` started: its
+/// restart count, which Slurm raises at the requeue, is past `run`. Asked
+/// only for an image that run never tried to restore; when Slurm cannot
+/// say, the image stays (the sweep removes it once Slurm has ended the
+/// job): losing it would start the job over from the beginning.
+fn requeued_since(cfg: &Config, job_id: u32, run: u32) -> bool {
+    match crate::drain::Scontrol::new(&cfg.slurm.scontrol).restart_count(job_id) {
+        Ok(Some(count)) => count > run,
+        Ok(None) => false,
+        Err(e) => {
+            crate::log::stderr_line(&format!("gpu-mode: job {job_id}: cannot ask Slurm whether it was requeued ({e}): its image is kept"));
+            true
+        }
+    }
 }
 
 /// The sweep: the image directory's limits, and the images of jobs Slurm
