@@ -116,13 +116,22 @@ impl FullNode {
                 p.push(format!("full node: job {id}: {why}"));
             }
         }
-        p.extend(self.job_problems(c).into_iter().map(|why| format!("full node: checkpoint job {}: {why}\n{}", self.job, c.job_output(self.job))));
+        p.extend(self.job_problems(c).into_iter().map(|why| format!("full node: checkpoint job {}: {why}\n{}", self.job, self.evidence(c))));
         if let Some((id, bait)) = &self.swapped {
             if let Some(why) = swap::judge(&id.to_string(), &c.job_output(*id), bait) {
                 p.push(format!("full node: swapped job {id}: {why}\n{}", c.job_output(*id)));
             }
         }
         p
+    }
+
+    /// The job's output without the application's step lines (the count's
+    /// problem names those), then the product's hook lines for it: what a
+    /// failed CI run keeps of the scene.
+    fn evidence(&self, c: &Cluster) -> String {
+        let out = c.job_output(self.job);
+        let lines: Vec<&str> = out.lines().filter(|l| !l.starts_with("step ")).collect();
+        format!("{}\nhooks:\n{}", lines.join("\n"), c.hook_log_lines(self.job).join("\n"))
     }
 
     /// The swapped job, whose image is kept after its refused restore.
