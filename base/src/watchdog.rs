@@ -81,6 +81,11 @@ where
         match rx.recv_timeout(left.min(Duration::from_millis(50))) {
             Err(RecvTimeoutError::Timeout) if !left.is_zero() => {
                 if let Some(why) = gone() {
+                    // An answer that came meanwhile stands: the process may
+                    // end right after the call returned.
+                    if let Ok(value) = rx.try_recv() {
+                        return Ok(value);
+                    }
                     return Err(DeadlineError::Abandoned { what: what.to_string(), why });
                 }
             }
@@ -224,6 +229,32 @@ mod tests {
         assert_eq!(call_until("quick", Duration::from_secs(5), || None, || 42), Ok(42));
     }
     use std::time::Instant;
+
+    /// The call answers, and only then is the thing found gone (a process
+    /// that ended right after its driver call returned): the answer stands.
+    #[test]
+    fn an_answer_that_came_before_the_end_was_seen_stands() {
+        let (answered_tx, answered) = mpsc::channel::<()>();
+        let calls = std::cell::Cell::new(0);
+        let gone = || {
+            calls.set(calls.get() + 1);
+            // The first look is before the call starts; the next waits until
+            // the call is returning (and its answer is sent a moment after),
+            // then sees the end.
+            (calls.get() > 1).then(|| {
+                let _ = answered.recv_timeout(Duration::from_secs(10));
+                std::thread::sleep(Duration::from_millis(200));
+                "the process ended".to_string()
+            })
+        };
+        let call = move || {
+            // Past the first 50 ms wait, so that `gone` is asked meanwhile.
+            std::thread::sleep(Duration::from_millis(120));
+            let _ = answered_tx.send(());
+            42
+        };
+        assert_eq!(call_until("restore(pid 7)", Duration::from_secs(30), gone, call), Ok(42));
+    }
 
     #[test]
     fn a_fast_call_returns_its_value() {
