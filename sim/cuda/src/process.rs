@@ -212,6 +212,19 @@ impl Context {
     }
 }
 
+/// The runtime's teardown as the program ends (cudart's exit handler
+/// releases its contexts): a driver call, so it waits while the process is
+/// locked or checkpointed, as a real one does. Without it a program dumped
+/// after its last memory call ran on after CRIU's restore and ended during
+/// the driver's restore call (seen in the churn: `DONE count=19`, then
+/// `cuCheckpointProcessRestore(pid P) abandoned: pid P ended during the call`).
+impl Drop for Context {
+    fn drop(&mut self) {
+        let m = self.begin();
+        self.end(m);
+    }
+}
+
 /// A new device-memory file of `bytes` on `gpu`, reserved in NVML first.
 fn device_file(sim: &SimDir, gpu: &str, path: &PathBuf, bytes: u64, pid: i32) -> Result<File, u32> {
     files::shared_dir(&sim.gpu_dir(gpu)).map_err(|_| codes::UNKNOWN)?;
