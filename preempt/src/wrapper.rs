@@ -150,6 +150,13 @@ struct NotRestored {
     movable: bool,
 }
 
+/// Whether `event`, after the wrapper requeued its job, is Slurm ending
+/// the run (its SIGTERM): the checkpoint signal again, USR2, CONT or the
+/// agent's words are not.
+fn ends_the_requeued_run(event: &Event) -> bool {
+    matches!(event, Event::Signal(libc::SIGTERM))
+}
+
 enum Event {
     Signal(i32),
     Agent(Response),
@@ -593,11 +600,18 @@ impl Wrapper<'_> {
     }
 
     /// Waits for Slurm to end the requeued job, reaping what is left.
+    /// Returns at Slurm's SIGTERM, which ends this run for the requeue:
+    /// the tree is gone, and waiting on for the SIGKILL that follows
+    /// KillWait later (30 s by default) only kept the job COMPLETING and the
+    /// preemptor waiting for its node. Other signals are dropped.
     fn linger(&self) {
         let start = Instant::now();
         while start.elapsed() < self.o.linger {
             self.reap();
-            let _ = self.rx.recv_timeout(Duration::from_millis(200));
+            if self.rx.recv_timeout(Duration::from_millis(200)).is_ok_and(|e| ends_the_requeued_run(&e)) {
+                self.reap();
+                return;
+            }
         }
         if !self.o.linger.is_zero() {
             say(&format!("still running {} s after the requeue; exiting", self.o.linger.as_secs()));
@@ -696,6 +710,28 @@ mod tests {
 
     fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
         move |k| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+    }
+
+    /// After its requeue the wrapper waits for Slurm to end the run, and
+    /// ends at Slurm's SIGTERM instead of KillWait later; nothing else ends
+    /// the wait.
+    #[test]
+    fn only_slurms_sigterm_ends_a_requeued_runs_wait() {
+        let rows = [
+            (Event::Signal(libc::SIGTERM), true),
+            (Event::Signal(libc::SIGUSR1), false),
+            (Event::Signal(libc::SIGUSR2), false),
+            (Event::Signal(libc::SIGCONT), false),
+            (Event::Signal(libc::SIGINT), false),
+            (Event::AgentLost("gone".into()), false),
+        ];
+        for (event, ends) in rows {
+            let name = match &event {
+                Event::Signal(s) => crate::signal_name(*s),
+                _ => "agent".into(),
+            };
+            assert_eq!(ends_the_requeued_run(&event), ends, "{name}");
+        }
     }
 
     #[test]
