@@ -12,7 +12,8 @@
 //!   status, which the agent (its parent) reports.
 //! * The checkpoint signal asks the agent to checkpoint; then `scontrol
 //!   requeue` (a script that exits within the grace time may otherwise end
-//!   COMPLETED), then it waits for Slurm to end the job. In a preemption on
+//!   COMPLETED), then it waits for Slurm to end the job (its SIGTERM, not
+//!   the SIGKILL a KillWait later). In a preemption on
 //!   Slurm 24.05 and later it exits instead and Slurm requeues the job
 //!   ([`slurm_requeues_in_grace`]). When the checkpoint
 //!   fails, the application is killed and the job requeued to start over,
