@@ -105,7 +105,9 @@ fn finish(cfg: &Config, job_id: u32, restart_count: Option<u32>) -> Result<Relea
     });
     let store = ImageStore::new(&cfg.preempt.image_dir);
     let mut parts = vec![if stopped { "agent stopped".to_string() } else { "no agent".to_string() }];
-    let requeued = || requeued_since(cfg, job_id, restart_count.unwrap_or(0));
+    // Asked at most once, and only about an image this run never tried.
+    let asked = std::cell::OnceCell::new();
+    let requeued = || *asked.get_or_init(|| restart_count.is_some_and(|run| requeued_since(cfg, job_id, run)));
     if let Some(run) = restart_count {
         match preempt::cleanup_after_job(&store, job_id, run, &requeued) {
             Ok(Cleanup::Kept { .. }) => parts.push(format!("image of run {run} kept for the requeued job")),
@@ -301,5 +303,55 @@ mod tests {
         std::fs::write(&state, "COMPLETED").unwrap();
         let removed = sweep(&cfg, &store, Duration::from_secs(60)).unwrap();
         assert_eq!(removed.len(), 20, "{removed:?}");
+    }
+
+    /// The epilog of a run that never tried the image of run 0 (its task
+    /// never reached the agent) keeps it while Slurm's restart count is past
+    /// the run, and asks Slurm once, for both the shared and the staging
+    /// store; a run Slurm did not requeue loses it.
+    #[test]
+    fn an_untried_image_is_kept_while_slurm_requeued_the_job_and_slurm_is_asked_once() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = Config { runtime_dir: dir.path().join("run"), ..Config::default() };
+        cfg.preempt.image_dir = dir.path().join("images");
+        cfg.preempt.staging_dir = Some(dir.path().join("staging"));
+        cfg.slurm.scontrol = dir.path().join("scontrol");
+        let (count, asked) = (dir.path().join("count"), dir.path().join("asked"));
+        // RestartCnt from a file, every ask logged; the sweep's `%T`: PENDING.
+        let squeue = format!(
+            "#!/bin/sh\ncase \"$*\" in *RestartCnt*) echo x >> {asked}; cat {count};; *) echo PENDING;; esac\n",
+            asked = asked.display(),
+            count = count.display()
+        );
+        std::fs::write(dir.path().join("squeue"), squeue).unwrap();
+        std::fs::set_permissions(dir.path().join("squeue"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let image = |store: &ImageStore| {
+            let run = store.prepare_run(7, 0).unwrap();
+            std::fs::write(run.join(preempt::manifest::MANIFEST_FILE), b"{}").unwrap();
+        };
+        let (shared, local) = (ImageStore::new(&cfg.preempt.image_dir), ImageStore::new(dir.path().join("staging")));
+        let asks = || std::fs::read_to_string(&asked).unwrap_or_default().lines().count();
+        for (restarts, kept) in [("2", true), ("1", false)] {
+            image(&shared);
+            // Staged here, its copy recorded in the shared store.
+            image(&local);
+            shared.record_staged(7, 0, "n1").unwrap();
+            std::fs::write(&count, restarts).unwrap();
+            let before = asks();
+            let detail = finish(&cfg, 7, Some(1)).unwrap().detail.unwrap();
+            assert_eq!(asks() - before, 1, "{detail}");
+            let line = "image of run 0 kept: run 1 never tried to restore it and the job is requeued";
+            assert_eq!(detail.contains(line), kept, "{detail}");
+            assert_eq!(detail.contains("staged image of run 0 kept: never tried, the job is requeued"), kept, "{detail}");
+            assert_eq!(shared.latest(7).is_some(), kept, "{detail}");
+            assert_eq!(local.latest(7).is_some(), kept, "{detail}");
+            let _ = std::fs::remove_dir_all(shared.job_dir(7));
+            let _ = std::fs::remove_dir_all(local.job_dir(7));
+        }
+        // Nothing untried (no image at all): Slurm is not asked.
+        let before = asks();
+        finish(&cfg, 7, Some(1)).unwrap();
+        assert_eq!(asks(), before);
     }
 }
