@@ -680,23 +680,11 @@ fn hook_wrapper(spec: &ClusterSpec, install: &SlurmInstall, name: &str, exe: &Pa
         format!("exec {run}")
     };
     // A test can make slurmd's next prolog do nothing, as Slurm at times
-    // does for a requeued job (core::skipped_prolog): Cluster::skip_next_prolog;
-    // or run it late (Cluster::run_next_prolog_late): the hook returns at
-    // once and runs again 2 s later in a session of its own, and the epilog
-    // waits for it, as slurmd's epilog waits for a prolog still running.
-    let late = format!("{d}/hooks/prolog-late-running");
-    let delay = match name {
-        "prolog" => format!(
-            "if [ -f {d}/hooks/prolog-skip-once ]; then /bin/rm -f {d}/hooks/prolog-skip-once; exit 0; fi\n\
-             if [ -z \"$GPU_MODE_TEST_LATE\" ] && [ -f {d}/hooks/prolog-late-once ]; then\n\
-             /bin/rm -f {d}/hooks/prolog-late-once; : > {late}\n\
-             GPU_MODE_TEST_LATE=1 /usr/bin/setsid \"$0\" \"$@\" < /dev/null > /dev/null 2>&1 &\n\
-             exit 0\nfi\n\
-             if [ -n \"$GPU_MODE_TEST_LATE\" ]; then /bin/sleep 2; {plain}; /bin/rm -f {late}; exit 0; fi\n",
-            plain = format!("{exe} --config {d}/gpu-mode.toml 2>>{d}/log/hooks.log", exe = exe.display()),
-        ),
-        "epilog" => format!("i=0; while [ -e {late} ] && [ $i -lt 300 ]; do /bin/sleep 0.1; i=$((i + 1)); done\n"),
-        _ => String::new(),
+    // does for a requeued job (core::skipped_prolog): Cluster::skip_next_prolog.
+    let delay = if name == "prolog" {
+        format!("if [ -f {d}/hooks/prolog-skip-once ]; then /bin/rm -f {d}/hooks/prolog-skip-once; exit 0; fi\n")
+    } else {
+        String::new()
     };
     format!(
         "#!/bin/sh

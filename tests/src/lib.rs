@@ -267,17 +267,6 @@ impl Cluster {
         Ok(())
     }
 
-    /// Makes slurmd's next prolog on this cluster return at once and run
-    /// gpu-mode-prolog 2 s later, after the job's task has started; the
-    /// next epilog waits for it (as slurmd waits for a running prolog).
-    /// Slurm 22.05 did this to a requeued run under load (the CI's churn,
-    /// 2026-11-27): the cached credential made the batch launch skip the
-    /// prolog, and the prolog request that came after it ran.
-    pub fn run_next_prolog_late(&self) -> Result<()> {
-        std::fs::write(self.dir.join("hooks/prolog-late-once"), "")?;
-        Ok(())
-    }
-
     /// The gpu-mode runtime directory the helpers use.
     pub fn runtime_dir(&self) -> PathBuf {
         self.dir.join("run")
