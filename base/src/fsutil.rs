@@ -184,6 +184,28 @@ pub fn remove_tree_if_present(path: &Path) -> io::Result<()> {
 /// must be a regular file owned by `owner`, and at most `max` bytes are read
 /// (a link to /dev/zero cannot exhaust memory). Audit item H1.
 pub fn read_user_file(base: &Path, rel: &[&str], owner: u32, max: usize) -> io::Result<Vec<u8>> {
+    let (file, _) = open_user_file(base, rel, owner)?;
+    let mut buf = Vec::with_capacity(max);
+    file.take(max as u64).read_to_end(&mut buf)?;
+    Ok(buf)
+}
+
+/// The last `max` bytes of a file the user controls (a log CRIU wrote as
+/// the user), opened as [`read_user_file`] opens one: a symlink, a FIFO, a
+/// device or another owner's file is refused, and a huge file costs `max`.
+/// The first line may be cut.
+pub fn read_user_file_tail(base: &Path, rel: &[&str], owner: u32, max: usize) -> io::Result<Vec<u8>> {
+    use std::io::{Seek, SeekFrom};
+    let (mut file, size) = open_user_file(base, rel, owner)?;
+    file.seek(SeekFrom::Start(size.saturating_sub(max as u64)))?;
+    let mut buf = Vec::with_capacity(max.min(size as usize));
+    file.take(max as u64).read_to_end(&mut buf)?;
+    Ok(buf)
+}
+
+/// `base/rel...` walked with `O_NOFOLLOW` at each level, opened
+/// non-blocking, and only a regular file of `owner`: the file and its size.
+fn open_user_file(base: &Path, rel: &[&str], owner: u32) -> io::Result<(File, u64)> {
     let Some((file, dirs)) = rel.split_last() else { return Err(io::Error::other("no file named")) };
     let mut shown = base.to_path_buf();
     let mut dir = open_dir_nofollow(base)?;
@@ -205,9 +227,7 @@ pub fn read_user_file(base: &Path, rel: &[&str], owner: u32, max: usize) -> io::
     if st.st_uid != owner {
         return Err(io::Error::other(format!("{} is owned by uid {}, expected uid {owner}", shown.display(), st.st_uid)));
     }
-    let mut buf = Vec::with_capacity(max);
-    File::from(fd).take(max as u64).read_to_end(&mut buf)?;
-    Ok(buf)
+    Ok((File::from(fd), st.st_size.max(0) as u64))
 }
 
 #[cfg(test)]
@@ -291,6 +311,28 @@ mod tests {
         assert!(err.contains("not a directory"), "{err}");
         // Another owner is refused.
         let err = read_user_file(d, &["pipe", "pid"], uid + 1, 32).unwrap_err().to_string();
+        assert!(err.contains("expected uid"), "{err}");
+    }
+
+    /// A log CRIU wrote as the user: its end, bounded, through the same
+    /// refusals (security review N1: a planted link to /dev/zero exhausted
+    /// the agent's memory, a FIFO hung it, a link to a root file leaked it).
+    #[test]
+    fn a_user_files_tail_is_its_last_bytes_and_the_same_refusals_hold() {
+        let dir = tempfile::tempdir().unwrap();
+        let (uid, _) = me();
+        let d = dir.path();
+        fs::write(d.join("log"), b"first\nsecond\nlast line\n").unwrap();
+        assert_eq!(read_user_file_tail(d, &["log"], uid, 10).unwrap(), b"last line\n");
+        assert_eq!(read_user_file_tail(d, &["log"], uid, 1 << 20).unwrap(), b"first\nsecond\nlast line\n");
+        std::os::unix::fs::symlink("/dev/zero", d.join("zero")).unwrap();
+        nix::unistd::mkfifo(&d.join("fifo"), Mode::from_bits_truncate(0o600)).unwrap();
+        std::os::unix::fs::symlink("/etc/shadow", d.join("shadow")).unwrap();
+        for (name, needle) in [("zero", "is a symlink"), ("fifo", "not a regular file"), ("shadow", "is a symlink"), ("none", "does not exist")] {
+            let err = read_user_file_tail(d, &[name], uid, 64).unwrap_err().to_string();
+            assert!(err.contains(needle), "{name}: {err}");
+        }
+        let err = read_user_file_tail(d, &["log"], uid + 1, 64).unwrap_err().to_string();
         assert!(err.contains("expected uid"), "{err}");
     }
 
