@@ -75,18 +75,77 @@ pub fn run_as(cmd: &mut Command, who: &Identity) {
 pub const CAP_NET_ADMIN: u32 = 12;
 pub const CAP_CHECKPOINT_RESTORE: u32 = 40;
 
+/// Linux's resource limits by name (RLIMIT_CPU .. RLIMIT_RTTIME, in their
+/// numeric order), as a manifest records them.
+pub const LIMIT_NAMES: [&str; 16] = [
+    "cpu", "fsize", "data", "stack", "core", "rss", "nproc", "nofile", "memlock", "as", "locks", "sigpending", "msgqueue", "nice",
+    "rtprio", "rttime",
+];
+
+/// Hard resource limits by name ([`LIMIT_NAMES`]; `u64::MAX` is unlimited),
+/// for a program run as a user ([`run_as_with_caps`]): a limit not named is
+/// inherited. A dump records its tree's ([`HardLimits::of_processes`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
+pub struct HardLimits(pub BTreeMap<String, u64>);
+
+impl HardLimits {
+    /// The highest hard limit of each resource over `pids`, read from
+    /// `/proc/<pid>/limits` (prlimit(2) would need CAP_SYS_RESOURCE, which
+    /// root lacks in some containers); a process that is gone counts for
+    /// nothing. Empty when none could be read.
+    pub fn of_processes(pids: &[i32]) -> HardLimits {
+        let mut out = BTreeMap::new();
+        for &pid in pids {
+            let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/limits")) else { continue };
+            for (name, max) in parse_limits(&text) {
+                let v = out.entry(name.to_string()).or_insert(0u64);
+                *v = (*v).max(max);
+            }
+        }
+        HardLimits(out)
+    }
+
+    /// Each resource's limit by number, `None` where not named.
+    fn by_resource(&self) -> [Option<libc::rlim_t>; 16] {
+        let mut out = [None; 16];
+        for (i, name) in LIMIT_NAMES.iter().enumerate() {
+            out[i] = self.0.get(*name).map(|v| *v as libc::rlim_t);
+        }
+        out
+    }
+}
+
+/// `/proc/<pid>/limits`: the kernel prints one line per resource in
+/// [`LIMIT_NAMES`]' order after a header, the description in 25 columns,
+/// then the soft and hard limits (`unlimited` or a number) and the unit.
+fn parse_limits(text: &str) -> Vec<(&'static str, u64)> {
+    text.lines()
+        .skip(1)
+        .zip(LIMIT_NAMES)
+        .filter_map(|(line, name)| {
+            let hard = line.get(25..)?.split_whitespace().nth(1)?;
+            let v = if hard == "unlimited" { u64::MAX } else { hard.parse().ok()? };
+            Some((name, v))
+        })
+        .collect()
+}
+
 /// Makes `cmd` run as `who` keeping exactly `caps` (as ambient
 /// capabilities, so they survive the exec of a program without file
 /// capabilities), and nothing else. For CRIU's unprivileged mode: the kernel
 /// checks every file it opens against the user's rights, and the user's own
 /// processes cannot ptrace it (its capabilities are not a subset of theirs).
-/// Hard resource limits are raised first where root may (so CRIU can give
-/// the restored tasks any limit they had); a limit that cannot be raised is
-/// left as it is.
+/// Hard resource limits are set first, while root, to `limits` (the tree's
+/// own, recorded at its dump): CRIU, without CAP_SYS_RESOURCE, can then
+/// give a restored task no limit above what the tree had (security review
+/// N1b: with every limit unlimited, a forged image got RLIMIT_RTPRIO,
+/// MEMLOCK and NPROC raised). RLIMIT_NOFILE alone is raised to the
+/// kernel's bound: CRIU needs descriptors of its own beside the tree's.
 ///
 /// Hand-written: std's `Command::uid` drops every capability, and no crate
 /// keeps ambient capabilities across a uid change between fork and exec.
-pub fn run_as_with_caps(cmd: &mut Command, who: &Identity, caps: &[u32]) {
+pub fn run_as_with_caps(cmd: &mut Command, who: &Identity, caps: &[u32], limits: &HardLimits) {
     #[repr(C)]
     struct Header {
         version: u32,
@@ -105,17 +164,24 @@ pub fn run_as_with_caps(cmd: &mut Command, who: &Identity, caps: &[u32]) {
         mask[(*c / 32) as usize] |= 1 << (c % 32);
     }
     let nr_open: libc::rlim_t = std::fs::read_to_string("/proc/sys/fs/nr_open").ok().and_then(|s| s.trim().parse().ok()).unwrap_or(1 << 20);
+    let mut wanted = limits.by_resource();
+    wanted[libc::RLIMIT_NOFILE as usize] = Some(nr_open);
     // SAFETY: only async-signal-safe system calls on memory prepared before
     // the fork. Order: limits and groups/gid while root; KEEPCAPS so the uid
     // change keeps the permitted set; then exactly `caps`, raised ambient.
     unsafe {
         cmd.pre_exec(move || {
-            // Linux's 16 limits (RLIMIT_CPU .. RLIMIT_RTTIME).
-            for r in 0..16 {
-                let max = if r == libc::RLIMIT_NOFILE { nr_open } else { libc::RLIM_INFINITY };
+            for (r, max) in wanted.iter().enumerate() {
                 let mut cur = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-                if libc::getrlimit(r, &mut cur) == 0 && cur.rlim_max < max {
-                    let _ = libc::setrlimit(r, &libc::rlimit { rlim_cur: cur.rlim_cur, rlim_max: max });
+                let Some(max) = *max else { continue };
+                if libc::getrlimit(r as _, &mut cur) == 0 && cur.rlim_max != max {
+                    let limit = libc::rlimit { rlim_cur: cur.rlim_cur.min(max), rlim_max: max };
+                    // Lowering always works and must; a raise root may not
+                    // make (no CAP_SYS_RESOURCE) leaves the lower limit,
+                    // which can only fail the restore, never widen it.
+                    if libc::setrlimit(r as _, &limit) != 0 && max < cur.rlim_max {
+                        return Err(std::io::Error::last_os_error());
+                    }
                 }
             }
             let fail = || Err(std::io::Error::last_os_error());
@@ -207,7 +273,7 @@ mod tests {
         let nobody = Identity::of_user_or_bare(65534, 65534);
         let mut cmd = Command::new("/bin/cat");
         cmd.arg("/proc/self/status").stdout(Stdio::piped());
-        run_as_with_caps(&mut cmd, &nobody, &[CAP_CHECKPOINT_RESTORE, CAP_NET_ADMIN]);
+        run_as_with_caps(&mut cmd, &nobody, &[CAP_CHECKPOINT_RESTORE, CAP_NET_ADMIN], &HardLimits::default());
         let out = cmd.output().unwrap();
         assert!(out.status.success(), "{out:?}");
         let text = String::from_utf8(out.stdout).unwrap();
@@ -221,9 +287,64 @@ mod tests {
         // None at all: the same call with no capability keeps none.
         let mut cmd = Command::new("/bin/cat");
         cmd.arg("/proc/self/status").stdout(Stdio::piped());
-        run_as_with_caps(&mut cmd, &nobody, &[]);
+        run_as_with_caps(&mut cmd, &nobody, &[], &HardLimits::default());
         let text = String::from_utf8(cmd.output().unwrap().stdout).unwrap();
         assert!(text.lines().any(|l| l == "CapEff:\t0000000000000000"), "{text}");
+    }
+
+    /// The program gets the tree's hard limits, not unlimited ones (N1b):
+    /// a named limit is set (lowered here), one not named is inherited, and
+    /// RLIMIT_NOFILE is the kernel's bound whatever was named.
+    #[test]
+    fn a_program_run_with_caps_gets_the_recorded_hard_limits_and_no_more() {
+        if !gpu_mode_testkit::root_or_skip("it changes uid") {
+            return;
+        }
+        let nobody = Identity::of_user_or_bare(65534, 65534);
+        let limits = HardLimits([("rtprio".to_string(), 0u64), ("memlock".to_string(), 65536), ("nofile".to_string(), 64)].into_iter().collect());
+        let mut cmd = Command::new("/bin/cat");
+        cmd.arg("/proc/self/limits").stdout(Stdio::piped());
+        run_as_with_caps(&mut cmd, &nobody, &[CAP_CHECKPOINT_RESTORE], &limits);
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let text = String::from_utf8(out.stdout).unwrap();
+        let hard = |name: &str| -> String {
+            let line = text.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{name} in {text}"));
+            line[name.len()..].split_whitespace().nth(1).unwrap().to_string()
+        };
+        assert_eq!(hard("Max realtime priority"), "0", "{text}");
+        assert_eq!(hard("Max locked memory"), "65536", "{text}");
+        // The kernel's bound where root may raise it (CAP_SYS_RESOURCE; not
+        // in some containers), else ours: never the 64 named.
+        let nr_open: u64 = std::fs::read_to_string("/proc/sys/fs/nr_open").unwrap().trim().parse().unwrap();
+        let mut mine = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut mine) };
+        let nofile: u64 = hard("Max open files").parse().unwrap();
+        assert!(nofile == nr_open || nofile == mine.rlim_max as u64, "{text}");
+        unsafe { libc::getrlimit(libc::RLIMIT_NPROC, &mut mine) };
+        let inherited = if mine.rlim_max == libc::RLIM_INFINITY { "unlimited".to_string() } else { mine.rlim_max.to_string() };
+        assert_eq!(hard("Max processes"), inherited, "{text}");
+    }
+
+    #[test]
+    fn limits_are_read_as_the_kernel_prints_them() {
+        let text = "Limit                     Soft Limit           Hard Limit           Units     \n\
+Max cpu time              unlimited            unlimited            seconds   \n\
+Max file size             unlimited            4096                 bytes     \n\
+Max data size             garbage\n";
+        assert_eq!(parse_limits(text), [("cpu", u64::MAX), ("fsize", 4096)]);
+        assert!(parse_limits("").is_empty());
+    }
+
+    #[test]
+    fn a_trees_hard_limits_are_the_highest_of_its_processes() {
+        let me = std::process::id() as i32;
+        let limits = HardLimits::of_processes(&[me, i32::MAX]);
+        let mut mine = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut mine) };
+        assert_eq!(limits.0.get("memlock"), Some(&(mine.rlim_max as u64)));
+        assert_eq!(limits.0.len(), 16);
+        assert!(HardLimits::of_processes(&[i32::MAX]).0.is_empty());
     }
 
     #[test]

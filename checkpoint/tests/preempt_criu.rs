@@ -981,6 +981,146 @@ fn a_thief_racing_the_restore_never_gets_a_root_file_the_user_swapped_in() {
     assert!(err.contains("cannot restore job 9113") && err.contains("the image is kept"), "{err}");
 }
 
+/// Every image file of a run directory with its bytes (the manifest and
+/// CRIU's marks aside): what a forger would have to change.
+fn image_bytes(run: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut out: Vec<(String, Vec<u8>)> = std::fs::read_dir(run)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".img"))
+        .map(|e| (e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).unwrap()))
+        .collect();
+    out.sort();
+    out
+}
+
+/// Security review N1, the attack end to end (issue 37). The job holds a
+/// directory open; between the dump and the restore the user swaps it for
+/// a symlink to /proc/self/cwd, so CRIU reopens "the directory" inside the
+/// restored task, whose working directory was CRIU's: the image directory,
+/// before. A thief of the same user outside the job sends the restored
+/// task SIGCONT and takes its descriptor 3 with pidfd_getfd in a loop, and
+/// tries to rewrite every image file it can reach through it (the forged
+/// core image). The task, once it runs, clones a sibling with CLONE_PARENT
+/// (the agent's child, outside the checked tree) that records its
+/// capabilities. It must end with no image file written, no capability
+/// anywhere, and nothing of a refused restore left running.
+#[test]
+fn the_n1_attack_forges_no_image_gains_no_capability_and_leaves_nothing_running() {
+    let Some(n) = node() else { return };
+    let Who::User(user) = n.who else {
+        return gpu_mode_testkit::skipped(&gpu_mode_testkit::this_test(), "the thief must be another process of the job's user");
+    };
+    let job = 9120;
+    let images = n.dir.join("images-n1");
+    let (cfg_path, cfg) = n.config("n1", &images);
+    let (uid, gid) = ids(user);
+    let home = n.user_home("n1");
+    let held = home.join("held");
+    std::fs::create_dir_all(&held).unwrap();
+    std::os::unix::fs::chown(&held, Some(uid), Some(gid)).unwrap();
+    // The mode of CRIU's working directory, which CRIU compares with the image's.
+    chmod(&held, 0o700);
+    let (ready, go) = (home.join("ready"), home.join("go"));
+    // Holds `held` as descriptor 3; once `go` exists, clones one sibling
+    // with CLONE_PARENT that writes "<pid> <CapEff> <CapPrm> <CapAmb>" to
+    // sibling-<pid> every 20 ms for 60 s.
+    let code = "import ctypes,os,sys,time\nlibc=ctypes.CDLL(None,use_errno=True)\n\
+                fd=os.open(sys.argv[2],os.O_RDONLY|os.O_DIRECTORY)\nos.dup2(fd,3)\nopen(sys.argv[1],'w').write(str(os.getpid()))\n\
+                done=False\nwhile True:\n    time.sleep(0.002)\n    if done or not os.path.exists(sys.argv[3]): continue\n    done=True\n\
+                \x20   if libc.syscall(56,0x8000|17,0,0,0,0)!=0: continue\n    me=os.getpid()\n    end=time.time()+60\n\
+                \x20   while time.time()<end:\n        st=open('/proc/self/status').read().split('\\n')\n\
+                \x20       caps=[l.split()[1] for l in st if l.split(':')[0] in ('CapEff','CapPrm','CapAmb')]\n\
+                \x20       open(sys.argv[4]+'/sibling-%d'%me,'a').write('%d %s\\n'%(me,' '.join(caps)))\n        time.sleep(0.02)\n    os._exit(0)\n";
+    let (ready_s, held_s, go_s, home_s) = (ready.display().to_string(), held.display().to_string(), go.display().to_string(), home.display().to_string());
+    let app = ["/usr/bin/python3", "-c", code, ready_s.as_str(), held_s.as_str(), go_s.as_str(), home_s.as_str()];
+    let out = n.dir.join("n1.out");
+    n.agent((&cfg_path, &cfg), job, 0, 0);
+    let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 0, cgroup: None, out: &out }, &app);
+    wait_for("the application", Duration::from_secs(20), || read(&ready).trim().parse::<i32>().is_ok_and(|p| holds(p, &held)));
+    let app_pid: i32 = read(&ready).trim().parse().unwrap();
+    signal(&w, libc::SIGUSR1);
+    assert_eq!(exit_code(&mut w, Duration::from_secs(60)), 0, "{}", read(&out.with_extension("err")));
+    stop_agent(&cfg, job, Duration::from_secs(10)).unwrap();
+    let run = ImageStore::new(&images).run_dir(job, 0);
+    assert!(run.join(MANIFEST_FILE).exists(), "{}", read(&out.with_extension("err")));
+    let sealed = image_bytes(&run);
+    // The user's moves: the directory becomes a link to /proc/self/cwd.
+    std::fs::rename(&held, home.join("held-away")).unwrap();
+    std::os::unix::fs::symlink("/proc/self/cwd", &held).unwrap();
+    std::os::unix::fs::lchown(&held, Some(uid), Some(gid)).unwrap();
+    std::fs::write(&go, b"").unwrap();
+    std::os::unix::fs::chown(&go, Some(uid), Some(gid)).unwrap();
+    // The thief, as the user outside the job, until `stop` exists (60 s at
+    // most): it waits until CRIU has let go of the restored task (stopped,
+    // no tracer: the agent's checks are next), then strikes. Its counts and
+    // every path it got a descriptor of, as JSON.
+    let stop = home.join("stop");
+    let thief_code = "import ctypes,json,os,signal,sys,time\nlibc=ctypes.CDLL(None,use_errno=True)\npid=int(sys.argv[1])\n\
+                      c={'sigcont':0,'getfd_tries':0,'getfd_ok':0,'writes':0,'write_refusals':0,'paths':[]}\nend=time.time()+60\n\
+                      def held():\n    try:\n        st=open('/proc/%d/status'%pid).read()\n    except OSError:\n        return False\n\
+                      \x20   return '\\nTracerPid:\\t0\\n' in st and '\\nState:\\tT' in st\n\
+                      while time.time()<end and not os.path.exists(sys.argv[2]) and not held(): time.sleep(0.0005)\n\
+                      while time.time()<end and not os.path.exists(sys.argv[2]):\n    try:\n        os.kill(pid,signal.SIGCONT)\n\
+                      \x20       c['sigcont']+=1\n        p=os.pidfd_open(pid)\n    except OSError:\n        continue\n\
+                      \x20   c['getfd_tries']+=1\n    fd=libc.syscall(438,p,3,0)\n    os.close(p)\n    if fd<0: continue\n\
+                      \x20   c['getfd_ok']+=1\n    path=os.readlink('/proc/self/fd/%d'%fd)\n\
+                      \x20   if path not in c['paths']: c['paths'].append(path)\n    try:\n        names=os.listdir(fd)\n\
+                      \x20   except OSError:\n        names=[]\n    for name in names:\n        if not name.endswith('.img'): continue\n\
+                      \x20       try:\n            w=os.open(name,os.O_WRONLY|os.O_APPEND,dir_fd=fd)\n            os.write(w,b'forged')\n\
+                      \x20           os.close(w)\n            c['writes']+=1\n        except OSError:\n            c['write_refusals']+=1\n\
+                      \x20   os.close(fd)\nprint(json.dumps(c),flush=True)\n";
+    let mut thief = Command::new("/usr/bin/python3");
+    thief.args(["-c", thief_code, &app_pid.to_string(), &stop.display().to_string()]).stdout(Stdio::piped()).stderr(Stdio::null());
+    gpu_mode_core::privdrop::run_as(&mut thief, &gpu_mode_core::privdrop::Identity::of_user(uid, gid).unwrap());
+    let thief = thief.spawn().unwrap();
+
+    n.agent((&cfg_path, &cfg), job, 1, 0);
+    let rout = n.dir.join("n1-restore.out");
+    let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 1, cgroup: None, out: &rout }, &app);
+    let err_of = || read(&rout.with_extension("err"));
+    wait_for("the restore to end", Duration::from_secs(60), || matches!(w.try_wait(), Ok(Some(_))) || err_of().contains("restored (pid"));
+    // The thief keeps at it a moment after, while a restored task would run.
+    std::thread::sleep(Duration::from_millis(500));
+    std::fs::write(&stop, b"").unwrap();
+    let report = String::from_utf8_lossy(&thief.wait_with_output().unwrap().stdout).into_owned();
+    let refused = matches!(w.try_wait(), Ok(Some(_)));
+    let siblings: Vec<String> = std::fs::read_dir(&home)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("sibling-"))
+        .map(|e| read(&e.path()))
+        .collect();
+    let sibling_pids: Vec<i32> = siblings.iter().filter_map(|t| t.split_whitespace().next()?.parse().ok()).collect();
+    let still_running = |pid: i32| gpu_mode_core::procfs::read(pid).is_some_and(|p| !matches!(p.state, 'Z' | 'X'));
+    let left: Vec<i32> = sibling_pids.iter().copied().filter(|p| still_running(*p)).collect();
+    // Whatever happened, everything of the job goes now.
+    for pid in sibling_pids.iter().chain([&app_pid]) {
+        unsafe { libc::kill(*pid, libc::SIGKILL) };
+    }
+    let _ = exit_code(&mut w, Duration::from_secs(30));
+    stop_agent(&cfg, job, Duration::from_secs(10)).unwrap();
+    let counts: serde_json::Value = serde_json::from_str(report.trim()).unwrap_or_else(|e| panic!("the thief's report {report:?}: {e}"));
+    let count = |k: &str| counts[k].as_u64().unwrap_or(0);
+    // The thief acted: the test fails when it never ran.
+    assert!(count("sigcont") > 0 && count("getfd_tries") > 0, "the thief never acted: {counts}");
+    assert_eq!(count("writes"), 0, "the thief wrote an image file: {counts}");
+    let run_shown = run.display().to_string();
+    let paths: Vec<&str> = counts["paths"].as_array().unwrap().iter().filter_map(|p| p.as_str()).collect();
+    assert!(!paths.iter().any(|p| p.starts_with(&run_shown)), "the thief held the image directory: {paths:?}");
+    assert_eq!(image_bytes(&run), sealed, "an image file changed after its seal");
+    for record in siblings.iter().flat_map(|t| t.lines()) {
+        let caps: Vec<&str> = record.split_whitespace().skip(1).collect();
+        assert!(caps.iter().all(|c| u64::from_str_radix(c, 16) == Ok(0)), "a sibling ran with capabilities: {record}");
+    }
+    let err = err_of();
+    if refused {
+        assert!(left.is_empty(), "a refused restore left the sibling(s) {left:?} running: {err}");
+        assert!(err.contains("cannot restore job 9120") && err.contains("the image is kept"), "{err}");
+    }
+    eprintln!("n1: restore {}; thief {counts}; siblings {sibling_pids:?}", if refused { "refused" } else { "ran" });
+}
+
 /// Whether `program` runs mapped below 0x10000000, where /proc/<pid>/maps
 /// pads addresses to 8 digits and map_files does not (not PIE).
 fn mapped_low(program: &Path) -> bool {

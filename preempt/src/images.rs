@@ -1,8 +1,20 @@
 //! The image directory: `<image_dir>/<job>/<restart count>/`, root-only
-//! (directories 0700, files 0600: images hold the whole memory of a user's
-//! processes). A run directory is made fresh for each dump; its manifest is
-//! written last, after every file is fsynced, so a directory without one is
-//! a failed or interrupted dump and is never restored.
+//! (directories 0700: images hold the whole memory of a user's processes).
+//! A run directory is made fresh for each dump; its manifest is written
+//! last, after every file is fsynced, so a directory without one is a failed
+//! or interrupted dump and is never restored.
+//!
+//! Nothing CRIU reads is ever the user's (security review N1). CRIU runs as
+//! the job's user: at the dump the run directory is lent to the user for
+//! CRIU to write ([`ImageStore::lend`]); the seal then takes every file
+//! back (root's, 0644) and proves that no open file description can still
+//! write it ([`take_file`]). At a restore nothing is lent: the run directory
+//! stays root's (0755 for the CRIU run only, [`ImageStore::open_for_restore`])
+//! and CRIU reads root's files through the directory's inherited descriptor;
+//! the 0700 directories above keep every other path out. What CRIU writes
+//! (its log, the restored root's pid, its caches) goes to a separate, empty
+//! work directory lent to the user ([`ImageStore::prepare_work`]), which
+//! root reads back only through bounded, `O_NOFOLLOW`, owner-checked reads.
 //!
 //! Retention: the epilog calls [`cleanup_after_job`] (keep only an image this
 //! run completed, which its requeued run will restore, one whose restore it
@@ -18,6 +30,13 @@ use std::time::{Duration, SystemTime};
 
 /// Files sealed at once (the pages images are few and large, the rest small).
 const SEAL_THREADS: usize = 8;
+
+/// A sealed image file: root's, readable by CRIU as the job's user through
+/// the run directory's descriptor (module docs), writable by no one else.
+const IMAGE_MODE: u32 = 0o644;
+/// A run directory while CRIU restores from it: CRIU, as the user, must
+/// open and search it. Its parents stay 0700, so only that descriptor reaches it.
+const RESTORING_DIR_MODE: u32 = 0o755;
 
 #[derive(Debug, Clone)]
 pub struct ImageStore {
@@ -37,15 +56,20 @@ fn fchown_fd(fd: &std::os::fd::OwnedFd, uid: u32, gid: u32) -> io::Result<()> {
     Ok(())
 }
 
-/// A run directory lent to the job's user ([`ImageStore::lend`]).
+/// A directory opened to the job's user for one CRIU run, held by its
+/// descriptor, and closed to them again when given back or dropped: lent
+/// (theirs, [`ImageStore::lend`]) or opened to reads (root's, 0755,
+/// [`ImageStore::open_for_restore`]).
 pub struct Lent {
     dir: Option<std::os::fd::OwnedFd>,
     path: PathBuf,
+    /// Opened to reads rather than lent: closing sets the mode back to 0700.
+    read_only: bool,
 }
 
 impl Lent {
-    /// The directory is root's again; an error says it could not be taken
-    /// back (the caller must then not trust it).
+    /// The directory is root's and root-only again; an error says it could
+    /// not be taken back (the caller must then not trust it).
     pub fn give_back(mut self) -> io::Result<()> {
         self.take_back()
     }
@@ -53,7 +77,8 @@ impl Lent {
     fn take_back(&mut self) -> io::Result<()> {
         let Some(dir) = self.dir.take() else { return Ok(()) };
         let (uid, gid) = me();
-        fchown_fd(&dir, uid, gid).map_err(|e| io::Error::new(e.kind(), format!("cannot take {} back: {e}", self.path.display())))
+        let done = if self.read_only { fchmod_fd(&dir, 0o700) } else { fchown_fd(&dir, uid, gid) };
+        done.map_err(|e| io::Error::new(e.kind(), format!("cannot take {} back: {e}", self.path.display())))
     }
 }
 
@@ -61,6 +86,98 @@ impl Drop for Lent {
     fn drop(&mut self) {
         let _ = self.take_back();
     }
+}
+
+fn fchmod_fd(fd: &std::os::fd::OwnedFd, mode: u32) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: fchmod on a descriptor we own.
+    if unsafe { libc::fchmod(fd.as_raw_fd(), mode) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// An image file opened for reading through its directory's descriptor,
+/// never following a link, never blocking on a FIFO.
+fn open_image_file(dir: &std::os::fd::OwnedFd, name: &str) -> io::Result<fs::File> {
+    use nix::fcntl::{openat, OFlag};
+    let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC | OFlag::O_NOCTTY;
+    let fd = openat(dir, name, flags, nix::sys::stat::Mode::empty()).map_err(io::Error::from)?;
+    Ok(fs::File::from(fd))
+}
+
+/// What [`take_file`] could prove.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Took {
+    /// No open file description can write the file.
+    Proven,
+    /// This file system grants no leases (NFS, `fs.leases-enable = 0`):
+    /// nothing proven; the caller copies the file into a fresh inode.
+    Unproven,
+}
+
+/// Makes `file` root's and 0644, then proves that no open file description
+/// can write it. After the chown and chmod only root can open it for
+/// writing, so what remains to rule out are descriptions opened before:
+/// a descriptor of CRIU's the user got hold of, a shared writable mapping,
+/// one in flight in a unix socket. The kernel grants a read lease only
+/// while no description of the file is open for writing (fcntl(2),
+/// F_SETLEASE), so a granted lease, dropped at once, is that proof. Readers
+/// are no threat: a read-only description cannot be made writable (a
+/// reopen through /proc checks the mode again). Hand-written: no crate
+/// wraps leases.
+fn take_file(file: &fs::File, shown: &Path) -> io::Result<Took> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::PermissionsExt;
+    let (uid, gid) = me();
+    let fd = file.as_raw_fd();
+    // SAFETY: fchown on a descriptor we own.
+    if unsafe { libc::fchown(fd, uid, gid) } != 0 {
+        return Err(ctx(shown, io::Error::last_os_error()));
+    }
+    file.set_permissions(fs::Permissions::from_mode(IMAGE_MODE)).map_err(|e| ctx(shown, e))?;
+    // A writer seen is asked about again for a moment: a child this
+    // multithreaded process forks holds copies of its descriptors until
+    // its exec (close-on-exec closes them only then).
+    for _ in 0..LEASE_TRIES {
+        // SAFETY: fcntl on a descriptor we own; the lease, if granted, is
+        // released on the next line.
+        if unsafe { libc::fcntl(fd, libc::F_SETLEASE, libc::F_RDLCK) } == 0 {
+            unsafe { libc::fcntl(fd, libc::F_SETLEASE, libc::F_UNLCK) };
+            return Ok(Took::Proven);
+        }
+        match io::Error::last_os_error().raw_os_error() {
+            Some(libc::EAGAIN) | Some(libc::EBUSY) => std::thread::sleep(std::time::Duration::from_millis(5)),
+            _ => return Ok(Took::Unproven),
+        }
+    }
+    Err(io::Error::other(format!(
+        "{} is still open for writing by another process (a descriptor of CRIU's taken by someone?): refused",
+        shown.display()
+    )))
+}
+
+/// How often [`take_file`] asks for its lease (5 ms apart) before a
+/// writer it sees is taken for one that stays.
+const LEASE_TRIES: u32 = 40;
+
+/// Replaces `name` by a copy in a fresh inode, root's and 0644: a
+/// description of the old inode, if one was open for writing, then writes
+/// to a file no longer in the image.
+fn copy_to_fresh_inode(dir: &std::os::fd::OwnedFd, name: &str, from: &fs::File) -> io::Result<()> {
+    use nix::fcntl::{openat, renameat, OFlag};
+    use std::os::unix::fs::PermissionsExt;
+    let fresh = format!("{name}.fresh");
+    let _ = nix::unistd::unlinkat(dir, fresh.as_str(), nix::unistd::UnlinkatFlags::NoRemoveDir);
+    let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let fd = openat(dir, fresh.as_str(), flags, nix::sys::stat::Mode::from_bits_truncate(0o600)).map_err(io::Error::from)?;
+    let mut out = fs::File::from(fd);
+    let mut src = from.try_clone()?;
+    std::io::Seek::seek(&mut src, std::io::SeekFrom::Start(0))?;
+    io::copy(&mut src, &mut out)?;
+    out.set_permissions(fs::Permissions::from_mode(IMAGE_MODE))?;
+    out.sync_all()?;
+    renameat(dir, fresh.as_str(), dir, name).map_err(io::Error::from)
 }
 
 /// An error with the path it is about.
@@ -113,28 +230,50 @@ impl ImageStore {
     pub fn lend(run: &Path, uid: u32, gid: u32) -> io::Result<Lent> {
         let dir = fsutil::open_dir_nofollow(run)?;
         fchown_fd(&dir, uid, gid).map_err(|e| io::Error::new(e.kind(), format!("cannot lend {} to uid {uid}: {e}", run.display())))?;
-        Ok(Lent { dir: Some(dir), path: run.to_path_buf() })
+        Ok(Lent { dir: Some(dir), path: run.to_path_buf(), read_only: false })
     }
 
-    /// Before a restore: the image files named in the manifest become the
-    /// user's (CRIU reads them as the user). Images dumped by root (older
-    /// versions) need it; for the rest it changes nothing. The directory is
-    /// root's here, so no name can have been swapped; links are not followed.
-    pub fn hand_files_to(run: &Path, names: &[&str], uid: u32, gid: u32) -> io::Result<()> {
+    /// Before a restore's checks: the run directory (root's) and every
+    /// image file the manifest names, made root's and read-only for others
+    /// ([`take_file`]: files of images dumped before the seal took them back
+    /// were the user's), then the directory opened to CRIU's reads for the
+    /// loan's life. Checksums are verified after this, so what they vouch
+    /// for is what CRIU reads: nobody but root can change it any more.
+    pub fn open_for_restore(run: &Path, names: &[&str], user: u32) -> io::Result<Lent> {
+        use std::os::unix::fs::MetadataExt;
         let dir = fsutil::open_dir_nofollow(run)?;
-        for name in names {
-            nix::unistd::fchownat(&dir, *name, Some(uid.into()), Some(gid.into()), nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
-                .map_err(|e| io::Error::other(format!("cannot hand {} to uid {uid}: {}", run.join(name).display(), e.desc())))?;
+        let st = nix::sys::stat::fstat(&dir).map_err(|e| ctx(run, e.into()))?;
+        if st.st_uid != me().0 {
+            return Err(io::Error::other(format!("{} is owned by uid {}, not root: refused", run.display(), st.st_uid)));
         }
-        Ok(())
+        for name in names {
+            let shown = run.join(name);
+            let file = open_image_file(&dir, name).map_err(|e| ctx(&shown, e))?;
+            let meta = file.metadata()?;
+            if !meta.is_file() || meta.nlink() != 1 || (meta.uid() != me().0 && meta.uid() != user) {
+                let what = format!("a file with {} links owned by uid {}", meta.nlink(), meta.uid());
+                return Err(io::Error::other(format!("{} is not a sealed image file ({what})", shown.display())));
+            }
+            let was_users = meta.uid() != me().0;
+            match take_file(&file, &shown)? {
+                Took::Proven => {}
+                // Root's since its seal, which proved (or copied) it.
+                Took::Unproven if !was_users => {}
+                Took::Unproven => copy_to_fresh_inode(&dir, name, &file).map_err(|e| ctx(&shown, e))?,
+            }
+        }
+        fchmod_fd(&dir, RESTORING_DIR_MODE).map_err(|e| ctx(run, e))?;
+        Ok(Lent { dir: Some(dir), path: run.to_path_buf(), read_only: true })
     }
 
-    /// Makes every file of a finished dump durable and private (0600) and
+    /// Makes every file of a finished dump root's again, read-only for
+    /// others, proven free of writers ([`take_file`]), durable, and
     /// describes it (size, checksum) for the manifest. Anything but a plain
     /// file with one link, owned by root or by the job's user `user` (CRIU
     /// writes as the user), is an error: CRIU writes only such files there.
+    /// A file another process can still write (a descriptor the user got
+    /// hold of) is an error too: the image is dropped, never sealed.
     pub fn seal(run: &Path, user: u32) -> io::Result<Vec<ImageFile>> {
-        use std::os::unix::fs::PermissionsExt;
         let dir_fd = fsutil::open_dir_nofollow(run)?;
         let mut names: Vec<String> = Vec::new();
         for entry in fs::read_dir(run)? {
@@ -151,20 +290,39 @@ impl ImageStore {
         // disk and the file system's journal take concurrent fsyncs in one
         // go, where one after the other each waits for its own commit.
         let seal_one = |name: &String| -> io::Result<ImageFile> {
-            let f = fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(run.join(name))?;
+            let shown = run.join(name);
+            let f = open_image_file(&dir_fd, name).map_err(|e| ctx(&shown, e))?;
             let meta = f.metadata()?;
             use std::os::unix::fs::MetadataExt;
             if !meta.is_file() || meta.nlink() != 1 || (meta.uid() != me().0 && meta.uid() != user) {
                 let what = format!("a file with {} links owned by uid {}", meta.nlink(), meta.uid());
-                return Err(io::Error::other(format!("{} is not what CRIU writes ({what})", run.join(name).display())));
+                return Err(io::Error::other(format!("{} is not what CRIU writes ({what})", shown.display())));
             }
-            f.set_permissions(fs::Permissions::from_mode(0o600))?;
+            if take_file(&f, &shown)? == Took::Unproven {
+                copy_to_fresh_inode(&dir_fd, name, &f).map_err(|e| ctx(&shown, e))?;
+            }
             f.sync_all()?;
             describe_file(&dir_fd, name)
         };
         let out = crate::parallel_map(&names, SEAL_THREADS, seal_one).into_iter().collect::<io::Result<Vec<_>>>()?;
         fsync_dir(run)?;
         Ok(out)
+    }
+
+    /// A fresh, empty work directory for one CRIU run on `run`'s image
+    /// (`<job dir>/.criu-<run>-<verb>`, beside it: never inside the sealed
+    /// set), root's and 0700, to be lent to the job's user
+    /// ([`ImageStore::lend`]) for CRIU's log, pid file and caches. An
+    /// earlier one of the same run and verb (its log) is replaced.
+    pub fn prepare_work(run: &Path, verb: &str) -> io::Result<PathBuf> {
+        let (uid, gid) = me();
+        let (Some(job_dir), Some(r)) = (run.parent(), run.file_name().and_then(|n| n.to_str())) else {
+            return Err(io::Error::other(format!("{} is no run directory", run.display())));
+        };
+        let work = job_dir.join(format!("{WORK_PREFIX}{r}-{verb}"));
+        fsutil::remove_tree_if_present(&work).map_err(|e| ctx(&work, e))?;
+        fsutil::ensure_private_dir(&work, uid, gid, 0o700).map_err(|e| ctx(&work, e))?;
+        Ok(work)
     }
 
     /// After the manifest: the run directory's own entry (and the job's) are
@@ -297,21 +455,23 @@ impl ImageStore {
     }
 }
 
-/// The run a staging record of a job directory is about (`staged-<run>`,
-/// `copy-failed-<run>`, `.copy-<run>-<node>`).
+/// The run a record of a job directory is about (`staged-<run>`,
+/// `copy-failed-<run>`, `.copy-<run>-<node>`, a work directory `.criu-<run>-<verb>`).
 fn staging_record_run(name: &str) -> Option<u32> {
     let digits = name
         .strip_prefix(STAGED_PREFIX)
         .or_else(|| name.strip_prefix(COPY_FAILED_PREFIX))
-        .or_else(|| name.strip_prefix(COPY_PREFIX).map(|r| r.split('-').next().unwrap_or_default()))?;
+        .or_else(|| name.strip_prefix(COPY_PREFIX).map(|r| r.split('-').next().unwrap_or_default()))
+        .or_else(|| name.strip_prefix(WORK_PREFIX).map(|r| r.split('-').next().unwrap_or_default()))?;
     digits.parse().ok()
 }
 
 const STAGED_PREFIX: &str = "staged-";
 const COPY_FAILED_PREFIX: &str = "copy-failed-";
 const COPY_PREFIX: &str = ".copy-";
-
-use std::os::unix::fs::OpenOptionsExt;
+/// `<job dir>/.criu-<run>-<verb>`: a CRIU run's work directory
+/// ([`ImageStore::prepare_work`]); its name is no run number either.
+const WORK_PREFIX: &str = ".criu-";
 
 /// The run directories of a job directory, by restart count.
 fn runs(job_dir: &Path) -> Vec<(u32, PathBuf)> {
@@ -511,6 +671,15 @@ mod tests {
         fs::write(p, vec![1u8; bytes]).unwrap();
     }
 
+    /// Run 0 of job 7 in a store under `base`, holding core-1.img and
+    /// pages-1.img (10 bytes each), root's.
+    fn two_image_run(base: &Path) -> PathBuf {
+        let run = ImageStore::new(base.join("images")).prepare_run(7, 0).unwrap();
+        write(&run.join("core-1.img"), 10);
+        write(&run.join("pages-1.img"), 10);
+        run
+    }
+
     #[test]
     fn runs_are_fresh_private_and_sealed() {
         let tmp = tempfile::tempdir().unwrap();
@@ -523,7 +692,7 @@ mod tests {
         for p in [store.root.clone(), store.job_dir(7), run.clone()] {
             assert_eq!(fs::metadata(&p).unwrap().mode() & 0o7777, 0o700, "{}", p.display());
         }
-        assert_eq!(fs::metadata(run.join("core-1.img")).unwrap().mode() & 0o777, 0o600);
+        assert_eq!(fs::metadata(run.join("core-1.img")).unwrap().mode() & 0o777, 0o644);
         // A second attempt of the same run starts empty.
         let again = store.prepare_run(7, 0).unwrap();
         assert_eq!(fs::read_dir(&again).unwrap().count(), 0);
@@ -540,10 +709,7 @@ mod tests {
             return;
         }
         let tmp = tempfile::tempdir().unwrap();
-        let store = ImageStore::new(tmp.path().join("images"));
-        let run = store.prepare_run(7, 0).unwrap();
-        write(&run.join("core-1.img"), 10);
-        write(&run.join("pages-1.img"), 10);
+        let run = two_image_run(tmp.path());
         std::os::unix::fs::chown(run.join("pages-1.img"), Some(1001), Some(1001)).unwrap();
         assert_eq!(ImageStore::seal(&run, 1001).unwrap().len(), 2);
         std::os::unix::fs::chown(run.join("pages-1.img"), Some(1002), Some(1002)).unwrap();
@@ -577,11 +743,116 @@ mod tests {
         assert_eq!(owner(&run), 0);
         drop(ImageStore::lend(&run, 65534, 65534).unwrap());
         assert_eq!(owner(&run), 0, "a dropped loan is taken back");
-        ImageStore::hand_files_to(&run, &["core-1.img"], 65534, 65534).unwrap();
-        assert_eq!(owner(&run.join("core-1.img")), 65534);
+    }
+
+    /// N1: the seal takes every file CRIU wrote as the user back (root's,
+    /// 0644) and refuses a file some description can still write: the
+    /// user's way to rewrite an image after its checks is gone. A reader
+    /// is no threat and passes.
+    #[test]
+    fn the_seal_takes_every_file_back_and_refuses_one_still_open_for_writing() {
+        if !gpu_mode_testkit::root_or_skip("it chowns files") {
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let run = two_image_run(tmp.path());
+        for f in ["core-1.img", "pages-1.img"] {
+            std::os::unix::fs::chown(run.join(f), Some(1001), Some(1001)).unwrap();
+        }
+        let reader = fs::File::open(run.join("pages-1.img")).unwrap();
+        ImageStore::seal(&run, 1001).unwrap();
+        for f in ["core-1.img", "pages-1.img"] {
+            let meta = fs::metadata(run.join(f)).unwrap();
+            assert_eq!((meta.uid(), meta.gid(), meta.mode() & 0o7777), (0, 0, 0o644), "{f}");
+        }
+        drop(reader);
+        // A description open for writing since before the seal (what a
+        // descriptor of CRIU's taken by the user would be).
+        std::os::unix::fs::chown(run.join("core-1.img"), Some(1001), Some(1001)).unwrap();
+        let writer = fs::OpenOptions::new().append(true).open(run.join("core-1.img")).unwrap();
+        let err = ImageStore::seal(&run, 1001).unwrap_err().to_string();
+        assert!(err.contains("core-1.img is still open for writing by another process"), "{err}");
+        drop(writer);
+        ImageStore::seal(&run, 1001).unwrap();
+    }
+
+    /// N1: a restore lends nothing. The run directory stays root's (0755
+    /// while CRIU reads it, 0700 after), the files root's and 0644 (an older
+    /// image's user-owned files are taken), and the user, even holding the
+    /// directory's descriptor as CRIU does, can read them and change none.
+    #[test]
+    fn a_restore_reads_root_files_that_the_user_cannot_change() {
+        if !gpu_mode_testkit::root_or_skip("the reader runs as nobody") {
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let run = two_image_run(tmp.path());
+        // An image sealed by an older version: the user's files.
+        std::os::unix::fs::chown(run.join("core-1.img"), Some(65534), Some(65534)).unwrap();
+        let mode = |p: &Path| fs::metadata(p).unwrap().mode() & 0o7777;
+        let opened = ImageStore::open_for_restore(&run, &["core-1.img", "pages-1.img"], 65534).unwrap();
+        assert_eq!(mode(&run), 0o755);
+        for f in ["core-1.img", "pages-1.img"] {
+            let meta = fs::metadata(run.join(f)).unwrap();
+            assert_eq!((meta.uid(), meta.mode() & 0o7777), (0, 0o644), "{f}");
+        }
+        let dir = fsutil::open_dir_nofollow(&run).unwrap();
+        let (wrote, err) = as_nobody_with_dir(&dir, "/usr/bin/tee", &["-a", "core-1.img"]);
+        assert!(!wrote && err.contains("Permission denied"), "nobody wrote an image through the directory's descriptor: {err}");
+        let (read, err) = as_nobody_with_dir(&dir, "/bin/cat", &["core-1.img"]);
+        assert!(read, "CRIU as the user could not read: {err}");
+        opened.give_back().unwrap();
+        assert_eq!(mode(&run), 0o700);
+        // A file some description can still write is refused; a link or
+        // another user's file too.
+        let writer = fs::OpenOptions::new().append(true).open(run.join("pages-1.img")).unwrap();
+        let err = ImageStore::open_for_restore(&run, &["pages-1.img"], 65534).err().unwrap().to_string();
+        assert!(err.contains("pages-1.img is still open for writing"), "{err}");
+        drop(writer);
         std::os::unix::fs::symlink("/etc/passwd", run.join("link.img")).unwrap();
-        ImageStore::hand_files_to(&run, &["link.img"], 65534, 65534).unwrap();
-        assert_eq!(owner(Path::new("/etc/passwd")), 0, "a link is not followed");
+        assert!(ImageStore::open_for_restore(&run, &["link.img"], 65534).is_err());
+        assert_eq!(fs::metadata("/etc/passwd").unwrap().uid(), 0);
+        std::os::unix::fs::chown(run.join("pages-1.img"), Some(1002), Some(1002)).unwrap();
+        let err = ImageStore::open_for_restore(&run, &["pages-1.img"], 65534).err().unwrap().to_string();
+        assert!(err.contains("not a sealed image file") && err.contains("owned by uid 1002"), "{err}");
+        assert_eq!(mode(&run), 0o700, "a refused restore leaves the directory closed");
+    }
+
+    /// The work directory: fresh, root's until lent, beside the run (never
+    /// in the sealed set), replaced per run and verb, and gone with the
+    /// other runs' records.
+    #[test]
+    fn a_work_directory_is_fresh_and_goes_with_its_run() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = ImageStore::new(tmp.path().join("images"));
+        let run = store.prepare_run(7, 0).unwrap();
+        let work = ImageStore::prepare_work(&run, "dump").unwrap();
+        assert_eq!(work, store.job_dir(7).join(".criu-0-dump"));
+        write(&work.join("dump.log"), 10);
+        let again = ImageStore::prepare_work(&run, "dump").unwrap();
+        assert_eq!(fs::read_dir(&again).unwrap().count(), 0, "an old log is replaced");
+        assert_eq!(fs::metadata(&again).unwrap().mode() & 0o7777, 0o700);
+        assert_eq!(store.runs_of(7).len(), 1, "a work directory is no run");
+        let run1 = store.prepare_run(7, 1).unwrap();
+        ImageStore::prepare_work(&run1, "restore").unwrap();
+        store.remove_other_runs(7, Some(1)).unwrap();
+        assert!(!work.exists() && store.job_dir(7).join(".criu-1-restore").is_dir());
+    }
+
+    /// `program args...` as nobody in `dir` (inherited as descriptor 3 and
+    /// reached through /proc/self/fd, as CRIU reaches it): status, stderr.
+    fn as_nobody_with_dir(dir: &std::os::fd::OwnedFd, program: &str, args: &[&str]) -> (bool, String) {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::process::CommandExt;
+        let fd = dir.as_raw_fd();
+        let mut cmd = std::process::Command::new(program);
+        let file = args.last().copied().unwrap_or_default();
+        cmd.args(&args[..args.len() - 1]).arg(format!("/proc/self/fd/3/{file}")).uid(65534).gid(65534);
+        cmd.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null());
+        // SAFETY: dup2 is async-signal-safe, on descriptors we own.
+        unsafe { cmd.pre_exec(move || if libc::dup2(fd, 3) == 3 { Ok(()) } else { Err(std::io::Error::last_os_error()) }) };
+        let out = cmd.output().unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
     }
 
     /// `program args...` run as nobody (no shell): its exit status and stderr.

@@ -104,10 +104,24 @@ pub struct Manifest {
     /// The job's /dev/shm files carried in the image (shm.rs; absent when none).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub shm: Vec<crate::shm::ShmObject>,
+    /// Each dumped process's confinement (no_new_privs, seccomp, CapInh): a
+    /// restored one may have no less (tree::check_confined). Absent in
+    /// older manifests: nothing is compared.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub privs: std::collections::BTreeMap<i32, crate::tree::Privs>,
+    /// The tree's hard resource limits at the dump: CRIU restores with
+    /// these, so no restored task gets more (privdrop::HardLimits). Absent
+    /// in older manifests: CRIU inherits the agent's limits, unraised.
+    #[serde(default, skip_serializing_if = "is_unlimited_record")]
+    pub limits: crate::privdrop::HardLimits,
     pub timings: DumpTimings,
     /// Every phase of the dump up to the seal (absent in older manifests).
     #[serde(default)]
     pub timeline: Timeline,
+}
+
+fn is_unlimited_record(l: &crate::privdrop::HardLimits) -> bool {
+    l.0.is_empty()
 }
 
 /// Why a manifest cannot be used; every variant keeps the image.
@@ -292,6 +306,8 @@ mod tests {
             image_bytes: 4,
             images,
             shm: vec![],
+            privs: Default::default(),
+            limits: Default::default(),
             timings: DumpTimings::default(),
             timeline: Timeline::default(),
         }

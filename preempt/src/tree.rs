@@ -17,9 +17,15 @@ pub enum OwnerError {
     /// A setgid program.
     #[error("pid {pid} runs with gid {gid}, which is not one of the job user's groups (a setgid program?): refused")]
     Gid { pid: i32, gid: u32 },
-    /// `caps`: CapEff | CapPrm.
+    /// `caps`: CapEff | CapPrm | CapAmb.
     #[error("pid {pid} holds capabilities ({caps:x}), which its user does not have: refused")]
     Capabilities { pid: i32, caps: u64 },
+    /// Restored with less confinement than it was dumped with: fewer
+    /// restrictions (no_new_privs, seccomp) or more inheritable
+    /// capabilities (security review N1b: a forged image dropped
+    /// no_new_privs and was restored).
+    #[error("pid {pid} was restored with {field} {now}, but was dumped with {then}: refused")]
+    LessConfined { pid: i32, field: &'static str, now: String, then: String },
     /// A user or pid namespace CRIU would recreate (security review F9).
     #[error("pid {pid} runs in a {ns} namespace of its own ({}), not the node's ({}): CRIU would recreate it; refused", theirs.display(), mine.display())]
     Namespace { pid: i32, ns: &'static str, theirs: PathBuf, mine: PathBuf },
@@ -33,6 +39,46 @@ pub struct Creds {
     /// CapEff and CapPrm, hex as /proc shows them.
     pub cap_eff: u64,
     pub cap_prm: u64,
+    /// CapAmb (0 where the kernel shows none).
+    pub cap_amb: u64,
+    /// What the process may not shed: a restore must give it back.
+    pub privs: Privs,
+}
+
+/// What confines a process beyond its ids, as /proc shows it: recorded per
+/// pid at the dump (the manifest's `privs`), compared after a restore.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Privs {
+    /// `NoNewPrivs`.
+    pub no_new_privs: bool,
+    /// `Seccomp`: 0 none, 1 strict, 2 filter.
+    pub seccomp: u8,
+    /// `CapInh`.
+    pub cap_inh: u64,
+}
+
+impl Privs {
+    /// The first way `self` (now) is less confined than `then`: its field,
+    /// now and then.
+    pub fn weaker_than(&self, then: &Privs) -> Option<(&'static str, String, String)> {
+        if then.no_new_privs && !self.no_new_privs {
+            return Some(("NoNewPrivs", "0".into(), "1".into()));
+        }
+        if self.seccomp < then.seccomp {
+            return Some(("Seccomp", self.seccomp.to_string(), then.seccomp.to_string()));
+        }
+        if self.cap_inh & !then.cap_inh != 0 {
+            return Some(("CapInh", format!("{:x}", self.cap_inh), format!("{:x}", then.cap_inh)));
+        }
+        None
+    }
+
+    /// The least confinement among `all`: what a process the dump never
+    /// listed (forked between the listing and CRIU's freeze) inherits at least.
+    pub fn weakest(all: impl Iterator<Item = Privs>) -> Privs {
+        all.reduce(|a, b| Privs { no_new_privs: a.no_new_privs && b.no_new_privs, seccomp: a.seccomp.min(b.seccomp), cap_inh: a.cap_inh | b.cap_inh })
+            .unwrap_or_default()
+    }
 }
 
 pub fn parse_status(status: &str) -> Option<Creds> {
@@ -43,7 +89,40 @@ pub fn parse_status(status: &str) -> Option<Creds> {
     let cap = |key: &str| -> Option<u64> {
         u64::from_str_radix(status.lines().find_map(|l| l.strip_prefix(key))?.trim(), 16).ok()
     };
-    Some(Creds { uids: ids("Uid:")?, gids: ids("Gid:")?, cap_eff: cap("CapEff:")?, cap_prm: cap("CapPrm:")? })
+    let flag = |key: &str| -> u8 { status.lines().find_map(|l| l.strip_prefix(key)).and_then(|v| v.trim().parse().ok()).unwrap_or(0) };
+    let privs = Privs { no_new_privs: flag("NoNewPrivs:") != 0, seccomp: flag("Seccomp:"), cap_inh: cap("CapInh:").unwrap_or(0) };
+    Some(Creds {
+        uids: ids("Uid:")?,
+        gids: ids("Gid:")?,
+        cap_eff: cap("CapEff:")?,
+        cap_prm: cap("CapPrm:")?,
+        cap_amb: cap("CapAmb:").unwrap_or(0),
+        privs,
+    })
+}
+
+/// Each process's [`Privs`] now (a process gone meanwhile is left out).
+pub fn privs_of(pids: &[i32]) -> std::collections::BTreeMap<i32, Privs> {
+    pids.iter().filter_map(|p| Some((*p, creds(*p)?.privs))).collect()
+}
+
+/// A restored tree (after [`check_owned`]) is at least as confined as it
+/// was dumped: each process compared with its own record, a process the
+/// dump did not list with the least confined one recorded. An image with
+/// no record (older manifests) has nothing to compare.
+pub fn check_confined(pids: &[i32], recorded: &std::collections::BTreeMap<i32, Privs>) -> Result<(), OwnerError> {
+    if recorded.is_empty() {
+        return Ok(());
+    }
+    let weakest = Privs::weakest(recorded.values().copied());
+    for &pid in pids {
+        let Some(c) = creds(pid) else { continue };
+        let then = recorded.get(&pid).unwrap_or(&weakest);
+        if let Some((field, now, then)) = c.privs.weaker_than(then) {
+            return Err(OwnerError::LessConfined { pid, field, now, then });
+        }
+    }
+    Ok(())
 }
 
 pub fn creds(pid: i32) -> Option<Creds> {
@@ -67,8 +146,8 @@ pub fn check_owned(pids: &[i32], who: &Identity) -> Result<(), OwnerError> {
         if let Some(g) = c.gids.iter().find(|g| **g != who.gid && !who.groups.contains(g)) {
             return Err(OwnerError::Gid { pid, gid: *g });
         }
-        if c.cap_eff != 0 || c.cap_prm != 0 {
-            return Err(OwnerError::Capabilities { pid, caps: c.cap_eff | c.cap_prm });
+        if c.cap_eff != 0 || c.cap_prm != 0 || c.cap_amb != 0 {
+            return Err(OwnerError::Capabilities { pid, caps: c.cap_eff | c.cap_prm | c.cap_amb });
         }
         check_namespaces(pid)?;
     }
@@ -175,6 +254,57 @@ mod tests {
         let setuid = STATUS.replace("Uid:\t1001\t1001\t1001\t1001", "Uid:\t1001\t0\t0\t0");
         assert_eq!(parse_status(&setuid).unwrap().uids, vec![1001, 0, 0, 0]);
         assert!(parse_status("Name:\tx\n").is_none());
+    }
+
+    /// N1b: the fields a forged image could drop are read, and a restored
+    /// process less confined than its record is refused, field by field.
+    #[test]
+    fn a_restored_process_less_confined_than_it_was_dumped_is_refused() {
+        let full = format!("{STATUS}CapInh:\t0000000000000000\nCapAmb:\t0000000000001000\nNoNewPrivs:\t1\nSeccomp:\t2\n");
+        let c = parse_status(&full).unwrap();
+        assert_eq!((c.cap_amb, c.privs), (0x1000, Privs { no_new_privs: true, seccomp: 2, cap_inh: 0 }));
+        // An old kernel's status without the fields: nothing, not an error.
+        assert_eq!(parse_status(STATUS).unwrap().privs, Privs::default());
+        let then = Privs { no_new_privs: true, seccomp: 2, cap_inh: 0x1 };
+        let cases = [
+            (then, None),
+            (Privs { no_new_privs: true, seccomp: 2, cap_inh: 0 }, None),
+            (Privs { no_new_privs: false, ..then }, Some("NoNewPrivs")),
+            (Privs { seccomp: 0, ..then }, Some("Seccomp")),
+            (Privs { seccomp: 1, ..then }, Some("Seccomp")),
+            (Privs { cap_inh: 0x1001, ..then }, Some("CapInh")),
+        ];
+        for (now, want) in cases {
+            assert_eq!(now.weaker_than(&then).map(|w| w.0), want, "{now:?}");
+        }
+        let weakest = Privs::weakest([then, Privs { no_new_privs: false, seccomp: 1, cap_inh: 0x2 }].into_iter());
+        assert_eq!(weakest, Privs { no_new_privs: false, seccomp: 1, cap_inh: 0x3 });
+        let err = OwnerError::LessConfined { pid: 9, field: "NoNewPrivs", now: "0".into(), then: "1".into() };
+        assert_eq!(err.to_string(), "pid 9 was restored with NoNewPrivs 0, but was dumped with 1: refused");
+    }
+
+    /// A real process that set no_new_privs: its record holds it; compared
+    /// with a record that said more (seccomp), it is refused; with none, passed.
+    #[test]
+    fn confinement_of_real_processes_against_their_record() {
+        use std::os::unix::process::CommandExt;
+        let mut cmd = std::process::Command::new("/bin/sleep");
+        cmd.arg("5");
+        // SAFETY: prctl is async-signal-safe.
+        unsafe { cmd.pre_exec(|| if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }) };
+        let mut child = cmd.spawn().unwrap();
+        let pid = child.id() as i32;
+        let recorded = privs_of(&[pid]);
+        assert!(recorded[&pid].no_new_privs, "{recorded:?}");
+        assert_eq!(check_confined(&[pid], &recorded), Ok(()));
+        assert_eq!(check_confined(&[pid], &Default::default()), Ok(()));
+        let stricter = [(pid, Privs { seccomp: 2, ..recorded[&pid] })].into_iter().collect();
+        assert!(matches!(check_confined(&[pid], &stricter), Err(OwnerError::LessConfined { field: "Seccomp", .. })));
+        // Not listed: compared with the least confined record.
+        let other = [(i32::MAX, Privs { no_new_privs: true, seccomp: 0, cap_inh: 0 })].into_iter().collect();
+        assert_eq!(check_confined(&[pid], &other), Ok(()));
+        let _ = child.kill();
+        let _ = child.wait();
     }
 
     #[test]

@@ -4,7 +4,7 @@
 use super::check_cache::CheckCache;
 use super::{Criu, CriuError, CriuVersion, DumpReport, DumpRequest, RestoreReport, RestoreRequest};
 use crate::command::{run_with_timeout, CommandError};
-use crate::privdrop::Identity;
+use crate::privdrop::{HardLimits, Identity};
 use std::ffi::OsString;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
@@ -14,8 +14,11 @@ use std::time::{Duration, Instant};
 
 pub const DUMP_LOG: &str = "dump.log";
 pub const RESTORE_LOG: &str = "restore.log";
-/// Where CRIU writes the restored root's pid, in the images directory.
+/// Where CRIU writes the restored root's pid, in the work directory.
 pub const PIDFILE: &str = "restore.pid";
+/// How much of a CRIU log root reads back (its end: the verdict is last).
+/// The log is the user's file: a bound, not trust, keeps it small.
+const LOG_TAIL_BYTES: usize = 1 << 20;
 /// CAP_CHECKPOINT_RESTORE exists from Linux 5.9 (capability 40).
 const CAP_LAST_NEEDED: u32 = crate::privdrop::CAP_CHECKPOINT_RESTORE;
 /// How many threads read a restored process's large mappings, in the
@@ -37,18 +40,25 @@ pub struct CriuCli {
     pub page_readers: u32,
 }
 
-/// Where CRIU (as the user) finds the run directory: the descriptor the
-/// agent opened and CRIU inherits (module docs).
-fn images_arg(dir_fd: RawFd) -> OsString {
+/// Where CRIU (as the user) finds a directory: the descriptor the agent
+/// opened and CRIU inherits (module docs).
+fn fd_arg(dir_fd: RawFd) -> OsString {
     format!("/proc/self/fd/{dir_fd}").into()
 }
 
-/// `criu dump`'s arguments, the images directory being descriptor `dir_fd`.
+/// The two directories of a CRIU run, as the descriptors CRIU inherits.
+#[derive(Debug, Clone, Copy)]
+pub struct Dirs {
+    pub images: RawFd,
+    pub work: RawFd,
+}
+
+/// `criu dump`'s arguments, the directories being inherited descriptors.
 /// The tree is left stopped, as CRIU dumped it: the agent looks at it once
 /// more, then kills it (preempt::agent::dump).
-pub fn dump_args(req: &DumpRequest, dir_fd: RawFd) -> Vec<OsString> {
+pub fn dump_args(req: &DumpRequest, dirs: Dirs) -> Vec<OsString> {
     let mut a: Vec<OsString> = vec!["dump".into(), "--unprivileged".into(), "--tree".into(), req.pid.to_string().into()];
-    a.extend(common(dir_fd, DUMP_LOG, "-v2"));
+    a.extend(common(dirs, DUMP_LOG, "-v2"));
     a.push("--leave-stopped".into());
     if req.tcp_established {
         a.extend(["--tcp-established".into(), "--network-lock".into(), "nftables".into()]);
@@ -59,14 +69,14 @@ pub fn dump_args(req: &DumpRequest, dir_fd: RawFd) -> Vec<OsString> {
 /// `criu restore`'s arguments: detached, as the caller's child (sibling of
 /// criu), cgroups left alone (criu already runs in the target cgroup), and
 /// stopped: the agent checks the tree before it runs, then sends SIGCONT.
-/// The root's pid goes to [`PIDFILE`] in the images directory (CRIU's
-/// working directory).
-pub fn restore_args(req: &RestoreRequest, dir_fd: RawFd) -> Vec<OsString> {
+/// The root's pid goes to [`PIDFILE`] in the work directory (CRIU's
+/// working directory, `--work-dir`).
+pub fn restore_args(req: &RestoreRequest, dirs: Dirs) -> Vec<OsString> {
     let mut a: Vec<OsString> = vec!["restore".into(), "--unprivileged".into()];
     // Info level: the restore log then says, with CRIU's other steps, how
     // many page readers read each task's large mappings (packaging/criu/0004),
     // for a restore that takes longer than it should.
-    a.extend(common(dir_fd, RESTORE_LOG, "-v3"));
+    a.extend(common(dirs, RESTORE_LOG, "-v3"));
     a.extend(["--restore-detached".into(), "--restore-sibling".into(), "--leave-stopped".into(), "--pidfile".into(), PIDFILE.into()]);
     if req.tcp_established {
         a.extend(["--tcp-established".into(), "--network-lock".into(), "nftables".into()]);
@@ -84,10 +94,12 @@ pub fn capabilities(tcp_established: bool) -> Vec<u32> {
     caps
 }
 
-fn common(dir_fd: RawFd, log: &str, verbosity: &str) -> Vec<OsString> {
+fn common(dirs: Dirs, log: &str, verbosity: &str) -> Vec<OsString> {
     vec![
         "--images-dir".into(),
-        images_arg(dir_fd),
+        fd_arg(dirs.images),
+        "--work-dir".into(),
+        fd_arg(dirs.work),
         "--log-file".into(),
         log.into(),
         verbosity.into(),
@@ -99,9 +111,18 @@ fn common(dir_fd: RawFd, log: &str, verbosity: &str) -> Vec<OsString> {
 
 /// A CRIU log's error lines for the message: the first two (the cause,
 /// e.g. the file a task could not open) and the last (the verdict). Lines
-/// of restored tasks carry a pid prefix (` 123: Error (...)`).
-pub fn log_errors(log: &Path) -> String {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
+/// of restored tasks carry a pid prefix (` 123: Error (...)`). The log is
+/// the user's (CRIU wrote it as them, in a directory lent to them): read
+/// without following a link, only a regular file of `owner`, and only its
+/// last [`LOG_TAIL_BYTES`] (security review N1: a link to /dev/zero, a
+/// FIFO or a root file planted as the log).
+pub fn log_errors(log: &Path, owner: u32) -> String {
+    let (Some(dir), Some(name)) = (log.parent(), log.file_name().and_then(|n| n.to_str())) else { return "no log".into() };
+    let text = match crate::fsutil::read_user_file_tail(dir, &[name], owner, LOG_TAIL_BYTES) {
+        Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return format!("its log was not read: {e}"),
+    };
     // RLIMIT_NOFILE is raised best-effort and reported as an error when the
     // hard limit forbids it; it does not fail the run.
     let is_error = |l: &str| l.contains("Error (") && !l.contains("RLIMIT_NOFILE");
@@ -122,31 +143,33 @@ impl CriuCli {
     }
 
     /// `criu restore` with its arguments and the page readers asked for.
-    fn restore_command(&self, req: &RestoreRequest, dir_fd: RawFd) -> Command {
-        let mut cmd = self.command(&restore_args(req, dir_fd));
+    fn restore_command(&self, req: &RestoreRequest, dirs: Dirs) -> Command {
+        let mut cmd = self.command(&restore_args(req, dirs));
         cmd.env(PAGE_READERS_ENV, self.page_readers.to_string());
         cmd
     }
 
-    /// `criu args` as `user` with `caps`, inheriting `dir` (the images
-    /// directory, opened by root; CRIU reopens it through /proc/self/fd).
-    /// Call after anything else that must run as root between fork and exec.
-    fn as_user(cmd: &mut Command, dir: &OwnedFd, user: &Identity, caps: &[u32]) {
-        let fd = dir.as_raw_fd();
-        // SAFETY: fcntl is async-signal-safe; it clears close-on-exec on a
-        // descriptor this process owns until the exec.
+    /// `criu args` as `user` with `caps` and `limits`, inheriting `dirs`
+    /// (opened by root; CRIU reopens them through /proc/self/fd). Call
+    /// after anything else that must run as root between fork and exec.
+    fn as_user(cmd: &mut Command, dirs: [&OwnedFd; 2], user: &Identity, caps: &[u32], limits: &HardLimits) {
+        let fds = dirs.map(|d| d.as_raw_fd());
+        // SAFETY: fcntl is async-signal-safe; it clears close-on-exec on
+        // descriptors this process owns until the exec.
         unsafe {
             cmd.pre_exec(move || {
-                if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
-                    return Err(std::io::Error::last_os_error());
+                for fd in fds {
+                    if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
                 }
                 Ok(())
             });
         }
-        crate::privdrop::run_as_with_caps(cmd, user, caps);
+        crate::privdrop::run_as_with_caps(cmd, user, caps, limits);
     }
 
-    fn run(&self, verb: &'static str, cmd: Command, log: &Path, bound: Duration) -> Result<(), CriuError> {
+    fn run(&self, verb: &'static str, cmd: Command, log: &Path, owner: u32, bound: Duration) -> Result<(), CriuError> {
         let out = run_with_timeout(cmd, None, bound).map_err(|e| match e {
             CommandError::Timeout { ms, .. } => CriuError::Timeout { verb, ms: ms as u64, log: log.to_path_buf() },
             CommandError::Spawn { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
@@ -158,7 +181,7 @@ impl CriuCli {
             return Ok(());
         }
         let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
-        let detail = if stderr.is_empty() { log_errors(log) } else { format!("{}; {stderr}", log_errors(log)) };
+        let detail = if stderr.is_empty() { log_errors(log, owner) } else { format!("{}; {stderr}", log_errors(log, owner)) };
         Err(CriuError::Failed { verb, status: out.status.to_string(), detail, log: log.to_path_buf() })
     }
 
@@ -215,41 +238,40 @@ impl Criu for CriuCli {
     }
 
     fn dump(&self, req: &DumpRequest) -> Result<DumpReport, CriuError> {
-        let log = req.images_dir.join(DUMP_LOG);
-        let dir = open_images(&req.images_dir, "dump")?;
-        let mut cmd = self.command(&dump_args(req, dir.as_raw_fd()));
-        Self::as_user(&mut cmd, &dir, &req.user, &capabilities(req.tcp_established));
+        let log = req.work_dir.join(DUMP_LOG);
+        let images = open_dir(&req.images_dir, "dump")?;
+        let work = open_dir(&req.work_dir, "dump")?;
+        let mut cmd = self.command(&dump_args(req, Dirs { images: images.as_raw_fd(), work: work.as_raw_fd() }));
+        Self::as_user(&mut cmd, [&images, &work], &req.user, &capabilities(req.tcp_established), &req.limits);
         let start = Instant::now();
-        self.run("dump", cmd, &log, self.timeout)?;
+        self.run("dump", cmd, &log, req.user.uid, self.timeout)?;
         Ok(DumpReport { ms: start.elapsed().as_secs_f64() * 1000.0, log })
     }
 
     fn restore(&self, req: &RestoreRequest) -> Result<RestoreReport, CriuError> {
-        let log = req.images_dir.join(RESTORE_LOG);
+        let log = req.work_dir.join(RESTORE_LOG);
         let other = |detail: String| CriuError::Other { verb: "restore", detail };
-        let pidfile = req.images_dir.join(PIDFILE);
-        crate::fsutil::remove_if_present(&pidfile).map_err(|e| other(e.to_string()))?;
-        let dir = open_images(&req.images_dir, "restore")?;
-        let mut cmd = self.restore_command(req, dir.as_raw_fd());
+        let images = open_dir(&req.images_dir, "restore")?;
+        let work = open_dir(&req.work_dir, "restore")?;
+        let mut cmd = self.restore_command(req, Dirs { images: images.as_raw_fd(), work: work.as_raw_fd() });
         req.cgroup.join_before_exec(&mut cmd).map_err(|e| other(e.to_string()))?;
-        Self::as_user(&mut cmd, &dir, &req.user, &capabilities(req.tcp_established));
+        Self::as_user(&mut cmd, [&images, &work], &req.user, &capabilities(req.tcp_established), &req.limits);
         let start = Instant::now();
-        self.run("restore", cmd, &log, self.timeout)?;
+        self.run("restore", cmd, &log, req.user.uid, self.timeout)?;
         let ms = start.elapsed().as_secs_f64() * 1000.0;
         // Written by CRIU as the user: read without following links, owned
         // by the user, bounded; the caller compares it with the image's root.
-        let text = crate::fsutil::read_user_file(&req.images_dir, &[PIDFILE], req.user.uid, 32)
+        let text = crate::fsutil::read_user_file(&req.work_dir, &[PIDFILE], req.user.uid, 32)
             .map(|b| String::from_utf8_lossy(&b).into_owned())
             .map_err(|e| other(e.to_string()))?;
-        let _ = crate::fsutil::remove_if_present(&pidfile);
-        let pid = text.trim().parse().map_err(|_| other(format!("no root pid in {} ({:?})", pidfile.display(), text.trim())))?;
+        let pid = text.trim().parse().map_err(|_| other(format!("no root pid in {} ({:?})", req.work_dir.join(PIDFILE).display(), text.trim())))?;
         Ok(RestoreReport { pid, ms, log })
     }
 }
 
-/// The images directory, opened by root without following a link, for
+/// A directory of the run, opened by root without following a link, for
 /// CRIU to inherit.
-fn open_images(dir: &Path, verb: &'static str) -> Result<OwnedFd, CriuError> {
+fn open_dir(dir: &Path, verb: &'static str) -> Result<OwnedFd, CriuError> {
     crate::fsutil::open_dir_nofollow(dir).map_err(|e| CriuError::Other { verb, detail: e.to_string() })
 }
 
@@ -265,29 +287,41 @@ mod tests {
     #[test]
     fn argument_vectors_say_what_the_module_docs_promise() {
         let user = Identity { uid: 1001, gid: 1001, groups: vec![1001] };
-        let dump = DumpRequest { pid: 42, images_dir: "/img/7/0".into(), tcp_established: false, user: user.clone() };
+        let limits = HardLimits::default();
+        let dirs = Dirs { images: 9, work: 10 };
+        let dump = DumpRequest {
+            pid: 42,
+            images_dir: "/img/7/0".into(),
+            work_dir: "/img/7/.criu-0-dump".into(),
+            tcp_established: false,
+            user: user.clone(),
+            limits: limits.clone(),
+        };
         assert_eq!(
-            strings(dump_args(&dump, 9)).join(" "),
-            "dump --unprivileged --tree 42 --images-dir /proc/self/fd/9 --log-file dump.log -v2 --file-locks --ext-unix-sk \
-             --manage-cgroups=ignore --leave-stopped"
+            strings(dump_args(&dump, dirs)).join(" "),
+            "dump --unprivileged --tree 42 --images-dir /proc/self/fd/9 --work-dir /proc/self/fd/10 --log-file dump.log -v2 \
+             --file-locks --ext-unix-sk --manage-cgroups=ignore --leave-stopped"
         );
         let tcp = DumpRequest { tcp_established: true, ..dump };
-        assert!(strings(dump_args(&tcp, 9)).join(" ").ends_with("--tcp-established --network-lock nftables"));
+        assert!(strings(dump_args(&tcp, dirs)).join(" ").ends_with("--tcp-established --network-lock nftables"));
         let restore = RestoreRequest {
             images_dir: "/img/7/0".into(),
+            work_dir: "/img/7/.criu-0-restore".into(),
             cgroup: TargetCgroup { lines: vec![], procs_files: vec![] },
             tcp_established: false,
             user,
+            limits,
         };
-        let text = strings(restore_args(&restore, 11)).join(" ");
+        let dirs = Dirs { images: 11, work: 12 };
+        let text = strings(restore_args(&restore, dirs)).join(" ");
         assert_eq!(
             text,
-            "restore --unprivileged --images-dir /proc/self/fd/11 --log-file restore.log -v3 --file-locks --ext-unix-sk \
-             --manage-cgroups=ignore --restore-detached --restore-sibling --leave-stopped --pidfile restore.pid"
+            "restore --unprivileged --images-dir /proc/self/fd/11 --work-dir /proc/self/fd/12 --log-file restore.log -v3 \
+             --file-locks --ext-unix-sk --manage-cgroups=ignore --restore-detached --restore-sibling --leave-stopped --pidfile restore.pid"
         );
         assert!(!text.contains("--shell-job"));
         let cli = CriuCli { binary: "/usr/sbin/criu".into(), timeout: Duration::from_secs(5), check_cache: None, page_readers: 6 };
-        let cmd = cli.restore_command(&restore, 11);
+        let cmd = cli.restore_command(&restore, dirs);
         let mut env: Vec<(String, String)> =
             cmd.get_envs().map(|(k, v)| (k.to_string_lossy().into_owned(), v.unwrap_or_default().to_string_lossy().into_owned())).collect();
         env.sort();
@@ -319,12 +353,13 @@ mod tests {
     fn log_errors_skip_the_rlimit_noise() {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("dump.log");
+        let me = unsafe { libc::geteuid() };
         std::fs::write(
             &log,
             "Warn (a): x\nError (criu/util.c:1533): rlimit: Can't setup RLIMIT_NOFILE for self\nError (b): No space left on device\n",
         )
         .unwrap();
-        assert_eq!(log_errors(&log), "Error (b): No space left on device");
+        assert_eq!(log_errors(&log, me), "Error (b): No space left on device");
         std::fs::write(
             &log,
             " 12999: Error (criu/files-reg.c:2353): Can't open file x/bait on restore: Permission denied\n\
@@ -333,10 +368,16 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            log_errors(&log),
+            log_errors(&log, me),
             "12999: Error (criu/files-reg.c:2353): Can't open file x/bait on restore: Permission denied; \
              12999: Error (criu/files.c:1221): Unable to open fd=3 id=0x9; Error (criu/cr-restore.c:2320): Restoring FAILED."
         );
-        assert_eq!(log_errors(&dir.path().join("none")), "no error in its log");
+        assert_eq!(log_errors(&dir.path().join("none"), me), "no error in its log");
+        // The user's file, read as one (N1): a link, a FIFO, another owner's.
+        std::os::unix::fs::symlink("/etc/shadow", dir.path().join("link.log")).unwrap();
+        assert!(log_errors(&dir.path().join("link.log"), me).contains("is a symlink"));
+        nix::unistd::mkfifo(&dir.path().join("fifo.log"), nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        assert!(log_errors(&dir.path().join("fifo.log"), me).contains("not a regular file"));
+        assert!(log_errors(&log, me + 1).contains("expected uid"));
     }
 }

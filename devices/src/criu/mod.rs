@@ -56,11 +56,19 @@
 //! opened (security review F1, R1, R2), and nothing root opened is ever
 //! handed to the user. The user's own processes cannot ptrace CRIU (it has
 //! capabilities they lack) and cannot reach the images: the run directory
-//! is lent to the user only for the CRIU run (preempt::images::Lent) and
-//! lies under root's 0700 directories; CRIU gets it as an inherited
-//! descriptor (`--images-dir /proc/self/fd/N`), and writes its log and the
-//! restored root's pid (`--pidfile restore.pid`) there. The cgroup is joined
-//! as root before the identity changes.
+//! is lent to the user only for the dump (preempt::images::Lent), whose
+//! seal takes every file back; a restore reads root's read-only files
+//! (preempt::images::ImageStore::open_for_restore). Both lie under root's 0700 directories;
+//! CRIU gets the run directory as an inherited descriptor (`--images-dir
+//! /proc/self/fd/N`). Everything CRIU writes besides images (its log, the
+//! restored root's pid `--pidfile restore.pid`, caches) goes to a separate
+//! work directory lent to the user (`--work-dir /proc/self/fd/M`), also
+//! CRIU's working directory, so restored tasks, which start with CRIU's
+//! working directory, never hold the images' (security review N1). Root
+//! reads that directory back only through bounded, `O_NOFOLLOW`,
+//! owner-checked reads. CRIU's hard resource limits are the tree's own,
+//! recorded at the dump (privdrop::HardLimits). The cgroup is joined as
+//! root before the identity changes.
 
 mod cgroup;
 mod check_cache;
@@ -74,36 +82,47 @@ pub use cli::{capabilities, CriuCli};
 pub use recording::{CriuCall, RecordingCriu};
 pub use version::{CriuVersion, MIN_MAJOR};
 
-use crate::privdrop::Identity;
+use crate::privdrop::{HardLimits, Identity};
 use std::path::PathBuf;
 
 /// Dump the tree rooted at `pid` into `images_dir` (which must exist, empty,
-/// and be writable by `user`), as `user`.
+/// and be writable by `user`), as `user`, writing its log in `work_dir`
+/// (empty, writable by `user`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DumpRequest {
     pub pid: i32,
     pub images_dir: PathBuf,
+    pub work_dir: PathBuf,
+    /// `--tcp-established` and CAP_NET_ADMIN: only for a tree that holds
+    /// TCP connections (preempt::tcp).
     pub tcp_established: bool,
     /// The job's user: CRIU runs as them (module docs).
     pub user: Identity,
+    /// CRIU's hard resource limits: the tree's.
+    pub limits: HardLimits,
 }
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct DumpReport {
     pub ms: f64,
-    /// CRIU's log of the run, inside the images directory.
+    /// CRIU's log of the run, in the work directory.
     pub log: PathBuf,
 }
 
-/// Restore the tree in `images_dir` (readable and writable by `user`),
-/// detached, as a child of the caller, inside `cgroup`, as `user`.
+/// Restore the tree in `images_dir` (readable by `user`, writable by no
+/// one but root), detached, as a child of the caller, inside `cgroup`, as
+/// `user`, with its log and pid file in `work_dir` (empty, writable by `user`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RestoreRequest {
     pub images_dir: PathBuf,
+    pub work_dir: PathBuf,
     pub cgroup: TargetCgroup,
     pub tcp_established: bool,
     /// The job's user: CRIU runs as them (module docs).
     pub user: Identity,
+    /// CRIU's hard resource limits: the tree's, as its manifest recorded
+    /// them (what a restored task can get at most).
+    pub limits: HardLimits,
 }
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]

@@ -46,13 +46,13 @@ impl Criu for RecordingCriu {
         if let Some(hook) = self.on_dump.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
             hook(req);
         }
-        let log = req.images_dir.join("dump.log");
+        let log = req.work_dir.join("dump.log");
         if let Some(e) = self.fail_dump.lock().unwrap_or_else(|p| p.into_inner()).take() {
             // A failed dump leaves partial images behind, as CRIU does.
             let _ = std::fs::write(req.images_dir.join("pages-1.img"), b"partial");
             return Err(e);
         }
-        for (name, bytes) in [("core-1.img", 512usize), ("pstree.img", 64), ("pages-1.img", 64 << 10), ("dump.log", 100)] {
+        for (name, bytes) in [("core-1.img", 512usize), ("pstree.img", 64), ("pages-1.img", 64 << 10)] {
             let data: Vec<u8> = (0..bytes).map(|i| (i % 251) as u8).collect();
             std::fs::write(req.images_dir.join(name), data).map_err(|e| CriuError::Other { verb: "dump", detail: e.to_string() })?;
         }
@@ -65,6 +65,6 @@ impl Criu for RecordingCriu {
             return Err(e);
         }
         let pid = *self.restored_pid.lock().unwrap_or_else(|p| p.into_inner());
-        Ok(RestoreReport { pid, ms: 1.0, log: req.images_dir.join("restore.log") })
+        Ok(RestoreReport { pid, ms: 1.0, log: req.work_dir.join("restore.log") })
     }
 }

@@ -56,6 +56,30 @@ struct Prepared<'a> {
     shm: Option<Staged>,
     /// The checked root (F8), looked at again just before CRIU.
     pinned: &'a crate::procfs::Pinned,
+    record: &'a TreeRecord,
+}
+
+/// What the dump learns of the tree before anything is locked, and the
+/// manifest keeps: what CRIU needs and may have, and what a restore must
+/// give back (security review N1).
+pub(super) struct TreeRecord {
+    /// `--tcp-established` and CAP_NET_ADMIN: only when the site allows it
+    /// and the tree holds a TCP connection (tcp.rs).
+    pub tcp_established: bool,
+    /// The tree's hard resource limits: CRIU's, at the dump and the restore.
+    pub limits: crate::privdrop::HardLimits,
+    /// Each process's confinement, compared after a restore.
+    pub privs: std::collections::BTreeMap<i32, tree::Privs>,
+}
+
+impl TreeRecord {
+    fn of(pids: &[i32], tcp_allowed: bool) -> TreeRecord {
+        TreeRecord {
+            tcp_established: tcp_allowed && crate::tcp::tree_has_connections(pids),
+            limits: crate::privdrop::HardLimits::of_processes(pids),
+            privs: tree::privs_of(pids),
+        }
+    }
 }
 
 /// The CUDA checkpoint's outcome: its report, or none when the tree holds
@@ -77,6 +101,7 @@ impl Agent {
         // found (and refused) here.
         uncheckpointable::refuse(&pids, &self.facts.driver_version).map_err(|e| format!("cannot checkpoint: {e}")).because(FailureReason::Uncheckpointable)?;
         let shm = shm::stage(&pids, root, &self.user).map_err(|e| format!("cannot checkpoint: {e}; nothing was changed")).because(FailureReason::Shm)?;
+        let record = TreeRecord::of(&pids, self.settings.tcp_established);
         sw.since("checks", t);
         let was = self.root_state(root);
         if was.is_some() {
@@ -86,7 +111,7 @@ impl Agent {
         let result = pinned
             .still_there()
             .because(FailureReason::Other)
-            .and_then(|_| self.dump_tree(&pinned, root, &pids, shm, signal_at_ms.is_some(), &mut sw));
+            .and_then(|_| self.dump_tree(&pinned, &record, root, &pids, shm, signal_at_ms.is_some(), &mut sw));
         if was.is_some() {
             self.set_root(root, Some(if result.is_ok() { RootState::Dumped } else { RootState::Running }));
         }
@@ -96,9 +121,11 @@ impl Agent {
     /// CUDA checkpoint (with the run directory made meanwhile), then CRIU;
     /// a failure removes the run directory: never a partial image, and
     /// never one that claims success.
+    #[allow(clippy::too_many_arguments)]
     fn dump_tree(
         &self,
         pinned: &crate::procfs::Pinned,
+        record: &TreeRecord,
         root: i32,
         pids: &[i32],
         shm: Option<Staged>,
@@ -121,7 +148,7 @@ impl Agent {
                 return Err(RequestError::failed(FailureReason::ImageDir, format!("cannot prepare the image directory: {e}; {undo}")));
             }
         };
-        let result = self.dump_into(&run, root, pids, Prepared { cuda, shm, pinned }, from_signal, sw);
+        let result = self.dump_into(&run, root, pids, Prepared { cuda, shm, pinned, record }, from_signal, sw);
         if result.is_err() {
             let _ = crate::fsutil::remove_tree_if_present(&run);
         }
@@ -202,16 +229,29 @@ impl Agent {
         from_signal: bool,
         sw: &mut Stopwatch,
     ) -> Result<CheckpointSummary, RequestError> {
-        let Prepared { cuda, shm, pinned } = prepared;
+        let Prepared { cuda, shm, pinned, record } = prepared;
         let target = Target::Pids(vec![root]);
-        let req = DumpRequest { pid: root, images_dir: run.to_path_buf(), tcp_established: self.settings.tcp_established, user: self.user.clone() };
-        // CRIU writes as the user (crate::criu): the directory is theirs for
-        // the run only.
-        let lent = pinned
+        // CRIU writes as the user (crate::criu): the run directory is theirs
+        // for the run only (the seal takes every file back), its log goes to
+        // a work directory of its own, outside the sealed set.
+        let (uid, gid) = (self.params.run.uid, self.params.run.gid);
+        let lend = || -> std::io::Result<_> {
+            let work = ImageStore::prepare_work(run, "dump")?;
+            Ok((ImageStore::lend(run, uid, gid)?, ImageStore::lend(&work, uid, gid)?, work))
+        };
+        let (lent, lent_work, work_dir) = pinned
             .still_there()
             .because(FailureReason::Other)
-            .and_then(|_| ImageStore::lend(run, self.params.run.uid, self.params.run.gid).map_err(|e| e.to_string()).because(FailureReason::ImageDir))
+            .and_then(|_| lend().map_err(|e| e.to_string()).because(FailureReason::ImageDir))
             .map_err(|e| e.noting(&self.roll_back(cuda.is_some(), &target)))?;
+        let req = DumpRequest {
+            pid: root,
+            images_dir: run.to_path_buf(),
+            work_dir,
+            tcp_established: record.tcp_established,
+            user: self.user.clone(),
+            limits: record.limits.clone(),
+        };
         // Best effort: without it the seal writes everything, as before.
         let writeback = self.settings.early_writeback.then(|| Writeback::start(run).ok()).flatten();
         let t = Instant::now();
@@ -219,6 +259,7 @@ impl Agent {
         // Within the phase: the plain `criu dump` kills the tree and waits for it too.
         let ended = dumped.is_ok().then(|| self.end_dumped_tree(root));
         let back = lent.give_back();
+        drop(lent_work);
         sw.since("criu-dump", t);
         if let Some(w) = writeback {
             w.stop();
@@ -241,7 +282,7 @@ impl Agent {
         };
         // An image that is not root's again cannot be sealed.
         back.map_err(|e| lost(FailureReason::ImageDir, e.to_string()))?;
-        self.seal_dumped(run, root, pids, cuda.as_ref(), shm, from_signal, sw).map_err(|(reason, e)| lost(reason, e))
+        self.seal_dumped(run, root, pids, record, cuda.as_ref(), shm, from_signal, sw).map_err(|(reason, e)| lost(reason, e))
     }
 
     /// The dumped (and killed) tree's image: /dev/shm files, sealed images,
@@ -252,6 +293,7 @@ impl Agent {
         run: &Path,
         root: i32,
         pids: &[i32],
+        record: &TreeRecord,
         cuda: Option<&CheckpointReport>,
         shm: Option<Staged>,
         from_signal: bool,
@@ -272,6 +314,9 @@ impl Agent {
             .map_err(|e| (FailureReason::Seal, format!("cannot seal the images in {}: {e}", run.display())))?;
         let mut manifest = self.manifest(root, pids, cuda, images, sw.timeline(), from_signal);
         manifest.shm = shm;
+        manifest.tcp_established = record.tcp_established;
+        manifest.privs = record.privs.clone();
+        manifest.limits = record.limits.clone();
         let t = Instant::now();
         manifest.save(run).map_err(|e| (FailureReason::Manifest, format!("cannot write the manifest in {}: {e}", run.display())))?;
         self.dump_store().sync_parents(self.params.run.job).map_err(|e| (FailureReason::Manifest, format!("cannot sync the image directory: {e}")))?;
@@ -403,6 +448,8 @@ impl Agent {
             image_bytes: images.iter().map(|f| f.bytes).sum(),
             images,
             shm: vec![],
+            privs: Default::default(),
+            limits: Default::default(),
             timings: timings_of(timeline, from_signal),
             timeline: timeline.clone(),
         }

@@ -8,7 +8,7 @@ use super::server::Peer;
 use super::{Agent, Because, FailureReason, RefusalKind, RequestError, RootState};
 use crate::cuda_ckpt::DeviceMap;
 use crate::criu::{CgroupError, RestoreRequest, TargetCgroup};
-use crate::images::ImageStore;
+use crate::images::{ImageStore, Lent};
 use crate::manifest::{Manifest, ManifestError};
 use crate::protocol::RestoreSummary;
 use crate::shm;
@@ -126,7 +126,7 @@ impl Agent {
     ) -> Result<(i32, RestoreSummary), RequestError> {
         let dir = dir.to_path_buf();
         let t = Instant::now();
-        let (manifest, map) = self.vet(&dir, sw).map_err(|e| e.noting("the image is kept"))?;
+        let (manifest, map, opened) = self.vet(&dir, sw).map_err(|e| e.noting("the image is kept"))?;
         // Last: a pid another process holds here may be free on another
         // node, where the wrapper then moves the job (security review F7).
         sw.time("pids-free", || tree::wait_pids_free(&manifest.pids, self.settings.pid_wait))
@@ -138,7 +138,7 @@ impl Agent {
             .map_err(|e| format!("{e}; the image is kept"))
             .because(FailureReason::Shm)?;
         let check_ms = ms(t);
-        let pid = self.criu_restore(&dir, &manifest, cgroup, sw)?;
+        let pid = self.criu_restore(&dir, &manifest, cgroup, opened, sw)?;
         let t = Instant::now();
         if !manifest.cuda.is_empty() {
             if let Err(e) = self.checkpointer().restore_processes(&manifest.cuda, &map) {
@@ -182,10 +182,14 @@ impl Agent {
         Ok((pid, summary))
     }
 
-    /// Everything that can refuse the image, without changing anything. The
-    /// image's pages are read ahead meanwhile (an image not in the page
-    /// cache, e.g. on shared storage, is then read while the checks run).
-    fn vet(&self, dir: &Path, sw: &mut Stopwatch) -> Result<(Manifest, DeviceMap), RequestError> {
+    /// Everything that can refuse the image. The image's pages are read
+    /// ahead meanwhile (an image not in the page cache, e.g. on shared
+    /// storage, is then read while the checks run). The files are made
+    /// root's and proven free of writers before their checksums are
+    /// verified (images::ImageStore::open_for_restore), and the run
+    /// directory stays open to CRIU's reads until the returned loan ends:
+    /// nothing checked here can change before CRIU reads it (N1).
+    fn vet(&self, dir: &Path, sw: &mut Stopwatch) -> Result<(Manifest, DeviceMap, Lent), RequestError> {
         let m = sw
             .time("manifest", || -> Result<Manifest, ManifestError> {
                 let m = Manifest::load(dir)?;
@@ -193,6 +197,8 @@ impl Agent {
                 Ok(m)
             })
             .because(FailureReason::Image)?;
+        let names: Vec<&str> = m.images.iter().map(|f| f.name.as_str()).collect();
+        let opened = ImageStore::open_for_restore(dir, &names, self.params.run.uid).map_err(|e| e.to_string()).because(FailureReason::ImageDir)?;
         read_ahead(dir, &m);
         sw.time("checksums", || m.check_files(dir)).because(FailureReason::Image)?;
         let map = sw.time("gpu-room", || -> Result<DeviceMap, RequestError> {
@@ -200,7 +206,7 @@ impl Agent {
             self.checkpointer().check_restore_room(&m.cuda, &map).map_err(|e| e.to_string()).because(FailureReason::GpuMemory)?;
             Ok(map)
         })?;
-        Ok((m, map))
+        Ok((m, map, opened))
     }
 
     /// The image's GPUs → this job's, by position; the same driver version
@@ -248,26 +254,29 @@ impl Agent {
     }
 
     /// CRIU restore into `cgroup`, then the checks that need the processes:
-    /// the root is the image's, in the new job's cgroup, the user's.
-    fn criu_restore(&self, dir: &Path, m: &Manifest, cgroup: TargetCgroup, sw: &mut Stopwatch) -> Result<i32, RequestError> {
+    /// the root is the image's, in the new job's cgroup, the user's, no less
+    /// confined than it was dumped.
+    fn criu_restore(&self, dir: &Path, m: &Manifest, cgroup: TargetCgroup, opened: Lent, sw: &mut Stopwatch) -> Result<i32, RequestError> {
         let (uid, gid) = (self.params.run.uid, self.params.run.gid);
+        // CRIU reads root's files as the user through the directory's
+        // descriptor (opened by vet); it writes only in a work directory
+        // of its own, lent to the user for the run (crate::criu).
+        let lend = || -> std::io::Result<_> {
+            let work = ImageStore::prepare_work(dir, "restore")?;
+            Ok((ImageStore::lend(&work, uid, gid)?, work))
+        };
+        let (lent, work_dir) = lend().map_err(|e| format!("{e}; the image is kept")).because(FailureReason::ImageDir)?;
         let req = RestoreRequest {
             images_dir: dir.to_path_buf(),
+            work_dir,
             cgroup: cgroup.clone(),
             tcp_established: m.tcp_established,
             user: self.user.clone(),
+            limits: m.limits.clone(),
         };
-        // CRIU reads as the user (crate::criu): the files are theirs, the
-        // directory for the run only.
-        let names: Vec<&str> = m.images.iter().map(|f| f.name.as_str()).collect();
-        let lend = || -> std::io::Result<_> {
-            ImageStore::hand_files_to(dir, &names, uid, gid)?;
-            ImageStore::lend(dir, uid, gid)
-        };
-        let lent = lend().map_err(|e| format!("{e}; the image is kept")).because(FailureReason::ImageDir)?;
         let t = Instant::now();
         let restored = self.criu.restore(&req);
-        let back = lent.give_back();
+        let back = opened.give_back().and(lent.give_back());
         sw.since("criu-restore", t);
         let r = match (restored, back) {
             (Ok(r), Ok(())) => r,
@@ -284,7 +293,7 @@ impl Agent {
         let check = if r.pid != m.root_pid {
             Err(RestoredCheckError::OtherRoot { restored: r.pid, image: m.root_pid })
         } else {
-            cgroup.verify(r.pid).map_err(RestoredCheckError::from).and_then(|_| self.check_stopped_tree(r.pid))
+            cgroup.verify(r.pid).map_err(RestoredCheckError::from).and_then(|_| self.check_stopped_tree(r.pid, m))
         };
         if let Err(e) = check {
             self.kill_restored(m);
@@ -300,9 +309,10 @@ impl Agent {
     /// the user may hold (CRIU reopened them by path as root: held.rs).
     /// The tree as it is, from its root: the manifest's list was made before
     /// CRIU froze the tree, which may have forked since (security review S4).
-    pub(super) fn check_stopped_tree(&self, root: i32) -> Result<(), RestoredCheckError> {
+    pub(super) fn check_stopped_tree(&self, root: i32, m: &Manifest) -> Result<(), RestoredCheckError> {
         let pids = self.host.with_descendants(root);
         tree::check_owned(&pids, &self.user)?;
+        tree::check_confined(&pids, &m.privs)?;
         Ok(crate::held::check_user_may_hold(&pids, &self.user)?)
     }
 
@@ -316,7 +326,9 @@ impl Agent {
         if procfs::read(m.root_pid).is_none_or(|p| p.ppid != me) {
             return;
         }
-        let ids: Vec<procfs::ProcId> = self.host.with_descendants(m.root_pid).iter().filter_map(|p| procfs::read(*p)).map(|p| p.id()).collect();
+        let mut pids = self.host.with_descendants(m.root_pid);
+        pids.extend(self.strays(m.root_pid));
+        let ids: Vec<procfs::ProcId> = pids.iter().filter_map(|p| procfs::read(*p)).map(|p| p.id()).collect();
         tree::kill_all(&ids);
         let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(m.root_pid), None);
     }
@@ -326,9 +338,27 @@ impl Agent {
     fn kill_restored(&self, m: &Manifest) {
         let mut pids = self.host.with_descendants(m.root_pid);
         pids.extend(&m.pids);
+        pids.extend(self.strays(m.root_pid));
         let ids: Vec<procfs::ProcId> = pids.iter().filter_map(|p| procfs::read(*p)).map(|p| p.id()).collect();
         tree::kill_all(&ids);
         let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(m.root_pid), None);
+    }
+}
+
+impl Agent {
+    /// Processes of the job's user that left the restored tree for this
+    /// agent: children of the agent (a task cloned with CLONE_PARENT by a
+    /// restored process, N1 step 5) that are neither `root` nor a tree the
+    /// agent restored earlier and runs, with their descendants. A
+    /// descendant walk from `root` never finds them.
+    fn strays(&self, root: i32) -> Vec<i32> {
+        let me = std::process::id() as i32;
+        let kept: Vec<i32> = self.restored.lock().unwrap_or_else(|p| p.into_inner()).keys().copied().collect();
+        procfs::all()
+            .into_iter()
+            .filter(|p| p.ppid == me && p.uid == self.params.run.uid && p.pid != root && !kept.contains(&p.pid))
+            .flat_map(|p| self.host.with_descendants(p.pid))
+            .collect()
     }
 }
 

@@ -279,8 +279,14 @@ fn a_dump_writes_its_manifest_last_with_the_job_and_user() {
     assert_eq!((m.job, m.uid, m.node.as_str(), m.root_pid, m.restart_count), (7, NOBODY, "n1", child.id() as i32, 0));
     assert_eq!(m.criu_version, "4.1.1");
     let names: Vec<&str> = m.images.iter().map(|f| f.name.as_str()).collect();
-    assert_eq!(names, ["core-1.img", "dump.log", "pages-1.img", "pstree.img"]);
+    // CRIU's log is not among the sealed files: it went to the work directory (N1).
+    assert_eq!(names, ["core-1.img", "pages-1.img", "pstree.img"]);
     assert!(m.cuda.is_empty(), "sleep holds no GPU");
+    // What a restore needs of the tree: no TCP connection, so neither
+    // --tcp-established nor CAP_NET_ADMIN; its limits and confinement.
+    assert!(!m.tcp_established);
+    assert_eq!(m.limits.0.len(), 16, "{:?}", m.limits);
+    assert!(m.privs.contains_key(&(child.id() as i32)), "{:?}", m.privs);
     assert!(m.timings.signal_to_gpu_free_ms.is_some());
     // The timeline, from the signal: every phase up to the seal, in order,
     // none before its predecessor began; the summary figures agree with it.
@@ -291,7 +297,11 @@ fn a_dump_writes_its_manifest_last_with_the_job_and_user() {
     assert_eq!(m.timings.signal_to_gpu_free_ms, m.timeline.end_of("checks"), "no GPU memory: free once checked");
     assert_eq!(m.timings.signal_to_durable_ms, Some(m.timeline.end_ms()));
     match &fx.criu.calls()[..] {
-        [CriuCall::Check, CriuCall::Dump(d)] => assert_eq!((d.pid, &d.images_dir), (child.id() as i32, &run)),
+        [CriuCall::Check, CriuCall::Dump(d)] => {
+            assert_eq!((d.pid, &d.images_dir, d.tcp_established), (child.id() as i32, &run, false));
+            assert_eq!(d.work_dir, run.parent().unwrap().join(".criu-0-dump"));
+            assert_eq!(d.limits, m.limits);
+        }
         other => panic!("{other:?}"),
     }
     assert_eq!(fx.agent.settings.images.latest(7).map(|(r, _)| r), Some(0));

@@ -370,7 +370,7 @@ fn criu(cfg: &Config, uid: u32, args: &[&str], dir: &Path) -> anyhow::Result<f64
     if uid != 0 {
         std::os::unix::fs::chown(dir, Some(uid), Some(uid))?;
         cmd.arg("--unprivileged");
-        gpu_mode_core::privdrop::run_as_with_caps(&mut cmd, &Identity::of_user_or_bare(uid, uid), &gpu_mode_core::criu::capabilities(false));
+        gpu_mode_core::privdrop::run_as_with_caps(&mut cmd, &Identity::of_user_or_bare(uid, uid), &gpu_mode_core::criu::capabilities(false), &Default::default());
     }
     let t = Instant::now();
     let out = cmd.output()?;
