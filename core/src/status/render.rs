@@ -1,18 +1,26 @@
 //! The status as one screen of text, or as JSON (schema: docs/admin.md).
 
 use super::StatusReport;
-use crate::log::printable;
+use crate::log::{printable, terminal_json};
 use std::fmt::Arguments;
 
 impl StatusReport {
+    /// The JSON for the admin's terminal (or a script): the user's text in
+    /// it (see [`Self::to_table`]) holds no control, bidirectional or
+    /// invisible character raw, only `\uXXXX` escapes, which a JSON parser
+    /// reads back as the text itself (issue 37 N4; `log::terminal_json`).
     pub fn to_json(&self) -> String {
-        serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\": \"cannot serialize: {e}\"}}")) + "\n"
+        terminal_json(self)
+            .or_else(|e| terminal_json(&serde_json::json!({ "error": format!("cannot serialize: {e}") })))
+            .unwrap_or_default()
+            + "\n"
     }
 
     /// One screen of text for the admin's terminal. The job's user wrote
     /// some of it (a refused mode value, paths in restore refusals): every
-    /// line goes through [`put`], so no control character reaches the
-    /// terminal and no value spans lines (issue 27 F4).
+    /// line goes through [`put`], so no control, bidirectional or invisible
+    /// character reaches the terminal raw and no value spans lines (issue 27
+    /// F4, issue 37 N4: `log::is_unsafe_for_terminal`).
     pub fn to_table(&self) -> String {
         let mut s = String::new();
         let node = self.node.as_deref().unwrap_or("(unknown node)");
@@ -99,7 +107,8 @@ impl StatusReport {
     }
 }
 
-/// One line of the table: control characters escaped, then a newline.
+/// One line of the table: the characters unsafe for a terminal escaped
+/// (`log::printable`), then a newline.
 fn put(s: &mut String, line: Arguments) {
     s.push_str(&printable(&line.to_string()));
     s.push('\n');

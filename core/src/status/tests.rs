@@ -1,6 +1,7 @@
 use super::records::{JobRow, MpsRow, Records};
 use super::*;
 use crate::drain::LastDrain;
+use crate::log::is_unsafe_for_terminal;
 
 fn gpu(index: u32) -> GpuFacts {
     GpuFacts { index, uuid: format!("GPU-{index}"), name: "NVIDIA H100".into(), compute_mode: Some("default".into()), mig: Some(false), error: None }
@@ -111,22 +112,17 @@ fn with_user_text(text: &str) -> StatusReport {
 /// so no control character of theirs reaches it: ESC (colours, cursor
 /// moves), OSC 52 (writes the admin's clipboard), CR (overwrites a line),
 /// a newline (forges a row), DEL and C1's CSI (U+009B) are written as
-/// escapes, and every record stays on its own line.
+/// escapes, and every record stays on its own line. Issue 37 N4: nor does a
+/// bidirectional control (an override or isolate reorders the row the admin
+/// reads: `alice` shown where `ecila` is), a line separator, or an invisible
+/// character (a zero-width space makes a user look like another).
 #[test]
 fn user_text_in_the_table_cannot_reach_the_terminal_as_control_characters() {
-    let hostile = [
-        ("ESC", "\u{1b}[2J\u{1b}[31m", "\\u{1b}[2J\\u{1b}[31m"),
-        ("OSC 52", "\u{1b}]52;c;cm0gLXJmIH4=\u{7}", "\\u{1b}]52;c;cm0gLXJmIH4=\\u{7}"),
-        ("CR", "mps\rOK  ", "mps\\rOK  "),
-        ("newline", "x\n  7    bob  mps  ready", "x\\n  7    bob  mps  ready"),
-        ("DEL", "a\u{7f}b", "a\\u{7f}b"),
-        ("C1 CSI", "\u{9b}2J", "\\u{9b}2J"),
-    ];
-    let clean = with_user_text("plain").to_table();
-    for (name, text, shown) in hostile {
+    for (name, text, shown) in HOSTILE {
+        let clean = with_user_text("plain").to_table();
         let r = with_user_text(text);
         let t = r.to_table();
-        let bad: Vec<char> = t.chars().filter(|c| c.is_control() && *c != '\n').collect();
+        let bad: Vec<char> = t.chars().filter(|c| is_unsafe_for_terminal(*c) && *c != '\n').collect();
         assert!(bad.is_empty(), "{name}: {bad:?} reach the terminal in\n{t}");
         for row in [format!("restore refused: /home/u/{shown}/ckpt"), format!("job 5: {shown}"), format!("last drain we set: {shown} (")] {
             assert!(t.contains(&row), "{name}: {row:?} missing in\n{t}");
@@ -134,3 +130,50 @@ fn user_text_in_the_table_cannot_reach_the_terminal_as_control_characters() {
         assert_eq!(t.lines().count(), clean.lines().count(), "{name}: a forged line in\n{t}");
     }
 }
+
+/// Issue 37 N4: `--json` of the same text. serde_json escapes only C0: DEL,
+/// C1, the bidirectional controls and the invisible characters were written
+/// raw to the admin's terminal. They are `\uXXXX` escapes now, and a JSON
+/// parser still reads every field back as the user's text.
+#[test]
+fn user_text_in_the_json_reaches_the_terminal_only_as_escapes_and_parses_back_whole() {
+    for (name, text, _) in HOSTILE {
+        let json = with_user_text(text).to_json();
+        let bad: Vec<char> = json.chars().filter(|c| is_unsafe_for_terminal(*c) && *c != '\n').collect();
+        assert!(bad.is_empty(), "{name}: {bad:?} reach the terminal in\n{json}");
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap_or_else(|e| panic!("{name}: {e} in\n{json}"));
+        let got = [
+            &v["jobs"][0]["mode"],
+            &v["jobs"][0]["user"],
+            &v["images"][0]["state"],
+            &v["last_drain"]["reason"],
+            &v["slurm"]["reason"],
+            &v["gpu_error"],
+        ];
+        for field in got {
+            assert_eq!(field.as_str(), Some(text), "{name}: in\n{json}");
+        }
+        assert_eq!(v["images"][0]["kept_because"][0].as_str(), Some(format!("restore refused: /home/u/{text}/ckpt").as_str()), "{name}");
+        assert!(v["problems"].as_array().unwrap().iter().any(|p| p.as_str() == Some(&format!("job 5: {text}"))), "{name}: {json}");
+    }
+}
+
+/// A user's text, hostile to the admin's terminal, and how the table shows
+/// it.
+const HOSTILE: [(&str, &str, &str); 15] = [
+    ("ESC", "\u{1b}[2J\u{1b}[31m", "\\u{1b}[2J\\u{1b}[31m"),
+    ("OSC 52", "\u{1b}]52;c;cm0gLXJmIH4=\u{7}", "\\u{1b}]52;c;cm0gLXJmIH4=\\u{7}"),
+    ("CR", "mps\rOK  ", "mps\\rOK  "),
+    ("newline", "x\n  7    bob  mps  ready", "x\\n  7    bob  mps  ready"),
+    ("DEL", "a\u{7f}b", "a\\u{7f}b"),
+    ("C1 CSI", "\u{9b}2J", "\\u{9b}2J"),
+    ("line separator", "x\u{2028}  7    bob", "x\\u{2028}  7    bob"),
+    ("RLO", "\u{202e}ecila", "\\u{202e}ecila"),
+    ("LRE and PDF", "\u{202a}mps\u{202c}", "\\u{202a}mps\\u{202c}"),
+    ("RLI and PDI", "\u{2067}ready\u{2069}", "\\u{2067}ready\\u{2069}"),
+    ("LRM, RLM and ALM", "\u{200e}a\u{200f}b\u{61c}", "\\u{200e}a\\u{200f}b\\u{61c}"),
+    ("zero-width space", "ali\u{200b}ce", "ali\\u{200b}ce"),
+    ("ZWNJ and ZWJ", "a\u{200c}b\u{200d}", "a\\u{200c}b\\u{200d}"),
+    ("word joiner", "a\u{2060}b", "a\\u{2060}b"),
+    ("BOM", "\u{feff}alice", "\\u{feff}alice"),
+];
