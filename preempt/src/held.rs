@@ -30,7 +30,7 @@
 
 use crate::privdrop::Identity;
 use std::ffi::CString;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::MetadataExt;
 use std::time::Duration;
 
@@ -243,7 +243,9 @@ fn user_may_hold(p: &Probe) -> i32 {
 /// Runs the probes as `who` in a child; the index of the first the user may
 /// not hold and why, or `None`.
 fn first_refused(probes: &[Probe], who: &Identity) -> Result<Option<(usize, i32)>, HeldError> {
-    let answer = super::user_child::run_as_user(who, CHECK_BOUND, |w| {
+    // The probes' descriptors are the only ones of the agent's the child keeps.
+    let fds: Vec<RawFd> = probes.iter().map(|p| p.fd.as_raw_fd()).collect();
+    let answer = super::user_child::run_as_user(who, CHECK_BOUND, &fds, |w| {
         for (i, p) in probes.iter().enumerate() {
             let err = user_may_hold(p);
             if err != 0 {

@@ -420,7 +420,7 @@ fn run_ops(dir: &OwnedFd, ops: &[Op], who: &Identity, stop: bool) -> Result<Opti
         return Ok(None);
     }
     let d = dir.as_raw_fd();
-    let got = run_as_user(who, USER_BOUND, |w| {
+    let got = run_as_user(who, USER_BOUND, &[d], |w| {
         let mut first = None;
         for (i, op) in ops.iter().enumerate() {
             let e = run_op(d, op);

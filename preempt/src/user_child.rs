@@ -24,8 +24,8 @@ pub enum UserChildError {
     /// Killed past its bound (and reaped, unless stuck in the kernel).
     #[error("the work as the job's user did not finish within {} s", bound.as_secs())]
     Timeout { bound: Duration },
-    /// setgroups, setresgid, setresuid or capset failed in the child (exit
-    /// 2), or the child died otherwise.
+    /// setgroups, setresgid, setresuid, capset or prctl failed in the child
+    /// (exit 2), or the child died otherwise.
     #[error("the work as uid {uid} could not take the user's identity ({status:?})")]
     Identity { uid: u32, status: nix::sys::wait::WaitStatus },
     #[error("the child's answer: {0}")]
@@ -58,6 +58,50 @@ fn become_user(groups: &[libc::gid_t], uid: u32, gid: u32) -> bool {
     }
 }
 
+/// In the child, before it takes the user's identity: closes every
+/// descriptor it inherited from the agent but `kept` (sorted, no duplicates),
+/// with close_range(2) over the gaps between them; where that fails (a kernel
+/// before 5.9: ENOSYS, or a seccomp filter) with close(2) on each descriptor
+/// below `open_max`.
+fn close_inherited(kept: &[RawFd], open_max: u32) {
+    let close_gap = |first: u32, last: u32| {
+        // SAFETY: closes descriptors only this child uses; no memory is touched.
+        if unsafe { libc::syscall(libc::SYS_close_range, first, last, 0) } != 0 {
+            for fd in first..last.min(open_max.saturating_sub(1)).saturating_add(1) {
+                // SAFETY: as above; EBADF for a descriptor not open is fine.
+                unsafe { libc::close(fd as RawFd) };
+            }
+        }
+    };
+    let mut first = 0u32;
+    for &fd in kept {
+        let fd = fd as u32;
+        if fd > first {
+            close_gap(first, fd - 1);
+        }
+        first = fd + 1;
+    }
+    close_gap(first, u32::MAX);
+}
+
+/// Makes the child not dumpable: the user cannot ptrace it nor open its
+/// /proc files (fd, mem, environ) while it runs as them. Set again after
+/// the identity changes, which sets it to `fs.suid_dumpable` (1 on a site
+/// that debugs set-uid programs).
+fn not_dumpable() -> bool {
+    // SAFETY: prctl with plain integer arguments.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) == 0 }
+}
+
+/// The bound of [`close_inherited`]'s fallback: the descriptor limit.
+fn open_max() -> u32 {
+    const MOST: u64 = 1 << 20;
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit into a struct we own.
+    let cur = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 { lim.rlim_cur } else { MOST };
+    cur.min(MOST) as u32
+}
+
 /// In the child: reports step `index` and its outcome (an errno, or 0) to
 /// the parent. At most one answer per run is read.
 pub(crate) fn answer(w: RawFd, index: u32, errno: i32) {
@@ -76,15 +120,26 @@ pub(crate) fn errno() -> i32 {
 /// Runs `body` as `who` in a forked child and returns the one answer it gave
 /// ([`answer`]: a step's index and errno), or `None`. `body` must only make
 /// system calls on memory prepared before the fork (no allocation, no
-/// locks); past `bound` the child is killed and the run refused.
-pub(crate) fn run_as_user(who: &Identity, bound: Duration, body: impl FnOnce(RawFd)) -> Result<Option<(u32, i32)>, UserChildError> {
+/// locks); past `bound` the child is killed and the run refused. The child
+/// keeps stdin, stdout, stderr, the answer's pipe and `keep` (the
+/// descriptors `body` uses) and closes every other descriptor of the agent's
+/// before it takes the user's identity; it is not dumpable (issue 37).
+pub(crate) fn run_as_user(who: &Identity, bound: Duration, keep: &[RawFd], body: impl FnOnce(RawFd)) -> Result<Option<(u32, i32)>, UserChildError> {
     let (read_end, write_end) = nix::unistd::pipe().map_err(UserChildError::Pipe)?;
     let groups: Vec<libc::gid_t> = who.groups.clone();
+    let mut kept: Vec<RawFd> = [0, 1, 2, write_end.as_raw_fd()].into_iter().chain(keep.iter().copied()).filter(|fd| *fd >= 0).collect();
+    kept.sort_unstable();
+    kept.dedup();
+    let open_max = open_max();
     // SAFETY: the child runs only system calls on memory prepared before the
     // fork (the caller's promise for `body`) and leaves with _exit.
     match unsafe { nix::unistd::fork() }.map_err(UserChildError::Fork)? {
         nix::unistd::ForkResult::Child => {
-            let code = if become_user(&groups, who.uid, who.gid) {
+            let ready = not_dumpable() && {
+                close_inherited(&kept, open_max);
+                become_user(&groups, who.uid, who.gid) && not_dumpable()
+            };
+            let code = if ready {
                 body(write_end.as_raw_fd());
                 0
             } else {
@@ -139,6 +194,7 @@ fn wait_bounded(child: nix::unistd::Pid, bound: Duration) -> Result<nix::sys::wa
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::FromRawFd;
     use std::process::Command;
 
     #[test]
@@ -168,13 +224,67 @@ mod tests {
         std::fs::write(dir.path().join("root-only"), b"x").unwrap();
         std::fs::set_permissions(dir.path().join("root-only"), std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
         // SAFETY: getters and open/close in the child on a CString made before the fork.
-        let ids = run_as_user(&who, Duration::from_secs(5), |w| unsafe { answer(w, libc::geteuid(), libc::getegid() as i32) }).unwrap();
+        let ids = run_as_user(&who, Duration::from_secs(5), &[], |w| unsafe { answer(w, libc::geteuid(), libc::getegid() as i32) }).unwrap();
         assert_eq!(ids, Some((65534, 65534)));
-        let open = run_as_user(&who, Duration::from_secs(5), |w| unsafe {
+        let open = run_as_user(&who, Duration::from_secs(5), &[], |w| unsafe {
             let fd = libc::open(root_only.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
             answer(w, 0, if fd < 0 { errno() } else { 0 });
         })
         .unwrap();
         assert_eq!(open, Some((0, libc::EACCES)), "root's 0600 file is closed to the user: no capability was kept");
+    }
+
+    /// What the child is asked about itself.
+    #[derive(Clone, Copy)]
+    enum Ask {
+        /// 0 when the descriptor is open, else fcntl's errno.
+        Fd(RawFd),
+        /// prctl(PR_GET_DUMPABLE).
+        Dumpable,
+    }
+
+    /// Issue 37: the child of the root agent, once it is the user's, holds
+    /// none of the agent's descriptors (sockets, image directories, the
+    /// metrics lock) but those its body is given, and is not dumpable: the
+    /// user can neither ptrace it nor open its /proc files while it runs.
+    #[test]
+    fn the_child_holds_only_the_descriptors_it_is_given_and_is_not_dumpable() {
+        if !gpu_mode_testkit::root_or_skip("setresuid") {
+            return;
+        }
+        let who = Identity { uid: 65534, gid: 65534, groups: vec![65534] };
+        // The agent's: one opened next to the descriptor the body is given,
+        // one far above every kept one (the ranges between kept descriptors
+        // and up to the end).
+        let below = std::fs::File::open("/dev/null").unwrap();
+        let given = std::fs::File::open("/dev/null").unwrap();
+        // SAFETY: F_DUPFD_CLOEXEC of a descriptor we own; the new one is owned below.
+        let above = unsafe { std::os::fd::OwnedFd::from_raw_fd(libc::fcntl(below.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 900)) };
+        assert!(above.as_raw_fd() >= 900);
+        let cases = [
+            ("a descriptor of the agent's", Ask::Fd(below.as_raw_fd()), (0, libc::EBADF)),
+            ("one far above the kept ones", Ask::Fd(above.as_raw_fd()), (0, libc::EBADF)),
+            ("the one the body is given", Ask::Fd(given.as_raw_fd()), (0, 0)),
+            ("stderr", Ask::Fd(2), (0, 0)),
+            // The identity change alone sets it to fs.suid_dumpable: 0 by
+            // default, 1 where a site debugs set-uid programs (there it failed
+            // before: "PR_GET_DUMPABLE: Some((1, 1)), not (1, 0)").
+            ("PR_GET_DUMPABLE", Ask::Dumpable, (1, 0)),
+        ];
+        let wrong: Vec<String> = cases
+            .into_iter()
+            .filter_map(|(name, ask, want)| {
+                // SAFETY: fcntl and prctl in the child, on nothing allocated.
+                let got = run_as_user(&who, Duration::from_secs(5), &[given.as_raw_fd()], |w| unsafe {
+                    match ask {
+                        Ask::Fd(fd) => answer(w, 0, if libc::fcntl(fd, libc::F_GETFD) < 0 { errno() } else { 0 }),
+                        Ask::Dumpable => answer(w, 1, libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0)),
+                    }
+                })
+                .unwrap();
+                (got != Some(want)).then(|| format!("{name}: {got:?}, not {want:?}"))
+            })
+            .collect();
+        assert!(wrong.is_empty(), "{wrong:#?}");
     }
 }
