@@ -106,6 +106,12 @@ impl HardLimits {
         HardLimits(out)
     }
 
+    /// The first resource whose limit here is above `ceiling`'s (only
+    /// resources both name): its name, this limit and the ceiling.
+    pub fn above(&self, ceiling: &HardLimits) -> Option<(&str, u64, u64)> {
+        self.0.iter().find_map(|(name, v)| ceiling.0.get(name).filter(|c| v > c).map(|c| (name.as_str(), *v, *c)))
+    }
+
     /// Each resource's limit by number, `None` where not named.
     fn by_resource(&self) -> [Option<libc::rlim_t>; 16] {
         let mut out = [None; 16];
@@ -334,6 +340,17 @@ Max file size             unlimited            4096                 bytes     \n
 Max data size             garbage\n";
         assert_eq!(parse_limits(text), [("cpu", u64::MAX), ("fsize", 4096)]);
         assert!(parse_limits("").is_empty());
+    }
+
+    #[test]
+    fn a_limit_above_the_ceiling_is_named() {
+        let l = |pairs: &[(&str, u64)]| HardLimits(pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect());
+        let ceiling = l(&[("memlock", 65536), ("rtprio", 0)]);
+        assert_eq!(l(&[("memlock", 65536), ("rtprio", 0)]).above(&ceiling), None);
+        assert_eq!(l(&[("memlock", 1024)]).above(&ceiling), None);
+        assert_eq!(l(&[("rtprio", 99)]).above(&ceiling), Some(("rtprio", 99, 0)));
+        assert_eq!(l(&[("memlock", u64::MAX)]).above(&ceiling), Some(("memlock", u64::MAX, 65536)));
+        assert_eq!(l(&[("nproc", 5)]).above(&ceiling), None, "a resource the ceiling does not name");
     }
 
     #[test]

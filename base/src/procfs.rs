@@ -52,6 +52,16 @@ pub fn parse_stat(stat: &str) -> Option<(String, char, i32, u64)> {
     Some((comm, state, ppid, start_time))
 }
 
+/// The session id of a `/proc/<pid>/stat` line (field 6).
+pub fn parse_session(stat: &str) -> Option<i32> {
+    stat.get(stat.rfind(')')? + 1..)?.split_whitespace().nth(3)?.parse().ok()
+}
+
+/// The session `pid` belongs to; `None` when it is gone.
+pub fn session(pid: i32) -> Option<i32> {
+    parse_session(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
 fn parse_uid(status: &str) -> Option<u32> {
     status.lines().find_map(|l| l.strip_prefix("Uid:")).and_then(|v| v.split_whitespace().next()?.parse().ok())
 }
@@ -175,6 +185,19 @@ impl Pinned {
         Ok(pinned)
     }
 
+    /// The pinned pid.
+    pub fn pid(&self) -> i32 {
+        self.id.pid
+    }
+
+    /// Sends `signal` through the pidfd: it reaches the pinned process or
+    /// nothing (never one that got its pid later). Whether it was sent.
+    pub fn signal(&self, signal: i32) -> bool {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a plain system call on a descriptor we own.
+        unsafe { libc::syscall(libc::SYS_pidfd_send_signal, self.pidfd.as_raw_fd(), signal, std::ptr::null::<libc::siginfo_t>(), 0) == 0 }
+    }
+
     /// The process is alive (its pidfd is not readable: a pidfd turns
     /// readable when its process exits, and its pid cannot be reused before
     /// that) and the pid's start time is the checked one.
@@ -194,6 +217,14 @@ impl Pinned {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_session_is_the_sixth_field_after_the_name() {
+        assert_eq!(parse_session("7 (a) b) S 1 70 71 0 -1"), Some(71));
+        assert_eq!(parse_session("7 (x) S 1"), None);
+        let me = std::process::id() as i32;
+        assert_eq!(session(me), Some(unsafe { libc::getsid(0) }));
+    }
 
     #[test]
     fn stat_lines_with_awkward_names_parse() {

@@ -101,6 +101,19 @@ pub fn parse_status(status: &str) -> Option<Creds> {
     })
 }
 
+/// A restored tree has no hard resource limit above the tree's at its
+/// dump (`recorded`; empty for older manifests: nothing compared). CRIU,
+/// run with those limits, can set none higher; this is the second line.
+pub fn check_limits(pids: &[i32], recorded: &crate::privdrop::HardLimits) -> Result<(), OwnerError> {
+    for &pid in pids {
+        let now = crate::privdrop::HardLimits::of_processes(&[pid]);
+        if let Some((name, now, then)) = now.above(recorded) {
+            return Err(OwnerError::LessConfined { pid, field: "a hard limit", now: format!("{name} {now}"), then: format!("{name} {then}") });
+        }
+    }
+    Ok(())
+}
+
 /// Each process's [`Privs`] now (a process gone meanwhile is left out).
 pub fn privs_of(pids: &[i32]) -> std::collections::BTreeMap<i32, Privs> {
     pids.iter().filter_map(|p| Some((*p, creds(*p)?.privs))).collect()

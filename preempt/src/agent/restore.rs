@@ -138,11 +138,11 @@ impl Agent {
             .map_err(|e| format!("{e}; the image is kept"))
             .because(FailureReason::Shm)?;
         let check_ms = ms(t);
-        let pid = self.criu_restore(&dir, &manifest, cgroup, opened, sw)?;
+        let (pid, tree) = self.criu_restore(&dir, &manifest, cgroup, opened, sw)?;
         let t = Instant::now();
         if !manifest.cuda.is_empty() {
             if let Err(e) = self.checkpointer().restore_processes(&manifest.cuda, &map) {
-                self.kill_restored(&manifest);
+                self.kill_restored(&manifest, &tree);
                 let message = format!("CUDA restore failed: {e}; the restored processes were killed, the image is kept");
                 return Err(RequestError::failed(FailureReason::CudaRestore, message));
             }
@@ -255,8 +255,11 @@ impl Agent {
 
     /// CRIU restore into `cgroup`, then the checks that need the processes:
     /// the root is the image's, in the new job's cgroup, the user's, no less
-    /// confined than it was dumped.
-    fn criu_restore(&self, dir: &Path, m: &Manifest, cgroup: TargetCgroup, opened: Lent, sw: &mut Stopwatch) -> Result<i32, RequestError> {
+    /// confined than it was dumped. The restored processes are pinned (pidfds)
+    /// before anything looks at them: what is checked, resumed or killed is
+    /// exactly what CRIU made, and a process that left the tree (a stray)
+    /// goes with a refused one.
+    fn criu_restore(&self, dir: &Path, m: &Manifest, cgroup: TargetCgroup, opened: Lent, sw: &mut Stopwatch) -> Result<(i32, Vec<procfs::Pinned>), RequestError> {
         let (uid, gid) = (self.params.run.uid, self.params.run.gid);
         // CRIU reads root's files as the user through the directory's
         // descriptor (opened by vet); it writes only in a work directory
@@ -285,35 +288,41 @@ impl Agent {
                 return Err(RequestError::failed(FailureReason::Criu, format!("{e}; the image is kept")));
             }
             (Ok(_), Err(e)) => {
-                self.kill_restored(m);
+                self.kill_restored(m, &[]);
                 return Err(RequestError::failed(FailureReason::ImageDir, format!("{e}; the restored processes were killed, the image is kept")));
             }
         };
         let t = Instant::now();
+        let mut pids = self.host.with_descendants(r.pid);
+        pids.extend(self.strays(r.pid));
+        let tree: Vec<procfs::Pinned> = pids.iter().filter_map(|p| procfs::Pinned::new(*p).ok()).collect();
         let check = if r.pid != m.root_pid {
             Err(RestoredCheckError::OtherRoot { restored: r.pid, image: m.root_pid })
         } else {
-            cgroup.verify(r.pid).map_err(RestoredCheckError::from).and_then(|_| self.check_stopped_tree(r.pid, m))
+            cgroup.verify(r.pid).map_err(RestoredCheckError::from).and_then(|_| self.check_stopped_tree(&pids, m))
         };
         if let Err(e) = check {
-            self.kill_restored(m);
+            self.kill_restored(m, &tree);
             return Err(RequestError::failed(FailureReason::RestoredCheck, format!("{e}; the restored processes were killed, the image is kept")));
         }
-        tree::resume_all(&self.host.with_descendants(r.pid));
+        for p in &tree {
+            p.signal(libc::SIGCONT);
+        }
         sw.since("restored-check", t);
-        Ok(r.pid)
+        Ok((r.pid, tree))
     }
 
     /// The tree CRIU left stopped (`--leave-stopped`), before it runs: every
-    /// process is the user's without capabilities, and holds only files
-    /// the user may hold (CRIU reopened them by path as root: held.rs).
-    /// The tree as it is, from its root: the manifest's list was made before
-    /// CRIU froze the tree, which may have forked since (security review S4).
-    pub(super) fn check_stopped_tree(&self, root: i32, m: &Manifest) -> Result<(), RestoredCheckError> {
-        let pids = self.host.with_descendants(root);
-        tree::check_owned(&pids, &self.user)?;
-        tree::check_confined(&pids, &m.privs)?;
-        Ok(crate::held::check_user_may_hold(&pids, &self.user)?)
+    /// process is the user's without capabilities, no less confined and
+    /// with no higher hard limit than dumped, and holds only files the user
+    /// may hold (held.rs). `pids`: the tree as it is, from its root (the
+    /// manifest's list was made before CRIU froze the tree, which may have
+    /// forked since: security review S4), and the strays.
+    pub(super) fn check_stopped_tree(&self, pids: &[i32], m: &Manifest) -> Result<(), RestoredCheckError> {
+        tree::check_owned(pids, &self.user)?;
+        tree::check_confined(pids, &m.privs)?;
+        tree::check_limits(pids, &m.limits)?;
+        Ok(crate::held::check_user_may_hold(pids, &self.user)?)
     }
 
     /// After CRIU failed or was killed (security review F6): what it may
@@ -333,9 +342,13 @@ impl Agent {
         let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(m.root_pid), None);
     }
 
-    /// Kills the tree CRIU just made (the image's pids and whatever descends
-    /// from its root) and reaps the root.
-    fn kill_restored(&self, m: &Manifest) {
+    /// Kills the tree CRIU just made: `pinned` through their pidfds first,
+    /// then the image's pids, whatever descends from its root and the
+    /// strays by identity, and reaps the root.
+    fn kill_restored(&self, m: &Manifest, pinned: &[procfs::Pinned]) {
+        for p in pinned {
+            p.signal(libc::SIGKILL);
+        }
         let mut pids = self.host.with_descendants(m.root_pid);
         pids.extend(&m.pids);
         pids.extend(self.strays(m.root_pid));
@@ -348,15 +361,21 @@ impl Agent {
 impl Agent {
     /// Processes of the job's user that left the restored tree for this
     /// agent: children of the agent (a task cloned with CLONE_PARENT by a
-    /// restored process, N1 step 5) that are neither `root` nor a tree the
-    /// agent restored earlier and runs, with their descendants. A
-    /// descendant walk from `root` never finds them.
+    /// restored process, N1 step 5) in the restored root's session that are
+    /// neither `root` nor a tree the agent restored earlier and runs, with
+    /// their descendants. A descendant walk from `root` never finds them.
+    /// The session tells them from the agent's other children of that uid
+    /// (the wrapper makes the application a session leader); one that also
+    /// left the session (setsid) is not found: it runs as the user, without
+    /// capabilities, in the job's cgroup, which Slurm ends with the job.
     fn strays(&self, root: i32) -> Vec<i32> {
         let me = std::process::id() as i32;
+        let Some(sid) = procfs::session(root) else { return Vec::new() };
         let kept: Vec<i32> = self.restored.lock().unwrap_or_else(|p| p.into_inner()).keys().copied().collect();
         procfs::all()
             .into_iter()
             .filter(|p| p.ppid == me && p.uid == self.params.run.uid && p.pid != root && !kept.contains(&p.pid))
+            .filter(|p| procfs::session(p.pid) == Some(sid))
             .flat_map(|p| self.host.with_descendants(p.pid))
             .collect()
     }
