@@ -86,6 +86,10 @@ pub struct Manifest {
     /// The dumped tree: its root, and every pid (CRIU restores the same pids).
     pub root_pid: i32,
     pub pids: Vec<i32>,
+    /// The tree's other thread ids (absent in older manifests): CRIU
+    /// restores them with their ids too, and a restore waits for them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tids: Vec<i32>,
     /// Its CUDA processes with their GPU footprints.
     pub cuda: Vec<ProcessRecord>,
     pub gpus: Vec<GpuFacts>,
@@ -306,6 +310,7 @@ mod tests {
             image_bytes: 4,
             images,
             shm: vec![],
+            tids: vec![],
             privs: Default::default(),
             limits: Default::default(),
             timings: DumpTimings::default(),

@@ -114,6 +114,21 @@ pub fn check_limits(pids: &[i32], recorded: &crate::privdrop::HardLimits) -> Res
     Ok(())
 }
 
+/// The thread ids of `pids` that are not themselves among `pids` (a
+/// process's other threads), ascending: CRIU restores them with their ids
+/// too, so a restore waits for them as for the pids (security review N3).
+pub fn thread_ids(pids: &[i32]) -> Vec<i32> {
+    let mut out: Vec<i32> = pids
+        .iter()
+        .flat_map(|p| std::fs::read_dir(format!("/proc/{p}/task")).into_iter().flatten().flatten())
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .filter(|t| !pids.contains(t))
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
 /// Each process's [`Privs`] now (a process gone meanwhile is left out).
 pub fn privs_of(pids: &[i32]) -> std::collections::BTreeMap<i32, Privs> {
     pids.iter().filter_map(|p| Some((*p, creds(*p)?.privs))).collect()
@@ -318,6 +333,23 @@ mod tests {
         assert_eq!(check_confined(&[pid], &other), Ok(()));
         let _ = child.kill();
         let _ = child.wait();
+    }
+
+    #[test]
+    fn a_processs_other_threads_are_its_thread_ids() {
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let t = std::thread::spawn(move || {
+            ready_tx.send(unsafe { libc::gettid() }).unwrap();
+            let _ = rx.recv();
+        });
+        let tid = ready_rx.recv().unwrap();
+        let me = std::process::id() as i32;
+        let tids = thread_ids(&[me]);
+        assert!(tids.contains(&tid) && !tids.contains(&me), "{tids:?}");
+        assert!(thread_ids(&[i32::MAX]).is_empty());
+        tx.send(()).unwrap();
+        t.join().unwrap();
     }
 
     #[test]

@@ -330,6 +330,23 @@ mod tests {
         assert_eq!(capabilities(true), [40, 12]);
     }
 
+    /// N3: CRIU's words for a pid or thread id held here, and only those.
+    #[test]
+    fn a_pid_or_thread_id_held_here_is_told_apart() {
+        let failed = |detail: &str| CriuError::Failed { verb: "restore", status: "exit status: 1".into(), detail: detail.into(), log: "/l".into() };
+        let cases = [
+            ("  4242: Error (criu/pie/restorer.c:2105): Unable to create a thread: -17; Error (criu/cr-restore.c:2344): Restoring FAILED.", true),
+            ("Error (criu/cr-restore.c:1230): Can't fork for 4242: File exists; Error (criu/cr-restore.c:2344): Restoring FAILED.", true),
+            ("Error (criu/cr-restore.c:1230): Can't fork for 4242: Resource temporarily unavailable", false),
+            ("  4242: Error (criu/pie/restorer.c:2105): Unable to create a thread: -12", false),
+            ("Error (criu/files-reg.c:2294): File x has bad mode", false),
+        ];
+        for (detail, taken) in cases {
+            assert_eq!(failed(detail).pid_taken(), taken, "{detail}");
+        }
+        assert!(!CriuError::Other { verb: "restore", detail: "Unable to create a thread: -17".into() }.pid_taken());
+    }
+
     #[test]
     fn a_missing_or_relative_binary_is_named() {
         let cli = CriuCli { binary: "/nonexistent/criu".into(), timeout: Duration::from_secs(5), check_cache: None, page_readers: 1 };

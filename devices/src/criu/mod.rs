@@ -152,6 +152,17 @@ pub enum CriuError {
     Other { verb: &'static str, detail: String },
 }
 
+impl CriuError {
+    /// A restore that failed because a pid or thread id of the image is
+    /// held on this node (CRIU's fork or clone3 with set_tid: EEXIST):
+    /// another node may have it free (security review N3: a second user
+    /// held a thread id, and the job failed instead of moving).
+    pub fn pid_taken(&self) -> bool {
+        let CriuError::Failed { detail, .. } = self else { return false };
+        detail.contains("Unable to create a thread: -17") || (detail.contains("Can't fork for") && detail.contains("File exists"))
+    }
+}
+
 /// What the agent needs from CRIU.
 pub trait Criu: Send + Sync {
     /// The binary exists, is new enough, and `criu check` passes here.

@@ -70,6 +70,8 @@ pub(super) struct TreeRecord {
     pub limits: crate::privdrop::HardLimits,
     /// Each process's confinement, compared after a restore.
     pub privs: std::collections::BTreeMap<i32, tree::Privs>,
+    /// The tree's other thread ids: a restore waits for them as for its pids.
+    pub tids: Vec<i32>,
 }
 
 impl TreeRecord {
@@ -78,6 +80,7 @@ impl TreeRecord {
             tcp_established: tcp_allowed && crate::tcp::tree_has_connections(pids),
             limits: crate::privdrop::HardLimits::of_processes(pids),
             privs: tree::privs_of(pids),
+            tids: tree::thread_ids(pids),
         }
     }
 }
@@ -316,6 +319,7 @@ impl Agent {
         manifest.shm = shm;
         manifest.tcp_established = record.tcp_established;
         manifest.privs = record.privs.clone();
+        manifest.tids = record.tids.clone();
         manifest.limits = record.limits.clone();
         let t = Instant::now();
         manifest.save(run).map_err(|e| (FailureReason::Manifest, format!("cannot write the manifest in {}: {e}", run.display())))?;
@@ -448,6 +452,7 @@ impl Agent {
             image_bytes: images.iter().map(|f| f.bytes).sum(),
             images,
             shm: vec![],
+            tids: vec![],
             privs: Default::default(),
             limits: Default::default(),
             timings: timings_of(timeline, from_signal),

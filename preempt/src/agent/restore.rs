@@ -127,16 +127,25 @@ impl Agent {
         let dir = dir.to_path_buf();
         let t = Instant::now();
         let (manifest, map, opened) = self.vet(&dir, sw).map_err(|e| e.noting("the image is kept"))?;
-        // Last: a pid another process holds here may be free on another
-        // node, where the wrapper then moves the job (security review F7).
-        sw.time("pids-free", || tree::wait_pids_free(&manifest.pids, self.settings.pid_wait))
+        // Last: a pid or thread id another process holds here may be free
+        // on another node, where the wrapper then moves the job (security
+        // review F7, N3).
+        let ids: Vec<i32> = manifest.pids.iter().chain(&manifest.tids).copied().collect();
+        sw.time("pids-free", || tree::wait_pids_free(&ids, self.settings.pid_wait))
             .map_err(|e| RequestError::NotHere(format!("{e}; the image is kept")))?;
         let cgroup = TargetCgroup::of_pid(peer.pid).because(FailureReason::Other)?;
-        // Dropped on any failure below: the names made are removed again.
-        let shm = sw
-            .time("shm", || shm::recreate(&manifest.shm, &dir, peer.pid, &self.user))
-            .map_err(|e| format!("{e}; the image is kept"))
-            .because(FailureReason::Shm)?;
+        // Dropped on any failure below: the names made are removed again. A
+        // name someone made here since the checkpoint (another user's, N3)
+        // may be free on another node.
+        let shm = sw.time("shm", || shm::recreate(&manifest.shm, &dir, peer.pid, &self.user)).map_err(|e| {
+            let taken = matches!(&e, shm::ShmError::Remake { source, .. } if source.raw_os_error() == Some(libc::EEXIST));
+            let message = format!("{e}; the image is kept");
+            if taken {
+                RequestError::NotHere(message)
+            } else {
+                RequestError::failed(FailureReason::Shm, message)
+            }
+        })?;
         let check_ms = ms(t);
         let (pid, tree) = self.criu_restore(&dir, &manifest, cgroup, opened, sw)?;
         let t = Instant::now();
@@ -285,7 +294,9 @@ impl Agent {
             (Ok(r), Ok(())) => r,
             (Err(e), _) => {
                 self.reap_failed_restore(m);
-                return Err(RequestError::failed(FailureReason::Criu, format!("{e}; the image is kept")));
+                let message = format!("{e}; the image is kept");
+                // A pid or thread id held here (N3): another node may have it free.
+                return Err(if e.pid_taken() { RequestError::NotHere(message) } else { RequestError::failed(FailureReason::Criu, message) });
             }
             (Ok(_), Err(e)) => {
                 self.kill_restored(m, &[]);

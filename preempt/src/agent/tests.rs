@@ -464,6 +464,32 @@ fn restores_refuse_foreign_corrupt_changed_or_incompatible_images_and_keep_them(
     }
 }
 
+/// Security review N3: a thread id of the image held by another user here
+/// failed CRIU's restore ("Unable to create a thread: -17") and the job
+/// failed instead of moving: such a failure now says "not here" (the
+/// wrapper moves the job), keeping the image; other CRIU failures do not.
+#[test]
+fn a_pid_held_here_at_criu_s_restore_moves_the_job_and_keeps_the_image() {
+    if !root_or_skip() {
+        return;
+    }
+    let cases = [
+        ("  77: Error (criu/pie/restorer.c:2105): Unable to create a thread: -17", true),
+        ("Error (criu/cr-restore.c:1230): Can't fork for 77: File exists", true),
+        ("Error (criu/files-reg.c:2294): File x has bad mode", false),
+    ];
+    for (detail, moves) in cases {
+        let fx = fixture();
+        let (_child, run) = dumped(&fx);
+        *fx.criu.fail_restore.lock().unwrap() =
+            Some(CriuError::Failed { verb: "restore", status: "exit status: 1".into(), detail: detail.into(), log: "/l".into() });
+        let e = fx.agent.restore(me()).unwrap_err();
+        assert_eq!(matches!(e, RequestError::NotHere(_)), moves, "{detail}: {e:?}");
+        assert!(e.to_string().contains("the image is kept"), "{e}");
+        assert!(run.join(MANIFEST_FILE).exists(), "{detail}: the image is kept");
+    }
+}
+
 #[test]
 fn no_image_is_a_clear_refusal() {
     let fx = fixture();
