@@ -953,12 +953,18 @@ fn a_thief_racing_the_restore_never_gets_a_root_file_the_user_swapped_in() {
     let app_pid = dump_then_swap(n, &swap, &app);
     // The thief: as the user, outside the job, for 20 s.
     std::fs::write(&go, b"").unwrap();
+    // It counts what it did, printed when `stop` appears (20 s at most):
+    // the test fails when it never acted.
+    let stop = home.join("stop");
     let thief_code = "import ctypes,os,signal,sys,time\nlibc=ctypes.CDLL(None,use_errno=True)\npid=int(sys.argv[1])\n\
-                      end=time.time()+20\nwhile time.time()<end:\n    try:\n        os.kill(pid,signal.SIGCONT)\n\
-                      \x20       p=os.pidfd_open(pid)\n    except OSError:\n        continue\n    fd=libc.syscall(438,p,3,0)\n\
-                      \x20   os.close(p)\n    if fd>=0:\n        os.pwrite(fd,b'thief',0)\n        print('stole',flush=True)\n";
+                      n={'sigcont':0,'getfd_tries':0,'stole':0}\n\
+                      end=time.time()+20\nwhile time.time()<end and not os.path.exists(sys.argv[2]):\n    try:\n        os.kill(pid,signal.SIGCONT)\n\
+                      \x20       n['sigcont']+=1\n        p=os.pidfd_open(pid)\n    except OSError:\n        continue\n\
+                      \x20   n['getfd_tries']+=1\n    fd=libc.syscall(438,p,3,0)\n\
+                      \x20   os.close(p)\n    if fd>=0:\n        os.pwrite(fd,b'thief',0)\n        n['stole']+=1\n\
+                      print('sigcont=%(sigcont)d getfd_tries=%(getfd_tries)d stole=%(stole)d'%n,flush=True)\n";
     let mut thief = Command::new("/usr/bin/python3");
-    thief.args(["-c", thief_code, &app_pid.to_string()]).stdout(Stdio::piped()).stderr(Stdio::null());
+    thief.args(["-c", thief_code, &app_pid.to_string(), &stop.display().to_string()]).stdout(Stdio::piped()).stderr(Stdio::null());
     gpu_mode_core::privdrop::run_as(&mut thief, &gpu_mode_core::privdrop::Identity::of_user(uid, gid).unwrap());
     let thief = thief.spawn().unwrap();
 
@@ -966,13 +972,15 @@ fn a_thief_racing_the_restore_never_gets_a_root_file_the_user_swapped_in() {
     let rout = n.dir.join("f1-restore.out");
     let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 1, cgroup: None, out: &rout }, &app);
     let code = exit_code(&mut w, Duration::from_secs(60));
-    let _ = std::process::Command::new("/bin/kill").arg(thief.id().to_string()).status();
-    let stole = String::from_utf8_lossy(&thief.wait_with_output().unwrap().stdout).into_owned();
+    std::fs::write(&stop, b"").unwrap();
+    let report = String::from_utf8_lossy(&thief.wait_with_output().unwrap().stdout).into_owned();
     let now = std::fs::read(&victim).unwrap();
     unsafe { libc::kill(app_pid, libc::SIGKILL) };
     stop_agent(&cfg, job, Duration::from_secs(10)).unwrap();
-    assert_eq!(String::from_utf8_lossy(&now), String::from_utf8_lossy(original), "the root-owned file was written (thief: {stole:?})");
-    assert!(stole.is_empty(), "the thief took a descriptor of the root-owned file");
+    assert_eq!(String::from_utf8_lossy(&now), String::from_utf8_lossy(original), "the root-owned file was written (thief: {report:?})");
+    let count = |k: &str| -> u64 { report.split_whitespace().find_map(|f| f.strip_prefix(k)?.strip_prefix('=')?.parse().ok()).unwrap_or(0) };
+    assert!(count("sigcont") > 0 && count("getfd_tries") > 0, "the thief never acted: {report:?}");
+    assert_eq!(count("stole"), 0, "the thief took a descriptor of the root-owned file: {report:?}");
     let err = read(&rout.with_extension("err"));
     assert_eq!(code, 1, "{err}");
     // Refused by CRIU's open as the user, or ended by the thief's own
