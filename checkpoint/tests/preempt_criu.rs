@@ -1369,3 +1369,256 @@ fn an_application_killed_during_the_drivers_checkpoint_ends_the_job_at_once() {
     assert!(err.contains(&format!("pid {app_pid} ended during the call")) && err.contains("not requeued"), "{err}");
     stop_agent(&cfg, job, Duration::from_secs(10)).unwrap();
 }
+
+/// Protobuf, only as much as forging a CRIU core image takes. An image is
+/// two u32 magics, then entries: a u32 length (little-endian) and that many
+/// bytes of protobuf; core-<pid>.img holds one CoreEntry, and the task's
+/// creds are CoreEntry.thread_core (field 5).creds (field 10), a CredsEntry
+/// (CRIU's images/core.proto and images/creds.proto: uid 1, gid 2, euid 3,
+/// egid 4, suid 5, sgid 6, fsuid 7, fsgid 8, cap_inh 9, cap_prm 10,
+/// cap_eff 11, cap_bnd 12, cap_amb 19, each repeated uint32 one field per
+/// word). A field is a varint key (number << 3 | wire type) and a value: a
+/// varint (type 0), 8 bytes (1), a varint length and that many bytes (2),
+/// 4 bytes (5). Fields may come in any order, so a changed field is written
+/// at the end of its message.
+mod pb {
+    pub fn varint(b: &[u8], at: &mut usize) -> u64 {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let byte = b[*at];
+            *at += 1;
+            v |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return v;
+            }
+        }
+        panic!("a varint of more than 10 bytes");
+    }
+
+    fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+        while v >= 0x80 {
+            out.push(v as u8 | 0x80);
+            v >>= 7;
+        }
+        out.push(v as u8);
+    }
+
+    /// A message's fields in order: (number, wire type, the field's whole
+    /// encoding, its value's bytes without the key and length).
+    pub fn fields(b: &[u8]) -> Vec<(u64, u64, &[u8], &[u8])> {
+        let (mut at, mut out) = (0, Vec::new());
+        while at < b.len() {
+            let start = at;
+            let key = varint(b, &mut at);
+            let mut value = at;
+            match key & 7 {
+                0 => {
+                    varint(b, &mut at);
+                }
+                1 => at += 8,
+                2 => {
+                    let len = varint(b, &mut at) as usize;
+                    value = at;
+                    at += len;
+                }
+                5 => at += 4,
+                w => panic!("wire type {w} in a CRIU image"),
+            }
+            out.push((key >> 3, key & 7, &b[start..at], &b[value..at]));
+        }
+        out
+    }
+
+    /// The varint values of field `number` (a repeated one's, in order).
+    pub fn values(msg: &[u8], number: u64) -> Vec<u64> {
+        let mut out = Vec::new();
+        for (_, wire, _, value) in fields(msg).into_iter().filter(|f| f.0 == number) {
+            assert_eq!(wire, 0, "field {number} is not a varint");
+            out.push(varint(value, &mut 0));
+        }
+        out
+    }
+
+    /// The bytes of message field `number` (the first).
+    pub fn message(msg: &[u8], number: u64) -> Vec<u8> {
+        fields(msg).iter().find(|f| f.0 == number && f.1 == 2).map(|f| f.3.to_vec()).unwrap_or_else(|| panic!("no message field {number}"))
+    }
+
+    /// `msg` without field `number`, then `with` (whole encoded fields).
+    fn replace(msg: &[u8], number: u64, with: &[u8]) -> Vec<u8> {
+        let mut out: Vec<u8> = fields(msg).iter().filter(|f| f.0 != number).flat_map(|f| f.2.to_vec()).collect();
+        out.extend_from_slice(with);
+        out
+    }
+
+    fn message_field(number: u64, body: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        put_varint(&mut out, number << 3 | 2);
+        put_varint(&mut out, body.len() as u64);
+        out.extend_from_slice(body);
+        out
+    }
+
+    /// The one CoreEntry of a core image: (the two magics, the entry).
+    pub fn core_entry(image: &[u8]) -> (&[u8], &[u8]) {
+        let (magics, rest) = image.split_at(8);
+        let len = u32::from_le_bytes(rest[..4].try_into().unwrap()) as usize;
+        assert_eq!(rest.len(), 4 + len, "a core image holds one CoreEntry");
+        (magics, &rest[4..])
+    }
+
+    /// The creds of a core image.
+    pub fn creds(image: &[u8]) -> Vec<u8> {
+        message(&message(core_entry(image).1, 5), 10)
+    }
+
+    /// `image` with each creds field of `set` holding the values given (a
+    /// repeated field one per word) in place of the dumped ones.
+    pub fn forge_creds(image: &[u8], set: &[(u64, &[u32])]) -> Vec<u8> {
+        let (magics, core) = core_entry(image);
+        let thread_core = message(core, 5);
+        let mut creds = message(&thread_core, 10);
+        for (number, words) in set {
+            let mut with = Vec::new();
+            for w in *words {
+                put_varint(&mut with, number << 3);
+                put_varint(&mut with, u64::from(*w));
+            }
+            creds = replace(&creds, *number, &with);
+        }
+        let thread_core = replace(&thread_core, 10, &message_field(10, &creds));
+        let core = replace(core, 5, &message_field(5, &thread_core));
+        [magics, &(core.len() as u32).to_le_bytes(), &core].concat()
+    }
+}
+
+/// The processes running `argv` (their pids), zombies left out.
+fn running_argv(argv: &[&str]) -> Vec<i32> {
+    let want: Vec<u8> = argv.iter().flat_map(|a| a.bytes().chain([0])).collect();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|p| std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| c == want))
+        .filter(|p| gpu_mode_core::procfs::read(*p).is_some_and(|s| !matches!(s.state, 'Z' | 'X')))
+        .collect()
+}
+
+/// `pid`'s CapInh, CapPrm, CapEff and CapAmb lines where any is not 0.
+fn capabilities_of(pid: i32) -> Option<String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let caps: Vec<&str> = status.lines().filter(|l| ["CapInh:", "CapPrm:", "CapEff:", "CapAmb:"].iter().any(|k| l.starts_with(k))).collect();
+    caps.iter().any(|l| l.split_whitespace().nth(1).is_some_and(|v| u64::from_str_radix(v, 16) != Ok(0))).then(|| caps.join(" "))
+}
+
+/// Issue 37 N1, the second line, in CRIU itself
+/// (packaging/criu/0005-restore-refuse-unprivileged-creds-beyond-criu-s-own.patch):
+/// a user who got a forged core image past the agent's checks (here root
+/// forges it and writes its new checksum into the manifest, so every check
+/// of the agent passes) gets no capability and no other identity from
+/// CRIU's unprivileged restore. The dumped `sleep`'s creds get
+/// CAP_CHECKPOINT_RESTORE, the capability CRIU always runs with, in every
+/// set; in the permitted and effective ones only; uid 0; gid 0. CRIU must
+/// refuse each, naming the task and the field, nothing of the tree may be
+/// left running, and no restored task may hold a capability at any moment
+/// seen; the image as dumped then restores. Without the patch CRIU restores
+/// the capabilities (the agent's check of the restored tree refuses it
+/// after) and the kernel refuses the uid without naming the field.
+#[test]
+fn criu_itself_refuses_a_forged_core_images_creds_that_the_agents_checks_let_through() {
+    let Some(n) = node() else { return };
+    let Who::User(user) = n.who else {
+        return gpu_mode_testkit::skipped(&gpu_mode_testkit::this_test(), "CRIU must run as the job's user to refuse another identity");
+    };
+    let job = 9131;
+    let images = n.dir.join("images-creds");
+    let (cfg_path, cfg) = n.config("creds", &images);
+    let (uid, gid) = ids(user);
+    let app = ["/bin/sleep", "6131"];
+    // An earlier run's job, if it left one.
+    for pid in running_argv(&app) {
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    let out = n.dir.join("creds.out");
+    n.agent((&cfg_path, &cfg), job, 0, 0);
+    let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 0, cgroup: None, out: &out }, &app);
+    wait_for("the application", Duration::from_secs(20), || running_argv(&app).len() == 1);
+    let app_pid = running_argv(&app)[0];
+    signal(&w, libc::SIGUSR1);
+    assert_eq!(exit_code(&mut w, Duration::from_secs(60)), 0, "{}", read(&out.with_extension("err")));
+    stop_agent(&cfg, job, Duration::from_secs(10)).unwrap();
+    let run = ImageStore::new(&images).run_dir(job, 0);
+    assert!(run.join(MANIFEST_FILE).exists(), "{}", read(&out.with_extension("err")));
+    let core = format!("core-{app_pid}.img");
+    let dumped = std::fs::read(run.join(&core)).unwrap();
+    // The editor reads the dumped creds right: the job's ids, no capability.
+    let creds = pb::creds(&dumped);
+    assert_eq!([1, 3, 5, 7].map(|f| pb::values(&creds, f)), [0; 4].map(|_| vec![u64::from(uid)]), "the dumped uids");
+    assert_eq!([2, 4, 6, 8].map(|f| pb::values(&creds, f)), [0; 4].map(|_| vec![u64::from(gid)]), "the dumped gids");
+    assert!([9, 10, 11].iter().all(|f| pb::values(&creds, *f).iter().all(|w| *w == 0)), "the dumped capabilities");
+    // Root writes `bytes` as the core image and its description into the
+    // manifest, as a forger who got past the agent would have it.
+    let put = |bytes: &[u8]| {
+        std::fs::write(run.join(&core), bytes).unwrap();
+        let mut m = Manifest::load(&run).unwrap();
+        let dir = gpu_mode_core::fsutil::open_dir_nofollow(&run).unwrap();
+        let now = gpu_mode_core::preempt::manifest::describe_file(&dir, &core).unwrap();
+        let entry = m.images.iter_mut().find(|f| f.name == core).unwrap_or_else(|| panic!("{core} is not in the manifest"));
+        m.image_bytes = m.image_bytes - entry.bytes + now.bytes;
+        *entry = now;
+        m.save(&run).unwrap();
+    };
+    // Restores run 1 and returns its exit code and stderr; asserts that no
+    // task running the job's program ever held a capability meanwhile.
+    let restore = |name: &str, until_restored: bool| -> (i32, String) {
+        n.agent((&cfg_path, &cfg), job, 1, 0);
+        let rout = n.dir.join(format!("creds-{name}.out"));
+        let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 1, cgroup: None, out: &rout }, &app);
+        let err_of = || read(&rout.with_extension("err"));
+        let mut seen = Vec::new();
+        wait_for("the restore to end", Duration::from_secs(60), || {
+            let ours = std::fs::read(format!("/proc/{app_pid}/cmdline")).is_ok_and(|c| c == b"/bin/sleep\x006131\x00");
+            if let Some(caps) = capabilities_of(app_pid).filter(|_| ours) {
+                seen.push(caps);
+            }
+            matches!(w.try_wait(), Ok(Some(_))) || (until_restored && err_of().contains("restored (pid"))
+        });
+        if until_restored {
+            unsafe { libc::kill(app_pid, libc::SIGKILL) };
+        }
+        let code = exit_code(&mut w, Duration::from_secs(30));
+        stop_agent(&cfg, job, Duration::from_secs(10)).unwrap();
+        assert!(seen.is_empty(), "{name}: a restored task held capabilities: {seen:?}\n{}", err_of());
+        (code, err_of())
+    };
+
+    // CAP_CHECKPOINT_RESTORE (40): bit 8 of word 1.
+    let cap: &[u32] = &[0, 1 << (40 - 32)];
+    // (name, the creds fields forged and their words, CRIU's refusal)
+    type Case<'a> = (&'a str, Vec<(u64, &'a [u32])>, String);
+    let cases: [Case; 4] = [
+        ("all-caps", vec![(9, cap), (10, cap), (11, cap), (19, cap)], "creds cap_inh word 1 is 0x100, not 0".into()),
+        ("prm-eff", vec![(10, cap), (11, cap)], "creds cap_prm word 1 is 0x100, not 0".into()),
+        ("uid-0", vec![(1, &[0]), (3, &[0]), (5, &[0]), (7, &[0])], format!("creds uid is 0, not criu's uid {uid}")),
+        ("gid-0", vec![(2, &[0]), (4, &[0]), (6, &[0]), (8, &[0])], format!("creds gid is 0, neither criu's gid {gid} nor one of its groups")),
+    ];
+    for (name, set, needle) in &cases {
+        put(&pb::forge_creds(&dumped, set));
+        let (code, err) = restore(name, false);
+        let left = running_argv(&app);
+        for pid in &left {
+            unsafe { libc::kill(*pid, libc::SIGKILL) };
+        }
+        assert!(left.is_empty(), "{name}: a refused restore left {left:?} running: {err}");
+        assert_eq!(code, 1, "{name}: {err}");
+        assert!(err.contains("cannot restore job 9131") && err.contains("the image is kept"), "{name}: {err}");
+        let refusal = format!("Refusing to restore task {app_pid}: {needle}");
+        assert!(err.contains(&refusal), "{name}: CRIU itself does not refuse the forged creds ({refusal:?}):\n{err}");
+        eprintln!("{name}: {}", err.lines().find(|l| l.contains("cannot restore")).unwrap_or_default());
+    }
+    // The image as dumped restores: the refusals were the forgeries'.
+    put(&dumped);
+    let (_, err) = restore("as-dumped", true);
+    assert!(err.contains("restored (pid"), "the image as dumped: {err}");
+    assert!(running_argv(&app).is_empty(), "the restored job was killed");
+}
