@@ -1060,14 +1060,15 @@ fn the_n1_attack_forges_no_image_gains_no_capability_and_leaves_nothing_running(
     std::fs::write(&go, b"").unwrap();
     std::os::unix::fs::chown(&go, Some(uid), Some(gid)).unwrap();
     // The thief, as the user outside the job, until `stop` exists (60 s at
-    // most): it waits until CRIU has let go of the restored task (stopped,
-    // no tracer: the agent's checks are next), then strikes. Its counts and
-    // every path it got a descriptor of, as JSON.
+    // most): it waits until the restored task is stopped (by SIGSTOP once
+    // CRIU let go of it, before; under CRIU's ptrace at the agent's hold,
+    // now), then strikes. Its counts and every path it got a descriptor of,
+    // as JSON.
     let stop = home.join("stop");
     let thief_code = "import ctypes,json,os,signal,sys,time\nlibc=ctypes.CDLL(None,use_errno=True)\npid=int(sys.argv[1])\n\
                       c={'sigcont':0,'getfd_tries':0,'getfd_ok':0,'writes':0,'write_refusals':0,'paths':[]}\nend=time.time()+60\n\
                       def held():\n    try:\n        st=open('/proc/%d/status'%pid).read()\n    except OSError:\n        return False\n\
-                      \x20   return '\\nTracerPid:\\t0\\n' in st and '\\nState:\\tT' in st\n\
+                      \x20   return '\\nState:\\tT' in st or '\\nState:\\tt' in st\n\
                       while time.time()<end and not os.path.exists(sys.argv[2]) and not held(): time.sleep(0.0005)\n\
                       while time.time()<end and not os.path.exists(sys.argv[2]):\n    try:\n        os.kill(pid,signal.SIGCONT)\n\
                       \x20       c['sigcont']+=1\n        p=os.pidfd_open(pid)\n    except OSError:\n        continue\n\
@@ -1123,6 +1124,9 @@ fn the_n1_attack_forges_no_image_gains_no_capability_and_leaves_nothing_running(
     }
     let err = err_of();
     if refused {
+        // Held by CRIU until its check (agent::hold): the task never ran, so
+        // the thief's SIGCONTs made no sibling (before the hold: one ran).
+        assert!(sibling_pids.is_empty(), "the restored task ran before its check: siblings {sibling_pids:?} ({err})");
         assert!(left.is_empty(), "a refused restore left the sibling(s) {left:?} running: {err}");
         assert!(err.contains("cannot restore job 9120") && err.contains("the image is kept"), "{err}");
     }
@@ -1505,8 +1509,16 @@ fn running_argv(argv: &[&str]) -> Vec<i32> {
 }
 
 /// `pid`'s CapInh, CapPrm, CapEff and CapAmb lines where any is not 0.
+/// Only of a stopped task (SIGSTOP, or CRIU's ptrace stop at the end of
+/// the restore): before that, a task CRIU is still restoring runs CRIU's
+/// restorer with CRIU's own capabilities until the credentials stage, and
+/// none of the user's code runs (seen once the agent's hold lengthened
+/// that end: "as-dumped: a restored task held capabilities").
 fn capabilities_of(pid: i32) -> Option<String> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    if !status.lines().any(|l| l.starts_with("State:\tT") || l.starts_with("State:\tt")) {
+        return None;
+    }
     let caps: Vec<&str> = status.lines().filter(|l| ["CapInh:", "CapPrm:", "CapEff:", "CapAmb:"].iter().any(|k| l.starts_with(k))).collect();
     caps.iter().any(|l| l.split_whitespace().nth(1).is_some_and(|v| u64::from_str_radix(v, 16) != Ok(0))).then(|| caps.join(" "))
 }

@@ -25,6 +25,10 @@ pub enum Request {
     Restore,
     /// The agent exits (root only: the epilog).
     Stop,
+    /// From CRIU's action script at `pre-resume` (agent::hold): may the
+    /// restored tree, still held by CRIU, run? Answered with `Proceed` or
+    /// an error once the agent has checked it.
+    Hold,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -132,6 +136,8 @@ pub enum Response {
     /// The restored tree was dumped by a later checkpoint: not an exit.
     Dumped,
     Stopping,
+    /// The answer to `Hold`: the restored tree passed its checks.
+    Proceed,
     Error { message: String },
     /// The restore failed for a reason of this node's (a pid of the image
     /// is another process's here: security review F7), before anything was

@@ -5,10 +5,12 @@
 //! the prolog as root through `spawn_agent`. `--gpus` are the job's NVML
 //! indices in allocation order. It serves until the job is gone, its
 //! deadline, or `stop` from root; exit 0 then, 2 on bad arguments or config,
-//! 1 when it cannot start or listen.
+//! 1 when it cannot start or listen. Run by CRIU as its action script
+//! (`CRTOOLS_SCRIPT_ACTION` set), it is the restore's hold instead
+//! (gpu_mode_core::preempt::agent::hold).
 
 use gpu_mode_core::log::{ActionLine, Outcome};
-use gpu_mode_core::preempt::agent::{gpu_facts, listen, node_gpus, real_backends, AgentSettings};
+use gpu_mode_core::preempt::agent::{gpu_facts, hold, listen, node_gpus, real_backends, AgentSettings};
 use gpu_mode_core::job_env::JobRun;
 use gpu_mode_core::preempt::{socket_path, Agent, AgentParams, NodeFacts};
 use gpu_mode_core::Config;
@@ -58,6 +60,12 @@ fn fail(code: i32, msg: String) -> ! {
 }
 
 fn main() {
+    // Run by CRIU as its action script (as the job's user): the restore's
+    // hold, nothing else (preempt::agent::hold).
+    if let Some(action) = std::env::var_os(hold::ACTION_ENV) {
+        let socket = std::env::var_os(hold::SOCKET_ENV);
+        std::process::exit(hold::script_main(&action.to_string_lossy(), socket.as_deref()));
+    }
     let a = parse().unwrap_or_else(|e| fail(2, e));
     if unsafe { libc::geteuid() } != 0 {
         fail(2, "runs as root (the prolog starts it)".into());

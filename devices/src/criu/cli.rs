@@ -81,6 +81,9 @@ pub fn restore_args(req: &RestoreRequest, dirs: Dirs) -> Vec<OsString> {
     if req.tcp_established {
         a.extend(["--tcp-established".into(), "--network-lock".into(), "nftables".into()]);
     }
+    if let Some(hold) = &req.hold {
+        a.extend(["--action-script".into(), hold.script.clone().into_os_string()]);
+    }
     a
 }
 
@@ -146,6 +149,9 @@ impl CriuCli {
     fn restore_command(&self, req: &RestoreRequest, dirs: Dirs) -> Command {
         let mut cmd = self.command(&restore_args(req, dirs));
         cmd.env(PAGE_READERS_ENV, self.page_readers.to_string());
+        if let Some(hold) = &req.hold {
+            cmd.env(super::HOLD_SOCKET_ENV, &hold.socket);
+        }
         cmd
     }
 
@@ -311,6 +317,7 @@ mod tests {
             tcp_established: false,
             user,
             limits,
+            hold: None,
         };
         let dirs = Dirs { images: 11, work: 12 };
         let text = strings(restore_args(&restore, dirs)).join(" ");
@@ -326,6 +333,14 @@ mod tests {
             cmd.get_envs().map(|(k, v)| (k.to_string_lossy().into_owned(), v.unwrap_or_default().to_string_lossy().into_owned())).collect();
         env.sort();
         assert_eq!(env, [("CRIU_PAGE_READERS".to_string(), "6".to_string()), ("PATH".into(), "/usr/sbin:/usr/bin:/sbin:/bin".into())]);
+        // The agent's hold: its binary as the action script, its socket in the environment.
+        let held = RestoreRequest {
+            hold: Some(super::super::HoldScript { script: "/usr/libexec/a".into(), socket: "/run/s/job-7.sock".into() }),
+            ..restore.clone()
+        };
+        assert!(strings(restore_args(&held, dirs)).join(" ").ends_with("--pidfile restore.pid --action-script /usr/libexec/a"));
+        let cmd = cli.restore_command(&held, dirs);
+        assert!(cmd.get_envs().any(|(k, v)| k == "GPU_MODE_HOLD_SOCKET" && v == Some("/run/s/job-7.sock".as_ref())));
         assert_eq!(capabilities(false), [40]);
         assert_eq!(capabilities(true), [40, 12]);
     }

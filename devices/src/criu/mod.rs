@@ -80,6 +80,8 @@ pub use cgroup::{CgroupError, CgroupLine, TargetCgroup};
 pub use check_cache::{CheckCache, FILE as CHECK_CACHE_FILE};
 pub use cli::{capabilities, CriuCli};
 pub use recording::{CriuCall, RecordingCriu};
+/// In CRIU's environment for the hold script: the agent's socket.
+pub const HOLD_SOCKET_ENV: &str = "GPU_MODE_HOLD_SOCKET";
 pub use version::{CriuVersion, MIN_MAJOR};
 
 use crate::privdrop::{HardLimits, Identity};
@@ -123,6 +125,16 @@ pub struct RestoreRequest {
     /// CRIU's hard resource limits: the tree's, as its manifest recorded
     /// them (what a restored task can get at most).
     pub limits: HardLimits,
+    /// The agent's hold (preempt::agent::hold): CRIU runs `script` as its
+    /// action script, with `socket` (the agent's) in its environment.
+    pub hold: Option<HoldScript>,
+}
+
+/// An action script that holds the restore at `pre-resume`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HoldScript {
+    pub script: PathBuf,
+    pub socket: PathBuf,
 }
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]

@@ -15,6 +15,7 @@
 //! appeared within `start_grace`.
 
 mod dump;
+pub mod hold;
 mod ratelimit;
 mod real;
 mod refusal;
@@ -101,6 +102,10 @@ pub struct AgentSettings {
     /// scontrol at this path.
     pub accounting: AccountingField,
     pub scontrol: PathBuf,
+    /// Where a restore holds for the agent's checks (hold.rs): the agent's
+    /// own binary as CRIU's action script; `None` (the unit tests'
+    /// recording CRIU runs no script): the tree is checked after CRIU.
+    pub restore_hold: Option<hold::HoldSettings>,
 }
 
 impl AgentSettings {
@@ -122,6 +127,7 @@ impl AgentSettings {
             events: None,
             accounting: cfg.preempt.accounting,
             scontrol: cfg.slurm.scontrol.clone(),
+            restore_hold: Some(hold::HoldSettings { script: cfg.preempt.agent.clone(), criu: cfg.preempt.criu.clone() }),
         }
     }
 }
@@ -153,6 +159,8 @@ pub struct Agent {
     /// One checkpoint or restore at a time.
     op: Mutex<()>,
     restored: Mutex<BTreeMap<i32, RootState>>,
+    /// A restore waiting at CRIU's pre-resume for its checks (hold.rs).
+    hold: Mutex<Option<hold::Pending>>,
     stop: AtomicBool,
     started: Instant,
     /// Open connections of the job's user (server.rs bounds them).
@@ -200,6 +208,7 @@ impl Agent {
             criu_status,
             op: Mutex::new(()),
             restored: Mutex::new(BTreeMap::new()),
+            hold: Mutex::new(None),
             stop: AtomicBool::new(false),
             started: Instant::now(),
             connections: AtomicUsize::new(0),

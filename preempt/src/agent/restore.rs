@@ -7,7 +7,8 @@
 use super::server::Peer;
 use super::{Agent, Because, FailureReason, RefusalKind, RequestError, RootState};
 use crate::cuda_ckpt::DeviceMap;
-use crate::criu::{CgroupError, RestoreRequest, TargetCgroup};
+use crate::criu::{CgroupError, HoldScript, RestoreRequest, TargetCgroup};
+use super::hold::Pending;
 use crate::images::{ImageStore, Lent};
 use crate::manifest::{Manifest, ManifestError};
 use crate::protocol::RestoreSummary;
@@ -278,6 +279,7 @@ impl Agent {
             Ok((ImageStore::lend(&work, uid, gid)?, work))
         };
         let (lent, work_dir) = lend().map_err(|e| format!("{e}; the image is kept")).because(FailureReason::ImageDir)?;
+        let hold = self.settings.restore_hold.clone();
         let req = RestoreRequest {
             images_dir: dir.to_path_buf(),
             work_dir,
@@ -285,11 +287,28 @@ impl Agent {
             tcp_established: m.tcp_established,
             user: self.user.clone(),
             limits: m.limits.clone(),
+            hold: hold.as_ref().map(|h| HoldScript {
+                script: h.script.clone(),
+                socket: crate::socket_path(&self.settings.socket_dir, self.params.run.job),
+            }),
         };
+        if let Some(settings) = hold {
+            *self.hold.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some(Pending { root: m.root_pid, manifest: m.clone(), cgroup: cgroup.clone(), settings, outcome: None });
+        }
         let t = Instant::now();
         let restored = self.criu.restore(&req);
+        let held = self.hold.lock().unwrap_or_else(|p| p.into_inner()).take().map(|p| p.outcome);
         let back = opened.give_back().and(lent.give_back());
         sw.since("criu-restore", t);
+        let failed_check = |e: &dyn std::fmt::Display| {
+            RequestError::failed(FailureReason::RestoredCheck, format!("{e}; the restored processes were killed, the image is kept"))
+        };
+        // The checks ran at the hold and refused: whatever CRIU said after.
+        if let Some(Some(Err(e))) = &held {
+            self.reap_failed_restore(m);
+            return Err(failed_check(e));
+        }
         let r = match (restored, back) {
             (Ok(r), Ok(())) => r,
             (Err(e), _) => {
@@ -304,23 +323,42 @@ impl Agent {
             }
         };
         let t = Instant::now();
-        let mut pids = self.host.with_descendants(r.pid);
-        pids.extend(self.strays(r.pid));
-        let tree: Vec<procfs::Pinned> = pids.iter().filter_map(|p| procfs::Pinned::new(*p).ok()).collect();
-        let check = if r.pid != m.root_pid {
-            Err(RestoredCheckError::OtherRoot { restored: r.pid, image: m.root_pid })
-        } else {
-            cgroup.verify(r.pid).map_err(RestoredCheckError::from).and_then(|_| self.check_stopped_tree(&pids, m))
+        let tree = match held {
+            // Checked while CRIU held it (hold.rs): nothing of it ran before.
+            Some(Some(Ok(tree))) if r.pid == m.root_pid => tree,
+            // A hold was asked for and CRIU went on without one (a CRIU
+            // without packaging/criu/0006 whose script was killed): the tree
+            // may have run before any check.
+            Some(None) => {
+                self.kill_restored(m, &[]);
+                return Err(failed_check(&"CRIU resumed the restored tree without the agent's hold"));
+            }
+            _ => self.check_after_criu(r.pid, m, &cgroup).map_err(|(tree, e)| {
+                self.kill_restored(m, &tree);
+                failed_check(&e)
+            })?,
         };
-        if let Err(e) = check {
-            self.kill_restored(m, &tree);
-            return Err(RequestError::failed(FailureReason::RestoredCheck, format!("{e}; the restored processes were killed, the image is kept")));
-        }
         for p in &tree {
             p.signal(libc::SIGCONT);
         }
         sw.since("restored-check", t);
         Ok((r.pid, tree))
+    }
+
+    /// Without a hold: the tree CRIU left stopped is pinned, then checked.
+    fn check_after_criu(&self, root: i32, m: &Manifest, cgroup: &TargetCgroup) -> Result<Vec<procfs::Pinned>, (Vec<procfs::Pinned>, RestoredCheckError)> {
+        let mut pids = self.host.with_descendants(root);
+        pids.extend(self.strays(root));
+        let tree: Vec<procfs::Pinned> = pids.iter().filter_map(|p| procfs::Pinned::new(*p).ok()).collect();
+        let check = if root != m.root_pid {
+            Err(RestoredCheckError::OtherRoot { restored: root, image: m.root_pid })
+        } else {
+            cgroup.verify(root).map_err(RestoredCheckError::from).and_then(|_| self.check_stopped_tree(&pids, m))
+        };
+        match check {
+            Ok(()) => Ok(tree),
+            Err(e) => Err((tree, e)),
+        }
     }
 
     /// The tree CRIU left stopped (`--leave-stopped`), before it runs: every
@@ -379,7 +417,7 @@ impl Agent {
     /// (the wrapper makes the application a session leader); one that also
     /// left the session (setsid) is not found: it runs as the user, without
     /// capabilities, in the job's cgroup, which Slurm ends with the job.
-    fn strays(&self, root: i32) -> Vec<i32> {
+    pub(super) fn strays(&self, root: i32) -> Vec<i32> {
         let me = std::process::id() as i32;
         let Some(sid) = procfs::session(root) else { return Vec::new() };
         let kept: Vec<i32> = self.restored.lock().unwrap_or_else(|p| p.into_inner()).keys().copied().collect();

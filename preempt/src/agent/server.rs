@@ -241,6 +241,7 @@ impl Agent {
                 self.stop.store(true, Ordering::SeqCst);
                 reply(&mut out, &Response::Stopping);
             }
+            Request::Hold => reply(&mut out, &self.hold_request(peer)),
         }
     }
 

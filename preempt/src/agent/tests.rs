@@ -127,6 +127,7 @@ fn fixture_opts(counting: bool, accounting: crate::accounting::AccountingField, 
         }),
         accounting,
         scontrol,
+        restore_hold: None,
     };
     let params = AgentParams {
         run: JobRun { job: 7, restart_count: 0, uid: NOBODY, gid: NOBODY, node: "n1".into() },
