@@ -1634,3 +1634,65 @@ fn criu_itself_refuses_a_forged_core_images_creds_that_the_agents_checks_let_thr
     assert!(err.contains("restored (pid"), "the image as dumped: {err}");
     assert!(running_argv(&app).is_empty(), "the restored job was killed");
 }
+
+/// The node's nftables tables whose name starts with `CRIU-`, or `None`
+/// without nft (then the test is noted SKIPPED, a failure where
+/// GPU_MODE_REQUIRE_CRIU=1 and nft exists).
+fn criu_tables(nft: &Path) -> Option<Vec<String>> {
+    let out = Command::new(nft).args(["list", "tables"]).output().ok().filter(|o| o.status.success())?;
+    Some(gpu_mode_core::preempt::netlock::inet_tables(&String::from_utf8_lossy(&out.stdout)).into_iter().filter(|t| t.starts_with("CRIU-")).collect())
+}
+
+/// Issue 37 N2: a dump of a tree whose TCP peers are all its own leaves no
+/// nftables table (`--network-lock skip`); one with an outside peer leaves
+/// CRIU's table, which the agent records for the node and the epilog's
+/// sweep deletes once the job ended without a restore. Before: every dump
+/// with a connection left `inet CRIU-<run id>` for good.
+#[test]
+fn a_dumped_job_that_ends_without_a_restore_leaves_no_network_lock() {
+    let Some(n) = node() else { return };
+    let nft = Path::new("/usr/sbin/nft");
+    let Some(before) = criu_tables(nft) else {
+        gpu_mode_testkit::skipped(&gpu_mode_testkit::this_test(), "no working /usr/sbin/nft here (apt-get install nftables)");
+        return;
+    };
+    let outside = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = outside.local_addr().unwrap().port();
+    let accepted = std::thread::spawn(move || outside.accept().map(|(s, _)| s));
+    let peer = format!("tcp-to:{port}");
+    for (name, job, hold, keeps_lock) in [("netlock-inside", 9140, "tcp-loopback", false), ("netlock-outside", 9141, peer.as_str(), true)] {
+        let images = n.dir.join(format!("images-{name}"));
+        let (cfg_path, cfg) = n.config_with(name, &images, &format!("nft = \"{}\"\n", nft.display()));
+        let out = n.dir.join(format!("{name}.out"));
+        let ready = format!("{}/user/{name}.ready", n.dir.display());
+        let counter = n.counter();
+        let app = [counter.as_str(), "--steps", "400", "--interval-ms", "20", "--mib", "8", "--hold", hold, "--ready", &ready];
+        n.agent((&cfg_path, &cfg), job, 0, 0);
+        let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 0, cgroup: None, out: &out }, &app);
+        wait_for("three steps", Duration::from_secs(20), || last_step(&out) >= 3);
+        signal(&w, libc::SIGUSR1);
+        assert_eq!(exit_code(&mut w, Duration::from_secs(60)), 0, "{name}: {}", read(&out.with_extension("err")));
+        let store = ImageStore::new(&images);
+        let m = Manifest::load(&store.run_dir(job, 0)).unwrap();
+        assert!(m.tcp_established, "{name}: the dump had --tcp-established");
+        let locks = gpu_mode_core::preempt::netlock::NetLocks::from_config(&cfg);
+        let new: Vec<String> = criu_tables(nft).unwrap().into_iter().filter(|t| !before.contains(t)).collect();
+        let recorded: Vec<String> = new.iter().filter(|t| locks.record_of(t).is_some_and(|r| r.job == job)).cloned().collect();
+        if keeps_lock {
+            assert_eq!(recorded.len(), 1, "{name}: one table of this dump's, recorded: new {new:?}");
+            let claims = locks.claims().unwrap();
+            assert!(claims.iter().any(|(t, c)| *t == recorded[0] && !c.deleted()), "{name}: kept while its image waits: {claims:?}");
+        } else {
+            assert!(recorded.is_empty() && locks.sweep().deleted.is_empty(), "{name}: no lock for a tree whose peers are its own: {new:?}");
+        }
+        // The job is cancelled while it waits: its epilog stops the agent,
+        // the sweep removes its images (Slurm ended it), then its lock.
+        assert_eq!(stop_agent(&cfg, job, Duration::from_secs(10)).map_err(|e| e.to_string()), Ok(true));
+        gpu_mode_core::preempt::images::sweep_images(&store, gpu_mode_core::preempt::Limits { max_bytes: 0, max_age: Duration::ZERO }, &[], &|_| true).unwrap();
+        let swept = locks.sweep();
+        assert_eq!(swept.deleted, recorded, "{name}: {swept:?}");
+        let left: Vec<String> = criu_tables(nft).unwrap().into_iter().filter(|t| recorded.contains(t)).collect();
+        assert!(left.is_empty(), "{name}: left {left:?}");
+    }
+    drop(accepted);
+}

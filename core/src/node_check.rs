@@ -22,6 +22,7 @@ fn sources(config: &Config) -> Sources<'_> {
         runtime_dir: &config.runtime_dir,
         mps_control: &config.mps.control,
         mig_baseline: crate::mig_baseline::tool::configured(config).map_err(|e| e.to_string()),
+        netlocks: Some(crate::preempt::netlock::NetLocks::from_config(config)),
     }
 }
 

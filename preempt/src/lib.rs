@@ -47,6 +47,7 @@ pub mod held;
 pub mod hugepages;
 pub mod images;
 pub mod manifest;
+pub mod netlock;
 pub mod protocol;
 pub mod shm;
 /// The application's signal state (a base module: the SPANK plugin holds the

@@ -4,11 +4,36 @@
 //! on; N2: every dump left an nftables lock table). A listening or unbound
 //! TCP socket needs no repair: CRIU dumps and restores it as it is.
 //!
+//! And are its connections' peers all inside it (issue 37 N2)? Both ends of
+//! such a connection (torch's TCPStore between ranks on one node) are frozen,
+//! dumped and killed with the tree, so nothing can reach or answer either
+//! end meanwhile: CRIU needs no network lock (`--network-lock skip`), and
+//! leaves no nftables table behind. A connection to an outside peer keeps
+//! the lock (netlock.rs records and removes its table).
+//!
 //! Read from /proc as root: the tree's socket inodes (`/proc/<pid>/fd`,
 //! `socket:[N]`) against the TCP tables of its network namespace
 //! (`/proc/<pid>/net/tcp` and `tcp6`).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+/// One end of a TCP connection: address (IPv4-mapped IPv6 read as IPv4,
+/// so that both families' views of one connection compare) and port.
+pub type Endpoint = (IpAddr, u16);
+
+/// What a tree's TCP sockets need from CRIU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TreeTcp {
+    /// No connection: no `--tcp-established`, no lock, no CAP_NET_ADMIN.
+    None,
+    /// Connections whose peers are all sockets of the tree itself:
+    /// `--tcp-established --network-lock skip`.
+    InsideOnly,
+    /// A connection to a peer outside the tree (or tables that could not be
+    /// read): `--tcp-established --network-lock nftables`.
+    Outside,
+}
 
 /// TCP states (include/net/tcp_states.h) that need no repair.
 const LISTEN: u8 = 0x0A;
@@ -18,16 +43,61 @@ const CLOSE: u8 = 0x07;
 /// state other than LISTEN or CLOSE (established, or on their way in or
 /// out). Lines that do not parse are skipped (the header among them).
 pub fn connected_inodes(table: &str) -> Vec<u64> {
+    table.lines().filter_map(connection_row).map(|(inode, _, _)| inode).collect()
+}
+
+/// A table row of a socket past LISTEN and CLOSE held by a descriptor:
+/// its inode and its local and remote address texts.
+fn connection_row(line: &str) -> Option<(u64, &str, &str)> {
+    let f: Vec<&str> = line.split_whitespace().collect();
+    // sl local rem st tx:rx tr:when retrnsmt uid timeout inode ...
+    let state = u8::from_str_radix(f.get(3)?, 16).ok()?;
+    let inode = f.get(9)?.parse::<u64>().ok()?;
+    (state != LISTEN && state != CLOSE && inode != 0).then_some((inode, *f.get(1)?, *f.get(2)?))
+}
+
+/// A `/proc/net/tcp{,6}` address, `0100007F:0CEA` or 32 hex digits and a
+/// port: the kernel prints the address's 32-bit words as native integers
+/// (`%08X`), the port in host order.
+pub fn parse_endpoint(text: &str) -> Option<Endpoint> {
+    let (addr, port) = text.split_once(':')?;
+    let port = u16::from_str_radix(port, 16).ok()?;
+    let word = |i: usize| -> Option<[u8; 4]> {
+        let hex = addr.get(i * 8..i * 8 + 8)?;
+        Some(u32::from_str_radix(hex, 16).ok()?.to_ne_bytes())
+    };
+    let ip = match addr.len() {
+        8 => IpAddr::V4(Ipv4Addr::from(word(0)?)),
+        32 => {
+            let mut bytes = [0u8; 16];
+            for i in 0..4 {
+                bytes[i * 4..i * 4 + 4].copy_from_slice(&word(i)?);
+            }
+            let v6 = Ipv6Addr::from(bytes);
+            v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)
+        }
+        _ => return None,
+    };
+    Some((ip, port))
+}
+
+/// The connections of a `/proc/net/tcp` or `tcp6` table (as
+/// [`connected_inodes`] finds them): inode → (local, remote).
+pub fn connections(table: &str) -> BTreeMap<u64, (Endpoint, Endpoint)> {
     table
         .lines()
-        .filter_map(|line| {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            // sl local rem st tx:rx tr:when retrnsmt uid timeout inode ...
-            let state = u8::from_str_radix(f.get(3)?, 16).ok()?;
-            let inode = f.get(9)?.parse::<u64>().ok()?;
-            (state != LISTEN && state != CLOSE && inode != 0).then_some(inode)
-        })
+        .filter_map(connection_row)
+        .filter_map(|(inode, local, remote)| Some((inode, (parse_endpoint(local)?, parse_endpoint(remote)?))))
         .collect()
+}
+
+/// Whether every one of `ours` (the tree's connections, one network
+/// namespace) has its peer among them: another of `ours` whose local end
+/// is this one's remote end and whose remote end is this one's local end.
+/// Empty: no connection, nothing outside.
+pub fn peers_all_inside(ours: &BTreeMap<u64, (Endpoint, Endpoint)>) -> bool {
+    let ends: BTreeSet<(Endpoint, Endpoint)> = ours.values().copied().collect();
+    ours.values().all(|(local, remote)| ends.contains(&(*remote, *local)))
 }
 
 /// `socket:[N]` → N.
@@ -35,17 +105,47 @@ fn socket_inode(link: &str) -> Option<u64> {
     link.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
 }
 
-/// Whether any process of `pids` holds a TCP connection that CRIU can only
-/// dump with `--tcp-established`. When the tables cannot be read it says
-/// yes: the dump then goes as it always went, never failing for want of
-/// the option.
-pub fn tree_has_connections(pids: &[i32]) -> bool {
+/// The socket inodes `pids` hold.
+fn sockets_of(pids: &[i32]) -> BTreeSet<u64> {
     let mut sockets = BTreeSet::new();
     for pid in pids {
         let Ok(links) = crate::procfs::fd_links(std::path::Path::new(&format!("/proc/{pid}/fd"))) else { continue };
         sockets.extend(links.iter().filter_map(|(_, target)| socket_inode(target)));
     }
-    connection_among(&sockets, pids)
+    sockets
+}
+
+/// Whether any process of `pids` holds a TCP connection that CRIU can only
+/// dump with `--tcp-established`. When the tables cannot be read it says
+/// yes: the dump then goes as it always went, never failing for want of
+/// the option.
+pub fn tree_has_connections(pids: &[i32]) -> bool {
+    connection_among(&sockets_of(pids), pids)
+}
+
+/// What the tree's TCP sockets need (see [`TreeTcp`]). A table that cannot
+/// be read, or a tree in more than one network namespace, is
+/// [`TreeTcp::Outside`]: the lock is kept whenever in doubt.
+pub fn tree_tcp(pids: &[i32]) -> TreeTcp {
+    let sockets = sockets_of(pids);
+    if !connection_among(&sockets, pids) {
+        return TreeTcp::None;
+    }
+    let namespaces: BTreeSet<_> = pids.iter().filter_map(|p| std::fs::read_link(format!("/proc/{p}/ns/net")).ok()).collect();
+    let (Some(pid), 1) = (pids.first(), namespaces.len()) else { return TreeTcp::Outside };
+    let mut ours = BTreeMap::new();
+    for table in ["tcp", "tcp6"] {
+        match std::fs::read_to_string(format!("/proc/{pid}/net/{table}")) {
+            Ok(text) => ours.extend(connections(&text).into_iter().filter(|(inode, _)| sockets.contains(inode))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(_) => return TreeTcp::Outside,
+        }
+    }
+    if !ours.is_empty() && peers_all_inside(&ours) {
+        TreeTcp::InsideOnly
+    } else {
+        TreeTcp::Outside
+    }
 }
 
 /// Whether one of `sockets` is a TCP connection in the tables of `pids`'
@@ -116,5 +216,60 @@ mod tests {
         assert!(connection_among(&only(client.as_raw_fd()), &me));
         assert!(tree_has_connections(&me));
         assert!(!tree_has_connections(&[]));
+        // Both ends are this process's: inside. (Other tests of this binary
+        // may hold connections of their own: the table form is below.)
+        let tables = std::fs::read_to_string("/proc/self/net/tcp").unwrap();
+        let all = connections(&tables);
+        let pair: BTreeMap<_, _> = all.iter().filter(|(i, _)| [inode(server.as_raw_fd()), inode(client.as_raw_fd())].contains(i)).map(|(i, c)| (*i, *c)).collect();
+        assert_eq!(pair.len(), 2, "{all:?}");
+        assert!(peers_all_inside(&pair));
+        let one: BTreeMap<_, _> = pair.iter().take(1).map(|(i, c)| (*i, *c)).collect();
+        assert!(!peers_all_inside(&one));
+    }
+
+    #[test]
+    fn addresses_are_read_as_the_kernel_prints_them() {
+        let v4 = |a: [u8; 4], p| Some((IpAddr::V4(Ipv4Addr::from(a)), p));
+        let cases: [(&str, Option<Endpoint>); 7] = [
+            ("0100007F:0CEA", v4([127, 0, 0, 1], 3306)),
+            ("0A00A8C0:1F90", v4([192, 168, 0, 10], 8080)),
+            // ::1, and ::ffff:127.0.0.1 read as IPv4.
+            ("00000000000000000000000001000000:0016", Some((IpAddr::V6(Ipv6Addr::LOCALHOST), 22))),
+            ("0000000000000000FFFF00000100007F:0CEA", v4([127, 0, 0, 1], 3306)),
+            ("0100007F", None),
+            ("0100007:0CEA", None),
+            ("0100007F:XYZ", None),
+        ];
+        for (text, want) in cases {
+            assert_eq!(parse_endpoint(text), want, "{text}");
+        }
+    }
+
+    /// Table-driven: which trees' connections all have their peer inside.
+    #[test]
+    fn a_tree_needs_no_lock_only_when_every_peer_is_its_own() {
+        let e = |port| (IpAddr::V4(Ipv4Addr::LOCALHOST), port);
+        let out = (IpAddr::V4(Ipv4Addr::new(10, 0, 0, 9)), 443);
+        let c = |a: Endpoint, b: Endpoint| (a, b);
+        let cases: [(&str, Vec<(Endpoint, Endpoint)>, bool); 6] = [
+            ("nothing", vec![], true),
+            ("a pair on localhost", vec![c(e(40000), e(29500)), c(e(29500), e(40000))], true),
+            ("two pairs", vec![c(e(40000), e(29500)), c(e(29500), e(40000)), c(e(40001), e(29500)), c(e(29500), e(40001))], true),
+            ("one end only (the server is outside)", vec![c(e(40000), e(29500))], false),
+            ("a pair and an outside peer", vec![c(e(40000), e(29500)), c(e(29500), e(40000)), c(e(40002), out)], false),
+            ("same ports, other direction missing", vec![c(e(40000), e(29500)), c(e(40000), e(29500))], false),
+        ];
+        for (what, conns, inside) in cases {
+            let ours: BTreeMap<u64, _> = conns.into_iter().enumerate().map(|(i, c)| (i as u64 + 1, c)).collect();
+            assert_eq!(peers_all_inside(&ours), inside, "{what}");
+        }
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
+   0: 0100007F:7354 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1001        0 111 1\n\
+   1: 0100007F:9C40 0100007F:7354 01 00000000:00000000 00:00000000 00000000  1001        0 222 1\n\
+   2: 0100007F:7354 0100007F:9C40 01 00000000:00000000 00:00000000 00000000  1001        0 333 1\n";
+        let conns = connections(table);
+        assert_eq!(conns.keys().copied().collect::<Vec<_>>(), [222, 333]);
+        assert_eq!(conns[&222], (e(40000), e(29524)));
+        assert!(peers_all_inside(&conns));
     }
 }

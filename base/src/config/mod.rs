@@ -346,6 +346,9 @@ pub struct PreemptConfig {
     /// The per-job agent the prolog starts.
     pub agent: PathBuf,
     pub criu: PathBuf,
+    /// nft, which removes the nftables tables CRIU's network locks leave
+    /// (core::preempt::netlock); a node without it keeps them (logged).
+    pub nft: PathBuf,
     /// Bound on one `criu dump` or `criu restore`.
     pub criu_timeout_ms: u64,
     /// Threads that read a restored process's large mappings (the driver's
@@ -404,6 +407,7 @@ impl Default for PreemptConfig {
             agent_socket_dir: None,
             agent: PathBuf::from("/usr/libexec/slurm-gpu-mode/gpu-mode-ckpt-agent"),
             criu: PathBuf::from("/opt/slurm-gpu-mode/criu/bin/criu"),
+            nft: PathBuf::from("/usr/sbin/nft"),
             criu_timeout_ms: 600_000,
             restore_page_readers: 8,
             signal: "USR1".into(),
@@ -434,6 +438,7 @@ impl PreemptConfig {
             ("preempt.image_dir", &self.image_dir),
             ("preempt.agent", &self.agent),
             ("preempt.criu", &self.criu),
+            ("preempt.nft", &self.nft),
             ("preempt.huge_pages_library", &self.huge_pages_library),
             ("preempt.huge_pages_dir", &self.huge_pages_dir),
         ] {
@@ -884,7 +889,10 @@ mod tests {
         assert_eq!(cfg.cuda_ckpt.device_paths, ["/dev/nvidia", "/tmp/sim/gpus"]);
         assert_eq!(c.agent_socket_dir(&cfg.runtime_dir), PathBuf::from("/run/gm/agent"));
         assert_eq!(c.criu, PathBuf::from("/opt/slurm-gpu-mode/criu/bin/criu"));
+        assert_eq!(c.nft, PathBuf::from("/usr/sbin/nft"));
         assert!(cfg.notices.is_empty(), "{:?}", cfg.notices);
+        let nft = parse("[preempt]\nnft = \"/opt/nft/sbin/nft\"").unwrap();
+        assert_eq!(nft.preempt.nft, PathBuf::from("/opt/nft/sbin/nft"));
     }
 
     /// A file written before `[checkpoint]` became `[preempt]` and
@@ -960,6 +968,7 @@ mod tests {
             ("[health.deep.bandwidth_floor_gbps]\nH100 = nan", "bandwidth_floor_gbps.H100 = NaN"),
             ("[health.deep.bandwidth_floor_gbps]\nH100 = inf", "bandwidth_floor_gbps.H100 = inf"),
             ("[preempt]\ncriu = \"criu\"", "preempt.criu = \"criu\" must be an absolute path"),
+            ("[preempt]\nnft = \"nft\"", "preempt.nft = \"nft\" must be an absolute path"),
             ("[preempt]\nhuge_pages_library = \"lib.so\"", "preempt.huge_pages_library = \"lib.so\" must be an absolute path"),
             ("[preempt]\nhuge_pages_dir = \"/var/../x\"", "preempt.huge_pages_dir"),
             ("[preempt]\nimage_dir = \"images\"", "preempt.image_dir"),

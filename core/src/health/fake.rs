@@ -112,6 +112,7 @@ impl Fixture {
             kmsg_error: None,
             cursor_error: None,
             mig_baseline: self.mig_baseline.clone(),
+            netlocks: None,
         }
     }
 }

@@ -19,6 +19,7 @@ pub mod leftovers;
 pub mod memory;
 pub mod mig;
 pub mod mps;
+pub mod netlocks;
 pub mod output;
 pub mod pcie;
 pub mod persistence;
@@ -98,6 +99,7 @@ pub fn quick_checks() -> Vec<Box<dyn Check + Send + Sync>> {
         Box::new(persistence::Persistence),
         Box::new(fabric::Fabric),
         Box::new(mps::Mps),
+        Box::new(netlocks::NetLocks),
         Box::new(leftovers::Leftovers),
         Box::new(mig::StaleMig),
     ]

@@ -69,6 +69,8 @@ pub struct Ctx<'a> {
     /// The node's MIG baseline (`None`: none configured), or why it could
     /// not be read. The same definition `gpu-mode-mig` applies.
     pub mig_baseline: Result<Option<Baseline>, String>,
+    /// CRIU's network locks of this node (`None`: no checkpoint mode here).
+    pub netlocks: Option<crate::preempt::netlock::NetLocks>,
 }
 
 impl Ctx<'_> {
@@ -120,6 +122,8 @@ pub struct Sources<'a> {
     /// nvidia-cuda-mps-control (the MPS binaries are it and its sibling).
     pub mps_control: &'a Path,
     pub mig_baseline: Result<Option<Baseline>, String>,
+    /// CRIU's network locks' records and nft (preempt::netlock).
+    pub netlocks: Option<crate::preempt::netlock::NetLocks>,
 }
 
 /// Takes the snapshot: `nvml` is what opening NVML gave.
@@ -161,6 +165,7 @@ pub fn take<'a>(src: &Sources<'a>, nvml: Result<&dyn GpuOps, String>) -> Ctx<'a>
         kmsg_error,
         cursor_error,
         mig_baseline: src.mig_baseline.clone(),
+        netlocks: src.netlocks.clone(),
     }
 }
 
@@ -353,7 +358,7 @@ mod tests {
         let mps_control = dir.path().join("nvidia-cuda-mps-control");
         std::fs::create_dir(dir.path().join("state")).unwrap();
         std::fs::write(dir.path().join("state").join(super::super::cursor::CURSOR_FILE), b"{ corrupt").unwrap();
-        let src = |h| Sources { health: h, runtime_dir: dir.path(), mps_control: &mps_control, mig_baseline: Ok(None) };
+        let src = |h| Sources { health: h, runtime_dir: dir.path(), mps_control: &mps_control, mig_baseline: Ok(None), netlocks: None };
         let ctx = take(&src(&health), Ok(&ops));
         assert!(ctx.kmsg_error.as_ref().is_some_and(|e| e.to_string().contains("no-kmsg")), "{:?}", ctx.kmsg_error);
         assert!(ctx.cursor_error.as_ref().is_some_and(|e| e.to_string().contains("cursor.json")), "{:?}", ctx.cursor_error);

@@ -13,6 +13,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 pub const DUMP_LOG: &str = "dump.log";
+/// The image CRIU records the dump's run id in (`dump_criu_run_id`), which
+/// names its nftables table (preempt::netlock).
+pub const INVENTORY: &str = "inventory.img";
 pub const RESTORE_LOG: &str = "restore.log";
 /// Where CRIU writes the restored root's pid, in the work directory.
 pub const PIDFILE: &str = "restore.pid";
@@ -61,7 +64,7 @@ pub fn dump_args(req: &DumpRequest, dirs: Dirs) -> Vec<OsString> {
     a.extend(common(dirs, DUMP_LOG, "-v2"));
     a.push("--leave-stopped".into());
     if req.tcp_established {
-        a.extend(["--tcp-established".into(), "--network-lock".into(), "nftables".into()]);
+        a.extend(["--tcp-established".into(), "--network-lock".into(), req.network_lock.as_arg().into()]);
     }
     a
 }
@@ -284,7 +287,7 @@ fn open_dir(dir: &Path, verb: &'static str) -> Result<OwnedFd, CriuError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::criu::TargetCgroup;
+    use crate::criu::{NetworkLock, TargetCgroup};
 
     fn strings(a: Vec<OsString>) -> Vec<String> {
         a.into_iter().map(|s| s.to_string_lossy().into_owned()).collect()
@@ -300,6 +303,7 @@ mod tests {
             images_dir: "/img/7/0".into(),
             work_dir: "/img/7/.criu-0-dump".into(),
             tcp_established: false,
+            network_lock: NetworkLock::Nftables,
             user: user.clone(),
             limits: limits.clone(),
         };
@@ -310,6 +314,9 @@ mod tests {
         );
         let tcp = DumpRequest { tcp_established: true, ..dump };
         assert!(strings(dump_args(&tcp, dirs)).join(" ").ends_with("--tcp-established --network-lock nftables"));
+        // Every peer inside the tree (issue 37 N2): no lock, no table left.
+        let inside = DumpRequest { network_lock: NetworkLock::Skip, ..tcp.clone() };
+        assert!(strings(dump_args(&inside, dirs)).join(" ").ends_with("--tcp-established --network-lock skip"));
         let restore = RestoreRequest {
             images_dir: "/img/7/0".into(),
             work_dir: "/img/7/.criu-0-restore".into(),

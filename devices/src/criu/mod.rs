@@ -29,10 +29,14 @@
 //! * `--file-locks`: jobs hold flock/POSIX locks (checkpoint files, sqlite).
 //! * `--ext-unix-sk`: unix sockets connected outside the tree (syslog,
 //!   nscd) would otherwise fail the dump.
-//! * `--tcp-established` (with `--network-lock nftables`, which needs no
-//!   iptables binary) when asked: a tree with TCP connections between its own
-//!   processes (torch.distributed's store) fails to dump without it.
+//! * `--tcp-established` when asked: a tree with TCP connections between its
+//!   own processes (torch.distributed's store) fails to dump without it.
 //!   Connections to outside peers only restore where their addresses exist.
+//!   With it `--network-lock` ([`NetworkLock`]): `skip` when every peer is a
+//!   socket of the tree (all of it is frozen, dumped and killed together),
+//!   else `nftables` (which needs no iptables binary): CRIU then leaves a
+//!   table `inet CRIU-<run id>` that only a restore on the same node removes
+//!   (preempt::netlock records and removes it otherwise; issue 37 N2).
 //! * no `--shell-job`: the wrapper starts the application as the leader of a
 //!   session of its own, with no controlling terminal, so the tree shares no
 //!   session or terminal with the batch shell and CRIU needs no shell-job
@@ -78,7 +82,7 @@ mod version;
 
 pub use cgroup::{CgroupError, CgroupLine, TargetCgroup};
 pub use check_cache::{CheckCache, FILE as CHECK_CACHE_FILE};
-pub use cli::{capabilities, CriuCli};
+pub use cli::{capabilities, CriuCli, DUMP_LOG, INVENTORY};
 pub use recording::{CriuCall, RecordingCriu};
 /// In CRIU's environment for the hold script: the agent's socket.
 pub const HOLD_SOCKET_ENV: &str = "GPU_MODE_HOLD_SOCKET";
@@ -98,10 +102,34 @@ pub struct DumpRequest {
     /// `--tcp-established` and CAP_NET_ADMIN: only for a tree that holds
     /// TCP connections (preempt::tcp).
     pub tcp_established: bool,
+    /// With `tcp_established`: how CRIU keeps the connections quiet.
+    pub network_lock: NetworkLock,
     /// The job's user: CRIU runs as them (module docs).
     pub user: Identity,
     /// CRIU's hard resource limits: the tree's.
     pub limits: HardLimits,
+}
+
+/// `--network-lock` of a dump with `--tcp-established` (a restore takes the
+/// dump's, which CRIU records in the image).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NetworkLock {
+    /// An nftables table `inet CRIU-<run id>` dropping the connections'
+    /// packets both ways, left in place after the dump.
+    #[default]
+    Nftables,
+    /// None: every peer is inside the frozen tree (preempt::tcp).
+    Skip,
+}
+
+impl NetworkLock {
+    pub fn as_arg(self) -> &'static str {
+        match self {
+            NetworkLock::Nftables => "nftables",
+            NetworkLock::Skip => "skip",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]

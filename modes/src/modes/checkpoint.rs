@@ -129,6 +129,7 @@ fn finish(cfg: &Config, job_id: u32, restart_count: Option<u32>) -> Result<Relea
         Ok(_) => {}
         Err(e) => parts.push(format!("sweep failed: {e}")),
     }
+    parts.extend(sweep_network_locks(cfg));
     let settled = {
         let _step = watchdog::step("checkpoint: records");
         let dir = crate::cuda_ckpt::Settings::from_config(cfg).record_dir;
@@ -206,6 +207,20 @@ fn sweep(cfg: &Config, store: &ImageStore, queries: Duration) -> std::io::Result
     let until = std::time::Instant::now() + queries;
     let ended = |job: u32| std::time::Instant::now() < until && scontrol.job_has_ended(job).unwrap_or(false);
     preempt::sweep_images(store, Limits::from_config(&cfg.preempt), &live, &ended)
+}
+
+/// CRIU's nftables tables on this node that no complete image needs any
+/// more (removed above, consumed by a restore here or elsewhere, or never
+/// recorded: a CRIU killed mid-dump) are deleted (preempt::netlock, issue
+/// 37 N2). Never a node fault: a node without nft says so.
+fn sweep_network_locks(cfg: &Config) -> Option<String> {
+    let _step = watchdog::step("checkpoint: network locks");
+    let swept = preempt::netlock::NetLocks::from_config(cfg).sweep();
+    let deleted = (!swept.deleted.is_empty()).then(|| format!("network locks removed: {}", swept.deleted.join(" ")));
+    match (deleted, swept.note) {
+        (Some(d), Some(n)) => Some(format!("{d} ({n})")),
+        (d, n) => d.or(n.map(|n| format!("network locks: {n}"))),
+    }
 }
 
 /// Jobs live on this node (their images are never swept).

@@ -66,6 +66,9 @@ pub(super) struct TreeRecord {
     /// `--tcp-established` and CAP_NET_ADMIN: only when the site allows it
     /// and the tree holds a TCP connection (tcp.rs).
     pub tcp_established: bool,
+    /// With it, CRIU's lock: none when every peer is the tree's own (tcp.rs),
+    /// else an nftables table that netlock.rs records and removes.
+    pub network_lock: crate::criu::NetworkLock,
     /// The tree's hard resource limits: CRIU's, at the dump and the restore.
     pub limits: crate::privdrop::HardLimits,
     /// Each process's confinement, compared after a restore.
@@ -76,8 +79,10 @@ pub(super) struct TreeRecord {
 
 impl TreeRecord {
     fn of(pids: &[i32], tcp_allowed: bool) -> TreeRecord {
+        let tcp = if tcp_allowed { crate::tcp::tree_tcp(pids) } else { crate::tcp::TreeTcp::None };
         TreeRecord {
-            tcp_established: tcp_allowed && crate::tcp::tree_has_connections(pids),
+            tcp_established: tcp != crate::tcp::TreeTcp::None,
+            network_lock: if tcp == crate::tcp::TreeTcp::InsideOnly { crate::criu::NetworkLock::Skip } else { crate::criu::NetworkLock::Nftables },
             limits: crate::privdrop::HardLimits::of_processes(pids),
             privs: tree::privs_of(pids),
             tids: tree::thread_ids(pids),
@@ -252,13 +257,22 @@ impl Agent {
             images_dir: run.to_path_buf(),
             work_dir,
             tcp_established: record.tcp_established,
+            network_lock: record.network_lock,
             user: self.user.clone(),
             limits: record.limits.clone(),
         };
+        let keeps_lock = req.tcp_established && req.network_lock == crate::criu::NetworkLock::Nftables;
+        // A table CRIU makes during the dump is not a stray one (netlock.rs).
+        let dumping = keeps_lock.then(|| self.settings.netlocks.dumping(self.params.run.job)).and_then(|m| {
+            m.map_err(|e| self.log("netlock", Outcome::Failed, &format!("cannot mark the dump under way: {e}"))).ok()
+        });
         // Best effort: without it the seal writes everything, as before.
         let writeback = self.settings.early_writeback.then(|| Writeback::start(run).ok()).flatten();
         let t = Instant::now();
         let dumped = self.criu.dump(&req);
+        // The lock CRIU left, recorded before anything else can fail.
+        let lock = (keeps_lock && dumped.is_ok()).then(|| self.record_lock(run)).flatten();
+        drop(dumping);
         // Within the phase: the plain `criu dump` kills the tree and waits for it too.
         let ended = dumped.is_ok().then(|| self.end_dumped_tree(root));
         let back = lent.give_back();
@@ -272,7 +286,9 @@ impl Agent {
             return Err(RequestError::failed(FailureReason::Criu, format!("{e}; {}", self.roll_back(cuda.is_some(), &target))));
         }
         if let Some(Err(e)) = ended {
-            // The tree runs again: its GPU state goes back too.
+            // The tree runs again: its GPU state goes back too, and its
+            // connections must flow again.
+            self.release_lock(lock.as_deref());
             return Err(RequestError::failed(e.reason(), format!("{e}; {}", self.roll_back(cuda.is_some(), &target))));
         }
         let _ = CheckpointRecord::remove(&self.settings.checkpoint.record_dir, &target.key());
@@ -283,9 +299,40 @@ impl Agent {
             reason,
             message: format!("{e}; the tree was dumped and killed, and the image is dropped"),
         };
-        // An image that is not root's again cannot be sealed.
-        back.map_err(|e| lost(FailureReason::ImageDir, e.to_string()))?;
-        self.seal_dumped(run, root, pids, record, cuda.as_ref(), shm, from_signal, sw).map_err(|(reason, e)| lost(reason, e))
+        // An image that is not root's again cannot be sealed. An image that
+        // is dropped needs no lock: no restore will remove it.
+        let sealed = back
+            .map_err(|e| (FailureReason::ImageDir, e.to_string()))
+            .and_then(|_| self.seal_dumped(run, root, pids, record, cuda.as_ref(), shm, from_signal, sw));
+        if sealed.is_err() {
+            self.release_lock(lock.as_deref());
+        }
+        sealed.map_err(|(reason, e)| lost(reason, e))
+    }
+
+    /// The nftables table the dump in `run` left (netlock.rs), recorded for
+    /// this node's sweeps; none (logged) when the inventory does not name
+    /// one: the sweep then removes it as a stray once no dump is under way.
+    fn record_lock(&self, run: &Path) -> Option<String> {
+        let locks = &self.settings.netlocks;
+        let recorded = crate::netlock::table_of_dump(run, self.params.run.uid)
+            .and_then(|table| locks.record(&table, self.params.run.job, run).map(|_| table).map_err(|e| e.to_string()));
+        match recorded {
+            Ok(table) => Some(table),
+            Err(e) => {
+                self.log("netlock", Outcome::Failed, &format!("the dump's network lock is not recorded ({e}): a sweep removes it as a stray"));
+                None
+            }
+        }
+    }
+
+    /// Removes the table of a dump whose image is not kept.
+    fn release_lock(&self, table: Option<&str>) {
+        if let Some(table) = table {
+            if let Err(e) = self.settings.netlocks.release(table) {
+                self.log("netlock", Outcome::Failed, &format!("cannot remove the network lock {table}: {e}"));
+            }
+        }
     }
 
     /// The dumped (and killed) tree's image: /dev/shm files, sealed images,

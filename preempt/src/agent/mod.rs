@@ -83,6 +83,9 @@ pub struct AgentSettings {
     pub staging_wait: Duration,
     pub checkpoint: crate::cuda_ckpt::Settings,
     pub tcp_established: bool,
+    /// Where the network locks CRIU leaves are recorded, and nft
+    /// (netlock.rs).
+    pub netlocks: crate::netlock::NetLocks,
     /// `preempt.early_writeback`.
     pub early_writeback: bool,
     /// How long a restore waits for the image's pids to be free.
@@ -117,6 +120,7 @@ impl AgentSettings {
             staging_wait: super::staging::wait_bound(&cfg.preempt),
             checkpoint: crate::cuda_ckpt::Settings::from_config(cfg),
             tcp_established: true,
+            netlocks: crate::netlock::NetLocks::from_config(cfg),
             early_writeback: cfg.preempt.early_writeback,
             pid_wait: Duration::from_secs(10),
             idle_exit: Duration::from_secs(30),

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cuda-sim-counter --steps N [--interval-ms 100] [--mib 4] [--exit-code C] [--ready FILE] [--device 0]
-//!                  [--signals yes] [--fork-worker yes] [--hold io-uring|io-uring-or-epoll|tcp-loopback|nccl-thread|huge-pages]
+//!                  [--signals yes] [--fork-worker yes] [--hold io-uring|io-uring-or-epoll|tcp-loopback|tcp-to:PORT|nccl-thread|huge-pages]
 //!                  [--keep-open FILE]
 //! ```
 //! Each step reads the counter from device memory, checks it is the previous
@@ -29,7 +29,8 @@
 //! same where `io_uring_setup` works and otherwise falls back as libuv
 //! does (says so, and runs on), `--hold tcp-loopback` keeps both ends of a
 //! TCP connection over 127.0.0.1 and its listener open (as gloo ranks and
-//! torchrun's store hold them), `--hold nccl-thread` runs a thread
+//! torchrun's store hold them), `--hold tcp-to:PORT` keeps a connection to
+//! 127.0.0.1:PORT (a peer outside the tree), `--hold nccl-thread` runs a thread
 //! named as PyTorch's NCCL watchdog: what the checkpoint agent must refuse
 //! before it locks anything (preempt::uncheckpointable). `--hold huge-pages`
 //! maps 64 MiB of private anonymous host memory, advises it MADV_HUGEPAGE
@@ -75,7 +76,9 @@ fn parse() -> Result<Opts, String> {
             "--device" => o.device = num(&v)? as usize,
             "--signals" => o.signals = yes(&a, &v)?,
             "--fork-worker" => o.fork_worker = yes(&a, &v)?,
-            "--hold" if ["io-uring", "io-uring-or-epoll", "tcp-loopback", "nccl-thread", "huge-pages"].contains(&v.as_str()) => o.hold = Some(v),
+            "--hold" if ["io-uring", "io-uring-or-epoll", "tcp-loopback", "nccl-thread", "huge-pages"].contains(&v.as_str()) || v.starts_with("tcp-to:") => {
+                o.hold = Some(v)
+            }
             "--keep-open" => o.keep_open = Some(v),
             _ => return Err(format!("unknown argument {a}")),
         }
@@ -249,6 +252,12 @@ fn hold(what: &str) -> Result<(), String> {
         // SAFETY: within the mapping just made.
         unsafe { std::ptr::write_bytes(p.cast::<u8>(), 0x5a, LEN) };
         println!("huge-pages at {p:p}");
+        return Ok(());
+    }
+    if let Some(port) = what.strip_prefix("tcp-to:") {
+        let port: u16 = port.parse().map_err(|_| format!("tcp-to: no port in {what:?}"))?;
+        let peer = std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| format!("connect: {e}"))?;
+        std::mem::forget(peer);
         return Ok(());
     }
     if what == "tcp-loopback" {
