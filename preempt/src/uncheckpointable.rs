@@ -14,6 +14,11 @@
 //!   could not restore them (CUDA_ERROR_NOT_SUPPORTED, driver 580, 2 H200s);
 //!   NVIDIA lists CUDA IPC between processes for the r610 branch. Refused on
 //!   drivers before it.
+//! * More deleted files held open or mapped than `preempt.max_deleted_files`
+//!   (issue 37 N5): CRIU carries each in the image as a ghost file (up to
+//!   `--ghost-limit` of blocks apiece, `preempt.ghost_limit_mib`), so a tree
+//!   of 9 MiB of memory made a 38 MiB image with 3,000 sparse deleted files.
+//!   Not counted: /dev/shm files (shm.rs carries them itself) and memfds.
 
 /// The first driver branch NVIDIA lists CUDA IPC checkpoints for.
 const NCCL_DRIVER_MAJOR: u32 = 610;
@@ -42,6 +47,33 @@ pub enum UncheckpointableError {
          holds one for PyTorch's libuv TCPStore): refused, nothing was changed"
     )]
     IoUring { pid: i32, comm: String, what: String },
+    /// More deleted regular files held (open or mapped) than the site allows;
+    /// `example`: one of them, as /proc shows it.
+    #[error(
+        "the tree holds {count} deleted files still open or mapped (pid {pid} ({comm}): {example}), more than \
+         preempt.max_deleted_files = {limit}: CRIU would copy each into the image: refused, nothing was changed"
+    )]
+    DeletedFiles { pid: i32, comm: String, example: String, count: usize, limit: usize },
+}
+
+/// Whether a descriptor's link text or a mapping's path names a deleted
+/// file CRIU would carry as a ghost: a path, `(deleted)`, not in /dev/shm
+/// (shm.rs) and not a memfd (CRIU dumps those as memfds).
+pub fn is_ghost_candidate(path: &str) -> bool {
+    path.starts_with('/') && path.ends_with(" (deleted)") && !path.starts_with("/dev/shm/") && !path.starts_with("/memfd:")
+}
+
+/// The deleted files of one process's maps text: (inode, path).
+/// A line: `start-end perms offset dev inode path`.
+pub fn deleted_mappings(maps: &str) -> Vec<(u64, String)> {
+    maps.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.splitn(6, ' ').collect();
+            let path = f.get(5)?.trim_start();
+            let inode = f.get(4)?.parse::<u64>().ok().filter(|i| *i != 0)?;
+            is_ghost_candidate(path).then(|| (inode, path.to_string()))
+        })
+        .collect()
 }
 
 /// Where a process holds an io_uring: its descriptors' link texts and its
@@ -67,7 +99,7 @@ pub fn driver_major(version: &str) -> u32 {
 /// Refuses a tree that holds what CRIU or the driver (`driver_version`)
 /// cannot checkpoint and bring back, naming the process; before anything is
 /// locked. The driver's limits first: they stand whatever CRIU learns.
-pub fn refuse(pids: &[i32], driver_version: &str) -> Result<(), UncheckpointableError> {
+pub fn refuse(pids: &[i32], driver_version: &str, max_deleted: usize) -> Result<(), UncheckpointableError> {
     let comm = |pid: i32| std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default().trim().to_string();
     for &pid in pids {
         let threads: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
@@ -84,7 +116,38 @@ pub fn refuse(pids: &[i32], driver_version: &str) -> Result<(), Uncheckpointable
             return Err(UncheckpointableError::IoUring { pid, comm: comm(pid), what });
         }
     }
-    Ok(())
+    deleted_files(pids, max_deleted).map_or(Ok(()), |(pid, example, count)| {
+        Err(UncheckpointableError::DeletedFiles { pid, comm: comm(pid), example, count, limit: max_deleted })
+    })
+}
+
+/// The tree's deleted regular files, each inode number once (CRIU makes
+/// one ghost per inode; /proc/<pid>/maps and stat write the device in
+/// different forms, so the device is left out: two files of two file
+/// systems with one inode number count once), held by a descriptor or a
+/// mapping; past `max` (the pid and path of one, and the count) or `None`.
+fn deleted_files(pids: &[i32], max: usize) -> Option<(i32, String, usize)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut seen = std::collections::BTreeSet::new();
+    let mut first = None;
+    for &pid in pids {
+        let dir = format!("/proc/{pid}/fd");
+        for (fd, link) in crate::procfs::fd_links(std::path::Path::new(&dir)).unwrap_or_default() {
+            if !is_ghost_candidate(&link) {
+                continue;
+            }
+            let Ok(m) = std::fs::metadata(format!("{dir}/{fd}")) else { continue };
+            if m.is_file() && seen.insert(m.ino()) {
+                first.get_or_insert((pid, link));
+            }
+        }
+        for (inode, path) in deleted_mappings(&std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default()) {
+            if seen.insert(inode) {
+                first.get_or_insert((pid, path));
+            }
+        }
+    }
+    (seen.len() > max).then(|| first.map(|(pid, path)| (pid, path, seen.len()))).flatten()
 }
 
 #[cfg(test)]
@@ -149,12 +212,55 @@ mod tests {
             return;
         }
         let me = std::process::id() as i32;
-        let err = refuse(&[me], "580.159.04").unwrap_err();
+        let err = refuse(&[me], "580.159.04", 64).unwrap_err();
         assert!(matches!(&err, UncheckpointableError::IoUring { pid, what, .. } if *pid == me && *what == format!("fd {fd}")), "{err:?}");
         let err = err.to_string();
         assert!(err.contains(&format!("pid {me}")) && err.contains(&format!("fd {fd}")) && err.contains("refused"), "{err}");
         // SAFETY: closes the descriptor made above.
         unsafe { libc::close(fd as i32) };
-        assert_eq!(refuse(&[me], "580.159.04"), Ok(()));
+        assert_eq!(refuse(&[me], "580.159.04", 64), Ok(()));
+    }
+
+    #[test]
+    fn deleted_files_are_counted_but_not_shm_or_memfds() {
+        let table = [
+            ("/tmp/x (deleted)", true),
+            ("/home/u/ckpt.tmp (deleted)", true),
+            ("/dev/shm/sem.a (deleted)", false),
+            ("/memfd:cuda (deleted)", false),
+            ("/tmp/x", false),
+            ("socket:[12] (deleted)", false),
+            ("anon_inode:[eventfd]", false),
+        ];
+        for (link, ghost) in table {
+            assert_eq!(is_ghost_candidate(link), ghost, "{link}");
+        }
+        let maps = "7f00-7f10 r--p 00000000 fd:01 1234                       /tmp/lib.so (deleted)\n\
+                    7f10-7f20 rw-s 00000000 00:05 99                         /dev/shm/x (deleted)\n\
+                    7f20-7f30 rw-p 00000000 00:00 0 \n\
+                    7f30-7f40 r--p 00000000 fd:01 77                         /usr/lib/libc.so.6\n";
+        assert_eq!(deleted_mappings(maps), [(1234, "/tmp/lib.so (deleted)".to_string())]);
+    }
+
+    /// Real files of this process: past the bound the tree is refused by
+    /// count, at it not.
+    #[test]
+    fn more_deleted_files_than_allowed_refuse_the_tree() {
+        let dir = tempfile::tempdir().unwrap();
+        let held: Vec<std::fs::File> = (0..5)
+            .map(|i| {
+                let p = dir.path().join(format!("f{i}"));
+                let f = std::fs::File::create(&p).unwrap();
+                std::fs::remove_file(&p).unwrap();
+                f
+            })
+            .collect();
+        let me = std::process::id() as i32;
+        // Other tests of this binary may hold deleted files too: at least 5.
+        let err = refuse(&[me], "610.1", 4).unwrap_err();
+        assert!(matches!(&err, UncheckpointableError::DeletedFiles { count, limit: 4, .. } if *count >= 5), "{err:?}");
+        assert!(err.to_string().contains("more than preempt.max_deleted_files = 4"), "{err}");
+        assert_eq!(refuse(&[me], "610.1", 1000), Ok(()));
+        drop(held);
     }
 }

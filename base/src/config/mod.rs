@@ -351,6 +351,12 @@ pub struct PreemptConfig {
     pub nft: PathBuf,
     /// Bound on one `criu dump` or `criu restore`.
     pub criu_timeout_ms: u64,
+    /// CRIU's `--ghost-limit`, MiB: the most of one deleted-but-open file
+    /// a dump copies into the image (a larger one fails the dump).
+    pub ghost_limit_mib: u64,
+    /// A tree holding more deleted files (open or mapped) than this is
+    /// refused before anything is locked (core::preempt::uncheckpointable).
+    pub max_deleted_files: u32,
     /// Threads that read a restored process's large mappings (the driver's
     /// checkpoint buffer) from the image: `CRIU_PAGE_READERS` of the CRIU
     /// that scripts/install-criu.sh builds (packaging/criu/0004); 1: one.
@@ -409,6 +415,8 @@ impl Default for PreemptConfig {
             criu: PathBuf::from("/opt/slurm-gpu-mode/criu/bin/criu"),
             nft: PathBuf::from("/usr/sbin/nft"),
             criu_timeout_ms: 600_000,
+            ghost_limit_mib: 1,
+            max_deleted_files: 64,
             restore_page_readers: 8,
             signal: "USR1".into(),
             min_signal_lead_s: 60,
@@ -461,6 +469,12 @@ impl PreemptConfig {
         }
         if self.criu_timeout_ms == 0 || self.criu_timeout_ms > 3_600_000 {
             return Err(format!("preempt.criu_timeout_ms = {} must be between 1 and 3600000 (an hour)", self.criu_timeout_ms));
+        }
+        if !(1..=1024).contains(&self.ghost_limit_mib) {
+            return Err(format!("preempt.ghost_limit_mib = {} must be between 1 and 1024", self.ghost_limit_mib));
+        }
+        if self.max_deleted_files > 100_000 {
+            return Err(format!("preempt.max_deleted_files = {} must be at most 100000", self.max_deleted_files));
         }
         if !(1..=MAX_RESTORE_PAGE_READERS).contains(&self.restore_page_readers) {
             return Err(format!(
@@ -890,6 +904,7 @@ mod tests {
         assert_eq!(c.agent_socket_dir(&cfg.runtime_dir), PathBuf::from("/run/gm/agent"));
         assert_eq!(c.criu, PathBuf::from("/opt/slurm-gpu-mode/criu/bin/criu"));
         assert_eq!(c.nft, PathBuf::from("/usr/sbin/nft"));
+        assert_eq!((c.ghost_limit_mib, c.max_deleted_files), (1, 64));
         assert!(cfg.notices.is_empty(), "{:?}", cfg.notices);
         let nft = parse("[preempt]\nnft = \"/opt/nft/sbin/nft\"").unwrap();
         assert_eq!(nft.preempt.nft, PathBuf::from("/opt/nft/sbin/nft"));
@@ -980,6 +995,9 @@ mod tests {
             ("[cuda_ckpt]\ndevice_paths = [\"dev/nvidia\"]", "cuda_ckpt.device_paths"),
             ("[preempt]\nsignal = \"KILL\"", "preempt.signal: \"KILL\" is not one of USR1"),
             ("[preempt]\ncriu_timeout_ms = 0", "preempt.criu_timeout_ms = 0 must be between 1 and 3600000"),
+            ("[preempt]\nghost_limit_mib = 0", "preempt.ghost_limit_mib = 0 must be between 1 and 1024"),
+            ("[preempt]\nghost_limit_mib = 1025", "preempt.ghost_limit_mib = 1025 must be between 1 and 1024"),
+            ("[preempt]\nmax_deleted_files = 100001", "preempt.max_deleted_files = 100001 must be at most 100000"),
             ("[preempt]\nrestore_page_readers = 0", "preempt.restore_page_readers = 0 must be between 1 and 16"),
             ("[preempt]\nrestore_page_readers = 17", "preempt.restore_page_readers = 17 must be between 1 and 16"),
             ("[mig]\nbaseline = \"all-1g\"", "mig.baseline = \"all-1g\" names a mig-parted config, but mig.baseline_config is not set"),

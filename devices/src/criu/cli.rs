@@ -62,7 +62,7 @@ pub struct Dirs {
 pub fn dump_args(req: &DumpRequest, dirs: Dirs) -> Vec<OsString> {
     let mut a: Vec<OsString> = vec!["dump".into(), "--unprivileged".into(), "--tree".into(), req.pid.to_string().into()];
     a.extend(common(dirs, DUMP_LOG, "-v2"));
-    a.push("--leave-stopped".into());
+    a.extend(["--leave-stopped".into(), "--ghost-limit".into(), req.ghost_limit_bytes.to_string().into()]);
     if req.tcp_established {
         a.extend(["--tcp-established".into(), "--network-lock".into(), req.network_lock.as_arg().into()]);
     }
@@ -304,13 +304,14 @@ mod tests {
             work_dir: "/img/7/.criu-0-dump".into(),
             tcp_established: false,
             network_lock: NetworkLock::Nftables,
+            ghost_limit_bytes: 1 << 20,
             user: user.clone(),
             limits: limits.clone(),
         };
         assert_eq!(
             strings(dump_args(&dump, dirs)).join(" "),
             "dump --unprivileged --tree 42 --images-dir /proc/self/fd/9 --work-dir /proc/self/fd/10 --log-file dump.log -v2 \
-             --file-locks --ext-unix-sk --manage-cgroups=ignore --leave-stopped"
+             --file-locks --ext-unix-sk --manage-cgroups=ignore --leave-stopped --ghost-limit 1048576"
         );
         let tcp = DumpRequest { tcp_established: true, ..dump };
         assert!(strings(dump_args(&tcp, dirs)).join(" ").ends_with("--tcp-established --network-lock nftables"));

@@ -37,6 +37,11 @@
 //!   else `nftables` (which needs no iptables binary): CRIU then leaves a
 //!   table `inet CRIU-<run id>` that only a restore on the same node removes
 //!   (preempt::netlock records and removes it otherwise; issue 37 N2).
+//! * `--ghost-limit N`: a deleted file the tree holds is copied into the
+//!   image (a ghost file) only up to N bytes of blocks (the site's
+//!   `preempt.ghost_limit_mib`; CRIU's own default is 1 MiB); how many
+//!   such files a tree may hold is bounded before the dump
+//!   (preempt::uncheckpointable).
 //! * no `--shell-job`: the wrapper starts the application as the leader of a
 //!   session of its own, with no controlling terminal, so the tree shares no
 //!   session or terminal with the batch shell and CRIU needs no shell-job
@@ -104,6 +109,9 @@ pub struct DumpRequest {
     pub tcp_established: bool,
     /// With `tcp_established`: how CRIU keeps the connections quiet.
     pub network_lock: NetworkLock,
+    /// `--ghost-limit`: the most blocks of one deleted file the image
+    /// carries (issue 37 N5; the count is bounded before the dump).
+    pub ghost_limit_bytes: u64,
     /// The job's user: CRIU runs as them (module docs).
     pub user: Identity,
     /// CRIU's hard resource limits: the tree's.

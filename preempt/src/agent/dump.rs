@@ -107,7 +107,7 @@ impl Agent {
         tree::check_owned(&pids, &self.user).because(FailureReason::Other)?;
         // Before anything is locked: what CRIU could not dump alone is
         // found (and refused) here.
-        uncheckpointable::refuse(&pids, &self.facts.driver_version).map_err(|e| format!("cannot checkpoint: {e}")).because(FailureReason::Uncheckpointable)?;
+        uncheckpointable::refuse(&pids, &self.facts.driver_version, self.settings.max_deleted_files).map_err(|e| format!("cannot checkpoint: {e}")).because(FailureReason::Uncheckpointable)?;
         let shm = shm::stage(&pids, root, &self.user).map_err(|e| format!("cannot checkpoint: {e}; nothing was changed")).because(FailureReason::Shm)?;
         let record = TreeRecord::of(&pids, self.settings.tcp_established);
         sw.since("checks", t);
@@ -258,6 +258,7 @@ impl Agent {
             work_dir,
             tcp_established: record.tcp_established,
             network_lock: record.network_lock,
+            ghost_limit_bytes: self.settings.ghost_limit_bytes,
             user: self.user.clone(),
             limits: record.limits.clone(),
         };

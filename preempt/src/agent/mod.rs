@@ -86,6 +86,12 @@ pub struct AgentSettings {
     /// Where the network locks CRIU leaves are recorded, and nft
     /// (netlock.rs).
     pub netlocks: crate::netlock::NetLocks,
+    /// CRIU's `--ghost-limit`: the most of one deleted file the image carries
+    /// (`preempt.ghost_limit_mib`).
+    pub ghost_limit_bytes: u64,
+    /// More deleted files than this and the tree is refused
+    /// (`preempt.max_deleted_files`, uncheckpointable.rs).
+    pub max_deleted_files: usize,
     /// `preempt.early_writeback`.
     pub early_writeback: bool,
     /// How long a restore waits for the image's pids to be free.
@@ -121,6 +127,8 @@ impl AgentSettings {
             checkpoint: crate::cuda_ckpt::Settings::from_config(cfg),
             tcp_established: true,
             netlocks: crate::netlock::NetLocks::from_config(cfg),
+            ghost_limit_bytes: cfg.preempt.ghost_limit_mib << 20,
+            max_deleted_files: cfg.preempt.max_deleted_files as usize,
             early_writeback: cfg.preempt.early_writeback,
             pid_wait: Duration::from_secs(10),
             idle_exit: Duration::from_secs(30),
