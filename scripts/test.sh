@@ -15,8 +15,10 @@ cd "$(dirname "$0")/.."
 # Every Debian package of every part at once: the parts started in the
 # background below must not race for apt's lock. slurmdbd and mariadb-server:
 # the cluster with accounting in a real database
-# (tests/tests/preempt_accounting_db.rs).
-prepare lintian rpm systemd debootstrap python3-venv python3-apt prometheus slurmdbd mariadb-server
+# (tests/tests/preempt_accounting_db.rs). nftables: the nft binary, with
+# which the epilog removes CRIU's network locks and the node checker lists
+# them (preempt_criu.rs's network-lock test needs it, else it is skipped).
+prepare lintian rpm systemd debootstrap python3-venv python3-apt prometheus slurmdbd mariadb-server nftables
 
 # promtool (Debian package prometheus) lints the rendered metrics textfile
 # (core::metrics tests); here it must run, not skip.
