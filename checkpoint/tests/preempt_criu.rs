@@ -600,10 +600,25 @@ fn memory_advised_huge_pages_is_restored_in_huge_pages() {
     assert!(huge >= 32 << 10, "the restored mapping at {address:#x} has {huge} kB in huge pages, expected most of 65536");
 }
 
+/// The KiB each page reader read, from the line packaging/criu/0004's
+/// restorer logs once its readers are joined ("Page readers read: 40960
+/// 40960 40960 40960 KiB (4 readers, 160 MiB)"; reader 0 is the task):
+/// one list per such line of `log`.
+fn page_reader_shares_kib(log: &str) -> Vec<Vec<u64>> {
+    log.lines()
+        .filter_map(|l| l.split_once("Page readers read:"))
+        .filter_map(|(_, rest)| rest.split_once(" KiB ("))
+        .map(|(shares, _)| shares.split_whitespace().map(|n| n.parse().unwrap_or(0)).collect())
+        .collect()
+}
+
 /// A driver's checkpoint buffer of 64 MiB or more is read back by several
 /// threads of the restored process (`restore_page_readers`, CRIU's
 /// CRIU_PAGE_READERS of packaging/criu/0004), and every byte of it comes
-/// back: the counter checks its whole pattern before it prints DONE.
+/// back: the counter checks its whole pattern before it prints DONE. That
+/// the readers did read is the restorer's own accounting, logged after they
+/// were joined: at least two of them read a share, and the shares cover the
+/// 160 MiB buffer.
 #[test]
 fn a_large_checkpoint_buffer_is_read_back_by_several_page_readers_intact() {
     let Some(n) = node() else { return };
@@ -628,10 +643,21 @@ fn a_large_checkpoint_buffer_is_read_back_by_several_page_readers_intact() {
     let text = read(&out);
     assert!(text.contains("DONE count=300") && !text.contains("MISMATCH"), "{text}");
     stop_agent(&cfg, job, Duration::from_secs(10)).unwrap();
-    let logs = files_named(&images, "restore.log");
-    assert!(!logs.is_empty(), "no restore.log under {}", images.display());
-    let readers = logs.iter().map(|l| read(l)).filter(|t| t.contains("Reading the large mappings with 4 page readers")).count();
-    assert_eq!(readers, 1, "one task (the counter) read its 160 MiB buffer with 4 readers; logs: {logs:?}");
+    // The restore of run 0's image logs in its work directory beside it
+    // (ImageStore::prepare_work: <image_dir>/<job>/.criu-0-restore).
+    let log = images.join(job.to_string()).join(".criu-0-restore").join("restore.log");
+    let text = read(&log);
+    assert!(!text.is_empty(), "no {} (restore logs here: {:?})", log.display(), files_named(&images, "restore.log"));
+    let shares = page_reader_shares_kib(&text);
+    let asked: Vec<&str> = text.lines().filter(|l| l.contains("page readers")).collect();
+    assert_eq!(shares.len(), 1, "one task (the counter) reports its readers' shares in {}: {shares:?}; {asked:?}", log.display());
+    let shares = &shares[0];
+    let readers = shares.iter().filter(|&&kib| kib > 0).count();
+    let total: u64 = shares.iter().sum();
+    eprintln!("page readers read {shares:?} KiB, {total} KiB in all");
+    assert_eq!(shares.len(), 4, "4 readers asked: {shares:?}");
+    assert!(readers >= 2, "only {readers} page reader(s) read anything: {shares:?} KiB");
+    assert!(total >= 160 << 10, "the readers read {total} KiB, less than the 160 MiB buffer: {shares:?}");
 }
 
 /// Every file called `name` under `dir`.
