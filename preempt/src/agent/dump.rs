@@ -59,7 +59,7 @@ struct Prepared<'a> {
     record: &'a TreeRecord,
 }
 
-/// What the dump learns of the tree before anything is locked, and the
+/// What the dump learns of the tree (beside the driver's checkpoint), and the
 /// manifest keeps: what CRIU needs and may have, and what a restore must
 /// give back (security review N1).
 pub(super) struct TreeRecord {
@@ -109,7 +109,6 @@ impl Agent {
         // found (and refused) here.
         uncheckpointable::refuse(&pids, &self.facts.driver_version, self.settings.max_deleted_files).map_err(|e| format!("cannot checkpoint: {e}")).because(FailureReason::Uncheckpointable)?;
         let shm = shm::stage(&pids, root, &self.user).map_err(|e| format!("cannot checkpoint: {e}; nothing was changed")).because(FailureReason::Shm)?;
-        let record = TreeRecord::of(&pids, self.settings.tcp_established);
         sw.since("checks", t);
         let was = self.root_state(root);
         if was.is_some() {
@@ -119,7 +118,7 @@ impl Agent {
         let result = pinned
             .still_there()
             .because(FailureReason::Other)
-            .and_then(|_| self.dump_tree(&pinned, &record, root, &pids, shm, signal_at_ms.is_some(), &mut sw));
+            .and_then(|_| self.dump_tree(&pinned, root, &pids, shm, signal_at_ms.is_some(), &mut sw));
         if was.is_some() {
             self.set_root(root, Some(if result.is_ok() { RootState::Dumped } else { RootState::Running }));
         }
@@ -129,11 +128,9 @@ impl Agent {
     /// CUDA checkpoint (with the run directory made meanwhile), then CRIU;
     /// a failure removes the run directory: never a partial image, and
     /// never one that claims success.
-    #[allow(clippy::too_many_arguments)]
     fn dump_tree(
         &self,
         pinned: &crate::procfs::Pinned,
-        record: &TreeRecord,
         root: i32,
         pids: &[i32],
         shm: Option<Staged>,
@@ -141,7 +138,8 @@ impl Agent {
         sw: &mut Stopwatch,
     ) -> Result<CheckpointSummary, RequestError> {
         let target = Target::Pids(vec![root]);
-        let (run, cuda) = self.cuda_checkpoint_and_run_dir(&target, pids, sw);
+        let (run, cuda, record) = self.cuda_checkpoint_and_run_dir(&target, pids, sw);
+        let record = &record;
         let (run, cuda) = match (run, cuda) {
             (Ok(run), Ok(cuda)) => (run, cuda),
             // The checkpointer has rolled its own failure back.
@@ -163,15 +161,19 @@ impl Agent {
         result
     }
 
-    /// The driver's checkpoint of the tree and the image directory's
-    /// preparation (which may remove a failed attempt's leftovers), side by
-    /// side: neither needs the other.
-    fn cuda_checkpoint_and_run_dir(&self, target: &Target, pids: &[i32], sw: &mut Stopwatch) -> (std::io::Result<PathBuf>, CudaOutcome) {
+    /// The driver's checkpoint of the tree and, side by side (neither needs
+    /// the other), the image directory's preparation (which may remove a
+    /// failed attempt's leftovers) and the tree's record for CRIU and the
+    /// manifest (/proc reads: tens of ms on a training job's tree, seen on
+    /// an H200, which need not stand between the signal and a free GPU).
+    fn cuda_checkpoint_and_run_dir(&self, target: &Target, pids: &[i32], sw: &mut Stopwatch) -> (std::io::Result<PathBuf>, CudaOutcome, TreeRecord) {
         let (job, restart) = (self.params.run.job, self.params.run.restart_count);
         let (run, cuda) = std::thread::scope(|s| {
             let prep = s.spawn(|| {
                 let t = Instant::now();
-                (self.dump_store().prepare_run(job, restart), t, Instant::now())
+                let run = self.dump_store().prepare_run(job, restart);
+                let done = Instant::now();
+                (run, t, done, TreeRecord::of(pids, self.settings.tcp_established))
             });
             let cuda = match self.checkpointer().checkpoint_scope(target, pids, FoundBy::Pid) {
                 Ok(r) => Ok(Some(r)),
@@ -185,17 +187,20 @@ impl Agent {
                     Err(RequestError::failed(reason, format!("CUDA checkpoint failed: {e}")))
                 }
             };
-            let run = prep.join().unwrap_or_else(|_| (Err(std::io::Error::other("panicked")), Instant::now(), Instant::now()));
+            let run = prep.join().unwrap_or_else(|_| {
+                let now = Instant::now();
+                (Err(std::io::Error::other("panicked")), now, now, TreeRecord::of(pids, self.settings.tcp_established))
+            });
             (run, cuda)
         });
-        let (run, t0, t1) = run;
+        let (run, t0, t1, record) = run;
         sw.record("image-dir", t0, t1);
         if let Ok(Some(report)) = &cuda {
             for (name, a, b) in &report.marks {
                 sw.record(name, *a, *b);
             }
         }
-        (run, cuda)
+        (run, cuda, record)
     }
 
     /// The root must be the caller's own descendant or a tree this agent
