@@ -207,6 +207,11 @@ impl Agent {
                 Ok(m)
             })
             .because(FailureReason::Image)?;
+        if m.root_pid <= 1 {
+            // Every walk and kill of the restored tree starts at this pid.
+            let message = format!("{}: its root pid {} cannot be a dumped tree's: corrupt", dir.display(), m.root_pid);
+            return Err(RequestError::failed(FailureReason::Image, message));
+        }
         let names: Vec<&str> = m.images.iter().map(|f| f.name.as_str()).collect();
         let opened = ImageStore::open_for_restore(dir, &names, self.params.run.uid).map_err(|e| e.to_string()).because(FailureReason::ImageDir)?;
         read_ahead(dir, &m);
@@ -346,15 +351,18 @@ impl Agent {
     }
 
     /// Without a hold: the tree CRIU left stopped is pinned, then checked.
+    /// `root` is what CRIU's pid file said, a file in the user's work
+    /// directory: it is compared with the image's root before anything is
+    /// walked from it (a pid file saying 1 would otherwise make every
+    /// process of the node "the tree").
     fn check_after_criu(&self, root: i32, m: &Manifest, cgroup: &TargetCgroup) -> Result<Vec<procfs::Pinned>, (Vec<procfs::Pinned>, RestoredCheckError)> {
+        if root != m.root_pid {
+            return Err((Vec::new(), RestoredCheckError::OtherRoot { restored: root, image: m.root_pid }));
+        }
         let mut pids = self.host.with_descendants(root);
         pids.extend(self.strays(root));
         let tree: Vec<procfs::Pinned> = pids.iter().filter_map(|p| procfs::Pinned::new(*p).ok()).collect();
-        let check = if root != m.root_pid {
-            Err(RestoredCheckError::OtherRoot { restored: root, image: m.root_pid })
-        } else {
-            cgroup.verify(root).map_err(RestoredCheckError::from).and_then(|_| self.check_stopped_tree(&pids, m))
-        };
+        let check = cgroup.verify(root).map_err(RestoredCheckError::from).and_then(|_| self.check_stopped_tree(&pids, m));
         match check {
             Ok(()) => Ok(tree),
             Err(e) => Err((tree, e)),

@@ -498,6 +498,29 @@ fn a_pid_held_here_at_criu_s_restore_moves_the_job_and_keeps_the_image() {
     }
 }
 
+/// CRIU's pid file is the user's (in the work directory lent to them): a
+/// root pid it names other than the image's is refused before anything is
+/// walked or killed from it (pid 1: every process of the node), and a
+/// manifest whose root is pid 1 or 0 is corrupt.
+#[test]
+fn a_restored_root_other_than_the_image_s_is_refused_before_any_walk() {
+    if !root_or_skip() {
+        return;
+    }
+    let fx = fixture();
+    let (_child, run) = dumped(&fx);
+    *fx.criu.restored_pid.lock().unwrap() = 1;
+    let err = fx.agent.restore(me()).unwrap_err().to_string();
+    assert!(err.contains("CRIU restored pid 1, but the image's root is pid") && err.contains("the image is kept"), "{err}");
+    assert!(crate::procfs::read(1).is_some(), "init is alive");
+    assert!(run.join(MANIFEST_FILE).exists(), "the image is kept");
+    let fx = fixture();
+    let (_other, corrupt) = dumped(&fx);
+    forge(&corrupt, |v| v["root_pid"] = 1.into());
+    let err = fx.agent.restore(me()).unwrap_err().to_string();
+    assert!(err.contains("its root pid 1 cannot be a dumped tree's: corrupt"), "{err}");
+}
+
 #[test]
 fn no_image_is_a_clear_refusal() {
     let fx = fixture();
@@ -800,6 +823,11 @@ fn tree_holding(file: &std::path::Path) -> (Child, i32) {
     cmd.args(["-c", "/bin/sleep 30 & exec 3<&-; echo $!; wait"]).stdin(null()).stdout(std::process::Stdio::piped()).stderr(null());
     unsafe {
         cmd.pre_exec(move || {
+            // A session of its own, as gpu-mode-run gives the application:
+            // the agent's sweep of strays looks at the restored root's
+            // session, which must not be the test process's (its other
+            // tests' children of nobody are in it).
+            libc::setsid();
             let fd = libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
             if fd < 0 || libc::dup2(fd, 3) < 0 {
                 return Err(std::io::Error::last_os_error());
