@@ -26,14 +26,24 @@
 //!   over an existing name or through a symlink) with the content and mode;
 //!   CRIU opens them by path; the alias names go once CRIU is done.
 //!
-//! Root's only act on these paths is CRIU's open at restore. The agent
-//! relies on it only where it cannot be pointed elsewhere: directly in a
-//! root-owned, sticky, world-writable tmpfs directory (checked), with
-//! `fs.protected_symlinks` (root does not follow a symlink the user planted
-//! there) and `fs.protected_hardlinks` (the user cannot link there a file
-//! they could not open) on (checked; both are the default on Debian and
-//! Ubuntu), on a file system that holds only what was made on it. The
-//! restored tree is then checked by held.rs like every other file.
+//! No step depends on a kernel setting (issue 37: `fs.protected_symlinks`
+//! and `fs.protected_hardlinks` may be off). Every name in /dev/shm is
+//! made, linked or removed by the user (`run_as_user`, relative to a
+//! descriptor of the directory, `O_CREAT|O_EXCL|O_NOFOLLOW`, a removal only
+//! of the inode planned), so the kernel checks each step against the
+//! user's rights: a link the user planted leads them only where they could
+//! go anyway, and those protections matter only to a more privileged
+//! process following it. CRIU opens the names as the user too
+//! (crate::criu). Root only lists the directory (`fstatat` with
+//! `AT_SYMLINK_NOFOLLOW`: a symlink is its own inode, never followed) and
+//! reads each file's content through the tree's own descriptor or mapping
+//! (`/proc/<pid>/fd/N`, `map_files`), opened once and checked with fstat to
+//! be the planned inode, a regular file of the user's on /dev/shm's file
+//! system: never by a name in /dev/shm. What stays checked is what keeps
+//! the names the user made theirs until CRIU has opened them: /dev/shm is
+//! root's, sticky and world-writable (no other user can remove or replace
+//! them) and a tmpfs (a file system that holds only what was made on it).
+//! The restored tree is then checked by held.rs like every other file.
 //! Anything else that needs `--link-remap` is still refused by CRIU.
 
 use crate::privdrop::Identity;
@@ -88,12 +98,6 @@ pub enum ShmError {
     /// shm_dir: not what the design relies on (module docs).
     #[error("{SHM_DIR} {0}: the job's semaphores there cannot be carried safely: refused")]
     UnsafeDir(DirProblem),
-    /// links_protected: `fs.<knob>` (its value, trimmed) is not 1 or 2.
-    #[error(
-        "fs.{knob} is {value:?} on this node, not 1: root would follow the user's links in {SHM_DIR} at restore, so the job's \
-         semaphores there cannot be carried (set fs.{knob}=1, the Debian and Ubuntu default): refused"
-    )]
-    LinksUnprotected { knob: &'static str, value: String },
     /// list: the directory's listing.
     #[error("cannot list {SHM_DIR}: {0}")]
     List(std::io::Error),
@@ -298,8 +302,8 @@ fn reference(pid: i32, what: String, path: String, source: String) -> Option<Shm
 }
 
 /// /dev/shm as process `pid` sees it, if it is what the design relies on:
-/// root's, sticky and world-writable, a tmpfs; with root's protection from
-/// the user's symlinks and hard links there on.
+/// root's, sticky and world-writable, a tmpfs. No kernel setting is asked
+/// for (module docs).
 fn shm_dir(pid: i32) -> Result<(OwnedFd, u64), ShmError> {
     let path = format!("/proc/{pid}/root{}", SHM_DIR.trim_end_matches('/'));
     let dir = nix::fcntl::open(path.as_str(), nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC, nix::sys::stat::Mode::empty())
@@ -318,20 +322,7 @@ fn shm_dir(pid: i32) -> Result<(OwnedFd, u64), ShmError> {
     if let Some(p) = problem {
         return Err(ShmError::UnsafeDir(p));
     }
-    links_protected(|knob| std::fs::read_to_string(format!("/proc/sys/fs/{knob}")).ok())?;
     Ok((dir, st.st_dev))
-}
-
-/// Root's protection from the user's symlinks and hard links in sticky
-/// directories is on (`read` gives a /proc/sys/fs knob's value).
-fn links_protected(read: impl Fn(&str) -> Option<String>) -> Result<(), ShmError> {
-    for knob in ["protected_symlinks", "protected_hardlinks"] {
-        let v = read(knob).unwrap_or_default();
-        if !matches!(v.trim(), "1" | "2") {
-            return Err(ShmError::LinksUnprotected { knob, value: v.trim().to_string() });
-        }
-    }
-    Ok(())
 }
 
 /// The directory's entries and their inodes (symlinks and all, not followed).
@@ -476,8 +467,11 @@ pub fn stage(pids: &[i32], root: i32, who: &Identity) -> Result<Option<Staged>, 
     let mut objects = Vec::new();
     for p in planned {
         let file = File::open(&p.source).map_err(|source| ShmError::Source { path: p.source.clone(), source })?;
-        let ino = file.metadata().map_err(|source| ShmError::SourceStat { path: p.source.clone(), source })?.ino();
-        if ino != p.ino {
+        // The tree's own descriptor or mapping, never a name in /dev/shm:
+        // still the planned inode, a regular file of the user's on /dev/shm's
+        // file system (the process may have replaced it since it was planned).
+        let m = file.metadata().map_err(|source| ShmError::SourceStat { path: p.source.clone(), source })?;
+        if (m.ino(), m.dev(), m.uid(), m.mode() & libc::S_IFMT) != (p.ino, dev, who.uid, libc::S_IFREG) {
             return Err(ShmError::Changed { path: p.source });
         }
         objects.push((p, file));
@@ -681,12 +675,6 @@ mod tests {
         if !gpu_mode_testkit::root_or_skip("files made as another user") {
             return;
         }
-        if let Err(why) = links_protected(|k| std::fs::read_to_string(format!("/proc/sys/fs/{k}")).ok()) {
-            // scripts/test.sh sets the distro default.
-            assert!(!gpu_mode_testkit::required("GPU_MODE_REQUIRE_CRIU"), "{why}");
-            gpu_mode_testkit::skipped(&gpu_mode_testkit::this_test(), &why.to_string());
-            return;
-        }
         let who = Identity { uid: 65534, gid: 65534, groups: vec![65534] };
         let run = tempfile::tempdir().unwrap();
         std::fs::write(run.path().join("shm-0.img"), b"semaphore").unwrap();
@@ -722,23 +710,151 @@ mod tests {
         assert!(matches!(err, ShmError::CorruptObject { .. }) && err.to_string().contains("corrupt"), "{err:?}");
     }
 
-    #[test]
-    fn both_link_protections_must_be_on() {
-        let table: &[(&str, &str, Option<&str>)] = &[
-            ("1", "1", None),
-            ("1\n", "1\n", None),
-            ("0", "1", Some("fs.protected_symlinks is \"0\"")),
-            ("1", "0", Some("fs.protected_hardlinks is \"0\"")),
-            ("", "1", Some("fs.protected_symlinks is \"\"")),
-        ];
-        for (sym, hard, want) in table {
-            let got = links_protected(|k| Some(if k == "protected_symlinks" { sym } else { hard }.to_string())).map_err(|e| e.to_string());
-            match want {
-                None => assert_eq!(got, Ok(()), "{sym:?} {hard:?}"),
-                Some(needle) => assert!(got.as_ref().is_err_and(|e| e.contains(needle) && e.contains("refused")), "{sym:?} {hard:?}: {got:?}"),
+    /// The job's user, in /dev/shm, through a shell (`nobody`).
+    fn as_nobody(script: &str) -> std::process::Command {
+        use std::os::unix::process::CommandExt;
+        let mut c = std::process::Command::new("/bin/sh");
+        c.arg("-c").arg(script).current_dir("/dev/shm").uid(65534).gid(65534);
+        c
+    }
+
+    /// Sets a file's access time to 1970 (a read moves it past its mtime again).
+    fn old_atime(path: &Path) {
+        let p = CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        let times = [libc::timespec { tv_sec: 1, tv_nsec: 0 }, libc::timespec { tv_sec: 0, tv_nsec: libc::UTIME_OMIT }];
+        // SAFETY: a path and two timespecs we own.
+        assert_eq!(unsafe { libc::utimensat(libc::AT_FDCWD, p.as_ptr(), times.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) }, 0);
+    }
+
+    /// Removes the test's names in /dev/shm, also when an assertion fails.
+    struct Names(Vec<PathBuf>);
+    impl Drop for Names {
+        fn drop(&mut self) {
+            for p in &self.0 {
+                let _ = std::fs::remove_file(p);
             }
         }
-        assert!(links_protected(|_| None).is_err(), "unreadable counts as off");
+    }
+
+    struct Job(std::process::Child);
+    impl Drop for Job {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    /// Issue 37: no kernel setting is a prerequisite. With
+    /// `fs.protected_symlinks` and `fs.protected_hardlinks` off (run this
+    /// test with both at 0: it does not read them), the job's user plants
+    /// symlinks to a root file (`/etc/passwd`'s stand-in) and, where the
+    /// hard-link protection is off, hard links to root's own file in
+    /// /dev/shm, under every name the agent uses, at each step: before the
+    /// stage, between the stage and the save, before and after the restore's
+    /// remaking. Every step is refused or leaves the planted name alone, the
+    /// image holds the job's own bytes, and root's files are not read (their
+    /// access time stays in 1970), changed nor removed.
+    #[test]
+    fn links_the_user_plants_in_dev_shm_never_lead_root_to_its_own_files() {
+        if !gpu_mode_testkit::root_or_skip("files made as another user") {
+            return;
+        }
+        let who = Identity { uid: 65534, gid: 65534, groups: vec![65534] };
+        let tag = format!("gmtest-shmh-{}", std::process::id());
+        let (held, name, alias) = (format!("sem.{tag}-t"), format!("sem.{tag}"), format!("sem.{tag}-t (deleted)"));
+        let at = |n: &str| Path::new("/dev/shm").join(n);
+        let etc = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(etc.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let passwd = etc.path().join("passwd");
+        let secret = at(&format!("{tag}-root"));
+        let _names = Names(vec![at(&held), at(&name), at(&alias), secret.clone(), at(&format!("{tag}-probe"))]);
+        let roots: [(&Path, &[u8], u32); 2] = [(&passwd, b"root:x:0:0:root:/root:/bin/sh\n", 0o644), (&secret, b"root's own", 0o600)];
+        for (path, content, mode) in roots {
+            std::fs::write(path, content).unwrap();
+            std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode)).unwrap();
+            old_atime(path);
+        }
+        let mtimes: Vec<i64> = roots.iter().map(|(p, ..)| std::fs::metadata(p).unwrap().mtime_nsec()).collect();
+        // A hard link to root's file where the kernel lets the user make one,
+        // else a symlink to it.
+        let (p, s) = (passwd.display().to_string(), secret.display().to_string());
+        let to_root = |n: &str| format!("{{ ln '{s}' '{n}' 2>/dev/null || ln -s '{s}' '{n}'; }}");
+        let plant = |script: &str| assert!(as_nobody(script).status().unwrap().success(), "as the user: {script}");
+        let clear = |names: &[&str]| {
+            for n in names {
+                let _ = std::fs::remove_file(at(n));
+            }
+        };
+        let hard = as_nobody(&format!("ln '{s}' '{tag}-probe'")).status().unwrap().success();
+        clear(&[&format!("{tag}-probe")]);
+        let knobs = ["protected_symlinks", "protected_hardlinks"].map(|k| std::fs::read_to_string(format!("/proc/sys/fs/{k}")).unwrap_or_default());
+        eprintln!("fs.protected_symlinks={} fs.protected_hardlinks={}: hard links to root's file: {hard}", knobs[0].trim(), knobs[1].trim());
+
+        // The job: a semaphore held through its deleted temporary name.
+        let mut child = as_nobody(&format!(
+            "umask 077 && printf semaphore > '{held}' && ln '{held}' '{name}' && exec 3<>'{held}' && rm '{held}' && echo ready && exec sleep 60"
+        ))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut line).unwrap();
+        let job = Job(child);
+        assert_eq!(line, "ready\n");
+        let pid = job.0.id() as i32;
+
+        // Before the stage, the alias CRIU would look up is the user's link to root's files.
+        for planted in [format!("ln -s '{p}' '{alias}'"), to_root(&alias)] {
+            plant(&planted);
+            let err = stage(&[pid], pid, &who).err().unwrap();
+            assert!(matches!(err, ShmError::AliasTaken { .. }), "{planted}: {err:?}");
+            clear(&[&alias]);
+        }
+
+        // Staged; then the user swaps both names for links to root's files.
+        let staged = stage(&[pid], pid, &who).unwrap().unwrap();
+        plant(&format!("rm '{name}' '{alias}' && ln -s '{p}' '{name}' && {}", to_root(&alias)));
+        let run = tempfile::tempdir().unwrap();
+        let (objects, note) = staged.save(run.path()).unwrap();
+        assert!(note.is_none(), "{note:?}");
+        assert_eq!((objects.len(), &objects[0].names, &objects[0].aliases), (1, &vec![name.clone()], &vec![alias.clone()]));
+        assert_eq!(std::fs::read(run.path().join(&objects[0].image)).unwrap(), b"semaphore", "the job's bytes, from its descriptor");
+        assert!(std::fs::symlink_metadata(at(&name)).unwrap().file_type().is_symlink(), "the user's planted names are not removed");
+        assert!(std::fs::symlink_metadata(at(&alias)).is_ok());
+        clear(&[&name, &alias]);
+        drop(job);
+
+        // Before the restore, the names to make are the user's links to root's files.
+        let me = std::process::id() as i32;
+        for planted in [format!("ln -s '{p}' '{name}'"), to_root(&name), format!("ln -s '{p}' '{alias}'"), to_root(&alias)] {
+            plant(&planted);
+            let err = recreate(&objects, run.path(), me, &who).err().unwrap();
+            assert!(matches!(&err, ShmError::Remake { source, .. } if source.raw_os_error() == Some(libc::EEXIST)), "{planted}: {err:?}");
+            let planted_at = if planted.contains(&format!("'{name}'")) { &name } else { &alias };
+            assert!(std::fs::symlink_metadata(at(planted_at)).is_ok(), "{planted}: the planted name stays");
+            if planted_at == &alias {
+                assert!(std::fs::symlink_metadata(at(&name)).is_err(), "what was made before the refusal is removed");
+            }
+            clear(&[&name, &alias]);
+        }
+
+        // Remade; then swapped before a failed restore removes everything it made.
+        let made = recreate(&objects, run.path(), me, &who).unwrap().unwrap();
+        plant(&format!("rm '{name}' '{alias}' && ln -s '{p}' '{name}' && {}", to_root(&alias)));
+        drop(made);
+        assert!(std::fs::symlink_metadata(at(&name)).is_ok() && std::fs::symlink_metadata(at(&alias)).is_ok(), "the user's links stay");
+        clear(&[&name, &alias]);
+
+        // Root's files: not read, changed nor removed.
+        for ((path, content, mode), mtime) in roots.iter().zip(&mtimes) {
+            let m = std::fs::symlink_metadata(path).unwrap();
+            assert_eq!((m.uid(), m.mode() & 0o7777, m.nlink(), m.mtime_nsec()), (0, *mode, 1, *mtime), "{}", path.display());
+            assert_eq!(m.atime(), 1, "{} was read", path.display());
+            assert_eq!(std::fs::read(path).unwrap(), *content, "{}", path.display());
+            if std::fs::metadata(path).unwrap().atime() == 1 {
+                eprintln!("{}: a read does not move its access time here: 'not read' was not shown", path.display());
+            }
+        }
     }
 
     #[test]
@@ -814,8 +930,6 @@ mod tests {
             };
             assert_eq!(got, *kind, "{err}");
         }
-        let protected = links_protected(|k| Some(if k == "protected_symlinks" { "1" } else { " 0\n" }.to_string())).unwrap_err();
-        assert!(matches!(&protected, ShmError::LinksUnprotected { knob: "protected_hardlinks", value } if value == "0"), "{protected:?}");
         let os = |errno| std::io::Error::from_raw_os_error(errno);
         let table: Vec<(ShmError, &str)> = vec![
             (
@@ -838,11 +952,6 @@ mod tests {
             (ShmError::UnsafeDir(DirProblem::NotRoot(1000)), "/dev/shm/ belongs to uid 1000, not root: the job's semaphores there cannot be carried safely: refused"),
             (ShmError::UnsafeDir(DirProblem::Mode(0o755)), "/dev/shm/ has mode 755, not 1777: the job's semaphores there cannot be carried safely: refused"),
             (ShmError::UnsafeDir(DirProblem::NotTmpfs), "/dev/shm/ is not a tmpfs: the job's semaphores there cannot be carried safely: refused"),
-            (
-                protected,
-                "fs.protected_hardlinks is \"0\" on this node, not 1: root would follow the user's links in /dev/shm/ at restore, so the job's \
-                 semaphores there cannot be carried (set fs.protected_hardlinks=1, the Debian and Ubuntu default): refused",
-            ),
             (ShmError::List(os(libc::EACCES)), "cannot list /dev/shm/: Permission denied (os error 13)"),
             (cstr("a\0b").unwrap_err(), "\"a\\0b\": NUL in a name"),
             (ShmError::Child(UserChildError::Timeout { bound: USER_BOUND }), "the work as the job's user did not finish within 10 s"),
