@@ -849,8 +849,19 @@ mod tests {
         let file = args.last().copied().unwrap_or_default();
         cmd.args(&args[..args.len() - 1]).arg(format!("/proc/self/fd/3/{file}")).uid(65534).gid(65534);
         cmd.stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null());
-        // SAFETY: dup2 is async-signal-safe, on descriptors we own.
-        unsafe { cmd.pre_exec(move || if libc::dup2(fd, 3) == 3 { Ok(()) } else { Err(std::io::Error::last_os_error()) }) };
+        // SAFETY: dup2 and fcntl are async-signal-safe, on descriptors we
+        // own. Already 3, dup2 would leave close-on-exec set (seen: tee then
+        // found no /proc/self/fd/3 once in six runs): clear it instead.
+        unsafe {
+            cmd.pre_exec(move || {
+                let ok = if fd == 3 { libc::fcntl(3, libc::F_SETFD, 0) == 0 } else { libc::dup2(fd, 3) == 3 };
+                if ok {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            })
+        };
         let out = cmd.output().unwrap();
         (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
     }

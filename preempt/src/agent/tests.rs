@@ -934,7 +934,9 @@ fn a_loop_of_refused_requests_reaches_neither_slurm_nor_the_metrics() {
     insider.wait().unwrap();
     assert!(matches!(answer, Response::Error { .. }), "{answer:?}");
     assert_eq!(scontrol_calls(&fx).len(), 2, "the failure's squeue read and scontrol update");
-    assert!(std::fs::read_to_string(&textfile).unwrap().contains("gpu_mode_checkpoint_failures_total{reason=\"criu\"} 1"));
+    let rendered = std::fs::read_to_string(&textfile).unwrap();
+    let failures: Vec<&str> = rendered.lines().filter(|l| l.starts_with("gpu_mode_checkpoint_failures_total")).collect();
+    assert!(failures.contains(&"gpu_mode_checkpoint_failures_total{reason=\"criu\"} 1"), "{answer:?}: {failures:?}");
 }
 
 /// Security review (issue 27), F3: the job's user has a request budget;
