@@ -16,6 +16,9 @@ pub enum CommandError {
     Spawn { path: PathBuf, source: std::io::Error },
     #[error("{path} {args} timed out after {ms} ms")]
     Timeout { path: PathBuf, args: String, ms: u128 },
+    /// Killed because its watch said so ([`run_watched`]).
+    #[error("{path} was stopped: {why}")]
+    Stopped { path: PathBuf, why: String },
 }
 
 /// Spawns `cmd`, trying again for a moment on ETXTBSY: a program that was
@@ -49,7 +52,22 @@ pub fn new_session() -> std::io::Result<()> {
 
 /// Runs `cmd` to completion or kills it after `timeout`. Output is collected
 /// on threads so a chatty program cannot block on a full pipe.
-pub fn run_with_timeout(mut cmd: Command, stdin: Option<&[u8]>, timeout: Duration) -> Result<Output, CommandError> {
+pub fn run_with_timeout(cmd: Command, stdin: Option<&[u8]>, timeout: Duration) -> Result<Output, CommandError> {
+    run_watched(cmd, stdin, timeout, &mut || None)
+}
+
+/// How often [`run_watched`] asks its watch.
+const WATCH_EVERY: Duration = Duration::from_millis(100);
+
+/// [`run_with_timeout`], and killed as soon as `watch` (asked every 100 ms
+/// while it runs) gives a reason: a CRIU dump whose images outgrow their
+/// bound (preempt's N5).
+pub fn run_watched(
+    mut cmd: Command,
+    stdin: Option<&[u8]>,
+    timeout: Duration,
+    watch: &mut dyn FnMut() -> Option<String>,
+) -> Result<Output, CommandError> {
     let path = PathBuf::from(cmd.get_program());
     let args: Vec<String> = cmd.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
     cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() }).stdout(Stdio::piped()).stderr(Stdio::piped());
@@ -73,7 +91,16 @@ pub fn run_with_timeout(mut cmd: Command, stdin: Option<&[u8]>, timeout: Duratio
     let out = read_all(Box::new(child.stdout.take().expect("piped")));
     let err = read_all(Box::new(child.stderr.take().expect("piped")));
     let start = Instant::now();
+    let mut watched = start;
     let status = loop {
+        if watched.elapsed() >= WATCH_EVERY {
+            watched = Instant::now();
+            if let Some(why) = watch() {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(CommandError::Stopped { path, why });
+            }
+        }
         match child.try_wait() {
             Ok(Some(status)) => break status,
             Ok(None) if start.elapsed() < timeout => std::thread::sleep(Duration::from_millis(5)),
@@ -104,6 +131,23 @@ mod tests {
         assert_eq!(err, "/bin/sleep 5 timed out after 100 ms");
         let err = run_with_timeout(Command::new("/nonexistent"), None, Duration::from_secs(1)).unwrap_err().to_string();
         assert!(err.starts_with("cannot run /nonexistent"), "{err}");
+    }
+
+    #[test]
+    fn a_watch_that_gives_a_reason_stops_the_program() {
+        let mut sleep = Command::new("/bin/sleep");
+        sleep.arg("5");
+        let mut asked = 0;
+        let start = Instant::now();
+        let err = run_watched(sleep, None, Duration::from_secs(10), &mut || {
+            asked += 1;
+            (asked == 3).then(|| "enough".to_string())
+        })
+        .unwrap_err();
+        assert_eq!(err.to_string(), "/bin/sleep was stopped: enough");
+        assert!(start.elapsed() < Duration::from_secs(2), "{:?}", start.elapsed());
+        let out = run_watched(Command::new("/bin/true"), None, Duration::from_secs(5), &mut || None).unwrap();
+        assert!(out.status.success());
     }
 
     #[test]

@@ -114,6 +114,20 @@ pub fn check_limits(pids: &[i32], recorded: &crate::privdrop::HardLimits) -> Res
     Ok(())
 }
 
+/// The memory of `pids` a dump can write: resident, swapped and hugetlb
+/// pages (`VmRSS`, `VmSwap`, `HugetlbPages` of /proc/<pid>/status), in
+/// bytes, summed (pages shared between them count twice: an upper bound).
+pub fn memory_bytes(pids: &[i32]) -> u64 {
+    pids.iter().filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/status")).ok()).map(|s| status_memory_bytes(&s)).sum()
+}
+
+fn status_memory_bytes(status: &str) -> u64 {
+    let kib = |key: &str| -> u64 {
+        status.lines().find_map(|l| l.strip_prefix(key)).and_then(|v| v.split_whitespace().next()?.parse().ok()).unwrap_or(0)
+    };
+    (kib("VmRSS:") + kib("VmSwap:") + kib("HugetlbPages:")) * 1024
+}
+
 /// The thread ids of `pids` that are not themselves among `pids` (a
 /// process's other threads), ascending: CRIU restores them with their ids
 /// too, so a restore waits for them as for the pids (security review N3).
@@ -333,6 +347,16 @@ mod tests {
         assert_eq!(check_confined(&[pid], &other), Ok(()));
         let _ = child.kill();
         let _ = child.wait();
+    }
+
+    #[test]
+    fn a_trees_memory_is_its_resident_swapped_and_hugetlb_pages() {
+        let status = "Name:\tx\nVmRSS:\t  1000 kB\nVmSwap:\t  24 kB\nHugetlbPages:\t 2048 kB\n";
+        assert_eq!(status_memory_bytes(status), (1000 + 24 + 2048) * 1024);
+        assert_eq!(status_memory_bytes("Name:\tkthread\n"), 0);
+        let me = std::process::id() as i32;
+        assert!(memory_bytes(&[me]) > 1 << 20);
+        assert_eq!(memory_bytes(&[i32::MAX]), 0);
     }
 
     #[test]

@@ -179,8 +179,22 @@ impl CriuCli {
     }
 
     fn run(&self, verb: &'static str, cmd: Command, log: &Path, owner: u32, bound: Duration) -> Result<(), CriuError> {
-        let out = run_with_timeout(cmd, None, bound).map_err(|e| match e {
+        self.run_watched(verb, cmd, log, owner, bound, &mut || None)
+    }
+
+    /// [`Self::run`], CRIU killed as soon as `watch` gives a reason.
+    fn run_watched(
+        &self,
+        verb: &'static str,
+        cmd: Command,
+        log: &Path,
+        owner: u32,
+        bound: Duration,
+        watch: &mut dyn FnMut() -> Option<String>,
+    ) -> Result<(), CriuError> {
+        let out = crate::command::run_watched(cmd, None, bound, watch).map_err(|e| match e {
             CommandError::Timeout { ms, .. } => CriuError::Timeout { verb, ms: ms as u64, log: log.to_path_buf() },
+            CommandError::Stopped { why, .. } => CriuError::Stopped { verb, why, log: log.to_path_buf() },
             CommandError::Spawn { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
                 CriuError::Missing { path: self.binary.clone(), detail: source.to_string() }
             }
@@ -253,7 +267,13 @@ impl Criu for CriuCli {
         let mut cmd = self.command(&dump_args(req, Dirs { images: images.as_raw_fd(), work: work.as_raw_fd() }));
         Self::as_user(&mut cmd, [&images, &work], &req.user, &capabilities(req.tcp_established), &req.limits);
         let start = Instant::now();
-        self.run("dump", cmd, &log, req.user.uid, self.timeout)?;
+        // The images may not outgrow the tree (N5): measured as CRIU writes.
+        let mut watch = || {
+            let bound = req.max_image_bytes?;
+            let bytes = allocated_bytes(&req.images_dir);
+            (bytes > bound).then(|| format!("its images took {bytes} bytes, past this tree's bound of {bound} bytes (the tree's memory x 1.5 and its ghost files)"))
+        };
+        self.run_watched("dump", cmd, &log, req.user.uid, self.timeout, &mut watch)?;
         Ok(DumpReport { ms: start.elapsed().as_secs_f64() * 1000.0, log })
     }
 
@@ -276,6 +296,16 @@ impl Criu for CriuCli {
         let pid = text.trim().parse().map_err(|_| other(format!("no root pid in {} ({:?})", req.work_dir.join(PIDFILE).display(), text.trim())))?;
         Ok(RestoreReport { pid, ms, log })
     }
+}
+
+/// The blocks the files directly in `dir` take (not their apparent sizes:
+/// ghost files are sparse), each looked at without following a link. CRIU
+/// writes the images flat; what else may be there is the user's and counts
+/// the same.
+pub fn allocated_bytes(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    entries.flatten().filter_map(|e| std::fs::symlink_metadata(e.path()).ok()).map(|m| m.blocks() * 512).sum()
 }
 
 /// A directory of the run, opened by root without following a link, for
@@ -307,6 +337,7 @@ mod tests {
             ghost_limit_bytes: 1 << 20,
             user: user.clone(),
             limits: limits.clone(),
+            max_image_bytes: None,
         };
         assert_eq!(
             strings(dump_args(&dump, dirs)).join(" "),
@@ -351,6 +382,35 @@ mod tests {
         assert!(cmd.get_envs().any(|(k, v)| k == "GPU_MODE_HOLD_SOCKET" && v == Some("/run/s/job-7.sock".as_ref())));
         assert_eq!(capabilities(false), [40]);
         assert_eq!(capabilities(true), [40, 12]);
+    }
+
+    /// N5: the bound, and a "CRIU" whose images outgrow it is stopped.
+    #[test]
+    fn a_dump_whose_images_outgrow_the_trees_bound_is_stopped() {
+        assert_eq!(super::super::image_bound(100 << 20, 1 << 20, 64), (150 << 20) + (64 << 20) + (64 << 20));
+        assert_eq!(super::super::image_bound(u64::MAX, 1, 1), u64::MAX);
+        let dir = tempfile::tempdir().unwrap();
+        let (images, work) = (dir.path().join("images"), dir.path().join("work"));
+        std::fs::create_dir(&images).unwrap();
+        std::fs::create_dir(&work).unwrap();
+        // Writes 1 MiB into the images every 50 ms, for 10 s at most.
+        let fake = dir.path().join("criu");
+        std::fs::write(&fake, "#!/bin/sh\nfor i in $(seq 200); do head -c 1048576 /dev/urandom > \"$IMAGES/pages-$i.img\"; sleep 0.05; done\n").unwrap();
+        std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let cli = CriuCli { binary: fake, timeout: Duration::from_secs(30), check_cache: None, page_readers: 1 };
+        let mut cmd = cli.command(&["dump".into()]);
+        cmd.env("IMAGES", &images);
+        let start = Instant::now();
+        let mut watch = || {
+            let bytes = allocated_bytes(&images);
+            (bytes > 4 << 20).then(|| format!("{bytes} bytes"))
+        };
+        let me = unsafe { libc::geteuid() };
+        let err = cli.run_watched("dump", cmd, &work.join(DUMP_LOG), me, cli.timeout, &mut watch).unwrap_err();
+        assert!(matches!(&err, CriuError::Stopped { verb: "dump", .. }), "{err:?}");
+        assert!(start.elapsed() < Duration::from_secs(5), "stopped after {:?}", start.elapsed());
+        let kept = allocated_bytes(&images);
+        assert!(kept > 4 << 20 && kept < 16 << 20, "{kept} bytes written before the stop");
     }
 
     /// N3: CRIU's words for a pid or thread id held here, and only those.

@@ -116,6 +116,9 @@ pub struct DumpRequest {
     pub user: Identity,
     /// CRIU's hard resource limits: the tree's.
     pub limits: HardLimits,
+    /// The most the images may take while CRIU writes them (N5;
+    /// [`image_bound`]); past it CRIU is killed and the dump fails.
+    pub max_image_bytes: Option<u64>,
 }
 
 /// `--network-lock` of a dump with `--tcp-established` (a restore takes the
@@ -198,6 +201,9 @@ pub enum CriuError {
     Timeout { verb: &'static str, ms: u64, log: PathBuf },
     #[error("criu {verb}: {detail}")]
     Other { verb: &'static str, detail: String },
+    /// Killed while it ran (the dump's image bound, N5).
+    #[error("criu {verb} was stopped: {why} (log: {})", log.display())]
+    Stopped { verb: &'static str, why: String, log: PathBuf },
 }
 
 impl CriuError {
@@ -209,6 +215,15 @@ impl CriuError {
         let CriuError::Failed { detail, .. } = self else { return false };
         detail.contains("Unable to create a thread: -17") || (detail.contains("Can't fork for") && detail.contains("File exists"))
     }
+}
+
+/// The most a dump's images may take: the tree's memory (resident and
+/// swapped, after the driver's checkpoint has copied GPU memory into it)
+/// and half again (CRIU's own files, page alignment), its ghost files
+/// (`ghost_limit` each, at most `max_deleted` of them: the agent refuses
+/// more), and 64 MiB.
+pub fn image_bound(memory_bytes: u64, ghost_limit: u64, max_deleted: u64) -> u64 {
+    memory_bytes.saturating_add(memory_bytes / 2).saturating_add(ghost_limit.saturating_mul(max_deleted)).saturating_add(64 << 20)
 }
 
 /// What the agent needs from CRIU.

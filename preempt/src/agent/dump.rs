@@ -266,6 +266,11 @@ impl Agent {
             ghost_limit_bytes: self.settings.ghost_limit_bytes,
             user: self.user.clone(),
             limits: record.limits.clone(),
+            // After the driver's checkpoint: the GPU memory is in the tree's
+            // own memory now. Unread (0): no bound rather than a wrong one.
+            max_image_bytes: Some(tree::memory_bytes(pids))
+                .filter(|m| *m > 0)
+                .map(|m| crate::criu::image_bound(m, self.settings.ghost_limit_bytes, self.settings.max_deleted_files as u64)),
         };
         let keeps_lock = req.tcp_established && req.network_lock == crate::criu::NetworkLock::Nftables;
         // A table CRIU makes during the dump is not a stray one (netlock.rs).
