@@ -14,6 +14,7 @@ use gpu_mode_core::preempt::manifest::{Manifest, CONSUMED_FILE, MANIFEST_FILE};
 use gpu_mode_core::job_env::JobRun;
 use gpu_mode_core::preempt::{spawn_agent, stop_agent, AgentLaunch, ImageStore};
 use gpu_mode_core::Config;
+use gpu_mode_testkit::n1::holds;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -832,17 +833,6 @@ fn a_restore_refuses_another_users_or_a_corrupt_image_and_other_users_cannot_rea
     }
 }
 
-/// Whether `pid` holds a descriptor on `file` (the inode, whatever the path).
-fn holds(pid: i32, file: &Path) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(want) = std::fs::metadata(file) else { return false };
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .any(|fd| std::fs::metadata(fd.path()).is_ok_and(|m| (m.dev(), m.ino()) == (want.dev(), want.ino())))
-}
-
 /// Security review (issue 18), finding S1: CRIU reopens a restored
 /// process's files by path, as root, following symlinks, and checks only
 /// their size and mode. The job's user holds their own file open for
@@ -1015,19 +1005,6 @@ fn a_thief_racing_the_restore_never_gets_a_root_file_the_user_swapped_in() {
     assert!(err.contains("cannot restore job 9113") && err.contains("the image is kept"), "{err}");
 }
 
-/// Every image file of a run directory with its bytes (the manifest and
-/// CRIU's marks aside): what a forger would have to change.
-fn image_bytes(run: &Path) -> Vec<(String, Vec<u8>)> {
-    let mut out: Vec<(String, Vec<u8>)> = std::fs::read_dir(run)
-        .unwrap()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().ends_with(".img"))
-        .map(|e| (e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).unwrap()))
-        .collect();
-    out.sort();
-    out
-}
-
 /// Security review N1, the attack end to end (issue 37). The job holds a
 /// directory open; between the dump and the restore the user swaps it for
 /// a symlink to /proc/self/cwd, so CRIU reopens "the directory" inside the
@@ -1056,16 +1033,9 @@ fn the_n1_attack_forges_no_image_gains_no_capability_and_leaves_nothing_running(
     // The mode of CRIU's working directory, which CRIU compares with the image's.
     chmod(&held, 0o700);
     let (ready, go) = (home.join("ready"), home.join("go"));
-    // Holds `held` as descriptor 3; once `go` exists, clones one sibling
-    // with CLONE_PARENT that writes "<pid> <CapEff> <CapPrm> <CapAmb>" to
-    // sibling-<pid> every 20 ms for 60 s.
-    let code = "import ctypes,os,sys,time\nlibc=ctypes.CDLL(None,use_errno=True)\n\
-                fd=os.open(sys.argv[2],os.O_RDONLY|os.O_DIRECTORY)\nos.dup2(fd,3)\nopen(sys.argv[1],'w').write(str(os.getpid()))\n\
-                done=False\nwhile True:\n    time.sleep(0.002)\n    if done or not os.path.exists(sys.argv[3]): continue\n    done=True\n\
-                \x20   if libc.syscall(56,0x8000|17,0,0,0,0)!=0: continue\n    me=os.getpid()\n    end=time.time()+60\n\
-                \x20   while time.time()<end:\n        st=open('/proc/self/status').read().split('\\n')\n\
-                \x20       caps=[l.split()[1] for l in st if l.split(':')[0] in ('CapEff','CapPrm','CapAmb')]\n\
-                \x20       open(sys.argv[4]+'/sibling-%d'%me,'a').write('%d %s\\n'%(me,' '.join(caps)))\n        time.sleep(0.02)\n    os._exit(0)\n";
+    // The application (gpu_mode_testkit::n1::APP) holds `held` as descriptor
+    // 3; once `go` exists, it clones a sibling recording its capabilities.
+    let code = gpu_mode_testkit::n1::APP;
     let (ready_s, held_s, go_s, home_s) = (ready.display().to_string(), held.display().to_string(), go.display().to_string(), home.display().to_string());
     let app = ["/usr/bin/python3", "-c", code, ready_s.as_str(), held_s.as_str(), go_s.as_str(), home_s.as_str()];
     let out = n.dir.join("n1.out");
@@ -1078,35 +1048,21 @@ fn the_n1_attack_forges_no_image_gains_no_capability_and_leaves_nothing_running(
     stop_agent(&cfg, job, Duration::from_secs(10)).unwrap();
     let run = ImageStore::new(&images).run_dir(job, 0);
     assert!(run.join(MANIFEST_FILE).exists(), "{}", read(&out.with_extension("err")));
-    let sealed = image_bytes(&run);
+    let sealed = gpu_mode_testkit::n1::image_bytes(&run);
     // The user's moves: the directory becomes a link to /proc/self/cwd.
     std::fs::rename(&held, home.join("held-away")).unwrap();
     std::os::unix::fs::symlink("/proc/self/cwd", &held).unwrap();
     std::os::unix::fs::lchown(&held, Some(uid), Some(gid)).unwrap();
     std::fs::write(&go, b"").unwrap();
     std::os::unix::fs::chown(&go, Some(uid), Some(gid)).unwrap();
-    // The thief, as the user outside the job, until `stop` exists (60 s at
-    // most): it waits until the restored task is stopped (by SIGSTOP once
-    // CRIU let go of it, before; under CRIU's ptrace at the agent's hold,
-    // now), then strikes. Its counts and every path it got a descriptor of,
-    // as JSON.
+    // The thief (gpu_mode_testkit::n1::THIEF), as the user outside the job,
+    // until `stop` exists (60 s at most): it waits until the restored task
+    // is stopped (by SIGSTOP once CRIU let go of it, before; under CRIU's
+    // ptrace at the agent's hold, now), then strikes. Its counts and every
+    // path it got a descriptor of, as JSON.
     let stop = home.join("stop");
-    let thief_code = "import ctypes,json,os,signal,sys,time\nlibc=ctypes.CDLL(None,use_errno=True)\npid=int(sys.argv[1])\n\
-                      c={'sigcont':0,'getfd_tries':0,'getfd_ok':0,'writes':0,'write_refusals':0,'paths':[]}\nend=time.time()+60\n\
-                      def held():\n    try:\n        st=open('/proc/%d/status'%pid).read()\n    except OSError:\n        return False\n\
-                      \x20   return '\\nState:\\tT' in st or '\\nState:\\tt' in st\n\
-                      while time.time()<end and not os.path.exists(sys.argv[2]) and not held(): time.sleep(0.0005)\n\
-                      while time.time()<end and not os.path.exists(sys.argv[2]):\n    try:\n        os.kill(pid,signal.SIGCONT)\n\
-                      \x20       c['sigcont']+=1\n        p=os.pidfd_open(pid)\n    except OSError:\n        continue\n\
-                      \x20   c['getfd_tries']+=1\n    fd=libc.syscall(438,p,3,0)\n    os.close(p)\n    if fd<0: continue\n\
-                      \x20   c['getfd_ok']+=1\n    path=os.readlink('/proc/self/fd/%d'%fd)\n\
-                      \x20   if path not in c['paths']: c['paths'].append(path)\n    try:\n        names=os.listdir(fd)\n\
-                      \x20   except OSError:\n        names=[]\n    for name in names:\n        if not name.endswith('.img'): continue\n\
-                      \x20       try:\n            w=os.open(name,os.O_WRONLY|os.O_APPEND,dir_fd=fd)\n            os.write(w,b'forged')\n\
-                      \x20           os.close(w)\n            c['writes']+=1\n        except OSError:\n            c['write_refusals']+=1\n\
-                      \x20   os.close(fd)\nprint(json.dumps(c),flush=True)\n";
     let mut thief = Command::new("/usr/bin/python3");
-    thief.args(["-c", thief_code, &app_pid.to_string(), &stop.display().to_string()]).stdout(Stdio::piped()).stderr(Stdio::null());
+    thief.args(["-c", gpu_mode_testkit::n1::THIEF, &app_pid.to_string(), &stop.display().to_string(), "60"]).stdout(Stdio::piped()).stderr(Stdio::null());
     gpu_mode_core::privdrop::run_as(&mut thief, &gpu_mode_core::privdrop::Identity::of_user(uid, gid).unwrap());
     let thief = thief.spawn().unwrap();
 
@@ -1143,7 +1099,7 @@ fn the_n1_attack_forges_no_image_gains_no_capability_and_leaves_nothing_running(
     let run_shown = run.display().to_string();
     let paths: Vec<&str> = counts["paths"].as_array().unwrap().iter().filter_map(|p| p.as_str()).collect();
     assert!(!paths.iter().any(|p| p.starts_with(&run_shown)), "the thief held the image directory: {paths:?}");
-    assert_eq!(image_bytes(&run), sealed, "an image file changed after its seal");
+    assert_eq!(gpu_mode_testkit::n1::image_bytes(&run), sealed, "an image file changed after its seal");
     for record in siblings.iter().flat_map(|t| t.lines()) {
         let caps: Vec<&str> = record.split_whitespace().skip(1).collect();
         assert!(caps.iter().all(|c| u64::from_str_radix(c, 16) == Ok(0)), "a sibling ran with capabilities: {record}");

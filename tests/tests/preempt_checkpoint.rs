@@ -543,3 +543,180 @@ fn a_cancelled_job_is_not_checkpointed_or_requeued_and_leaves_no_image() {
     assert_images_removed(c, job);
     assert_nothing_stuck(c, job);
 }
+
+/// Processes of `uid` (any of its four uids) holding a capability in their
+/// effective, permitted or ambient set: `pid name Cap...` of each.
+fn capable_processes_of(uid: u32) -> Vec<String> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+            let field = |k: &str| status.lines().find_map(|l| l.strip_prefix(k)?.strip_prefix(':').map(str::trim).map(str::to_string));
+            let uids = field("Uid")?;
+            if !uids.split_whitespace().any(|u| u == uid.to_string()) {
+                return None;
+            }
+            let caps: Vec<String> = ["CapEff", "CapPrm", "CapAmb"].iter().filter_map(|k| Some(format!("{k}={}", field(k)?))).collect();
+            let any = caps.iter().any(|c| c.rsplit('=').next().is_some_and(|v| u64::from_str_radix(v, 16) != Ok(0)));
+            any.then(|| format!("{pid} {} {}", field("Name").unwrap_or_default(), caps.join(" ")))
+        })
+        .collect()
+}
+
+/// Security review N1 under a real Slurm (issue 37): the attack of
+/// checkpoint/tests/preempt_criu.rs::the_n1_attack_forges_no_image_gains_no_capability_and_leaves_nothing_running
+/// against a job of gmtest1 that slurmd runs, preempted, dumped by the
+/// job's agent, requeued and restored by the requeued run. The job holds a
+/// directory at descriptor 3; while the requeued job is held, the user
+/// swaps it for a symlink to /proc/self/cwd (so CRIU reopens its own
+/// working directory in the restored task), and a thief of the same user
+/// outside the job waits until the restored task is stopped, then loops
+/// SIGCONT, `pidfd_getfd(pid, 3)` and appends to every `.img` it can list
+/// through what it took. The task, if it ever ran, would clone a
+/// `CLONE_PARENT` sibling recording its capabilities. The requeued run's
+/// restore must be refused (the tree holds CRIU's work directory, which
+/// the user may not reach by its path) with the image kept, byte for byte
+/// as sealed; the thief acted and wrote nothing; no sibling was made, no
+/// process of the user holds a capability, nothing of the job runs.
+#[test]
+fn the_n1_attack_under_slurm_forges_no_image_gains_no_capability_and_leaves_nothing_running() {
+    let Some(c) = c() else { return };
+    let _turn = serial();
+    let who = job_user();
+    let Who::User(user) = who else {
+        return gpu_mode_testkit::skipped(&gpu_mode_testkit::this_test(), "the thief must be another process of the job's user");
+    };
+    let u = gpu_mode_tests::users::lookup(user).unwrap();
+    let own = |p: &Path| std::os::unix::fs::lchown(p, Some(u.uid), Some(u.gid)).unwrap();
+    let chmod = |p: &Path, mode: u32| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap()
+    };
+    // The user's own directory (out/ is 1777), with the directory the job holds.
+    let home = c.dir.join("out").join(format!("n1-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&home);
+    let held = home.join("held");
+    std::fs::create_dir_all(&held).unwrap();
+    for d in [&home, &held] {
+        own(d);
+        // `held`: the mode of CRIU's working directory, which CRIU compares with the image's.
+        chmod(d, 0o700);
+    }
+    let (ready, go, stop) = (home.join("ready"), home.join("go"), home.join("stop"));
+    // The application of the N1 test (gpu_mode_testkit::n1::APP): holds
+    // `held` as descriptor 3; once `go` exists, it clones a sibling recording
+    // its capabilities.
+    let app_py = home.join("app.py");
+    std::fs::write(&app_py, gpu_mode_testkit::n1::APP).unwrap();
+    own(&app_py);
+    let app: Vec<String> = [Path::new("/usr/bin/python3"), &app_py, &ready, &held, &go, &home].iter().map(|p| p.display().to_string()).collect();
+    let job = submit_low(c, who, "n1", &app);
+    wait_for("the application to hold its directory", LONG, || {
+        std::fs::read_to_string(&ready).ok().and_then(|p| p.trim().parse::<i32>().ok()).is_some_and(|p| gpu_mode_testkit::n1::holds(p, &held))
+    });
+    let app_pid: i32 = std::fs::read_to_string(&ready).unwrap().trim().parse().unwrap();
+
+    // Preempted, dumped by the job's agent, requeued; held, so that the
+    // user's moves come before the requeued run.
+    let preemptor = submit_preemptor(c, None, None, 2, 1);
+    wait_requeued(c, job, 1);
+    let hold = c.client("scontrol", &["hold", &job.to_string()]).run_as_root().unwrap();
+    assert!(hold.status.success(), "{}", String::from_utf8_lossy(&hold.stderr));
+    wait_finished(c, preemptor);
+    let run = images(c).join(job.to_string()).join("0");
+    let m = Manifest::load(&run).unwrap_or_else(|e| panic!("{e}\n{}", c.job_output(job)));
+    assert_eq!((m.job, m.uid, m.root_pid), (job, u.uid, app_pid));
+    let sealed = gpu_mode_testkit::n1::image_bytes(&run);
+    assert!(!sealed.is_empty(), "no image file in {}", run.display());
+    assert!(gpu_mode_core::procfs::read(app_pid).is_none(), "the dumped application is gone");
+
+    // The user's moves: the directory becomes a link to /proc/self/cwd, and `go`.
+    std::fs::rename(&held, home.join("held-away")).unwrap();
+    std::os::unix::fs::symlink("/proc/self/cwd", &held).unwrap();
+    own(&held);
+    std::fs::write(&go, b"").unwrap();
+    own(&go);
+    // The thief of the N1 test (gpu_mode_testkit::n1::THIEF), as the user
+    // outside the job, until `stop` exists (300 s at most): it waits until
+    // the restored task is stopped, then strikes. Its counts and every path
+    // it got a descriptor of, as JSON.
+    let mut thief = std::process::Command::new("/usr/bin/python3");
+    thief.args(["-c", gpu_mode_testkit::n1::THIEF, &app_pid.to_string(), &stop.display().to_string(), "300"]).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::null());
+    thief.current_dir("/tmp");
+    gpu_mode_core::privdrop::run_as(&mut thief, &gpu_mode_core::privdrop::Identity::of_user(u.uid, u.gid).unwrap());
+    let thief = thief.spawn().unwrap();
+
+    let release = c.client("scontrol", &["release", &job.to_string()]).run_as_root().unwrap();
+    assert!(release.status.success(), "{}", String::from_utf8_lossy(&release.stderr));
+    let restored = format!("gpu-mode-run: job {job} restored (pid");
+    wait_for("the requeued run to end or restore", LONG, || {
+        c.job(job).is_ok_and(|j| j.restarts() == 1 && finished(&j)) || c.job_output(job).contains(&restored)
+    });
+    // The thief keeps at it a moment after, while a restored task would run.
+    std::thread::sleep(Duration::from_millis(500));
+    let capable = capable_processes_of(u.uid);
+    std::fs::write(&stop, b"").unwrap();
+    let report = String::from_utf8_lossy(&thief.wait_with_output().unwrap().stdout).into_owned();
+    let siblings: Vec<String> = std::fs::read_dir(&home)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("sibling-"))
+        .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
+        .collect();
+    let sibling_pids: Vec<i32> = siblings.iter().filter_map(|t| t.split_whitespace().next()?.parse().ok()).collect();
+    let running = |pid: i32| gpu_mode_core::procfs::read(pid).is_some_and(|p| !matches!(p.state, 'Z' | 'X'));
+    let left: Vec<i32> = sibling_pids.iter().chain(&m.pids).copied().filter(|p| running(*p)).collect();
+    // Whatever happened, everything of the job goes now.
+    let end = c.job(job).unwrap();
+    if !finished(&end) {
+        let _ = c.client("scancel", &[&job.to_string()]).run_as_root();
+    }
+    for pid in sibling_pids.iter().chain(&m.pids).chain([&app_pid]) {
+        unsafe { libc::kill(*pid, libc::SIGKILL) };
+    }
+    let end = wait_finished(c, job);
+    let out = c.job_output(job);
+
+    let counts: serde_json::Value = serde_json::from_str(report.trim()).unwrap_or_else(|e| panic!("the thief's report {report:?}: {e}\n{out}"));
+    let count = |k: &str| counts[k].as_u64().unwrap_or(0);
+    // The thief acted: the test fails when it never ran.
+    assert!(count("sigcont") > 0 && count("getfd_tries") > 0, "the thief never acted: {counts}\n{out}");
+    assert_eq!(count("writes"), 0, "the thief wrote an image file: {counts}\n{out}");
+    let paths: Vec<&str> = counts["paths"].as_array().unwrap().iter().filter_map(|p| p.as_str()).collect();
+    let run_real = std::fs::canonicalize(&run).unwrap_or(run.clone());
+    let in_run = |p: &str| [&run, &run_real].iter().any(|r| Path::new(p).starts_with(r));
+    assert!(!paths.iter().any(|p| in_run(p)), "the thief held the image directory: {paths:?}\n{out}");
+    // At most the work directory, lent to the user for the run.
+    let work = format!("{}/.criu-", images(c).join(job.to_string()).display());
+    assert!(paths.iter().all(|p| p.starts_with(&work)), "the thief held more than CRIU's work directory: {paths:?}\n{out}");
+    assert_eq!(gpu_mode_testkit::n1::image_bytes(&run), sealed, "an image file changed after its seal (thief: {counts})");
+    for record in siblings.iter().flat_map(|t| t.lines()) {
+        let caps: Vec<&str> = record.split_whitespace().skip(1).collect();
+        assert!(caps.iter().all(|c| u64::from_str_radix(c, 16) == Ok(0)), "a sibling ran with capabilities: {record}");
+    }
+    assert!(capable.is_empty(), "processes of {user} with capabilities: {capable:?}\n{out}");
+    // Held by CRIU until its check (agent::hold): the task never ran, so the
+    // thief's SIGCONTs made no sibling.
+    assert!(sibling_pids.is_empty(), "the restored task ran before its check: siblings {sibling_pids:?} (thief: {counts})\n{out}");
+    assert!(left.is_empty(), "processes of the job or its siblings still ran after the requeued run: {left:?}\n{out}");
+    // Refused, with the image kept, and the job ended.
+    assert!(!out.contains(&restored), "the restore was not refused:\n{out}");
+    let line = out.lines().rfind(|l| l.contains(&format!("gpu-mode-run: cannot restore job {job}: "))).unwrap_or_else(|| panic!("no refusal:\n{out}"));
+    // What the check found: the task holds CRIU's work directory for the run
+    // (`<job>/.criu-*`), which the user may not reach by its path.
+    let work = format!("{}/.criu-", images(c).join(job.to_string()).display());
+    assert!(line.contains(&format!("was restored holding {work}")) && line.contains("a path was swapped since the dump"), "{line}");
+    assert!(line.ends_with("the image is kept"), "{line}");
+    assert_eq!((end.state(), end.get("ExitCode"), end.restarts()), ("FAILED", "1:0", 1), "{out}");
+    wait_for("the epilog", Duration::from_secs(20), || c.hook_log_lines(job).iter().filter(|l| l.contains("action=epilog")).count() == 2);
+    let hooks = c.hook_log_lines(job).join("\n");
+    assert!(hooks.contains("image of run 0 kept: this run's restore of it was refused"), "{hooks}");
+    assert!(run.join(MANIFEST_FILE).exists(), "the image is kept");
+    assert_eq!(gpu_mode_testkit::n1::image_bytes(&run), sealed, "an image file changed after its seal");
+    assert_nothing_stuck(c, job);
+    eprintln!("n1 under Slurm: job {job}: {line}; thief {counts}");
+    // The kept image of a job that ended is the admin's to remove.
+    std::fs::remove_dir_all(images(c).join(job.to_string())).unwrap();
+    let _ = std::fs::remove_dir_all(&home);
+}

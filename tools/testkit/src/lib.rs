@@ -19,6 +19,7 @@
 use std::io::Write;
 
 pub mod labels;
+pub mod n1;
 pub mod table;
 pub mod user;
 use std::path::PathBuf;
