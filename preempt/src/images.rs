@@ -106,6 +106,22 @@ fn open_image_file(dir: &std::os::fd::OwnedFd, name: &str) -> io::Result<fs::Fil
     Ok(fs::File::from(fd))
 }
 
+/// Image `name` of `run` (its descriptor `dir`), opened as
+/// [`open_image_file`] opens one, and only a plain file with one link owned
+/// by root or by the job's user `user` (CRIU writes as the user); anything
+/// else is "not <expected>". The file, its metadata and its path.
+fn open_owned_image(dir: &std::os::fd::OwnedFd, run: &Path, name: &str, user: u32, expected: &str) -> io::Result<(fs::File, fs::Metadata, PathBuf)> {
+    use std::os::unix::fs::MetadataExt;
+    let shown = run.join(name);
+    let file = open_image_file(dir, name).map_err(|e| ctx(&shown, e))?;
+    let meta = file.metadata()?;
+    if !meta.is_file() || meta.nlink() != 1 || (meta.uid() != me().0 && meta.uid() != user) {
+        let what = format!("a file with {} links owned by uid {}", meta.nlink(), meta.uid());
+        return Err(io::Error::other(format!("{} is not {expected} ({what})", shown.display())));
+    }
+    Ok((file, meta, shown))
+}
+
 /// What [`take_file`] could prove.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Took {
@@ -247,13 +263,7 @@ impl ImageStore {
             return Err(io::Error::other(format!("{} is owned by uid {}, not root: refused", run.display(), st.st_uid)));
         }
         for name in names {
-            let shown = run.join(name);
-            let file = open_image_file(&dir, name).map_err(|e| ctx(&shown, e))?;
-            let meta = file.metadata()?;
-            if !meta.is_file() || meta.nlink() != 1 || (meta.uid() != me().0 && meta.uid() != user) {
-                let what = format!("a file with {} links owned by uid {}", meta.nlink(), meta.uid());
-                return Err(io::Error::other(format!("{} is not a sealed image file ({what})", shown.display())));
-            }
+            let (file, meta, shown) = open_owned_image(&dir, run, name, user, "a sealed image file")?;
             let was_users = meta.uid() != me().0;
             match take_file(&file, &shown)? {
                 Took::Proven => {}
@@ -290,14 +300,7 @@ impl ImageStore {
         // disk and the file system's journal take concurrent fsyncs in one
         // go, where one after the other each waits for its own commit.
         let seal_one = |name: &String| -> io::Result<ImageFile> {
-            let shown = run.join(name);
-            let f = open_image_file(&dir_fd, name).map_err(|e| ctx(&shown, e))?;
-            let meta = f.metadata()?;
-            use std::os::unix::fs::MetadataExt;
-            if !meta.is_file() || meta.nlink() != 1 || (meta.uid() != me().0 && meta.uid() != user) {
-                let what = format!("a file with {} links owned by uid {}", meta.nlink(), meta.uid());
-                return Err(io::Error::other(format!("{} is not what CRIU writes ({what})", shown.display())));
-            }
+            let (f, _, shown) = open_owned_image(&dir_fd, run, name, user, "what CRIU writes")?;
             if take_file(&f, &shown)? == Took::Unproven {
                 copy_to_fresh_inode(&dir_fd, name, &f).map_err(|e| ctx(&shown, e))?;
             }

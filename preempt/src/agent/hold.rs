@@ -146,10 +146,7 @@ impl Agent {
                 return Response::Error { message };
             }
         };
-        let mut pids = self.host.with_descendants(p.root);
-        pids.extend(self.strays(p.root));
-        let tree: Vec<procfs::Pinned> = pids.iter().filter_map(|pid| procfs::Pinned::new(*pid).ok()).collect();
-        let checked = p.cgroup.verify(p.root).map_err(RestoredCheckError::from).and_then(|_| self.check_stopped_tree(&pids, &p.manifest));
+        let (tree, checked) = self.pin_and_check(p.root, &p.manifest, &p.cgroup);
         let answer = match &checked {
             Ok(()) => Response::Proceed,
             Err(e) => {

@@ -359,14 +359,22 @@ impl Agent {
         if root != m.root_pid {
             return Err((Vec::new(), RestoredCheckError::OtherRoot { restored: root, image: m.root_pid }));
         }
-        let mut pids = self.host.with_descendants(root);
-        pids.extend(self.strays(root));
-        let tree: Vec<procfs::Pinned> = pids.iter().filter_map(|p| procfs::Pinned::new(*p).ok()).collect();
-        let check = cgroup.verify(root).map_err(RestoredCheckError::from).and_then(|_| self.check_stopped_tree(&pids, m));
+        let (tree, check) = self.pin_and_check(root, m, cgroup);
         match check {
             Ok(()) => Ok(tree),
             Err(e) => Err((tree, e)),
         }
+    }
+
+    /// The restored tree from `root` (the image's), its descendants and its
+    /// strays, pinned, then checked: in the job's cgroup and
+    /// [`Self::check_stopped_tree`]. After CRIU, or at the hold (hold.rs).
+    pub(super) fn pin_and_check(&self, root: i32, m: &Manifest, cgroup: &TargetCgroup) -> (Vec<procfs::Pinned>, Result<(), RestoredCheckError>) {
+        let mut pids = self.host.with_descendants(root);
+        pids.extend(self.strays(root));
+        let tree: Vec<procfs::Pinned> = pids.iter().filter_map(|p| procfs::Pinned::new(*p).ok()).collect();
+        let check = cgroup.verify(root).map_err(RestoredCheckError::from).and_then(|_| self.check_stopped_tree(&pids, m));
+        (tree, check)
     }
 
     /// The tree CRIU left stopped (`--leave-stopped`), before it runs: every
@@ -425,7 +433,7 @@ impl Agent {
     /// (the wrapper makes the application a session leader); one that also
     /// left the session (setsid) is not found: it runs as the user, without
     /// capabilities, in the job's cgroup, which Slurm ends with the job.
-    pub(super) fn strays(&self, root: i32) -> Vec<i32> {
+    fn strays(&self, root: i32) -> Vec<i32> {
         let me = std::process::id() as i32;
         let Some(sid) = procfs::session(root) else { return Vec::new() };
         let kept: Vec<i32> = self.restored.lock().unwrap_or_else(|p| p.into_inner()).keys().copied().collect();
