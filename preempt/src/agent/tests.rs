@@ -896,6 +896,56 @@ fn every_restored_process_is_checked_before_it_runs_even_one_the_manifest_does_n
     assert!(err.contains("the restored processes were killed, the image is kept"), "{err}");
 }
 
+/// A refused restore kills the tree CRIU made, and never a process that
+/// only holds a pid the manifest lists: a restored process that exited
+/// leaves its pid to any process of the node. Here the manifest lists the
+/// pid of a `sleep` outside the restored tree (as a reused pid would be).
+/// Before: `kill_restored` also killed the manifest's pids by their current
+/// identity, which killed it. In these tests, whose manifests list pids of
+/// exited processes, another test's refused restore could so kill the
+/// `sleep` of
+/// `every_restored_process_is_checked_before_it_runs_even_one_the_manifest_does_not_list`,
+/// whose check then found nothing held and let the restore pass: the one
+/// cause found of that test's failure in CI (2026-11-27).
+#[test]
+fn a_refused_restore_kills_its_tree_and_never_a_process_that_reused_a_pid_of_the_image() {
+    if !root_or_skip() {
+        return;
+    }
+    let fx = fixture();
+    let (_child, run) = dumped(&fx);
+    let tmp = tempfile::tempdir().unwrap();
+    let held = tmp.path().join("held");
+    std::fs::write(&held, b"").unwrap();
+    let (mut shell, sleep) = tree_holding(&held);
+    let root = shell.id() as i32;
+    let mut bystander = Command::new("/bin/sleep").arg("30").spawn().unwrap();
+    let bystander_pid = bystander.id() as i32;
+    // The manifest as a refused restore has it once the bystander reused a
+    // pid of the image (a restore's own check refuses pids in use before).
+    forge(&run, |v| {
+        v["root_pid"] = root.into();
+        v["pids"] = serde_json::json!([root, bystander_pid]);
+    });
+    let m = Manifest::load(&run).unwrap();
+    fx.agent.kill_restored(&m, &[]);
+    let alive = |pid: i32| crate::procfs::read(pid).is_some_and(|p| !matches!(p.state, 'Z' | 'X'));
+    // SIGKILL lands when the kernel gets to it: the tree is given 5 s to die.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while [root, sleep].iter().any(|p| alive(*p)) && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let (tree_alive, bystander_alive) = ([root, sleep].map(alive), alive(bystander_pid));
+    for pid in [sleep, root] {
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    let _ = shell.wait();
+    let _ = bystander.kill();
+    let _ = bystander.wait();
+    assert_eq!(tree_alive, [false, false], "the refused tree (shell {root}, sleep {sleep}) is killed");
+    assert!(bystander_alive, "a process that only holds a pid the manifest lists was killed");
+}
+
 /// Security review (issue 27), F3: every refused request cost root a log
 /// line, a metrics render and two scontrol calls (one a job update), so a
 /// loop of refused requests made the agent an unthrottled amplifier
