@@ -14,6 +14,7 @@ use gpu_mode_core::preempt::manifest::{Manifest, CONSUMED_FILE, MANIFEST_FILE};
 use gpu_mode_core::job_env::JobRun;
 use gpu_mode_core::preempt::{spawn_agent, stop_agent, AgentLaunch, ImageStore};
 use gpu_mode_core::Config;
+use gpu_mode_testkit::criu_image;
 use gpu_mode_testkit::n1::holds;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -1350,128 +1351,6 @@ fn an_application_killed_during_the_drivers_checkpoint_ends_the_job_at_once() {
     stop_agent(&cfg, job, Duration::from_secs(10)).unwrap();
 }
 
-/// Protobuf, only as much as forging a CRIU core image takes. An image is
-/// two u32 magics, then entries: a u32 length (little-endian) and that many
-/// bytes of protobuf; core-<pid>.img holds one CoreEntry, and the task's
-/// creds are CoreEntry.thread_core (field 5).creds (field 10), a CredsEntry
-/// (CRIU's images/core.proto and images/creds.proto: uid 1, gid 2, euid 3,
-/// egid 4, suid 5, sgid 6, fsuid 7, fsgid 8, cap_inh 9, cap_prm 10,
-/// cap_eff 11, cap_bnd 12, cap_amb 19, each repeated uint32 one field per
-/// word). A field is a varint key (number << 3 | wire type) and a value: a
-/// varint (type 0), 8 bytes (1), a varint length and that many bytes (2),
-/// 4 bytes (5). Fields may come in any order, so a changed field is written
-/// at the end of its message.
-mod pb {
-    pub fn varint(b: &[u8], at: &mut usize) -> u64 {
-        let mut v = 0u64;
-        for shift in (0..64).step_by(7) {
-            let byte = b[*at];
-            *at += 1;
-            v |= u64::from(byte & 0x7f) << shift;
-            if byte & 0x80 == 0 {
-                return v;
-            }
-        }
-        panic!("a varint of more than 10 bytes");
-    }
-
-    fn put_varint(out: &mut Vec<u8>, mut v: u64) {
-        while v >= 0x80 {
-            out.push(v as u8 | 0x80);
-            v >>= 7;
-        }
-        out.push(v as u8);
-    }
-
-    /// A message's fields in order: (number, wire type, the field's whole
-    /// encoding, its value's bytes without the key and length).
-    pub fn fields(b: &[u8]) -> Vec<(u64, u64, &[u8], &[u8])> {
-        let (mut at, mut out) = (0, Vec::new());
-        while at < b.len() {
-            let start = at;
-            let key = varint(b, &mut at);
-            let mut value = at;
-            match key & 7 {
-                0 => {
-                    varint(b, &mut at);
-                }
-                1 => at += 8,
-                2 => {
-                    let len = varint(b, &mut at) as usize;
-                    value = at;
-                    at += len;
-                }
-                5 => at += 4,
-                w => panic!("wire type {w} in a CRIU image"),
-            }
-            out.push((key >> 3, key & 7, &b[start..at], &b[value..at]));
-        }
-        out
-    }
-
-    /// The varint values of field `number` (a repeated one's, in order).
-    pub fn values(msg: &[u8], number: u64) -> Vec<u64> {
-        let mut out = Vec::new();
-        for (_, wire, _, value) in fields(msg).into_iter().filter(|f| f.0 == number) {
-            assert_eq!(wire, 0, "field {number} is not a varint");
-            out.push(varint(value, &mut 0));
-        }
-        out
-    }
-
-    /// The bytes of message field `number` (the first).
-    pub fn message(msg: &[u8], number: u64) -> Vec<u8> {
-        fields(msg).iter().find(|f| f.0 == number && f.1 == 2).map(|f| f.3.to_vec()).unwrap_or_else(|| panic!("no message field {number}"))
-    }
-
-    /// `msg` without field `number`, then `with` (whole encoded fields).
-    fn replace(msg: &[u8], number: u64, with: &[u8]) -> Vec<u8> {
-        let mut out: Vec<u8> = fields(msg).iter().filter(|f| f.0 != number).flat_map(|f| f.2.to_vec()).collect();
-        out.extend_from_slice(with);
-        out
-    }
-
-    fn message_field(number: u64, body: &[u8]) -> Vec<u8> {
-        let mut out = Vec::new();
-        put_varint(&mut out, number << 3 | 2);
-        put_varint(&mut out, body.len() as u64);
-        out.extend_from_slice(body);
-        out
-    }
-
-    /// The one CoreEntry of a core image: (the two magics, the entry).
-    pub fn core_entry(image: &[u8]) -> (&[u8], &[u8]) {
-        let (magics, rest) = image.split_at(8);
-        let len = u32::from_le_bytes(rest[..4].try_into().unwrap()) as usize;
-        assert_eq!(rest.len(), 4 + len, "a core image holds one CoreEntry");
-        (magics, &rest[4..])
-    }
-
-    /// The creds of a core image.
-    pub fn creds(image: &[u8]) -> Vec<u8> {
-        message(&message(core_entry(image).1, 5), 10)
-    }
-
-    /// `image` with each creds field of `set` holding the values given (a
-    /// repeated field one per word) in place of the dumped ones.
-    pub fn forge_creds(image: &[u8], set: &[(u64, &[u32])]) -> Vec<u8> {
-        let (magics, core) = core_entry(image);
-        let thread_core = message(core, 5);
-        let mut creds = message(&thread_core, 10);
-        for (number, words) in set {
-            let mut with = Vec::new();
-            for w in *words {
-                put_varint(&mut with, number << 3);
-                put_varint(&mut with, u64::from(*w));
-            }
-            creds = replace(&creds, *number, &with);
-        }
-        let thread_core = replace(&thread_core, 10, &message_field(10, &creds));
-        let core = replace(core, 5, &message_field(5, &thread_core));
-        [magics, &(core.len() as u32).to_le_bytes(), &core].concat()
-    }
-}
-
 /// The processes running `argv` (their pids), zombies left out.
 fn running_argv(argv: &[&str]) -> Vec<i32> {
     let want: Vec<u8> = argv.iter().flat_map(|a| a.bytes().chain([0])).collect();
@@ -1540,10 +1419,10 @@ fn criu_itself_refuses_a_forged_core_images_creds_that_the_agents_checks_let_thr
     let core = format!("core-{app_pid}.img");
     let dumped = std::fs::read(run.join(&core)).unwrap();
     // The editor reads the dumped creds right: the job's ids, no capability.
-    let creds = pb::creds(&dumped);
-    assert_eq!([1, 3, 5, 7].map(|f| pb::values(&creds, f)), [0; 4].map(|_| vec![u64::from(uid)]), "the dumped uids");
-    assert_eq!([2, 4, 6, 8].map(|f| pb::values(&creds, f)), [0; 4].map(|_| vec![u64::from(gid)]), "the dumped gids");
-    assert!([9, 10, 11].iter().all(|f| pb::values(&creds, *f).iter().all(|w| *w == 0)), "the dumped capabilities");
+    let creds = criu_image::creds(&dumped);
+    assert_eq!([1, 3, 5, 7].map(|f| criu_image::values(&creds, f)), [0; 4].map(|_| vec![u64::from(uid)]), "the dumped uids");
+    assert_eq!([2, 4, 6, 8].map(|f| criu_image::values(&creds, f)), [0; 4].map(|_| vec![u64::from(gid)]), "the dumped gids");
+    assert!([9, 10, 11].iter().all(|f| criu_image::values(&creds, *f).iter().all(|w| *w == 0)), "the dumped capabilities");
     // Root writes `bytes` as the core image and its description into the
     // manifest, as a forger who got past the agent would have it.
     let put = |bytes: &[u8]| {
@@ -1591,7 +1470,7 @@ fn criu_itself_refuses_a_forged_core_images_creds_that_the_agents_checks_let_thr
         ("gid-0", vec![(2, &[0]), (4, &[0]), (6, &[0]), (8, &[0])], format!("creds gid is 0, neither criu's gid {gid} nor one of its groups")),
     ];
     for (name, set, needle) in &cases {
-        put(&pb::forge_creds(&dumped, set));
+        put(&criu_image::forge_creds(&dumped, set));
         let (code, err) = restore(name, false);
         let left = running_argv(&app);
         for pid in &left {

@@ -18,6 +18,7 @@
 
 use std::io::Write;
 
+pub mod criu_image;
 pub mod labels;
 pub mod n1;
 pub mod table;

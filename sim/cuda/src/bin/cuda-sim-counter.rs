@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cuda-sim-counter --steps N [--interval-ms 100] [--mib 4] [--exit-code C] [--ready FILE] [--device 0]
-//!                  [--signals yes] [--fork-worker yes] [--hold io-uring|io-uring-or-epoll|tcp-loopback|tcp-to:PORT|nccl-thread|huge-pages]
+//!                  [--signals yes] [--fork-worker yes] [--hold io-uring|io-uring-or-epoll|tcp-loopback|tcp-to:PORT|nccl-thread|thread|huge-pages]
 //!                  [--keep-open FILE]
 //! ```
 //! Each step reads the counter from device memory, checks it is the previous
@@ -32,7 +32,9 @@
 //! torchrun's store hold them), `--hold tcp-to:PORT` keeps a connection to
 //! 127.0.0.1:PORT (a peer outside the tree), `--hold nccl-thread` runs a thread
 //! named as PyTorch's NCCL watchdog: what the checkpoint agent must refuse
-//! before it locks anything (preempt::uncheckpointable). `--hold huge-pages`
+//! before it locks anything (preempt::uncheckpointable); `--hold thread` runs
+//! a second thread (`counter-worker`), whose thread id the image carries
+//! and a restore must get back. `--hold huge-pages`
 //! maps 64 MiB of private anonymous host memory, advises it MADV_HUGEPAGE
 //! (as the huge-page shim does for the driver's checkpoint buffer), writes
 //! every page and prints `huge-pages at 0x<address>`: what a restore must
@@ -76,7 +78,7 @@ fn parse() -> Result<Opts, String> {
             "--device" => o.device = num(&v)? as usize,
             "--signals" => o.signals = yes(&a, &v)?,
             "--fork-worker" => o.fork_worker = yes(&a, &v)?,
-            "--hold" if ["io-uring", "io-uring-or-epoll", "tcp-loopback", "nccl-thread", "huge-pages"].contains(&v.as_str()) || v.starts_with("tcp-to:") => {
+            "--hold" if ["io-uring", "io-uring-or-epoll", "tcp-loopback", "nccl-thread", "thread", "huge-pages"].contains(&v.as_str()) || v.starts_with("tcp-to:") => {
                 o.hold = Some(v)
             }
             "--keep-open" => o.keep_open = Some(v),
@@ -268,8 +270,9 @@ fn hold(what: &str) -> Result<(), String> {
         std::mem::forget((listener, client, server));
         return Ok(());
     }
+    let name = if what == "thread" { "counter-worker" } else { "pt_nccl_watchdg" };
     std::thread::Builder::new()
-        .name("pt_nccl_watchdg".into())
+        .name(name.into())
         .spawn(|| loop {
             std::thread::sleep(Duration::from_secs(3600));
         })
