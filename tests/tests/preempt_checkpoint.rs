@@ -277,6 +277,32 @@ fn a_process_holding_a_gpu_file_that_cuda_cannot_checkpoint_requeues_the_job_to_
     failed_checkpoint_starts_over("holder", app, |_, _| {}, "but the CUDA driver cannot checkpoint it", true);
 }
 
+/// Security review N5 under a real Slurm (issue 37): a gmtest1 job holding
+/// more deleted files than `preempt.max_deleted_files` (64 by default; each
+/// would travel in the image as a ghost file, so a job's image could
+/// outgrow its memory many times) is refused at its preemption before
+/// anything is locked, and starts over. Before: CRIU copied them all (9 MiB
+/// of RSS gave a 38 MiB image with 3,000 sparse deleted files).
+#[test]
+fn a_job_holding_more_deleted_files_than_the_site_allows_starts_over_at_its_preemption() {
+    let Some(c) = c() else { return };
+    let _turn = serial();
+    // bash opens 70 files, unlinks each, and execs the counter, which
+    // inherits the descriptors (bash's `{fd}` redirections are not close-on-exec).
+    let holder = c.dir.join("out/deleted-files.sh");
+    std::fs::write(
+        &holder,
+        format!(
+            "#!/bin/bash\n# $1: the counter's ready file\ndir=$(mktemp -d)\nfor i in $(seq 70); do exec {{fd}}<>\"$dir/f$i\"; rm \"$dir/f$i\"; done\nrmdir \"$dir\"\n\
+             exec {counter} --steps {STEPS} --interval-ms 100 --mib 8 --exit-code {EXIT} --ready \"$1\"\n",
+            counter = bin(c, "cuda-sim-counter"),
+        ),
+    )
+    .unwrap();
+    let app = |_: &Cluster, r: &Path| vec!["/bin/bash".to_string(), holder.display().to_string(), r.display().to_string()];
+    failed_checkpoint_starts_over("deleted", app, |_, _| {}, "more than preempt.max_deleted_files = 64: CRIU would copy each into the image", true);
+}
+
 #[test]
 fn a_killed_agent_requeues_the_job_to_start_over() {
     if c().is_none() {
@@ -544,6 +570,32 @@ fn a_cancelled_job_is_not_checkpointed_or_requeued_and_leaves_no_image() {
     assert_nothing_stuck(c, job);
 }
 
+/// Preempts `job`, waits for its requeue and holds it, so that what a test
+/// does to the image comes before the next run; returns run 0's image
+/// directory and manifest once the preemptor ended.
+fn preempt_and_hold(c: &Cluster, job: u32) -> (std::path::PathBuf, Manifest) {
+    let preemptor = submit_preemptor(c, None, None, 2, 1);
+    wait_requeued(c, job, 1);
+    let hold = c.client("scontrol", &["hold", &job.to_string()]).run_as_root().unwrap();
+    assert!(hold.status.success(), "{}", String::from_utf8_lossy(&hold.stderr));
+    wait_finished(c, preemptor);
+    let run = images(c).join(job.to_string()).join("0");
+    let m = Manifest::load(&run).unwrap_or_else(|e| panic!("{e}\n{}", c.job_output(job)));
+    (run, m)
+}
+
+/// The plain user the job runs as, or `None` (said as skipped: `why` the
+/// test needs one) where a capability-less root stands in for it.
+fn plain_job_user(why: &str) -> Option<(Who, &'static str, gpu_mode_tests::users::User)> {
+    match job_user() {
+        Who::User(user) => Some((Who::User(user), user, gpu_mode_tests::users::lookup(user).unwrap())),
+        Who::CaplessRoot => {
+            gpu_mode_testkit::skipped(&gpu_mode_testkit::this_test(), why);
+            None
+        }
+    }
+}
+
 /// Processes of `uid` (any of its four uids) holding a capability in their
 /// effective, permitted or ambient set: `pid name Cap...` of each.
 fn capable_processes_of(uid: u32) -> Vec<String> {
@@ -583,11 +635,7 @@ fn capable_processes_of(uid: u32) -> Vec<String> {
 fn the_n1_attack_under_slurm_forges_no_image_gains_no_capability_and_leaves_nothing_running() {
     let Some(c) = c() else { return };
     let _turn = serial();
-    let who = job_user();
-    let Who::User(user) = who else {
-        return gpu_mode_testkit::skipped(&gpu_mode_testkit::this_test(), "the thief must be another process of the job's user");
-    };
-    let u = gpu_mode_tests::users::lookup(user).unwrap();
+    let Some((who, user, u)) = plain_job_user("the thief must be another process of the job's user") else { return };
     let own = |p: &Path| std::os::unix::fs::lchown(p, Some(u.uid), Some(u.gid)).unwrap();
     let chmod = |p: &Path, mode: u32| {
         use std::os::unix::fs::PermissionsExt;
@@ -619,13 +667,7 @@ fn the_n1_attack_under_slurm_forges_no_image_gains_no_capability_and_leaves_noth
 
     // Preempted, dumped by the job's agent, requeued; held, so that the
     // user's moves come before the requeued run.
-    let preemptor = submit_preemptor(c, None, None, 2, 1);
-    wait_requeued(c, job, 1);
-    let hold = c.client("scontrol", &["hold", &job.to_string()]).run_as_root().unwrap();
-    assert!(hold.status.success(), "{}", String::from_utf8_lossy(&hold.stderr));
-    wait_finished(c, preemptor);
-    let run = images(c).join(job.to_string()).join("0");
-    let m = Manifest::load(&run).unwrap_or_else(|e| panic!("{e}\n{}", c.job_output(job)));
+    let (run, m) = preempt_and_hold(c, job);
     assert_eq!((m.job, m.uid, m.root_pid), (job, u.uid, app_pid));
     let sealed = gpu_mode_testkit::n1::image_bytes(&run);
     assert!(!sealed.is_empty(), "no image file in {}", run.display());
@@ -719,4 +761,183 @@ fn the_n1_attack_under_slurm_forges_no_image_gains_no_capability_and_leaves_noth
     // The kept image of a job that ended is the admin's to remove.
     std::fs::remove_dir_all(images(c).join(job.to_string())).unwrap();
     let _ = std::fs::remove_dir_all(&home);
+}
+
+/// Root writes `bytes` as `name` in the run directory `run` and its
+/// description into the manifest, as a forger who got past the agent's
+/// checks would have it (the checksums then vouch for the forgery).
+fn forge_image_file(run: &Path, name: &str, bytes: &[u8]) {
+    std::fs::write(run.join(name), bytes).unwrap();
+    let mut m = Manifest::load(run).unwrap();
+    let dir = gpu_mode_core::fsutil::open_dir_nofollow(run).unwrap();
+    let now = gpu_mode_core::preempt::manifest::describe_file(&dir, name).unwrap();
+    let entry = m.images.iter_mut().find(|f| f.name == name).unwrap_or_else(|| panic!("{name} is not in the manifest"));
+    m.image_bytes = m.image_bytes - entry.bytes + now.bytes;
+    *entry = now;
+    m.save(run).unwrap();
+}
+
+/// Resource limits a forged image raises: RLIMIT_* index and name, for
+/// those whose dumped hard limit is finite.
+const FORGED_LIMITS: [(usize, &str); 6] = [(6, "nproc"), (8, "memlock"), (11, "sigpending"), (12, "msgqueue"), (13, "nice"), (14, "rtprio")];
+
+/// Security review N1b and N1d under a real Slurm (issue 37): what a user
+/// who got a forged core image past the agent's checks would gain from
+/// CRIU, against a gmtest1 checkpoint job that Slurm preempts, requeues and
+/// holds while root forges the image and its checksum (so every check of
+/// the agent passes). First the creds get CAP_CHECKPOINT_RESTORE, which
+/// CRIU always runs with, in every set: CRIU itself refuses the task
+/// (packaging/criu/0005), the run fails, the image is kept, and no process
+/// of the user holds a capability. Then the creds as dumped, but every
+/// finite hard limit of nproc, memlock, sigpending, msgqueue, nice and
+/// rtprio raised and SCHED_FIFO asked for: CRIU runs with the hard limits
+/// the dump recorded (privdrop::HardLimits), so the restored process gets
+/// none of that (CRIU's restorer ignores a refused setrlimit and
+/// sched_setscheduler) and the job counts on to its end. Before: CRIU ran
+/// with every hard limit unlimited and would have restored the forged ones.
+#[test]
+fn a_forged_core_image_under_slurm_gains_no_capability_limit_or_priority() {
+    use gpu_mode_testkit::criu_image;
+    let Some(c) = c() else { return };
+    let _turn = serial();
+    let Some((who, user, u)) = plain_job_user("CRIU must run as the job's user to refuse what it does not hold") else { return };
+    let ready = c.dir.join("out").join(format!("forged-{}.ready", std::process::id()));
+    let job = submit_low(c, who, "forged", &counter_of(c, 200, EXIT, Some(&ready)));
+    wait_steps(c, job, 5);
+    let app: i32 = std::fs::read_to_string(&ready).unwrap().trim().parse().unwrap();
+    let (run, m) = preempt_and_hold(c, job);
+    assert_eq!((m.uid, m.root_pid), (u.uid, app));
+    let core = format!("core-{app}.img");
+    let dumped = std::fs::read(run.join(&core)).unwrap();
+    let dumped_at = last_step(c, job);
+
+    // N1d: CAP_CHECKPOINT_RESTORE (40, bit 8 of word 1) in every set.
+    let cap: &[u32] = &[0, 1 << (40 - 32)];
+    forge_image_file(&run, &core, &criu_image::forge_creds(&dumped, &[(9, cap), (10, cap), (11, cap), (19, cap)]));
+    let release = c.client("scontrol", &["release", &job.to_string()]).run_as_root().unwrap();
+    assert!(release.status.success(), "{}", String::from_utf8_lossy(&release.stderr));
+    c.wait_job(job, "the run with forged creds to end", LONG, |j| j.restarts() == 1 && finished(j)).unwrap();
+    // (Not sampled while CRIU runs: CRIU itself, and its restorer in the
+    // tasks until their creds are set, hold CRIU's capabilities as the user.)
+    let capable = capable_processes_of(u.uid);
+    let out = c.job_output(job);
+    assert!(capable.is_empty(), "processes of {user} with capabilities after the forged restore: {capable:?}\n{out}");
+    let line = out.lines().rfind(|l| l.contains(&format!("gpu-mode-run: cannot restore job {job}: "))).unwrap_or_else(|| panic!("no refusal:\n{out}"));
+    assert!(line.ends_with("the image is kept"), "{line}");
+    let refusal = format!("Refusing to restore task {app}: creds cap_inh word 1 is 0x100, not 0");
+    assert!(out.contains(&refusal), "CRIU itself did not refuse the forged creds ({refusal:?}):\n{out}");
+    assert_eq!(c.job(job).unwrap().get("ExitCode"), "1:0", "{out}");
+    assert_eq!(last_step(c, job), dumped_at, "nothing was restored");
+    assert!(m.pids.iter().all(|p| gpu_mode_core::procfs::read(*p).is_none()), "no process of the image runs");
+    wait_for("the epilog", Duration::from_secs(20), || c.hook_log_lines(job).iter().filter(|l| l.contains("action=epilog")).count() == 2);
+    assert!(run.join(MANIFEST_FILE).exists(), "the image is kept");
+
+    // N1b: the creds as dumped; limits and the scheduling policy raised.
+    let limits = criu_image::rlimits(&dumped);
+    let raised: Vec<(usize, u64, u64)> =
+        FORGED_LIMITS.iter().filter(|(i, _)| limits[*i].1 != u64::MAX).map(|(i, _)| (*i, limits[*i].1 * 2 + 99, limits[*i].1 * 2 + 99)).collect();
+    assert!(!raised.is_empty(), "no finite hard limit to raise among {FORGED_LIMITS:?}: {limits:?}");
+    forge_image_file(&run, &core, &criu_image::forge_sched(&criu_image::forge_rlimits(&dumped, &raised), libc::SCHED_FIFO as u32, 50));
+    let requeue = c.client("scontrol", &["requeue", &job.to_string()]).run_as_root().unwrap();
+    assert!(requeue.status.success(), "{}", String::from_utf8_lossy(&requeue.stderr));
+    let restored = format!("gpu-mode-run: job {job} restored (pid {app}");
+    wait_for("the forged-limits restore", LONG, || c.job_output(job).contains(&restored) || c.job(job).is_ok_and(|j| j.restarts() == 2 && finished(&j)));
+    let got = gpu_mode_core::privdrop::HardLimits::of_processes(&[app]);
+    // SAFETY: sched_getscheduler has no memory effects.
+    let policy = unsafe { libc::sched_getscheduler(app) };
+    let end = wait_finished(c, job);
+    let out = c.job_output(job);
+    assert!(out.contains(&restored), "the image with forged limits was not restored:\n{out}");
+    assert!(!got.0.is_empty(), "the restored process's limits were not read:\n{out}");
+    for (i, name) in FORGED_LIMITS.iter().filter(|(i, _)| raised.iter().any(|r| r.0 == *i)) {
+        assert_eq!(got.0.get(*name), Some(&limits[*i].1), "the restored {name} hard limit, forged to {}:\n{out}", limits[*i].1 * 2 + 99);
+    }
+    assert_eq!(policy, libc::SCHED_OTHER, "the restored process runs SCHED_FIFO");
+    assert_eq!((end.get("ExitCode"), end.restarts()), (format!("{EXIT}:0").as_str(), 2), "{out}");
+    if let Err(e) = counted_once(&out, 200) {
+        panic!("{e}:\n{out}");
+    }
+    let node = &c.spec.node_name;
+    let (events, comment) = recorded_events(c, job);
+    assert_eq!(events, [format!("ckpt=r0@{node}"), format!("restore-failed=r1@{node}"), format!("restore=r2@{node}")], "{comment}");
+    assert_images_removed(c, job);
+    assert_nothing_stuck(c, job);
+}
+
+/// CRIU's tables on the node (`CRIU-*`), or `None` without a working nft.
+fn criu_tables() -> Option<Vec<String>> {
+    gpu_mode_core::preempt::netlock::Nft { binary: "/usr/sbin/nft".into() }.criu_tables().ok()
+}
+
+/// Security review N2 under a real Slurm (issue 37): a gmtest1 checkpoint
+/// job connected to a peer outside its tree (a listener of the test's) is
+/// preempted: its dump keeps CRIU's network lock, an nftables table that
+/// the node records for the image; the job is then cancelled while it
+/// waits, so no restore ever removes the table. The next checkpoint job on
+/// the node, whose connection is between two of its own sockets, is
+/// dumped without any lock and restored; its epilog's sweep removes the
+/// cancelled job's image and then that table. Before: every dump left its
+/// table for good, and a root program reusing one of its ports timed out.
+#[test]
+fn a_cancelled_jobs_network_lock_is_removed_by_the_next_epilog_and_a_tree_with_its_own_peers_gets_none() {
+    let Some(c) = c() else { return };
+    let Some(before) = criu_tables() else {
+        assert!(!gpu_mode_testkit::required("CI"), "no working /usr/sbin/nft (scripts/test.sh installs nftables)");
+        return gpu_mode_testkit::skipped(&gpu_mode_testkit::this_test(), "no working /usr/sbin/nft here (apt-get install nftables)");
+    };
+    let _turn = serial();
+    let who = job_user();
+    let records = c.runtime_dir().join("netlocks");
+    let locks = gpu_mode_core::preempt::netlock::NetLocks {
+        dir: records.clone(),
+        nft: gpu_mode_core::preempt::netlock::Nft { binary: "/usr/sbin/nft".into() },
+        dump_bound: Duration::from_secs(60),
+    };
+    // The outside peer, accepting in the background (kept to the end).
+    let outside = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = outside.local_addr().unwrap().port();
+    let peer = std::thread::spawn(move || outside.accept().map(|(s, _)| s));
+    let with_hold = |name: &str, hold: &str| {
+        let ready = c.dir.join("out").join(format!("{name}-{}.ready", std::process::id()));
+        let mut app = counter(c, &ready);
+        app.extend(["--hold".to_string(), hold.to_string()]);
+        submit_low(c, who, name, &app)
+    };
+
+    // The job with an outside peer: dumped with a lock, which is recorded.
+    let outward = with_hold("lock-out", &format!("tcp-to:{port}"));
+    wait_steps(c, outward, 5);
+    let (_, m) = preempt_and_hold(c, outward);
+    assert!(m.tcp_established, "the dump had --tcp-established");
+    let new: Vec<String> = criu_tables().unwrap().into_iter().filter(|t| !before.contains(t)).collect();
+    let kept: Vec<String> = new.iter().filter(|t| locks.record_of(t).is_some_and(|r| r.job == outward)).cloned().collect();
+    assert_eq!(kept.len(), 1, "one recorded table for job {outward}'s dump: new {new:?}\n{}", c.job_output(outward));
+    let cancel = c.client("scancel", &[&outward.to_string()]).run_as_root().unwrap();
+    assert!(cancel.status.success(), "{}", String::from_utf8_lossy(&cancel.stderr));
+    wait_finished(c, outward);
+    assert!(criu_tables().unwrap().contains(&kept[0]), "the table waits for a sweep (no epilog runs for a pending job)");
+
+    // The job whose peer is its own: no lock; its epilog sweeps.
+    let inward = with_hold("lock-in", "tcp-loopback");
+    wait_steps(c, inward, 5);
+    let preemptor = submit_preemptor(c, None, None, 2, 1);
+    wait_requeued(c, inward, 1);
+    let during: Vec<String> = criu_tables().unwrap().into_iter().filter(|t| !before.contains(t) && *t != kept[0]).collect();
+    wait_finished(c, preemptor);
+    let end = wait_finished(c, inward);
+    let out = c.job_output(inward);
+    assert!(during.is_empty(), "a tree whose peers are its own was locked: {during:?}\n{out}");
+    assert_eq!((end.get("ExitCode"), end.restarts()), (format!("{EXIT}:0").as_str(), 1), "{out}");
+    assert_counted_once(&out);
+    assert!(out.contains(&format!("gpu-mode-run: job {inward} restored (pid")), "{out}");
+    wait_for("the epilog's sweep", Duration::from_secs(30), || !criu_tables().unwrap().contains(&kept[0]));
+    let hooks = c.hook_log_lines(inward).join("\n");
+    assert!(hooks.contains(&format!("network locks removed: {}", kept[0])), "{hooks}");
+    assert!(!images(c).join(outward.to_string()).exists(), "the cancelled job's image was swept first");
+    assert_eq!(locks.record_of(&kept[0]), None, "the record went with its table");
+    let left: Vec<String> = criu_tables().unwrap().into_iter().filter(|t| !before.contains(t)).collect();
+    assert!(left.is_empty(), "tables left: {left:?}");
+    assert_images_removed(c, inward);
+    assert_nothing_stuck(c, inward);
+    drop(peer);
 }

@@ -132,22 +132,25 @@ fn hold_pid(pid: i32, user: &str) -> std::process::Child {
     panic!("no fork got pid {pid} in 200 tries");
 }
 
-/// Security review F7: a second user's process holds a pid of the image on
-/// the node the requeued job lands on (both nodes share this machine's pid
-/// space). The restore there fails naming the process, the image is kept,
-/// and gpu-mode-run requeues the job with that node excluded; it is then
-/// restored on the other node (before: the job failed on gmb).
-#[test]
-fn a_pid_held_on_the_node_the_job_lands_on_moves_its_restore_to_another_node() {
-    let Some(c) = c() else { return };
-    let _turn = serial();
-    let (job, ready) = start_counter(c, job_user(), "pidheld", 5);
+/// The F7 defence, end to end: job `name` (the counter with `extra`
+/// arguments) is preempted on gma; after its dump, gmtest2 holds the id
+/// `pick` chooses from the manifest, on the machine both nodes share, until
+/// the requeued run on gmb has moved the job. That run names the id, keeps
+/// the image and requeues the job with gmb excluded; it is restored on gma
+/// and counts to its end. Returns the id and the run's refusal line.
+fn a_held_id_moves_the_restore(c: &Cluster, name: &str, extra: &[&str], pick: impl Fn(&Manifest) -> i32) -> (i32, String) {
+    let ready = c.dir.join("out").join(format!("{name}-{}.ready", std::process::id()));
+    let mut app = counter(c, &ready);
+    app.extend(extra.iter().map(|a| a.to_string()));
+    let job = submit_low(c, job_user(), name, &app);
+    wait_steps(c, job, 5);
     assert_eq!(c.job(job).unwrap().get("NodeList"), NODES[0]);
-    let app: i32 = std::fs::read_to_string(&ready).unwrap().trim().parse().unwrap();
     let preemptor = submit_preemptor(c, Some("gmtest2"), Some(NODES[0]), 2, 45);
     wait_requeued(c, job, 1);
     // Before the requeued run may start on gmb (its credential has 10 s to expire).
-    let mut holder = hold_pid(app, "gmtest2");
+    let m = Manifest::load(&images(c).join(job.to_string()).join("0")).unwrap_or_else(|e| panic!("{e}\n{}", c.job_output(job)));
+    let id = pick(&m);
+    let mut holder = hold_pid(id, "gmtest2");
     let moved = c.wait_job(job, "the run on gmb to move the job", LONG, |j| j.restarts() == 2 && j.get("ExcNodeList") == NODES[1]);
     let _ = holder.kill();
     let _ = holder.wait();
@@ -157,18 +160,29 @@ fn a_pid_held_on_the_node_the_job_lands_on_moves_its_restore_to_another_node() {
     let out = c.job_output(job);
     assert_eq!((end.get("NodeList"), end.get("ExitCode")), (NODES[0], format!("{EXIT}:0").as_str()), "{out}");
     let line = out.lines().find(|l| l.contains("cannot restore job")).unwrap_or_else(|| panic!("{out}"));
-    let uid = gpu_mode_tests::users::lookup("gmtest2").unwrap().uid;
-    for needle in [
-        format!("cannot restore job {job} on {}: pid {app} is in use on this node (sleep, uid {uid}", NODES[1]),
-        "the image is kept; requeueing it to be restored on another node (ExcNodeList=gmb)".to_string(),
-    ] {
-        assert!(line.contains(&needle), "{needle:?} not in {line:?}");
-    }
+    assert!(line.contains(&format!("cannot restore job {job} on {}: ", NODES[1])), "{line}");
+    assert!(line.contains("the image is kept; requeueing it to be restored on another node (ExcNodeList=gmb)"), "{line}");
     assert!(out.contains(&format!("job {job} run 2: restoring the checkpoint taken in run 0 on gma")), "{out}");
     assert_counted_once(&out);
     let (events, comment) = recorded_events(c, job);
     assert_eq!(events, ["ckpt=r0@gma", "restore-failed=r1@gmb", "restore=r2@gma"], "{comment}");
     assert_images_removed(c, job);
+    (id, line.to_string())
+}
+
+/// Security review F7: a second user's process holds a pid of the image on
+/// the node the requeued job lands on (both nodes share this machine's pid
+/// space). The restore there fails naming the process, the image is kept,
+/// and gpu-mode-run requeues the job with that node excluded; it is then
+/// restored on the other node (before: the job failed on gmb).
+#[test]
+fn a_pid_held_on_the_node_the_job_lands_on_moves_its_restore_to_another_node() {
+    let Some(c) = c() else { return };
+    let _turn = serial();
+    let (pid, line) = a_held_id_moves_the_restore(c, "pidheld", &[], |m| m.root_pid);
+    let uid = gpu_mode_tests::users::lookup("gmtest2").unwrap().uid;
+    let needle = format!("pid {pid} is in use on this node (sleep, uid {uid}");
+    assert!(line.contains(&needle), "{needle:?} not in {line:?}");
 }
 
 /// The job lands on a gmb whose driver differs from gma's: one line says
@@ -211,4 +225,21 @@ fn a_node_with_another_driver_refuses_the_restore_and_keeps_the_image() {
     let (events, comment) = recorded_events(c, job);
     assert_eq!(events, ["ckpt=r0@gma", "restore-failed=r1@gmb", "restore=r2@gmb"], "{comment}");
     assert_images_removed(c, job);
+}
+
+/// Security review N3 under a real Slurm (issue 37): the F7 defence for a
+/// thread id. The job runs a second thread, and gmtest2 holds that
+/// thread's id (not a pid): the requeued run on gmb cannot give the thread
+/// its id back (CRIU's `Unable to create a thread: -17`), so gpu-mode-run
+/// keeps the image and moves the job, which is restored on gma once the id
+/// is free. Before: the manifest had no thread ids, and the job failed.
+#[test]
+fn a_thread_id_held_on_the_node_the_job_lands_on_moves_its_restore_to_another_node() {
+    let Some(c) = c() else { return };
+    let _turn = serial();
+    let thread = |m: &Manifest| {
+        *m.tids.iter().find(|t| !m.pids.contains(t)).unwrap_or_else(|| panic!("no thread id besides the pids in the manifest: {:?} {:?}", m.pids, m.tids))
+    };
+    let (tid, line) = a_held_id_moves_the_restore(c, "tidheld", &["--hold", "thread"], thread);
+    assert!(line.contains(&tid.to_string()), "the thread id {tid} is not named: {line}");
 }
