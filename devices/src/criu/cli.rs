@@ -208,11 +208,11 @@ impl CriuCli {
         Err(CriuError::Failed { verb, status: out.status.to_string(), detail, log: log.to_path_buf() })
     }
 
-    fn version(&self) -> Result<CriuVersion, CriuError> {
+    fn version(&self, bound: Duration) -> Result<CriuVersion, CriuError> {
         if !self.binary.is_absolute() {
             return Err(CriuError::Missing { path: self.binary.clone(), detail: "not an absolute path".into() });
         }
-        let out = run_with_timeout(self.command(&["--version".into()]), None, QUICK).map_err(|e| match e {
+        let out = run_with_timeout(self.command(&["--version".into()]), None, bound).map_err(|e| match e {
             CommandError::Spawn { source, .. } => CriuError::Missing { path: self.binary.clone(), detail: source.to_string() },
             other => CriuError::Other { verb: "--version", detail: other.to_string() },
         })?;
@@ -223,7 +223,7 @@ impl CriuCli {
 
     /// `criu --version` and `criu check` (with the kernel's capability
     /// floor first).
-    fn check_now(&self) -> Result<CriuVersion, CriuError> {
+    fn check_now(&self, bound: Duration) -> Result<CriuVersion, CriuError> {
         let last = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap").ok().and_then(|s| s.trim().parse::<u32>().ok()).unwrap_or(0);
         if last < CAP_LAST_NEEDED {
             return Err(CriuError::CheckFailed {
@@ -234,11 +234,11 @@ impl CriuCli {
                 ),
             });
         }
-        let version = self.version()?;
+        let version = self.version(bound)?;
         if !version.new_enough() {
             return Err(CriuError::TooOld { path: self.binary.clone(), version: version.to_string() });
         }
-        let out = run_with_timeout(self.command(&["check".into()]), None, QUICK)
+        let out = run_with_timeout(self.command(&["check".into()]), None, bound)
             .map_err(|e| CriuError::CheckFailed { path: self.binary.clone(), detail: e.to_string() })?;
         if !out.status.success() {
             let text = String::from_utf8_lossy(&out.stderr).lines().filter(|l| l.starts_with("Error")).collect::<Vec<_>>().join("; ");
@@ -248,16 +248,25 @@ impl CriuCli {
     }
 }
 
-impl Criu for CriuCli {
-    fn check(&self) -> Result<CriuVersion, CriuError> {
+impl CriuCli {
+    /// [`Criu::check`] with each of `criu --version` and `criu check`
+    /// bounded by `bound`: the node checker's readiness check must end
+    /// well within its own deadline.
+    pub fn check_within(&self, bound: Duration) -> Result<CriuVersion, CriuError> {
         if let Some(version) = self.check_cache.as_ref().and_then(|c| c.passed(&self.binary)) {
             return Ok(version);
         }
-        let version = self.check_now()?;
+        let version = self.check_now(bound)?;
         if let Some(cache) = &self.check_cache {
             cache.remember(&self.binary, &version);
         }
         Ok(version)
+    }
+}
+
+impl Criu for CriuCli {
+    fn check(&self) -> Result<CriuVersion, CriuError> {
+        self.check_within(QUICK)
     }
 
     fn dump(&self, req: &DumpRequest) -> Result<DumpReport, CriuError> {

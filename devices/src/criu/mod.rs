@@ -82,6 +82,7 @@
 mod cgroup;
 mod check_cache;
 mod cli;
+pub mod patches;
 mod recording;
 mod version;
 
