@@ -49,6 +49,7 @@ pub mod images;
 pub mod manifest;
 pub mod netlock;
 pub mod protocol;
+pub mod readiness;
 pub mod shm;
 /// The application's signal state (a base module: the SPANK plugin holds the
 /// checkpoint signal with it too).

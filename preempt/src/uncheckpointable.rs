@@ -21,7 +21,7 @@
 //!   Not counted: /dev/shm files (shm.rs carries them itself) and memfds.
 
 /// The first driver branch NVIDIA lists CUDA IPC checkpoints for.
-const NCCL_DRIVER_MAJOR: u32 = 610;
+pub const NCCL_DRIVER_MAJOR: u32 = 610;
 /// PyTorch's ProcessGroupNCCL watchdog thread's name.
 const NCCL_THREAD: &str = "pt_nccl_watchdg";
 

@@ -40,7 +40,7 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 
@@ -83,6 +83,8 @@ pub struct RunOptions {
     /// This node's name in Slurm (SLURMD_NODENAME), for moving the job off it.
     pub node: Option<String>,
     pub socket: PathBuf,
+    /// The node checker's checkpoint-readiness verdict (preempt::readiness).
+    pub readiness: PathBuf,
     /// `preempt.signal` as a number.
     pub checkpoint_signal: i32,
     pub scontrol: PathBuf,
@@ -129,6 +131,7 @@ impl RunOptions {
             restart_count,
             node: env("SLURMD_NODENAME"),
             socket,
+            readiness: super::readiness::path(&cfg.runtime_dir),
             checkpoint_signal,
             scontrol: cfg.slurm.scontrol.clone(),
             linger: Duration::from_secs(300),
@@ -262,6 +265,7 @@ pub fn run(o: &RunOptions) -> i32 {
     }
     // SAFETY: plain prctl on this process.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    warn_if_node_not_ready(&o.readiness);
     let hello = request(&o.socket, &Request::Hello, Some(o.hello_wait));
     let mut w = Wrapper { o, rx, tx, root: 0, restored: false, agent: hello.is_ok() };
     match hello {
@@ -304,6 +308,15 @@ pub fn run(o: &RunOptions) -> i32 {
     }
     w.catch_up_on_preemption();
     w.watch()
+}
+
+/// One line on the job's stderr when the node checker found that this node
+/// cannot checkpoint: the job runs anyway, and its owner knows a preemption
+/// would start it over. No verdict (the checker has not run): nothing.
+fn warn_if_node_not_ready(verdict: &Path) {
+    if let Some(line) = super::readiness::read(verdict).and_then(|v| v.job_start_line()) {
+        say(&line);
+    }
 }
 
 struct Wrapper<'a> {
