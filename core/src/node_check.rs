@@ -23,6 +23,7 @@ fn sources(config: &Config) -> Sources<'_> {
         mps_control: &config.mps.control,
         mig_baseline: crate::mig_baseline::tool::configured(config).map_err(|e| e.to_string()),
         netlocks: Some(crate::preempt::netlock::NetLocks::from_config(config)),
+        readiness: Some(crate::health::readiness::Inputs::from_config(config)),
     }
 }
 
@@ -66,7 +67,18 @@ pub fn run_checks(config: &Config, opts: &CheckOptions) -> Vec<CheckResult> {
     if opts.deep && wanted("deep") {
         results.extend(crate::health::deep::run(&ctx, &config.health.deep));
     }
+    if opts.only.is_none() {
+        write_readiness(config, &results);
+    }
     results
+}
+
+/// The checkpoint readiness verdict for the jobs' wrapper and the status,
+/// from a full run only (`--only` would leave the other checks out of it).
+fn write_readiness(config: &Config, results: &[CheckResult]) {
+    if let Err(e) = crate::health::readiness::write_verdict(&config.runtime_dir, results) {
+        ActionLine::new("node-check").field("readiness", e).outcome(Outcome::Failed).emit(&config.log);
+    }
 }
 
 /// The node name: `--node`, else `SLURMD_NODENAME` (`drain::given_node_name`).

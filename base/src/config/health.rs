@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 /// reason names the first failing one. Here, with the section that names
 /// them (`health.disabled`); the checks themselves are in crate::health.
 pub const CHECK_NAMES: &[&str] =
-    &["driver", "gpu_count", "memory", "xid", "pcie", "clocks", "persistence", "fabric", "mps", "criu_locks", "leftovers", "mig", "deep"];
+    &["driver", "gpu_count", "memory", "xid", "pcie", "clocks", "persistence", "fabric", "mps", "criu_locks", "leftovers", "mig", "ckpt_kernel", "ckpt_criu", "ckpt_caps",
+      "ckpt_dirs", "ckpt_memory", "ckpt_driver", "deep"];
 
 /// `[health]`: gpu-mode-node-checker's thresholds and files. Defaults follow
 /// the practice of DCGM's and gpud's health checks.

@@ -113,6 +113,7 @@ impl Fixture {
             cursor_error: None,
             mig_baseline: self.mig_baseline.clone(),
             netlocks: None,
+            readiness: None,
         }
     }
 }

@@ -24,6 +24,7 @@ pub mod output;
 pub mod pcie;
 pub mod persistence;
 pub mod policy;
+pub mod readiness;
 pub mod snapshot;
 pub mod xid;
 
@@ -87,9 +88,10 @@ pub trait Check {
     fn run(&self, ctx: &Ctx) -> Vec<CheckResult>;
 }
 
-/// The quick checks, in [`CHECK_NAMES`] order (the deep check runs apart).
+/// The quick checks, in [`CHECK_NAMES`] order (the deep check runs apart),
+/// the checkpoint readiness checks last.
 pub fn quick_checks() -> Vec<Box<dyn Check + Send + Sync>> {
-    vec![
+    let gpu_checks: Vec<Box<dyn Check + Send + Sync>> = vec![
         Box::new(driver::Driver),
         Box::new(count::GpuCount),
         Box::new(memory::Memory),
@@ -102,7 +104,8 @@ pub fn quick_checks() -> Vec<Box<dyn Check + Send + Sync>> {
         Box::new(netlocks::NetLocks),
         Box::new(leftovers::Leftovers),
         Box::new(mig::StaleMig),
-    ]
+    ];
+    gpu_checks.into_iter().chain(readiness::checks()).collect()
 }
 
 /// Runs `check` and turns a panic inside it into a failed result: the

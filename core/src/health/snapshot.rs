@@ -71,6 +71,8 @@ pub struct Ctx<'a> {
     pub mig_baseline: Result<Option<Baseline>, String>,
     /// CRIU's network locks of this node (`None`: no checkpoint mode here).
     pub netlocks: Option<crate::preempt::netlock::NetLocks>,
+    /// The checkpoint readiness probes' findings (`None`: not probed).
+    pub readiness: Option<super::readiness::Facts>,
 }
 
 impl Ctx<'_> {
@@ -124,6 +126,8 @@ pub struct Sources<'a> {
     pub mig_baseline: Result<Option<Baseline>, String>,
     /// CRIU's network locks' records and nft (preempt::netlock).
     pub netlocks: Option<crate::preempt::netlock::NetLocks>,
+    /// What the checkpoint readiness probes read (`[preempt]`'s paths).
+    pub readiness: Option<super::readiness::Inputs>,
 }
 
 /// Takes the snapshot: `nvml` is what opening NVML gave.
@@ -166,6 +170,7 @@ pub fn take<'a>(src: &Sources<'a>, nvml: Result<&dyn GpuOps, String>) -> Ctx<'a>
         cursor_error,
         mig_baseline: src.mig_baseline.clone(),
         netlocks: src.netlocks.clone(),
+        readiness: src.readiness.as_ref().map(super::readiness::gather),
     }
 }
 
@@ -358,7 +363,7 @@ mod tests {
         let mps_control = dir.path().join("nvidia-cuda-mps-control");
         std::fs::create_dir(dir.path().join("state")).unwrap();
         std::fs::write(dir.path().join("state").join(super::super::cursor::CURSOR_FILE), b"{ corrupt").unwrap();
-        let src = |h| Sources { health: h, runtime_dir: dir.path(), mps_control: &mps_control, mig_baseline: Ok(None), netlocks: None };
+        let src = |h| Sources { health: h, runtime_dir: dir.path(), mps_control: &mps_control, mig_baseline: Ok(None), netlocks: None, readiness: None };
         let ctx = take(&src(&health), Ok(&ops));
         assert!(ctx.kmsg_error.as_ref().is_some_and(|e| e.to_string().contains("no-kmsg")), "{:?}", ctx.kmsg_error);
         assert!(ctx.cursor_error.as_ref().is_some_and(|e| e.to_string().contains("cursor.json")), "{:?}", ctx.cursor_error);

@@ -73,6 +73,10 @@ pub struct StatusReport {
     pub slurm_error: Option<String>,
     #[serde(flatten)]
     pub records: Records,
+    /// The node checker's last checkpoint readiness verdict (`None`: none
+    /// written yet). Shown, not a problem: a node that cannot checkpoint is
+    /// flagged, and sites without checkpoint jobs need not care.
+    pub checkpoint_readiness: Option<crate::preempt::readiness::Verdict>,
 }
 
 impl StatusReport {
@@ -122,7 +126,17 @@ pub fn assemble(node: Option<String>, records: Records, gpus: Result<Vec<GpuFact
         }
         Err(e) => (None, Some(e)),
     };
-    StatusReport { version: STATUS_VERSION, node, healthy: records.problems.is_empty(), gpus: rows, gpu_error, slurm, slurm_error, records }
+    StatusReport {
+        version: STATUS_VERSION,
+        node,
+        healthy: records.problems.is_empty(),
+        gpus: rows,
+        gpu_error,
+        slurm,
+        slurm_error,
+        records,
+        checkpoint_readiness: None,
+    }
 }
 
 /// The whole status of this node: records, NVML, Slurm.
@@ -133,7 +147,9 @@ pub fn gather(cfg: &Config, node: Option<String>) -> StatusReport {
         Some(n) => Scontrol::new(&cfg.slurm.scontrol).show_node(n).map(|t| NodeStatus::parse(&t)).map_err(|e| e.to_string()),
         None => Err("no node name (pass --node, or run where SLURMD_NODENAME or the host name is the node's)".into()),
     };
-    assemble(node, records, gpus, slurm)
+    let mut report = assemble(node, records, gpus, slurm);
+    report.checkpoint_readiness = crate::preempt::readiness::read(&crate::preempt::readiness::path(&cfg.runtime_dir));
+    report
 }
 
 /// Every GPU NVML sees; a GPU whose reads fail is listed with the error.

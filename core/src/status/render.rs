@@ -39,6 +39,7 @@ impl StatusReport {
         }
         self.gpu_section(&mut s);
         self.record_sections(&mut s);
+        self.readiness_section(&mut s);
         title(&mut s, "PROBLEMS");
         if self.records.problems.is_empty() {
             put(&mut s, format_args!("  (none)"));
@@ -104,6 +105,22 @@ impl StatusReport {
             })
             .collect();
         section(s, "CHECKPOINT IMAGES", &["JOB", "RUN", "STATE", "BYTES", "KEPT BECAUSE"], images);
+    }
+}
+
+impl StatusReport {
+    /// The node checker's last checkpoint readiness verdict, each check's
+    /// line with its fix.
+    fn readiness_section(&self, s: &mut String) {
+        let Some(v) = &self.checkpoint_readiness else {
+            title(s, "CHECKPOINT READINESS");
+            put(s, format_args!("  (not checked yet: gpu-mode-node-checker writes it at each run)"));
+            return;
+        };
+        let verdict = if v.ready() { "ready" } else { "NOT READY" };
+        let rows = v.items.iter().map(|i| vec![i.check.clone(), if i.ready { "ok".into() } else { "NOT READY".into() }, i.message.clone()]).collect();
+        let when = ago(v.checked_unix, crate::persist::now_unix());
+        section(s, &format!("CHECKPOINT READINESS: {verdict} (node checker, {when})"), &["CHECK", "VERDICT", "FINDING AND FIX"], rows);
     }
 }
 

@@ -177,3 +177,33 @@ const HOSTILE: [(&str, &str, &str); 15] = [
     ("word joiner", "a\u{2060}b", "a\\u{2060}b"),
     ("BOM", "\u{feff}alice", "\\u{feff}alice"),
 ];
+
+/// The node checker's readiness verdict is shown with each finding, and a
+/// node that cannot checkpoint stays "OK" (flagged, not a problem).
+#[test]
+fn the_readiness_section_shows_each_check_and_does_not_make_a_problem() {
+    use crate::preempt::readiness::{Item, Verdict, VERSION};
+    let mut r = busy();
+    assert!(r.to_table().contains("CHECKPOINT READINESS\n  (not checked yet: gpu-mode-node-checker writes it at each run)"), "{}", r.to_table());
+    r.checkpoint_readiness = Some(Verdict {
+        version: VERSION,
+        checked_unix: crate::persist::now_unix(),
+        items: vec![
+            Item { check: "ckpt_kernel".into(), ready: true, message: "Linux 6.18 has CAP_CHECKPOINT_RESTORE (5.9 or newer)".into() },
+            Item { check: "ckpt_criu".into(), ready: false, message: "CRIU is not installed at /x; fix: scripts/install-criu.sh --force".into() },
+        ],
+    });
+    let t = r.to_table();
+    for want in [
+        "CHECKPOINT READINESS: NOT READY (node checker, 0s ago)",
+        "  CHECK        VERDICT    FINDING AND FIX",
+        "  ckpt_kernel  ok         Linux 6.18 has CAP_CHECKPOINT_RESTORE (5.9 or newer)",
+        "  ckpt_criu    NOT READY  CRIU is not installed at /x; fix: scripts/install-criu.sh --force",
+        "gpu-mode status of n1: OK",
+    ] {
+        assert!(t.contains(want), "{want:?} missing in\n{t}");
+    }
+    assert_eq!(r.exit_code(), EXIT_OK);
+    let v: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
+    assert_eq!(v["checkpoint_readiness"]["items"][1], serde_json::json!({"check": "ckpt_criu", "ready": false, "message": "CRIU is not installed at /x; fix: scripts/install-criu.sh --force"}));
+}
