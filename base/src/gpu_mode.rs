@@ -7,7 +7,7 @@
 //! mps:threads=<1-100>[,mem=<N>M|<N>G]      (keys in any order, each at most once)
 //! mig:<profile>[x<count>][,<profile>[x<count>]...]   count 1-7
 //! mig:@<layout>                             a layout named in the site config
-//! checkpoint
+//! checkpoint[:nccl=portable|native]           (the key at most once)
 //! ```
 //!
 //! A profile is NVIDIA's name, `<slices>g.<memory>gb` with an optional suffix
@@ -32,14 +32,59 @@ pub const MAX_LAYOUT_NAME: usize = 64;
 
 /// The valid forms, shown with every parse error.
 pub const VALID_FORMS: &str = "valid forms: mps | mps:threads=<1-100>,mem=<N>M|<N>G | \
-mig:<profile>[x<1-7>][,<profile>[x<1-7>]...] (e.g. mig:1g.10gbx2,3g.40gb) | mig:@<layout> | checkpoint";
+mig:<profile>[x<1-7>][,<profile>[x<1-7>]...] (e.g. mig:1g.10gbx2,3g.40gb) | mig:@<layout> | \
+checkpoint[:nccl=portable|native]";
 
 /// A job's requested GPU mode.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum GpuMode {
     Mps(MpsParams),
     Mig(MigRequest),
-    Checkpoint,
+    Checkpoint(CheckpointParams),
+}
+
+/// Parameters of `checkpoint:`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct CheckpointParams {
+    /// `nccl=`: how the job's NCCL ranks talk; `None` leaves it to the
+    /// site (`preempt.nccl_portable`).
+    pub nccl: Option<NcclTransport>,
+}
+
+/// The NCCL transports a checkpoint job's ranks may use (docs/preempt.md,
+/// "NCCL by driver branch").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum NcclTransport {
+    /// NCCL's own choice (CUDA IPC, NVLink SHARP, ...): the r580 driver
+    /// checkpoints such ranks but cannot restore them, so they are refused
+    /// at checkpoint time there.
+    Native,
+    /// Only transports the r580 driver can bring back (gpu-mode-run sets
+    /// NCCL's variables): slower, but checkpointable.
+    Portable,
+}
+
+impl NcclTransport {
+    /// The value as `nccl=` spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NcclTransport::Native => "native",
+            NcclTransport::Portable => "portable",
+        }
+    }
+}
+
+impl FromStr for NcclTransport {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "portable" => Ok(NcclTransport::Portable),
+            "native" => Ok(NcclTransport::Native),
+            "" => Err("nccl= has no value (nccl=portable or nccl=native)".into()),
+            other => Err(format!("nccl={other} is not a transport (nccl=portable or nccl=native)")),
+        }
+    }
 }
 
 /// Parameters of `mps:`; `None` leaves the MPS default.
@@ -212,8 +257,8 @@ impl GpuMode {
             ("mps", Some(p)) => parse_mps_params(p).map(GpuMode::Mps).map_err(err),
             ("mig", None) => Err(err("mig needs profiles, e.g. mig:1g.10gb or mig:@<layout>".into())),
             ("mig", Some(p)) => parse_mig(p).map(GpuMode::Mig).map_err(err),
-            ("checkpoint", None) => Ok(GpuMode::Checkpoint),
-            ("checkpoint", Some(p)) => Err(err(format!("checkpoint takes no parameters, found \":{p}\""))),
+            ("checkpoint", None) => Ok(GpuMode::Checkpoint(CheckpointParams::default())),
+            ("checkpoint", Some(p)) => parse_checkpoint_params(p).map(GpuMode::Checkpoint).map_err(err),
             (other, _) => Err(err(format!("unknown mode \"{other}\" (modes: mps, mig, checkpoint)"))),
         }
     }
@@ -223,7 +268,7 @@ impl GpuMode {
         match self {
             GpuMode::Mps(_) => "mps",
             GpuMode::Mig(_) => "mig",
-            GpuMode::Checkpoint => "checkpoint",
+            GpuMode::Checkpoint(_) => "checkpoint",
         }
     }
 }
@@ -265,7 +310,13 @@ impl fmt::Display for GpuMode {
                 }
                 Ok(())
             }
-            GpuMode::Checkpoint => f.write_str("checkpoint"),
+            GpuMode::Checkpoint(p) => {
+                f.write_str("checkpoint")?;
+                if let Some(nccl) = p.nccl {
+                    write!(f, ":nccl={}", nccl.as_str())?;
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -301,6 +352,26 @@ fn parse_mps_params(params: &str) -> Result<MpsParams, String> {
                 out.mem = Some(parse_mem(val)?);
             }
             other => return Err(format!("unknown mps key \"{other}\" (keys: threads, mem)")),
+        }
+    }
+    Ok(out)
+}
+
+fn parse_checkpoint_params(params: &str) -> Result<CheckpointParams, String> {
+    if params.is_empty() {
+        return Err("checkpoint: has no parameters after the colon (key: nccl)".into());
+    }
+    let mut out = CheckpointParams::default();
+    for item in params.split(',') {
+        if item.is_empty() {
+            return Err(format!("empty parameter in \"checkpoint:{params}\" (stray comma?)"));
+        }
+        let (key, val) =
+            item.split_once('=').ok_or_else(|| format!("parameter \"{item}\" is not key=value (key: nccl)"))?;
+        match key {
+            "nccl" if out.nccl.is_some() => return Err("key \"nccl\" is given twice".into()),
+            "nccl" => out.nccl = Some(val.parse()?),
+            other => return Err(format!("unknown checkpoint key \"{other}\" (key: nccl)")),
         }
     }
     Ok(out)
@@ -397,6 +468,10 @@ mod tests {
         ))
     }
 
+    fn checkpoint(nccl: Option<NcclTransport>) -> GpuMode {
+        GpuMode::Checkpoint(CheckpointParams { nccl })
+    }
+
     #[test]
     fn valid_values_parse_to_the_expected_mode() {
         let cases: Vec<(&str, GpuMode)> = vec![
@@ -421,7 +496,9 @@ mod tests {
             ("mig:1g.23gb+gfxx3", mig(&[("1g.23gb+gfx", 3)])),
             ("mig:@half", GpuMode::Mig(MigRequest::Layout("half".into()))),
             ("mig:@a-b_9", GpuMode::Mig(MigRequest::Layout("a-b_9".into()))),
-            ("checkpoint", GpuMode::Checkpoint),
+            ("checkpoint", checkpoint(None)),
+            ("checkpoint:nccl=portable", checkpoint(Some(NcclTransport::Portable))),
+            ("checkpoint:nccl=native", checkpoint(Some(NcclTransport::Native))),
         ];
         for (value, want) in cases {
             assert_eq!(GpuMode::parse(value).as_ref(), Ok(&want), "value {value:?}");
@@ -477,7 +554,15 @@ mod tests {
             // trailing junk
             ("mps:threads=25,", "empty parameter"),
             ("mps:threads=25x", "threads=25x"),
-            ("checkpoint:now", "checkpoint takes no parameters"),
+            ("checkpoint:now", "parameter \"now\" is not key=value (key: nccl)"),
+            ("checkpoint:", "checkpoint: has no parameters"),
+            ("checkpoint:nccl=fast", "nccl=fast is not a transport (nccl=portable or nccl=native)"),
+            ("checkpoint:nccl=", "nccl= has no value"),
+            ("checkpoint:nccl=Portable", "nccl=Portable is not a transport"),
+            ("checkpoint:nccl=portable,nccl=portable", "key \"nccl\" is given twice"),
+            ("checkpoint:nccl=portable,nccl=native", "key \"nccl\" is given twice"),
+            ("checkpoint:nccl=portable,", "empty parameter"),
+            ("checkpoint:p2p=off", "unknown checkpoint key \"p2p\""),
             ("checkpoint ", "whitespace"),
             ("mig:@half!", "layout name"),
             ("mig:@", "needs a layout name"),
@@ -506,6 +591,8 @@ mod tests {
             "mig:1g.10gb+me",
             "mig:@half",
             "checkpoint",
+            "checkpoint:nccl=portable",
+            "checkpoint:nccl=native",
         ] {
             let mode = GpuMode::parse(value).unwrap();
             assert_eq!(mode.to_string(), value);

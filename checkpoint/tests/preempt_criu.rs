@@ -178,6 +178,7 @@ impl Node {
             gpus: vec![gpu],
             deadline_unix: None,
             config: Some(cfg.0.to_path_buf()),
+            nccl: gpu_mode_core::gpu_mode::NcclTransport::Native,
         };
         spawn_agent(cfg.1, &launch, Duration::from_secs(20)).unwrap();
     }

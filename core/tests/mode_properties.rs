@@ -3,7 +3,7 @@
 //! accepted value prints in canonical form and parses back to itself; every
 //! rejection names the offending part; memory sizes never overflow into range.
 
-use gpu_mode_core::gpu_mode::{GpuMode, MemLimit, MemUnit, MigProfileCount, MigRequest, MpsParams};
+use gpu_mode_core::gpu_mode::{CheckpointParams, GpuMode, MemLimit, MemUnit, MigProfileCount, MigRequest, MpsParams, NcclTransport};
 use proptest::prelude::*;
 
 fn profile() -> impl Strategy<Value = String> {
@@ -22,7 +22,9 @@ fn mode() -> impl Strategy<Value = GpuMode> {
         ))
     });
     let layout = "[a-zA-Z0-9_-]{1,32}".prop_map(|n| GpuMode::Mig(MigRequest::Layout(n)));
-    prop_oneof![mps, list, layout, Just(GpuMode::Checkpoint)]
+    let nccl = prop::option::of(prop_oneof![Just(NcclTransport::Portable), Just(NcclTransport::Native)]);
+    let checkpoint = nccl.prop_map(|nccl| GpuMode::Checkpoint(CheckpointParams { nccl }));
+    prop_oneof![mps, list, layout, checkpoint]
 }
 
 proptest! {

@@ -34,7 +34,8 @@
 //! (the job's named semaphores in /dev/shm, carried in the image),
 //! `user_child.rs` (work done as the job's user from the root agent),
 //! `uncheckpointable.rs` (what CRIU or the driver cannot bring back: refused
-//! before the lock).
+//! before the lock), `nccl.rs` (NCCL's portable-transport variables, which
+//! gpu-mode-run sets and the agent checks).
 
 // The base and device modules at the paths these files name them by
 // (`crate::fsutil`), not re-exported: gpu-mode-core re-exports them itself.
@@ -47,6 +48,7 @@ pub mod held;
 pub mod hugepages;
 pub mod images;
 pub mod manifest;
+pub mod nccl;
 pub mod netlock;
 pub mod protocol;
 pub mod readiness;

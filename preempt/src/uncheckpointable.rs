@@ -12,8 +12,11 @@
 //! * PyTorch's NCCL process groups (their watchdog thread,
 //!   `pt_nccl_watchdg`): the driver checkpointed two NCCL ranks and then
 //!   could not restore them (CUDA_ERROR_NOT_SUPPORTED, driver 580, 2 H200s);
-//!   NVIDIA lists CUDA IPC between processes for the r610 branch. Refused on
-//!   drivers before it.
+//!   NVIDIA lists CUDA IPC between processes for the r610 branch. Before it
+//!   the ranks are let through only in NCCL's portable-transport mode
+//!   (`--gpu-mode=checkpoint:nccl=portable`, crate::nccl) with every one of
+//!   its variables in each rank's initial environment: then the driver
+//!   restored them (2 H200s, driver 580). [`nccl_decision`] is the table.
 //! * More deleted files held open or mapped than `preempt.max_deleted_files`
 //!   (issue 37 N5): CRIU carries each in the image as a ghost file (up to
 //!   `--ghost-limit` of blocks apiece, `preempt.ghost_limit_mib`), so a tree
@@ -24,6 +27,11 @@
 pub const NCCL_DRIVER_MAJOR: u32 = 610;
 /// PyTorch's ProcessGroupNCCL watchdog thread's name.
 const NCCL_THREAD: &str = "pt_nccl_watchdg";
+/// How a user asks for NCCL's portable transports.
+const PORTABLE_OPTION: &str = "--gpu-mode=checkpoint:nccl=portable";
+
+use crate::nccl::Override;
+use gpu_mode_base::gpu_mode::NcclTransport;
 
 const IO_URING: &str = "anon_inode:[io_uring]";
 
@@ -37,10 +45,18 @@ pub enum UncheckpointableError {
     /// before the branch that restores CUDA IPC.
     #[error(
         "pid {pid} ({comm}) runs a PyTorch NCCL process group (thread {NCCL_THREAD}); NVIDIA driver {driver} \
-         cannot restore NCCL ranks after a checkpoint (CUDA IPC needs the r{NCCL_DRIVER_MAJOR} branch): refused, \
-         nothing was changed"
+         cannot restore NCCL ranks after a checkpoint (CUDA IPC needs the r{NCCL_DRIVER_MAJOR} branch) unless \
+         they stay off CUDA IPC: submit with {PORTABLE_OPTION}: refused, nothing was changed"
     )]
     Nccl { pid: i32, comm: String, driver: String },
+    /// An NCCL rank of a job in the portable mode whose initial environment
+    /// lacks one of its variables (`what`), so it may use CUDA IPC.
+    #[error(
+        "pid {pid} ({comm}) runs a PyTorch NCCL process group (thread {NCCL_THREAD}) in {PORTABLE_OPTION}, but its \
+         environment has {what}: NVIDIA driver {driver} cannot restore NCCL ranks that use CUDA IPC; leave the \
+         variable to gpu-mode-run: refused, nothing was changed"
+    )]
+    NcclOverridden { pid: i32, comm: String, driver: String, what: Override },
     /// An io_uring instance (`what`: `fd N` or `mapping A-B`).
     #[error(
         "pid {pid} ({comm}) holds an io_uring instance ({what}), which CRIU cannot checkpoint (torchrun's agent \
@@ -86,9 +102,33 @@ pub fn io_uring_in(fd_links: &[(String, String)], maps: &str) -> Option<String> 
 }
 
 /// Whether a process whose threads have these names runs a PyTorch NCCL
-/// process group that a driver of branch `driver_major` cannot bring back.
-pub fn nccl_unsupported(thread_names: &[String], driver_major: u32) -> bool {
-    driver_major < NCCL_DRIVER_MAJOR && thread_names.iter().any(|n| n == NCCL_THREAD)
+/// process group.
+pub fn runs_nccl(thread_names: &[String]) -> bool {
+    thread_names.iter().any(|n| n == NCCL_THREAD)
+}
+
+/// Why an NCCL rank cannot be brought back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NcclRefusal {
+    /// NCCL's own transports on a driver that cannot restore CUDA IPC.
+    NotPortable,
+    /// The portable mode, but the rank's environment overrides a variable.
+    Overridden(Override),
+}
+
+/// The decision for one NCCL rank: driver branch × the job's transport ×
+/// the rank's environment (`overridden`: the first portable variable its
+/// initial environment lacks, crate::nccl::environ_override).
+pub fn nccl_decision(driver_major: u32, transport: NcclTransport, overridden: Option<Override>) -> Result<(), NcclRefusal> {
+    if driver_major >= NCCL_DRIVER_MAJOR {
+        // NVIDIA lists CUDA IPC for r610; not tried here yet (docs/preempt.md).
+        return Ok(());
+    }
+    match (transport, overridden) {
+        (NcclTransport::Native, _) => Err(NcclRefusal::NotPortable),
+        (NcclTransport::Portable, Some(o)) => Err(NcclRefusal::Overridden(o)),
+        (NcclTransport::Portable, None) => Ok(()),
+    }
 }
 
 /// The major of a driver version ("580.159.04" → 580; unreadable → 0).
@@ -99,14 +139,23 @@ pub fn driver_major(version: &str) -> u32 {
 /// Refuses a tree that holds what CRIU or the driver (`driver_version`)
 /// cannot checkpoint and bring back, naming the process; before anything is
 /// locked. The driver's limits first: they stand whatever CRIU learns.
-pub fn refuse(pids: &[i32], driver_version: &str, max_deleted: usize) -> Result<(), UncheckpointableError> {
+/// `nccl`: the job's NCCL transport (the agent's, from the prolog).
+pub fn refuse(pids: &[i32], driver_version: &str, nccl: NcclTransport, max_deleted: usize) -> Result<(), UncheckpointableError> {
     let comm = |pid: i32| std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default().trim().to_string();
     for &pid in pids {
-        let threads: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
-            .map(|d| d.flatten().filter_map(|t| Some(std::fs::read_to_string(t.path().join("comm")).ok()?.trim().to_string())).collect())
-            .unwrap_or_default();
-        if nccl_unsupported(&threads, driver_major(driver_version)) {
-            return Err(UncheckpointableError::Nccl { pid, comm: comm(pid), driver: driver_version.to_string() });
+        if !runs_nccl(&thread_names(pid)) {
+            continue;
+        }
+        // The initial environment: what NCCL read at its init. Unreadable
+        // reads as empty, which lacks every variable: refused.
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        let driver = driver_version.to_string();
+        match nccl_decision(driver_major(driver_version), nccl, crate::nccl::environ_override(&environ)) {
+            Ok(()) => {}
+            Err(NcclRefusal::NotPortable) => return Err(UncheckpointableError::Nccl { pid, comm: comm(pid), driver }),
+            Err(NcclRefusal::Overridden(what)) => {
+                return Err(UncheckpointableError::NcclOverridden { pid, comm: comm(pid), driver, what })
+            }
         }
     }
     for &pid in pids {
@@ -119,6 +168,13 @@ pub fn refuse(pids: &[i32], driver_version: &str, max_deleted: usize) -> Result<
     deleted_files(pids, max_deleted).map_or(Ok(()), |(pid, example, count)| {
         Err(UncheckpointableError::DeletedFiles { pid, comm: comm(pid), example, count, limit: max_deleted })
     })
+}
+
+/// The names of a process's threads (their `comm`).
+fn thread_names(pid: i32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| d.flatten().filter_map(|t| Some(std::fs::read_to_string(t.path().join("comm")).ok()?.trim().to_string())).collect())
+        .unwrap_or_default()
 }
 
 /// The tree's deleted regular files, each inode number once (CRIU makes
@@ -155,13 +211,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn nccl_groups_are_refused_only_before_the_driver_branch_that_restores_them() {
+    fn nccl_ranks_are_told_by_the_watchdog_thread() {
         let names = |l: &[&str]| l.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        let nccl = names(&["python", "pt_autograd_0", "pt_nccl_heartbt", "pt_nccl_watchdg", "cuda-EvtHandlr"]);
-        let gloo = names(&["python", "pt_autograd_0", "cuda-EvtHandlr"]);
-        let table: &[(&Vec<String>, &str, bool)] = &[(&nccl, "580.159.04", true), (&nccl, "610.10", false), (&gloo, "580.159.04", false), (&nccl, "", true)];
-        for (threads, driver, want) in table {
-            assert_eq!(nccl_unsupported(threads, driver_major(driver)), *want, "{threads:?} on {driver:?}");
+        assert!(runs_nccl(&names(&["python", "pt_autograd_0", "pt_nccl_heartbt", "pt_nccl_watchdg", "cuda-EvtHandlr"])));
+        assert!(!runs_nccl(&names(&["python", "pt_autograd_0", "cuda-EvtHandlr"])));
+    }
+
+    /// Driver branch × the job's transport × the rank's environment.
+    #[test]
+    fn nccl_ranks_are_decided_by_driver_mode_and_environment() {
+        use NcclTransport::{Native, Portable};
+        let over = Override { name: "NCCL_P2P_DISABLE", want: "1", found: Some("0".into()) };
+        let table: &[(&str, NcclTransport, Option<&Override>, Result<(), NcclRefusal>)] = &[
+            ("580.159.04", Native, None, Err(NcclRefusal::NotPortable)),
+            ("580.159.04", Native, Some(&over), Err(NcclRefusal::NotPortable)),
+            ("580.159.04", Portable, None, Ok(())),
+            ("580.159.04", Portable, Some(&over), Err(NcclRefusal::Overridden(over.clone()))),
+            ("590.10", Native, None, Err(NcclRefusal::NotPortable)),
+            ("590.10", Portable, None, Ok(())),
+            // Unreadable driver version: the oldest.
+            ("", Native, None, Err(NcclRefusal::NotPortable)),
+            ("", Portable, None, Ok(())),
+            ("610.10", Native, None, Ok(())),
+            ("610.10", Native, Some(&over), Ok(())),
+            ("610.10", Portable, Some(&over), Ok(())),
+        ];
+        for (driver, transport, overridden, want) in table {
+            assert_eq!(&nccl_decision(driver_major(driver), *transport, overridden.cloned()), want, "{driver:?} {transport:?} {overridden:?}");
         }
     }
 
@@ -172,7 +248,19 @@ mod tests {
             (
                 UncheckpointableError::Nccl { pid: 42, comm: "python".into(), driver: "580.159.04".into() },
                 "pid 42 (python) runs a PyTorch NCCL process group (thread pt_nccl_watchdg); NVIDIA driver 580.159.04 \
-                 cannot restore NCCL ranks after a checkpoint (CUDA IPC needs the r610 branch): refused, nothing was changed",
+                 cannot restore NCCL ranks after a checkpoint (CUDA IPC needs the r610 branch) unless they stay off CUDA IPC: \
+                 submit with --gpu-mode=checkpoint:nccl=portable: refused, nothing was changed",
+            ),
+            (
+                UncheckpointableError::NcclOverridden {
+                    pid: 44,
+                    comm: "python".into(),
+                    driver: "580.159.04".into(),
+                    what: Override { name: "NCCL_SHM_DISABLE", want: "1", found: Some("0".into()) },
+                },
+                "pid 44 (python) runs a PyTorch NCCL process group (thread pt_nccl_watchdg) in --gpu-mode=checkpoint:nccl=portable, \
+                 but its environment has NCCL_SHM_DISABLE=0 (the mode needs NCCL_SHM_DISABLE=1): NVIDIA driver 580.159.04 cannot \
+                 restore NCCL ranks that use CUDA IPC; leave the variable to gpu-mode-run: refused, nothing was changed",
             ),
             (
                 UncheckpointableError::IoUring { pid: 43, comm: "torchrun".into(), what: "mapping 7f00-7f10".into() },
@@ -212,13 +300,13 @@ mod tests {
             return;
         }
         let me = std::process::id() as i32;
-        let err = refuse(&[me], "580.159.04", 64).unwrap_err();
+        let err = refuse(&[me], "580.159.04", NcclTransport::Native, 64).unwrap_err();
         assert!(matches!(&err, UncheckpointableError::IoUring { pid, what, .. } if *pid == me && *what == format!("fd {fd}")), "{err:?}");
         let err = err.to_string();
         assert!(err.contains(&format!("pid {me}")) && err.contains(&format!("fd {fd}")) && err.contains("refused"), "{err}");
         // SAFETY: closes the descriptor made above.
         unsafe { libc::close(fd as i32) };
-        assert_eq!(refuse(&[me], "580.159.04", 64), Ok(()));
+        assert_eq!(refuse(&[me], "580.159.04", NcclTransport::Native, 64), Ok(()));
     }
 
     #[test]
@@ -257,10 +345,10 @@ mod tests {
             .collect();
         let me = std::process::id() as i32;
         // Other tests of this binary may hold deleted files too: at least 5.
-        let err = refuse(&[me], "610.1", 4).unwrap_err();
+        let err = refuse(&[me], "610.1", NcclTransport::Native, 4).unwrap_err();
         assert!(matches!(&err, UncheckpointableError::DeletedFiles { count, limit: 4, .. } if *count >= 5), "{err:?}");
         assert!(err.to_string().contains("more than preempt.max_deleted_files = 4"), "{err}");
-        assert_eq!(refuse(&[me], "610.1", 1000), Ok(()));
+        assert_eq!(refuse(&[me], "610.1", NcclTransport::Native, 1000), Ok(()));
         drop(held);
     }
 }

@@ -107,6 +107,43 @@ pub struct RunOptions {
     /// (signal_state::hold): one sent before the wrapper ran may have
     /// been dropped (dash), so the wrapper asks Slurm once it runs.
     pub signal_held: bool,
+    /// NCCL's portable variables to set in the application's environment
+    /// (the job's `GPU_MODE_CKPT_NCCL` is `portable`; those the job leaves
+    /// unset), and those the job sets otherwise, kept (crate::nccl).
+    pub nccl: NcclPlan,
+}
+
+/// What gpu-mode-run does for the job's NCCL transport.
+#[derive(Debug, Default)]
+pub struct NcclPlan {
+    pub set: Vec<(&'static str, &'static str)>,
+    pub overrides: Vec<super::nccl::Override>,
+}
+
+impl NcclPlan {
+    /// From the job's environment: nothing unless the prolog said
+    /// `portable` (crate::nccl::TASK_NCCL_VAR).
+    pub fn from_env(env: &dyn Fn(&str) -> Option<String>) -> NcclPlan {
+        if env(super::nccl::TASK_NCCL_VAR).as_deref() != Some("portable") {
+            return NcclPlan::default();
+        }
+        let (set, overrides) = super::nccl::plan_portable_env(env);
+        NcclPlan { set, overrides }
+    }
+
+    /// The warning for overridden variables, if any: the user's values are
+    /// kept and the checkpoint will refuse the job (the agent checks).
+    pub fn warning(&self) -> Option<String> {
+        (!self.overrides.is_empty()).then(|| {
+            let list: Vec<String> = self.overrides.iter().map(|o| o.to_string()).collect();
+            format!(
+                "warning: --gpu-mode=checkpoint:nccl=portable, but the job's environment sets {}: kept as the job set it; \
+                 NCCL ranks may then use CUDA IPC, which this driver cannot restore, so a preemption will refuse the \
+                 checkpoint and the application will start over (unset the variable to be checkpointed)",
+                list.join(", ")
+            )
+        })
+    }
 }
 
 impl RunOptions {
@@ -141,6 +178,7 @@ impl RunOptions {
             preload_env: super::hugepages::preload_env(&cfg.preempt, &cfg.cuda_ckpt.device_paths),
             signals: if signal_held { inherited.without(checkpoint_signal) } else { inherited },
             signal_held,
+            nccl: NcclPlan::from_env(env),
         })
     }
 }
@@ -335,6 +373,12 @@ impl Wrapper<'_> {
         cmd.args(&self.o.app[1..]);
         // The plugin's note that it held the checkpoint signal back is ours.
         cmd.env_remove(crate::signal_state::HELD_SIGNAL_VAR);
+        // Before the application starts, so every rank it launches inherits
+        // them; NCCL reads them once, at init.
+        cmd.envs(self.o.nccl.set.iter().copied());
+        if let Some(warning) = self.o.nccl.warning() {
+            say(&warning);
+        }
         match &self.o.preload {
             Ok(Some(lib)) => {
                 let value = super::hugepages::preload_value(lib, std::env::var_os(super::hugepages::PRELOAD).as_deref());
@@ -760,6 +804,29 @@ mod tests {
         let err = RunOptions::from_env(&cfg, app, &env(&[])).unwrap_err();
         assert!(err.to_string().contains("SLURM_JOB_ID is not set"), "{err}");
         assert!(RunOptions::from_env(&cfg, vec![], &env(&[("SLURM_JOB_ID", "1")])).unwrap_err().to_string().starts_with("usage"));
+    }
+
+    /// The portable mode sets what the job leaves unset, keeps (and warns
+    /// of) what it sets otherwise; without the mode nothing.
+    #[test]
+    fn the_nccl_plan_follows_the_mode_and_the_job_environment() {
+        let cfg = crate::Config::default();
+        let plan = |vars: &[(&str, &str)]| {
+            let mut all = vec![("SLURM_JOB_ID", "42")];
+            all.extend_from_slice(vars);
+            let vars = env(&all);
+            RunOptions::from_env(&cfg, vec![OsString::from("./train")], &vars).unwrap().nccl
+        };
+        let none = plan(&[]);
+        assert!(none.set.is_empty() && none.overrides.is_empty() && none.warning().is_none());
+        assert!(plan(&[("GPU_MODE_CKPT_NCCL", "native")]).set.is_empty());
+        let all = plan(&[("GPU_MODE_CKPT_NCCL", "portable")]);
+        assert_eq!(all.set, super::super::nccl::PORTABLE_ENV.iter().map(|v| (v.name, v.value)).collect::<Vec<_>>());
+        assert!(all.warning().is_none());
+        let over = plan(&[("GPU_MODE_CKPT_NCCL", "portable"), ("NCCL_P2P_DISABLE", "0"), ("NCCL_SHM_DISABLE", "1")]);
+        assert!(!over.set.iter().any(|(n, _)| n.starts_with("NCCL_P2P") || n.starts_with("NCCL_SHM")), "{:?}", over.set);
+        let warning = over.warning().unwrap();
+        assert!(warning.contains("sets NCCL_P2P_DISABLE=0 (the mode needs NCCL_P2P_DISABLE=1): kept") && warning.contains("start over"), "{warning}");
     }
 
     /// Each reason the wrapper cannot run has its kind and the words it

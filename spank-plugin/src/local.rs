@@ -8,7 +8,7 @@
 use crate::args::PluginArgs;
 use crate::options;
 use gpu_mode_base::job_env::{JOB_CONTROL_VAR, JOB_MODE_VAR};
-use gpu_mode_base::gpu_mode::GpuMode;
+use gpu_mode_base::gpu_mode::{CheckpointParams, GpuMode};
 use crate::spank::{Context, Spank};
 use std::error::Error;
 
@@ -23,8 +23,8 @@ pub fn init_post_opt(spank: &mut Spank, args: &PluginArgs) -> Result<(), Box<dyn
         let job_mode = std::env::var(JOB_MODE_VAR).ok();
         return check_step_mode(&mode, job_mode.as_deref()).map_err(Into::into);
     }
-    if mode == GpuMode::Checkpoint {
-        for advice in checkpoint_submission(args)? {
+    if let GpuMode::Checkpoint(params) = &mode {
+        for advice in checkpoint_submission(args, params)? {
             gpu_mode_base::log::stderr_line(&advice);
         }
     }
@@ -34,8 +34,10 @@ pub fn init_post_opt(spank: &mut Spank, args: &PluginArgs) -> Result<(), Box<dyn
 
 /// A checkpoint job must be requeued and signalled on preemption, or its
 /// checkpoint is useless: checked before the job is queued, with the exact
-/// sbatch line to use (gpu_mode_base::submit).
-fn checkpoint_submission(args: &PluginArgs) -> Result<Vec<String>, String> {
+/// sbatch line to use (gpu_mode_base::submit); and its `nccl=` must be one
+/// the site allows (`preempt.nccl_portable`; the prolog checks again with
+/// the node's config).
+fn checkpoint_submission(args: &PluginArgs, params: &CheckpointParams) -> Result<Vec<String>, String> {
     use gpu_mode_base::submit::{checkpoint_submit_check, script_path, SubmitSite};
     let argv: Vec<String> = std::fs::read("/proc/self/cmdline")
         .map(|b| b.split(|c| *c == 0).filter(|w| !w.is_empty()).map(|w| String::from_utf8_lossy(w).into_owned()).collect())
@@ -49,6 +51,7 @@ fn checkpoint_submission(args: &PluginArgs) -> Result<Vec<String>, String> {
         Some(text)
     });
     let site = gpu_mode_base::Config::load_or_salvage(args.config.as_deref()).0.preempt;
+    site.nccl_transport(params.nccl)?;
     checkpoint_submit_check(&argv, &env, script.as_deref(), &SubmitSite::from_config(&site))
 }
 

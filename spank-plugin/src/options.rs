@@ -18,7 +18,7 @@ const OPTION_NAME: &CStr = c"gpu-mode";
 static OPTION: OptionSpec = OptionSpec {
     name: OPTION_NAME,
     arginfo: c"mode",
-    usage: c"GPU mode for the job's GPUs: mps[:threads=<1-100>,mem=<N>M|G] | mig:<profile>[x<n>][,...] | mig:@<layout> | checkpoint",
+    usage: c"GPU mode for the job's GPUs: mps[:threads=<1-100>,mem=<N>M|G] | mig:<profile>[x<n>][,...] | mig:@<layout> | checkpoint[:nccl=portable|native]",
 };
 
 /// Registers the options. Called from `slurm_spank_init` in every context
@@ -67,6 +67,11 @@ mod tests {
             ("mig:@<layout>", "mig:@", None),
             ("checkpoint", "checkpoint", Some("checkpoint")),
             ("checkpoint", "checkpoint:now", None),
+            ("checkpoint[:nccl=portable|native]", "checkpoint:nccl=portable", Some("checkpoint:nccl=portable")),
+            ("checkpoint[:nccl=portable|native]", "checkpoint:nccl=native", Some("checkpoint:nccl=native")),
+            ("checkpoint[:nccl=portable|native]", "checkpoint:nccl=fast", None),
+            ("checkpoint[:nccl=portable|native]", "checkpoint:nccl=", None),
+            ("checkpoint[:nccl=portable|native]", "checkpoint:nccl=portable,nccl=native", None),
         ];
         for (form, value, want) in cases {
             assert!(usage.contains(form), "the usage line lacks {form:?}: {usage}");

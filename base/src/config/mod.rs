@@ -3,6 +3,7 @@
 //! errors: a typo must not silently fall back to a default on a root helper.
 
 use crate::fsutil::require_absolute;
+use crate::gpu_mode::NcclTransport;
 
 /// `[health]`, the node checker's own section.
 pub mod health;
@@ -96,6 +97,21 @@ pub enum AccountingField {
     /// The job's owner may set it too; for sites that use AdminComment.
     Comment,
     Off,
+}
+
+/// `preempt.nccl_portable`: what the site does with
+/// `--gpu-mode=checkpoint:nccl=portable` (docs/preempt.md, "NCCL by driver
+/// branch").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NcclPortableSetting {
+    /// A job may ask for it; without `nccl=` a job keeps NCCL's defaults.
+    #[default]
+    Allow,
+    /// A job that asks for it is refused at submission (and in the prolog).
+    Forbid,
+    /// Every checkpoint job gets it unless it asks for `nccl=native`.
+    Default,
 }
 
 /// The largest `cuda_ckpt.memory_margin_mib` accepted (1 TiB).
@@ -394,6 +410,9 @@ pub struct PreemptConfig {
     /// (libuv: torchrun's TCPStore) hold no io_uring, which CRIU cannot
     /// dump (hugepages/src/io_uring.rs).
     pub hide_io_uring: bool,
+    /// Whether checkpoint jobs may (or by default do) run NCCL over the
+    /// transports the r580 driver can restore (preempt::nccl).
+    pub nccl_portable: NcclPortableSetting,
 }
 
 /// The most page readers CRIU starts for one restored process
@@ -431,6 +450,7 @@ impl Default for PreemptConfig {
             huge_pages_dir: PathBuf::from("/var/lib/slurm-gpu-mode/hugepages"),
             forked_children_drop_gpu_files: true,
             hide_io_uring: true,
+            nccl_portable: NcclPortableSetting::Allow,
         }
     }
 }
@@ -439,6 +459,22 @@ impl PreemptConfig {
     /// Where the per-job agents listen.
     pub fn agent_socket_dir(&self, runtime_dir: &Path) -> PathBuf {
         self.agent_socket_dir.clone().unwrap_or_else(|| runtime_dir.join("agent"))
+    }
+
+    /// The NCCL transport a checkpoint job gets: what it asked for
+    /// (`nccl=`), bounded by `nccl_portable`; an error (naming the setting)
+    /// when the site forbids what it asked for.
+    pub fn nccl_transport(&self, asked: Option<NcclTransport>) -> Result<NcclTransport, String> {
+        match (asked, self.nccl_portable) {
+            (Some(NcclTransport::Portable), NcclPortableSetting::Forbid) => Err(
+                "--gpu-mode=checkpoint:nccl=portable is not allowed on this cluster (preempt.nccl_portable = \"forbid\" in the \
+                 site config): use --gpu-mode=checkpoint, whose NCCL jobs start over when preempted on drivers before r610"
+                    .into(),
+            ),
+            (Some(asked), _) => Ok(asked),
+            (None, NcclPortableSetting::Default) => Ok(NcclTransport::Portable),
+            (None, _) => Ok(NcclTransport::Native),
+        }
     }
 
     fn validate_preemption(&self) -> Result<(), String> {
@@ -831,6 +867,37 @@ mod tests {
         );
         assert_eq!(cfg.preempt.forked_children_drop_gpu_files, d.forked_children_drop_gpu_files);
         assert_eq!(cfg.preempt.hide_io_uring, d.hide_io_uring);
+        assert_eq!(cfg.preempt.nccl_portable, d.nccl_portable);
+    }
+
+    /// What a job asked for (`nccl=`) against the site's setting.
+    #[test]
+    fn the_site_bounds_the_nccl_transport_a_job_gets() {
+        use NcclPortableSetting::*;
+        use NcclTransport::*;
+        let table: &[(&str, Option<NcclTransport>, Result<NcclTransport, &str>)] = &[
+            ("allow", None, Ok(Native)),
+            ("allow", Some(Portable), Ok(Portable)),
+            ("allow", Some(Native), Ok(Native)),
+            ("default", None, Ok(Portable)),
+            ("default", Some(Portable), Ok(Portable)),
+            ("default", Some(Native), Ok(Native)),
+            ("forbid", None, Ok(Native)),
+            ("forbid", Some(Native), Ok(Native)),
+            ("forbid", Some(Portable), Err("not allowed on this cluster (preempt.nccl_portable = \"forbid\"")),
+        ];
+        for (setting, asked, want) in table {
+            let cfg = parse(&format!("[preempt]\nnccl_portable = \"{setting}\"")).unwrap();
+            assert!(matches!(cfg.preempt.nccl_portable, Allow | Forbid | Default));
+            let got = cfg.preempt.nccl_transport(*asked);
+            match (want, &got) {
+                (Ok(w), Ok(g)) => assert_eq!(w, g, "{setting} {asked:?}"),
+                (Err(w), Err(g)) => assert!(g.contains(w), "{setting} {asked:?}: {g}"),
+                _ => panic!("{setting} {asked:?}: {got:?}, want {want:?}"),
+            }
+        }
+        let err = parse("[preempt]\nnccl_portable = \"yes\"").unwrap_err();
+        assert!(err.contains("unknown variant `yes`") && err.contains("forbid"), "{err}");
     }
 
     #[test]

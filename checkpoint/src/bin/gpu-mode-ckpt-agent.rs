@@ -1,5 +1,5 @@
 //! `gpu-mode-ckpt-agent --job J --uid U --gid G --restart-count K --node N
-//!  [--gpus I,J] [--deadline-unix T] [--config PATH]`
+//!  [--gpus I,J] [--deadline-unix T] [--config PATH] [--nccl portable|native]`
 //!
 //! The per-job checkpoint agent (gpu_mode_core::preempt::agent), started by
 //! the prolog as root through `spawn_agent`. `--gpus` are the job's NVML
@@ -13,6 +13,7 @@ use gpu_mode_core::log::{ActionLine, Outcome};
 use gpu_mode_core::preempt::agent::{gpu_facts, hold, listen, node_gpus, real_backends, AgentSettings};
 use gpu_mode_core::job_env::JobRun;
 use gpu_mode_core::preempt::{socket_path, Agent, AgentParams, NodeFacts};
+use gpu_mode_core::gpu_mode::NcclTransport;
 use gpu_mode_core::Config;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -27,10 +28,13 @@ struct Args {
     gpus: Vec<u32>,
     deadline_unix: Option<u64>,
     config: Option<PathBuf>,
+    /// The job's NCCL transport as the prolog resolved it; native (the
+    /// side that refuses NCCL ranks before r610) when not given.
+    nccl: NcclTransport,
 }
 
 fn parse() -> Result<Args, String> {
-    let mut a = Args { job: 0, uid: 0, gid: 0, restart_count: 0, node: String::new(), gpus: vec![], deadline_unix: None, config: None };
+    let mut a = Args { job: 0, uid: 0, gid: 0, restart_count: 0, node: String::new(), gpus: vec![], deadline_unix: None, config: None, nccl: NcclTransport::Native };
     let mut it = std::env::args().skip(1);
     let mut seen = (false, false);
     while let Some(k) = it.next() {
@@ -45,6 +49,7 @@ fn parse() -> Result<Args, String> {
             "--gpus" => a.gpus = v.split(',').map(|g| num(g).map(|n| n as u32)).collect::<Result<_, _>>()?,
             "--deadline-unix" => a.deadline_unix = Some(num(&v)?),
             "--config" => a.config = Some(v.into()),
+            "--nccl" => a.nccl = v.parse()?,
             _ => return Err(format!("unknown option {k}")),
         }
     }
@@ -87,6 +92,7 @@ fn main() {
         run: JobRun { job: a.job, restart_count: a.restart_count, uid: a.uid, gid: a.gid, node: a.node.clone() },
         gpus,
         deadline: a.deadline_unix.map(|t| SystemTime::UNIX_EPOCH + Duration::from_secs(t)),
+        nccl: a.nccl,
     };
     let mut settings = AgentSettings::from_config(&cfg);
     // Checkpoints and restores are counted where the site keeps metrics.

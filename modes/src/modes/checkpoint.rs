@@ -20,6 +20,10 @@ use std::time::Duration;
 /// Task variable with the agent's socket (gpu-mode-run finds it there).
 pub const TASK_SOCKET_VAR: &str = "GPU_MODE_CKPT_SOCKET";
 pub use crate::job_env::TASK_SIGNAL_VAR;
+/// Task variable with the job's NCCL transport (gpu-mode-run sets NCCL's
+/// portable variables when it says `portable`).
+pub use crate::preempt::nccl::TASK_NCCL_VAR;
+use crate::gpu_mode::{CheckpointParams, NcclTransport};
 /// How long the prolog waits for the agent to listen.
 const AGENT_START: Duration = Duration::from_secs(20);
 /// How long the epilog waits for the agent to acknowledge `stop`.
@@ -27,9 +31,21 @@ const AGENT_STOP: Duration = Duration::from_secs(10);
 /// How long the sweep may spend asking Slurm which jobs have ended.
 const SWEEP_QUERIES: Duration = Duration::from_secs(20);
 
-pub struct CheckpointDriver;
+/// The checkpoint mode; `params`: what the job asked for (`None` in the
+/// epilog, which needs none of it).
+pub struct CheckpointDriver<'a> {
+    pub params: Option<&'a CheckpointParams>,
+}
 
-impl ModeDriver for CheckpointDriver {
+impl CheckpointDriver<'_> {
+    /// The job's NCCL transport: what it asked for, bounded by this node's
+    /// `preempt.nccl_portable` (the submit host's config may differ).
+    fn nccl(&self, cfg: &Config) -> Result<NcclTransport, Failure> {
+        cfg.preempt.nccl_transport(self.params.and_then(|p| p.nccl)).map_err(Failure::Job)
+    }
+}
+
+impl ModeDriver for CheckpointDriver<'_> {
     fn name(&self) -> &'static str {
         "checkpoint"
     }
@@ -48,16 +64,18 @@ impl ModeDriver for CheckpointDriver {
                 )));
             }
         }
-        Ok(())
+        self.nccl(ctx.cfg).map(|_| ())
     }
 
     fn prepare(&self, ctx: &PrepareCtx) -> Result<Grant, Failure> {
         let env = ctx.env;
+        let nccl = self.nccl(ctx.cfg)?;
         let launch = AgentLaunch {
             run: env.run(),
             gpus: ctx.gpus.to_vec(),
             deadline_unix: None,
             config: ctx.cfg.source.clone(),
+            nccl,
         };
         let pid = {
             let _step = watchdog::step("checkpoint: agent start");
@@ -68,8 +86,12 @@ impl ModeDriver for CheckpointDriver {
         let signal = preempt::signal_number(&ctx.cfg.preempt.signal).map_err(|e| Failure::node(Fault::Config, e))?;
         Ok(Grant {
             record: GrantRecord::Checkpoint { restart_count: env.restart_count },
-            task_env: [(TASK_SOCKET_VAR.to_string(), socket.display().to_string()), (TASK_SIGNAL_VAR.to_string(), signal.to_string())]
-                .into(),
+            task_env: [
+                (TASK_SOCKET_VAR.to_string(), socket.display().to_string()),
+                (TASK_SIGNAL_VAR.to_string(), signal.to_string()),
+                (TASK_NCCL_VAR.to_string(), nccl.as_str().to_string()),
+            ]
+            .into(),
             per_task_env: Default::default(),
             detail: Some(format!("checkpoint agent pid {pid}, run {}", env.restart_count)),
             events: Vec::new(),

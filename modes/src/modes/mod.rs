@@ -30,7 +30,7 @@ pub fn driver_for(mode: &GpuMode) -> Box<dyn ModeDriver + '_> {
     match mode {
         GpuMode::Mps(params) => Box::new(mps::MpsDriver { params: Some(params) }),
         GpuMode::Mig(request) => Box::new(mig::MigDriver { request: Some(request) }),
-        GpuMode::Checkpoint => Box::new(checkpoint::CheckpointDriver),
+        GpuMode::Checkpoint(params) => Box::new(checkpoint::CheckpointDriver { params: Some(params) }),
     }
 }
 
@@ -40,7 +40,7 @@ pub fn driver_of(grant: &GrantRecord) -> Option<Box<dyn ModeDriver>> {
         GrantRecord::None => None,
         GrantRecord::Mps { .. } => Some(Box::new(mps::MpsDriver { params: None })),
         GrantRecord::Mig(_) => Some(Box::new(mig::MigDriver { request: None })),
-        GrantRecord::Checkpoint { .. } => Some(Box::new(checkpoint::CheckpointDriver)),
+        GrantRecord::Checkpoint { .. } => Some(Box::new(checkpoint::CheckpointDriver { params: None })),
     }
 }
 
@@ -49,7 +49,7 @@ pub fn all_drivers() -> Vec<Box<dyn ModeDriver>> {
     vec![
         Box::new(mps::MpsDriver { params: None }),
         Box::new(mig::MigDriver { request: None }),
-        Box::new(checkpoint::CheckpointDriver),
+        Box::new(checkpoint::CheckpointDriver { params: None }),
     ]
 }
 

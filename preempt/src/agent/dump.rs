@@ -107,7 +107,7 @@ impl Agent {
         tree::check_owned(&pids, &self.user).because(FailureReason::Other)?;
         // Before anything is locked: what CRIU could not dump alone is
         // found (and refused) here.
-        uncheckpointable::refuse(&pids, &self.facts.driver_version, self.settings.max_deleted_files).map_err(|e| format!("cannot checkpoint: {e}")).because(FailureReason::Uncheckpointable)?;
+        uncheckpointable::refuse(&pids, &self.facts.driver_version, self.params.nccl, self.settings.max_deleted_files).map_err(|e| format!("cannot checkpoint: {e}")).because(FailureReason::Uncheckpointable)?;
         let shm = shm::stage(&pids, root, &self.user).map_err(|e| format!("cannot checkpoint: {e}; nothing was changed")).because(FailureReason::Shm)?;
         sw.since("checks", t);
         let was = self.root_state(root);

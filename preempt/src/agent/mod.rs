@@ -58,6 +58,9 @@ pub struct AgentParams {
     /// The job's GPUs on this node, in allocation order.
     pub gpus: Vec<GpuFacts>,
     pub deadline: Option<SystemTime>,
+    /// The job's NCCL transport (the prolog's `--nccl`): whether NCCL
+    /// ranks may be checkpointed on drivers before r610 (uncheckpointable.rs).
+    pub nccl: gpu_mode_base::gpu_mode::NcclTransport,
 }
 
 /// The node's driver, recorded in manifests and compared at restore.

@@ -6,6 +6,7 @@
 //! socket exists. The epilog sends it `stop` as root.
 
 use crate::job_env::JobRun;
+use gpu_mode_base::gpu_mode::NcclTransport;
 use crate::protocol::{self, Request, Response};
 use crate::socket_path;
 use crate::Config;
@@ -33,6 +34,10 @@ pub struct AgentLaunch {
     pub deadline_unix: Option<u64>,
     /// The config file the prolog itself was given, if not the default.
     pub config: Option<PathBuf>,
+    /// The job's NCCL transport, resolved by the prolog against the site
+    /// (crate::nccl): passed as `--nccl portable`; native is the agent's
+    /// default, the side that refuses NCCL ranks on r580.
+    pub nccl: NcclTransport,
 }
 
 impl AgentLaunch {
@@ -61,6 +66,10 @@ impl AgentLaunch {
         if let Some(c) = &self.config {
             a.push("--config".into());
             a.push(c.display().to_string());
+        }
+        if self.nccl == NcclTransport::Portable {
+            a.push("--nccl".into());
+            a.push(self.nccl.as_str().into());
         }
         a
     }
@@ -213,11 +222,14 @@ mod tests {
             gpus: vec![1, 0],
             deadline_unix: Some(99),
             config: Some("/etc/x.toml".into()),
+            nccl: NcclTransport::Native,
         };
         assert_eq!(
             l.args().join(" "),
             "--job 7 --uid 1001 --gid 1001 --restart-count 2 --node n1 --gpus 1,0 --deadline-unix 99 --config /etc/x.toml"
         );
+        let portable = AgentLaunch { nccl: NcclTransport::Portable, ..l };
+        assert!(portable.args().join(" ").ends_with("--config /etc/x.toml --nccl portable"), "{:?}", portable.args());
     }
 
     #[test]
@@ -234,7 +246,7 @@ mod tests {
         cfg.preempt.agent = "/nonexistent/gpu-mode-ckpt-agent".into();
         let dir = tempfile::tempdir().unwrap();
         cfg.preempt.agent_socket_dir = Some(dir.path().to_path_buf());
-        let l = AgentLaunch { run: JobRun { job: 1, restart_count: 0, uid: 0, gid: 0, node: "n".into() }, gpus: vec![], deadline_unix: None, config: None };
+        let l = AgentLaunch { run: JobRun { job: 1, restart_count: 0, uid: 0, gid: 0, node: "n".into() }, gpus: vec![], deadline_unix: None, config: None, nccl: NcclTransport::Native };
         let err = spawn_agent(&cfg, &l, Duration::from_secs(1)).unwrap_err();
         assert!(matches!(err, AgentControlError::Start { .. }), "{err:?}");
         assert!(err.to_string().contains("cannot start /nonexistent/gpu-mode-ckpt-agent"), "{err}");
@@ -246,7 +258,7 @@ mod tests {
         let mut cfg = Config::default();
         cfg.preempt.agent = program.to_path_buf();
         cfg.preempt.agent_socket_dir = Some(socket_dir.to_path_buf());
-        let l = AgentLaunch { run: JobRun { job: 1, restart_count: 0, uid: 0, gid: 0, node: "n".into() }, gpus: vec![], deadline_unix: None, config: None };
+        let l = AgentLaunch { run: JobRun { job: 1, restart_count: 0, uid: 0, gid: 0, node: "n".into() }, gpus: vec![], deadline_unix: None, config: None, nccl: NcclTransport::Native };
         for _ in 0..50 {
             match spawn_agent(&cfg, &l, Duration::from_millis(300)) {
                 Err(AgentControlError::Start { source, .. }) if source.raw_os_error() == Some(libc::ETXTBSY) => std::thread::sleep(Duration::from_millis(10)),

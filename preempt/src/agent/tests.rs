@@ -140,6 +140,7 @@ fn fixture_opts(counting: bool, accounting: crate::accounting::AccountingField, 
         run: JobRun { job: 7, restart_count: 0, uid: NOBODY, gid: NOBODY, node: "n1".into() },
         gpus: vec![GpuFacts { uuid: GpuUuid::parse(GPU_A).unwrap(), name: "NVIDIA H200".into() }],
         deadline: None,
+        nccl: gpu_mode_base::gpu_mode::NcclTransport::Native,
     };
     let criu = Arc::new(RecordingCriu::default());
     // `<dir>/gpus/` plays the simulated driver's device-memory folder.
