@@ -110,3 +110,15 @@ pub fn prune_dead(sim: &crate::files::SimDir) {
         }
     }
 }
+
+/// Makes `dir/node.json` a simulated node of the NVML fixture `fixture`
+/// and points this process's environment at it (so that cuInit and the
+/// processes it starts find it); for tests whose binary has no other.
+pub fn simulated_node(dir: &std::path::Path, fixture: &str) -> Result<std::path::PathBuf, String> {
+    let state = dir.join("node.json");
+    nvml_sim::store::create(&state, &nvml_sim::fixtures_dir().join(fixture)).map_err(|e| e.to_string())?;
+    std::env::set_var(nvml_sim::store::STATE_ENV, &state);
+    std::env::remove_var(crate::files::DIR_ENV);
+    Ok(state)
+}
+

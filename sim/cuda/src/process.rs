@@ -13,6 +13,14 @@
 //! CHECKPOINTED -restore-> LOCKED -unlock-> RUNNING. While not RUNNING, every
 //! memory call of the program blocks (a locked process makes no GPU calls).
 //! Lock waits at most its timeout for in-flight calls (CUDA_ERROR_TIMEOUT).
+//!
+//! A process that shared its memory with another process through CUDA IPC
+//! or peer access ([`Context::share_with_peers`], what NCCL's P2P transport
+//! does) is restored as the r580 driver restores it (seen on 2×H100 and
+//! 2×H200, driver 580): the checkpoint succeeds, the restore returns
+//! CUDA_ERROR_NOT_SUPPORTED and leaves it checkpointed, so an unlock
+//! returns CUDA_ERROR_ILLEGAL_STATE and its memory calls wait for good (the
+//! job hangs). Nothing the checkpointer can see tells such a process apart.
 
 use crate::codes::{self, state};
 use crate::files::{self, Call, Published, Request, Response, SimDir};
@@ -102,6 +110,8 @@ struct Mem {
     /// 2×H200: a map must name each of them, see `restore`).
     node: Vec<String>,
     allocs: Vec<Alloc>,
+    /// Its memory was shared with other processes (CUDA IPC, P2P).
+    shared_with_peers: bool,
 }
 
 struct Shared {
@@ -133,7 +143,7 @@ impl Context {
         }
         let pid = std::process::id() as i32;
         files::shared_dir(&sim.proc_dir(pid))?;
-        let mem = Mem { state: state::RUNNING, busy: 0, devices, node: gpus::all()?, allocs: Vec::new() };
+        let mem = Mem { state: state::RUNNING, busy: 0, devices, node: gpus::all()?, allocs: Vec::new(), shared_with_peers: false };
         let shared = Arc::new(Shared { sim, pid, mem: Mutex::new(mem), cv: Condvar::new() });
         let (tx, rx) = std::sync::mpsc::channel();
         let s = Arc::clone(&shared);
@@ -148,6 +158,13 @@ impl Context {
         let ctx = Context { shared };
         publish(&ctx.shared, &ctx.shared.lock(), tid);
         Ok(ctx)
+    }
+
+    /// cuIpcGetMemHandle / cuCtxEnablePeerAccess in the program: its memory
+    /// is mapped by other processes from now on, which the r580 driver
+    /// checkpoints but cannot restore (module docs).
+    pub fn share_with_peers(&self) {
+        self.shared.lock().shared_with_peers = true;
     }
 
     /// The UUID of device ordinal `device` now.
@@ -352,6 +369,10 @@ fn restore(s: &Shared, pairs: &[(String, String)]) -> u32 {
     let mut m = s.lock();
     if m.state != state::CHECKPOINTED {
         return codes::ILLEGAL_STATE;
+    }
+    if m.shared_with_peers {
+        // r580 with CUDA IPC: refused, the process stays checkpointed.
+        return codes::NOT_SUPPORTED;
     }
     let target = |gpu: &str| -> Option<String> {
         if pairs.is_empty() {

@@ -64,11 +64,8 @@ fn uuid_bytes(text: &str) -> [u8; 16] {
 #[test]
 fn checkpoint_restore_onto_another_gpu_and_faults() {
     let tmp = tempfile::tempdir().unwrap();
-    let state_file = tmp.path().join("node.json");
-    nvml_sim::store::create(&state_file, &nvml_sim::fixtures_dir().join("node-2x-h200.toml")).unwrap();
     // The only test in this binary: the environment is the simulated node.
-    std::env::set_var(nvml_sim::store::STATE_ENV, &state_file);
-    std::env::remove_var(cuda_sim::files::DIR_ENV);
+    let state_file = cuda_sim::gpus::simulated_node(tmp.path(), "node-2x-h200.toml").unwrap();
     assert_eq!(unsafe { cuInit(0) }, 0);
     let gpus = cuda_sim::gpus::all().unwrap();
     let (mut child, pid) = start_counter(tmp.path());

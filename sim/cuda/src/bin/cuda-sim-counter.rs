@@ -5,7 +5,7 @@
 //! ```text
 //! cuda-sim-counter --steps N [--interval-ms 100] [--mib 4] [--exit-code C] [--ready FILE] [--device 0]
 //!                  [--signals yes] [--fork-worker yes] [--hold io-uring|io-uring-or-epoll|tcp-loopback|tcp-to:PORT|nccl-thread|thread|huge-pages]
-//!                  [--keep-open FILE]
+//!                  [--keep-open FILE] [--nccl-setenv NAME=VALUE]
 //! ```
 //! Each step reads the counter from device memory, checks it is the previous
 //! step, writes it back incremented, checks one 64 KiB window of a seeded
@@ -31,10 +31,18 @@
 //! TCP connection over 127.0.0.1 and its listener open (as gloo ranks and
 //! torchrun's store hold them), `--hold tcp-to:PORT` keeps a connection to
 //! 127.0.0.1:PORT (a peer outside the tree), `--hold nccl-thread` runs a thread
-//! named as PyTorch's NCCL watchdog: what the checkpoint agent must refuse
-//! before it locks anything (preempt::uncheckpointable); `--hold thread` runs
-//! a second thread (`counter-worker`), whose thread id the image carries
-//! and a restore must get back. `--hold huge-pages`
+//! named as PyTorch's NCCL watchdog and then does what NCCL's init does with
+//! the environment: unless `NCCL_P2P_DISABLE=1`, the rank uses the P2P
+//! transport and shares its memory with its peers through CUDA IPC
+//! ([`Context::share_with_peers`]; the simulated r580 driver then cannot
+//! restore it) and prints `nccl transport p2p`, else `nccl transport
+//! portable`. `--nccl-setenv NAME=VALUE` sets a variable in the program's
+//! own environment before that init, as a training script that assigns
+//! `os.environ` does: invisible in /proc/<pid>/environ, which the agent
+//! reads. Only NCCL_P2P_DISABLE counts here: the smallest model of what
+//! the GPU showed (issue 38; the other portable variables were not measured
+//! one by one). `--hold thread` runs a second thread (`counter-worker`), whose
+//! thread id the image carries and a restore must get back. `--hold huge-pages`
 //! maps 64 MiB of private anonymous host memory, advises it MADV_HUGEPAGE
 //! (as the huge-page shim does for the driver's checkpoint buffer), writes
 //! every page and prints `huge-pages at 0x<address>`: what a restore must
@@ -61,10 +69,11 @@ struct Opts {
     fork_worker: bool,
     hold: Option<String>,
     keep_open: Option<String>,
+    nccl_setenv: Option<(String, String)>,
 }
 
 fn parse() -> Result<Opts, String> {
-    let mut o = Opts { steps: 10, interval: Duration::from_millis(100), bytes: 4 << 20, exit_code: 0, ready: None, device: 0, signals: false, fork_worker: false, hold: None, keep_open: None };
+    let mut o = Opts { steps: 10, interval: Duration::from_millis(100), bytes: 4 << 20, exit_code: 0, ready: None, device: 0, signals: false, fork_worker: false, hold: None, keep_open: None, nccl_setenv: None };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let v = args.next().ok_or_else(|| format!("{a} needs a value"))?;
@@ -82,6 +91,10 @@ fn parse() -> Result<Opts, String> {
                 o.hold = Some(v)
             }
             "--keep-open" => o.keep_open = Some(v),
+            "--nccl-setenv" => {
+                let (name, value) = v.split_once('=').ok_or_else(|| format!("{a} {v}: not NAME=VALUE"))?;
+                o.nccl_setenv = Some((name.to_string(), value.to_string()));
+            }
             _ => return Err(format!("unknown argument {a}")),
         }
     }
@@ -189,6 +202,9 @@ fn run(o: &Opts) -> Result<(), String> {
     let worker = if o.fork_worker { Some(fork_worker()?) } else { None };
     if let Some(what) = &o.hold {
         hold(what)?;
+        if what == "nccl-thread" {
+            nccl_init(&ctx, o.nccl_setenv.as_ref());
+        }
     }
     // Held to the end of the run (the binding keeps it open).
     let _kept = match &o.keep_open {
@@ -223,6 +239,19 @@ fn run(o: &Opts) -> Result<(), String> {
     }
     println!("DONE count={}", o.steps);
     Ok(())
+}
+
+/// What NCCL's init does with the transports (module docs): P2P, whose
+/// CUDA IPC the r580 driver cannot restore, unless NCCL_P2P_DISABLE=1.
+fn nccl_init(ctx: &Context, setenv: Option<&(String, String)>) {
+    if let Some((name, value)) = setenv {
+        std::env::set_var(name, value);
+    }
+    let p2p = std::env::var("NCCL_P2P_DISABLE").as_deref() != Ok("1");
+    if p2p {
+        ctx.share_with_peers();
+    }
+    println!("nccl transport {}", if p2p { "p2p" } else { "portable" });
 }
 
 /// Keeps what `--hold` names for the rest of the run.
