@@ -115,11 +115,23 @@ pub fn batch_line(c: &Cluster, who: Who, app: &[String], wrapped: bool) -> Strin
 /// Submits `script` as a job on `low` with the checkpoint job's options
 /// (`--gpu-mode=checkpoint` when `checkpoint`).
 pub fn submit_low_script(c: &Cluster, who: Who, name: &str, script: &str, checkpoint: bool) -> anyhow::Result<u32> {
+    submit_low_mode_script(c, who, name, script, checkpoint.then_some("checkpoint"))
+}
+
+/// [`submit_low_script`] with `--gpu-mode=<mode>` when `mode` is given.
+pub fn submit_low_mode_script(c: &Cluster, who: Who, name: &str, script: &str, mode: Option<&str>) -> anyhow::Result<u32> {
     let mut args = vec!["-J", name, "-p", "low", "--signal=B:USR1@60", "--requeue", "--open-mode=append", "--gres=gpu:1"];
-    if checkpoint {
-        args.push("--gpu-mode=checkpoint");
-    }
+    let option = mode.map(|m| format!("--gpu-mode={m}"));
+    args.extend(option.as_deref());
     c.submit(submitter(who), &args, script, &c.sim_job_env())
+}
+
+/// A checkpoint job as [`submit_low`] submits it, with `--gpu-mode=<mode>`
+/// and the batch script exporting `exports` before it runs gpu-mode-run.
+pub fn submit_low_mode(c: &Cluster, who: Who, name: &str, app: &[String], mode: &str, exports: &[(&str, &str)]) -> anyhow::Result<u32> {
+    let lines: String = exports.iter().map(|(k, v)| format!("export {k}={v}\n")).collect();
+    let script = format!("#!/bin/bash\n{lines}{}\n", batch_line(c, who, app, true));
+    submit_low_mode_script(c, who, name, &script, Some(mode))
 }
 
 

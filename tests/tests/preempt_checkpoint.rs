@@ -204,10 +204,23 @@ fn failed_checkpoint_starts_over(
     needle: &str,
     recorded: bool,
 ) {
+    let submit = |c: &Cluster, who: Who, ready: &Path| submit_low(c, who, name, &app(c, ready));
+    submitted_checkpoint_starts_over(name, submit, spoil, needle, recorded)
+}
+
+/// [`failed_checkpoint_starts_over`] of the job `submit` submits (its
+/// ready file given).
+fn submitted_checkpoint_starts_over(
+    name: &str,
+    submit: impl FnOnce(&Cluster, Who, &Path) -> u32,
+    spoil: impl FnOnce(&Cluster, u32),
+    needle: &str,
+    recorded: bool,
+) {
     let c = c().unwrap();
     let who = job_user();
     let ready = c.dir.join("out").join(format!("{name}-{}.ready", std::process::id()));
-    let job = submit_low(c, who, name, &app(c, &ready));
+    let job = submit(c, who, &ready);
     wait_steps(c, job, 5);
     spoil(c, job);
     let preemptor = submit_preemptor(c, None, None, 2, 2);
@@ -940,4 +953,121 @@ fn a_cancelled_jobs_network_lock_is_removed_by_the_next_epilog_and_a_tree_with_i
     assert_images_removed(c, inward);
     assert_nothing_stuck(c, inward);
     drop(peer);
+}
+
+/// A simulated NCCL rank (issue 38): the counter with PyTorch's NCCL
+/// watchdog thread, which picks its transport as NCCL's init does
+/// (cuda-sim-counter `--hold nccl-thread`; `extra`: more of its arguments).
+fn nccl_rank(c: &Cluster, ready: &Path, extra: &[&str]) -> Vec<String> {
+    let mut a = counter(c, ready);
+    a.extend(["--hold", "nccl-thread"].iter().chain(extra).map(|s| s.to_string()));
+    a
+}
+
+/// Issue 38 (a): NCCL ranks of a plain checkpoint job on the r580 driver
+/// (the simulated node's) are refused before anything is locked, with the
+/// option that would let them be checkpointed; the job starts over and
+/// completes, the node stays in service.
+#[test]
+fn nccl_ranks_without_the_portable_mode_are_refused_before_the_lock_and_start_over() {
+    let Some(_) = c() else { return };
+    let _turn = serial();
+    let submit = |c: &Cluster, who: Who, r: &Path| submit_low(c, who, "nccl-native", &nccl_rank(c, r, &[]));
+    let needle = "runs a PyTorch NCCL process group (thread pt_nccl_watchdg); NVIDIA driver 580.159.04 cannot restore NCCL ranks after a \
+                  checkpoint (CUDA IPC needs the r610 branch) unless they stay off CUDA IPC: submit with \
+                  --gpu-mode=checkpoint:nccl=portable: refused, nothing was changed";
+    submitted_checkpoint_starts_over("nccl-native", submit, |_, _| {}, needle, true);
+}
+
+/// Issue 38 (a'): the portable mode, but the batch script sets one of its
+/// variables otherwise: gpu-mode-run keeps it and says so, the agent reads
+/// it in the rank's environment and refuses before the lock; the job
+/// starts over.
+#[test]
+fn an_nccl_variable_the_job_overrides_is_said_and_refused_before_the_lock() {
+    let Some(_) = c() else { return };
+    let _turn = serial();
+    let submit = |c: &Cluster, who: Who, r: &Path| {
+        let exports = [("NCCL_SHM_DISABLE", "0")];
+        submit_low_mode(c, who, "nccl-override", &nccl_rank(c, r, &[]), "checkpoint:nccl=portable", &exports).unwrap()
+    };
+    let needle = "in --gpu-mode=checkpoint:nccl=portable, but its environment has NCCL_SHM_DISABLE=0 (the mode needs NCCL_SHM_DISABLE=1)";
+    submitted_checkpoint_starts_over("nccl-override", submit, |_, _| {}, needle, true);
+    let c = c().unwrap();
+    let job = last_job_named(c, "nccl-override");
+    let out = c.job_output(job);
+    assert!(out.contains("gpu-mode-run: warning: --gpu-mode=checkpoint:nccl=portable, but the job's environment sets NCCL_SHM_DISABLE=0"), "{out}");
+}
+
+/// The newest job of this cluster named `name`.
+fn last_job_named(c: &Cluster, name: &str) -> u32 {
+    let out = c.client("squeue", &["-h", "-t", "all", "-n", name, "-o", "%i"]).run_as_root().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.split_whitespace().filter_map(|j| j.parse().ok()).max().unwrap_or_else(|| panic!("no job {name}: {text}"))
+}
+
+/// Issue 38 (b): in the portable mode gpu-mode-run gives the rank NCCL's
+/// portable variables, the rank stays off CUDA IPC, and the job is
+/// preempted, checkpointed, requeued, restored and completes, every step
+/// once.
+#[test]
+fn nccl_ranks_in_the_portable_mode_are_checkpointed_and_restored() {
+    let Some(c) = c() else { return };
+    let _turn = serial();
+    let who = job_user();
+    let ready = c.dir.join("out").join(format!("nccl-portable-{}.ready", std::process::id()));
+    let job = submit_low_mode(c, who, "nccl-portable", &nccl_rank(c, &ready, &[]), "checkpoint:nccl=portable", &[]).unwrap();
+    wait_steps(c, job, 5);
+    let app: i32 = std::fs::read_to_string(&ready).unwrap().trim().parse().unwrap();
+    let environ = std::fs::read(format!("/proc/{app}/environ")).unwrap();
+    assert_eq!(gpu_mode_core::preempt::nccl::environ_override(&environ), None, "the rank starts with every portable variable");
+    let preemptor = submit_preemptor(c, None, None, 2, 2);
+    wait_requeued(c, job, 1);
+    assert!(Manifest::load(&images(c).join(job.to_string()).join("0")).is_ok(), "{}", c.job_output(job));
+    wait_finished(c, preemptor);
+    let end = wait_finished(c, job);
+    let out = c.job_output(job);
+    assert_eq!((end.get("ExitCode"), end.restarts()), (format!("{EXIT}:0").as_str(), 1), "{out}");
+    assert_counted_once(&out);
+    assert!(out.contains("nccl transport portable") && !out.contains("nccl transport p2p"), "{out}");
+    assert!(out.contains(&format!("gpu-mode-run: job {job} restored (pid {app}")), "{out}");
+    assert_images_removed(c, job);
+    assert_nothing_stuck(c, job);
+}
+
+/// Issue 38 (c): a rank of a portable-mode job that turns P2P back on in
+/// its own environment before NCCL's init (invisible to the agent, which
+/// reads the initial one) is checkpointed; its restore fails as on the
+/// r580 driver (801): the restored processes are killed, the job fails with
+/// the driver's words, nothing hangs, nothing is half restored, no drain.
+#[test]
+fn an_nccl_rank_that_used_p2p_anyway_fails_its_restore_cleanly() {
+    let Some(c) = c() else { return };
+    let _turn = serial();
+    let who = job_user();
+    let ready = c.dir.join("out").join(format!("nccl-p2p-{}.ready", std::process::id()));
+    let rank = nccl_rank(c, &ready, &["--nccl-setenv", "NCCL_P2P_DISABLE=0"]);
+    let job = submit_low_mode(c, who, "nccl-p2p", &rank, "checkpoint:nccl=portable", &[]).unwrap();
+    wait_steps(c, job, 5);
+    let app: i32 = std::fs::read_to_string(&ready).unwrap().trim().parse().unwrap();
+    let image_pids = {
+        let preemptor = submit_preemptor(c, None, None, 2, 2);
+        wait_requeued(c, job, 1);
+        let pids = Manifest::load(&images(c).join(job.to_string()).join("0")).map(|m| m.pids).unwrap_or_else(|e| panic!("{e}\n{}", c.job_output(job)));
+        wait_finished(c, preemptor);
+        pids
+    };
+    let dumped_at = last_step(c, job);
+    let end = wait_finished(c, job);
+    let out = c.job_output(job);
+    assert!(out.contains("nccl transport p2p"), "{out}");
+    assert_eq!((end.get("ExitCode"), end.restarts()), ("1:0", 1), "{out}");
+    let line = out.lines().rfind(|l| l.contains(&format!("gpu-mode-run: cannot restore job {job}: CUDA restore failed: "))).unwrap_or_else(|| panic!("{out}"));
+    assert!(line.contains("CUDA_ERROR_NOT_SUPPORTED") && line.ends_with("the restored processes were killed, the image is kept"), "{line}");
+    assert_eq!(last_step(c, job), dumped_at, "the restored rank never ran:\n{out}");
+    assert!(image_pids.iter().chain([&app]).all(|p| gpu_mode_core::procfs::read(*p).is_none()), "no process of the image runs");
+    assert_nothing_stuck(c, job);
+    // Kept by the epilog (a refused restore's image), removed here.
+    wait_for("the epilog", Duration::from_secs(20), || c.hook_log_lines(job).iter().filter(|l| l.contains("action=epilog")).count() == 2);
+    std::fs::remove_dir_all(images(c).join(job.to_string())).unwrap();
 }

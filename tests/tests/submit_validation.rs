@@ -19,7 +19,10 @@ const BAD: &[(&str, &str)] = &[
     ("mps:color=red", "unknown mps key \"color\""),
     ("mps:threads=5,threads=6", "key \"threads\" is given twice"),
     ("mps:threads=101", "threads=101 is out of range"),
-    ("checkpoint:x", "checkpoint takes no parameters"),
+    ("checkpoint:x", "parameter \"x\" is not key=value (key: nccl)"),
+    ("checkpoint:nccl=fast", "nccl=fast is not a transport (nccl=portable or nccl=native)"),
+    ("checkpoint:nccl=", "nccl= has no value"),
+    ("checkpoint:nccl=portable,nccl=native", "key \"nccl\" is given twice"),
     ("mps:threads=5,", "empty parameter"),
     ("mps:threads=5×", "non-ASCII character"),
 ];
@@ -90,6 +93,14 @@ fn good_values_are_accepted_by_sbatch_srun_and_salloc() {
     let script = "#!/bin/sh\n#SBATCH --signal=B:USR1@90\n#SBATCH --requeue\necho ok\n";
     let job = c().sbatch_wait(None, &["--gpu-mode=checkpoint", "--gres=gpu:1"], script).unwrap();
     assert_eq!(job.exit_code, 0, "{}\n{}", job.output, c().logs_tail());
+    // NCCL's transport reaches the tasks (gpu-mode-run reads it there); the
+    // site's default here ("allow") leaves a plain checkpoint job native.
+    let env = "#!/bin/sh\necho nccl=$GPU_MODE_CKPT_NCCL mode=$SLURM_GPU_MODE\n";
+    for (value, want) in [("checkpoint", "nccl=native mode=checkpoint"), ("checkpoint:nccl=portable", "nccl=portable mode=checkpoint:nccl=portable")] {
+        let arg = format!("--gpu-mode={value}");
+        let job = c().sbatch_wait(None, &[&arg, "--signal=B:USR1@60", "--requeue", "--gres=gpu:1"], env).unwrap();
+        assert_eq!((job.exit_code, job.output.trim()), (0, want), "{}", c().logs_tail());
+    }
     let out = c()
         .client("srun", &["--gpu-mode=mps", "--gres=gpu:1", "true"])
         .timeout(Duration::from_secs(60))
