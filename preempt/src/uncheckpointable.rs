@@ -222,7 +222,9 @@ mod tests {
     fn nccl_ranks_are_decided_by_driver_mode_and_environment() {
         use NcclTransport::{Native, Portable};
         let over = Override { name: "NCCL_P2P_DISABLE", want: "1", found: Some("0".into()) };
-        let table: &[(&str, NcclTransport, Option<&Override>, Result<(), NcclRefusal>)] = &[
+        // (driver version, the job's transport, the rank's override, the decision)
+        type Case<'a> = (&'a str, NcclTransport, Option<&'a Override>, Result<(), NcclRefusal>);
+        let table: &[Case] = &[
             ("580.159.04", Native, None, Err(NcclRefusal::NotPortable)),
             ("580.159.04", Native, Some(&over), Err(NcclRefusal::NotPortable)),
             ("580.159.04", Portable, None, Ok(())),
