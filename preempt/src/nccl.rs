@@ -3,12 +3,20 @@
 //! checkpoints but cannot restore (CUDA IPC between processes), in one table
 //! that gpu-mode-run sets and the agent checks.
 //!
-//! Seen on 2×H200 (driver 580.159.04, NCCL 2.28.9): with all of
-//! [`PORTABLE_ENV`] a 2-rank DDP job and an FSDP job were checkpointed and
-//! restored by the driver with every loss bitwise equal; with NCCL's
-//! defaults the restore returned 801 (CUDA_ERROR_NOT_SUPPORTED), the unlock
-//! 401, and the job hung. Which of them are needed was not measured one by
-//! one yet: the table is the one place to trim.
+//! Measured on 2×H200 (driver 580.159.04, torch 2.11, NCCL 2.28.9; a
+//! 2-rank DDP job over NCCL, both ranks locked and checkpointed by the
+//! driver at once at step 10 and restored 2 s later, 30 steps compared
+//! bitwise with an uninterrupted run of the same variables:
+//! tools/ckpt-bench/apps/nccl_env_probe.py, docs/validation/2026-11-28-s18/):
+//! NCCL's defaults: restore 801, the job hangs; the five variables of the
+//! first probe: restored, every loss equal; each of the five left out in
+//! turn: only without NCCL_P2P_DISABLE does it fail (restore 1, a hang);
+//! NCCL_P2P_DISABLE=1 alone: restore 801/999, a hang; NCCL_P2P_DISABLE=1
+//! with NCCL_SHM_DISABLE=1: restored, every loss equal. So
+//! NCCL_CUMEM_ENABLE=0 and NCCL_CUMEM_HOST_ENABLE=0 are not needed and not
+//! set. NCCL_NVLS_ENABLE=0 could not be measured there (NVLink SHARP needs
+//! an NVSwitch node; two GPUs never use it) and is kept for the reason its
+//! row gives.
 //!
 //! An override (the job's environment already sets one of them to another
 //! value) is kept: gpu-mode-run says on stderr that the job will not be
@@ -27,11 +35,17 @@ pub struct NcclVar {
 
 /// The portable-transport variables (NCCL reads them once, at init).
 pub const PORTABLE_ENV: &[NcclVar] = &[
-    NcclVar { name: "NCCL_P2P_DISABLE", value: "1", why: "peer-to-peer transport maps the other rank's memory through CUDA IPC" },
-    NcclVar { name: "NCCL_SHM_DISABLE", value: "1", why: "the shared-memory transport may map device memory of another process" },
-    NcclVar { name: "NCCL_NVLS_ENABLE", value: "0", why: "NVLink SHARP buffers are multicast objects shared between processes" },
-    NcclVar { name: "NCCL_CUMEM_ENABLE", value: "0", why: "cuMem allocations are exported to peers as shareable handles" },
-    NcclVar { name: "NCCL_CUMEM_HOST_ENABLE", value: "0", why: "cuMem host allocations are shared the same way (and NVIDIA/nccl #2349, #2350)" },
+    NcclVar { name: "NCCL_P2P_DISABLE", value: "1", why: "peer-to-peer transport maps the other rank's memory through CUDA IPC (measured: without it the restore fails)" },
+    NcclVar {
+        name: "NCCL_SHM_DISABLE",
+        value: "1",
+        why: "the shared-memory transport's buffers are shared between the ranks' processes (measured: with P2P off but SHM on the restore fails)",
+    },
+    NcclVar {
+        name: "NCCL_NVLS_ENABLE",
+        value: "0",
+        why: "NVLink SHARP buffers are multicast objects shared between processes (not measurable on two GPUs; kept until measured on an NVSwitch node)",
+    },
 ];
 
 /// Task variable with the job's NCCL transport (`native` or `portable`),
