@@ -1,8 +1,12 @@
 #!/bin/sh
 # Command (a) of the README: on a fresh Debian/Ubuntu machine, install what is
 # missing, build, start the project's local Slurm cluster (simulated GPUs),
-# and run one demo job per --gpu-mode, as a non-root user. Run as root.
-#   --keep   leave the cluster running afterwards (stop: gpu-mode-cluster down)
+# and run one demo job per --gpu-mode, as a non-root user; then a checkpoint
+# job preempted, requeued and restored to completion, and the admin's view of
+# the node (gpu-mode-status, the metrics' counters, the job's AdminComment).
+# Run as root.
+#   --keep   leave the cluster running afterwards and print the admin's
+#            commands with this cluster's paths (stop: gpu-mode-cluster down)
 set -eu
 cd "$(dirname "$0")/.."
 . scripts/common.sh
@@ -30,7 +34,8 @@ else
 fi
 SLURM_CONF=$D/slurm.conf
 export SLURM_CONF
-trap '[ "${1:-}" = --keep ] || "$bin/gpu-mode-cluster" down' EXIT
+keep=no; [ "${1:-}" = --keep ] && keep=yes
+trap '[ "$keep" = yes ] || "$bin/gpu-mode-cluster" down' EXIT
 
 demo() {
     echo
@@ -49,30 +54,25 @@ runuser -u gmtest1 -- /usr/bin/sbatch --wait --quiet -n2 --gres=gpu:1 --output="
     --wrap 'srun -n2 sh -c "echo task \$SLURM_LOCALID: CUDA_VISIBLE_DEVICES=\$CUDA_VISIBLE_DEVICES, the job has \$SLURM_GPU_MODE_MIG_UUIDS"' \
     && cat "$out" || { echo "job failed (on real GPUs, left as they are, MIG is off and the job is refused):"; cat "$out"; }
 
-# A low-priority checkpoint job preempted by a high-priority one, checkpointed
-# (CUDA, then CRIU), requeued and restored where it stopped (docs/checkpoint.md).
+# The story's end: a low-priority checkpoint job of gmtest1's preempted by a
+# high-priority one, checkpointed (CUDA, then CRIU run as gmtest1), requeued
+# and restored where it stopped (docs/checkpoint.md). The counter exits 0
+# here, so the job ends COMPLETED; that a non-zero exit code is relayed after
+# a restore is tests/tests/preempt_checkpoint.rs's
+# a_preempted_job_is_checkpointed_requeued_and_restored_with_its_count_and_exit_code.
 preempt_demo() {
-    # The job's user: gmtest1 where root may dump another user's processes
-    # (CAP_SYS_RESOURCE, normal on real nodes); in containers without it,
-    # root with every capability dropped, which CRIU can dump just as well.
-    cap=$(sed -n 's/^CapEff:[[:space:]]*//p' /proc/self/status)
-    if [ $(( 0x$cap >> 24 & 1 )) = 1 ]; then
-        as="runuser -u gmtest1 --"; drop=""; who=gmtest1
-    else
-        as=""; drop="/usr/bin/setpriv --bounding-set=-all --inh-caps=-all --"; who="root without capabilities (no CAP_SYS_RESOURCE here)"
-    fi
     echo
-    echo "== sbatch -p low --gpu-mode=checkpoint --signal=B:USR1@60 --requeue --open-mode=append (as $who),"
+    echo "== sbatch -p low --gpu-mode=checkpoint --signal=B:USR1@60 --requeue --open-mode=append (as gmtest1),"
     echo "   preempted by sbatch -p high --gres=gpu:$gpus (as gmtest2)"
     script=$D/out/demo-ckpt-$$.sh out=$D/out/demo-ckpt-$$.out
     # The job's user may not reach the build tree (e.g. under /root).
     mkdir -p "$D/bin" && cp "$bin/gpu-mode-run" "$bin/cuda-sim-counter" "$D/bin/"
-    printf '#!/bin/sh\nexec %s %s --config %s -- %s --steps 40 --interval-ms 100 --mib 8 --exit-code 7\n' \
-        "$drop" "$D/bin/gpu-mode-run" "$D/gpu-mode.toml" "$D/bin/cuda-sim-counter" > "$script"
+    printf '#!/bin/sh\nexec %s --config %s -- %s --steps 40 --interval-ms 100 --mib 8\n' \
+        "$D/bin/gpu-mode-run" "$D/gpu-mode.toml" "$D/bin/cuda-sim-counter" > "$script"
     chmod 755 "$script"
-    job=$($as env SLURM_CONF="$SLURM_CONF" GPU_MODE_SIM_STATE="$D/sim/nvml-state.json" /usr/bin/sbatch --parsable -p low \
+    ckpt_job=$(runuser -u gmtest1 -- env SLURM_CONF="$SLURM_CONF" GPU_MODE_SIM_STATE="$D/sim/nvml-state.json" /usr/bin/sbatch --parsable -p low \
         --gpu-mode=checkpoint --signal=B:USR1@60 --requeue --open-mode=append --gres=gpu:1 --output="$out" "$script")
-    field() { /usr/bin/scontrol show job -o "$job" | tr ' ' '\n' | sed -n "s/^$1=//p"; }
+    field() { /usr/bin/scontrol show job -o "$ckpt_job" | tr ' ' '\n' | sed -n "s/^$1=//p"; }
     i=0; until grep -q '^step 5 ' "$out" 2>/dev/null || [ $i -ge 300 ]; do sleep 0.1; i=$((i + 1)); done
     runuser -u gmtest2 -- env SLURM_CONF="$SLURM_CONF" /usr/bin/sbatch --quiet -p high --gres=gpu:$gpus \
         --output=/dev/null --wrap 'sleep 3'
@@ -80,8 +80,39 @@ preempt_demo() {
     i=0; until [ "$(field JobState)" = FAILED ] || [ "$(field JobState)" = COMPLETED ] || [ $i -ge 600 ]; do sleep 0.2; i=$((i + 1)); done
     grep -v '^step' "$out"
     echo "counted: $(grep -c '^step' "$out") step lines, steps 1-40 each once: $(grep '^step' "$out" | awk '{print $2}' | sort -n | uniq | wc -l) distinct"
-    echo "job $job: $(field JobState), exit code $(field ExitCode) (the counter's own --exit-code 7, relayed after the restore), restarts $(field Restarts)"
+    echo "job $ckpt_job: $(field JobState), exit code $(field ExitCode), restarts $(field Restarts)"
 }
+
+# What the admin sees of the same node afterwards, and the same commands
+# printed for --keep (with this cluster's paths: the simulated NVML is found
+# through GPU_MODE_SIM_STATE, and the node is named localhost, not this
+# machine's host name).
+status_cmd="GPU_MODE_SIM_STATE=$D/sim/nvml-state.json $PWD/$bin/gpu-mode-status --config $D/gpu-mode.toml --node $(/usr/bin/scontrol show node -o | sed -n 's/^NodeName=\([^ ]*\).*/\1/p' | head -n1)"
+metrics_cmd="grep -E '^gpu_mode_(checkpoints|restores)_total' $D/textfile/gpu-mode.prom"
+comment_cmd() { echo "scontrol show job $1 | grep -o 'AdminComment=.*'"; }
+admin_view() {
+    echo
+    echo "== the admin's view of the node (as root)"
+    # gpu-mode-status: the node's GPUs, jobs, agents, images kept and why,
+    # and whatever else it reports (one screen; exit 1 lists problems).
+    echo "\$ $status_cmd"
+    sh -c "$status_cmd" || echo "(gpu-mode-status exit $?: see PROBLEMS above)"
+    echo
+    echo "\$ $metrics_cmd      # the agents' counters (docs/metrics.md)"
+    sh -c "$metrics_cmd" || echo "(no checkpoint or restore counted)"
+    if [ -n "${ckpt_job:-}" ]; then
+        echo
+        echo "\$ $(comment_cmd "$ckpt_job")      # the checkpoint and restore in Slurm's record (docs/checkpoint.md, Accounting)"
+        sh -c "$(comment_cmd "$ckpt_job")" || echo "(job $ckpt_job has no AdminComment)"
+    fi
+}
+echo
+echo "== a bad value is refused at submit time"
+runuser -u gmtest1 -- /usr/bin/sbatch --gpu-mode=mig:1g.18gbx9 --wrap true || true
+echo
+echo "== prolog/epilog log lines so far"
+cat "$D/log/hooks.log"
+
 gpus=$(/usr/bin/scontrol show node -o | tr ' ' '\n' | sed -n 's/^Gres=gpu:\([0-9]*\).*/\1/p')
 if [ -n "${GPU_MODE_GPU_DEVICES:-}" ]; then
     echo
@@ -92,9 +123,16 @@ elif ! /opt/slurm-gpu-mode/criu/bin/criu check >/dev/null 2>&1; then
 else
     preempt_demo
 fi
-echo
-echo "== a bad value is refused at submit time"
-runuser -u gmtest1 -- /usr/bin/sbatch --gpu-mode=mig:1g.18gbx9 --wrap true || true
-echo
-echo "== prolog/epilog log lines"
-cat "$D/log/hooks.log"
+admin_view
+
+if [ "$keep" = yes ]; then
+    echo
+    echo "== the cluster keeps running (--keep). The admin's view again, by hand, as root:"
+    echo "export SLURM_CONF=$SLURM_CONF"
+    echo "$status_cmd"
+    echo "$metrics_cmd"
+    # slurmctld forgets a finished job MinJobAge after its end.
+    min_job_age=$(/usr/bin/scontrol show config | sed -n 's/^MinJobAge *= *//p')
+    [ -n "${ckpt_job:-}" ] && echo "$(comment_cmd "$ckpt_job")      # until slurmctld forgets the job: MinJobAge, $min_job_age"
+    echo "${GPU_MODE_CLUSTER_BASE:+GPU_MODE_CLUSTER_BASE=$GPU_MODE_CLUSTER_BASE }$PWD/$bin/gpu-mode-cluster down      # stop it"
+fi
