@@ -104,14 +104,17 @@ pub struct SimDir {
 impl SimDir {
     /// The directory the environment names, created world-writable with the
     /// sticky bit (like /tmp) so root checkpointers and user processes share it.
+    /// Without `GPU_MODE_CUDA_SIM_DIR`, it is beside the simulated NVML's state
+    /// file, found as the simulated NVML finds it: `GPU_MODE_SIM_STATE`, else
+    /// its pointer file, which is all an installed package's prolog and the
+    /// checkpoint agent it starts have (scripts/test-install.sh).
     pub fn from_env() -> Result<SimDir, String> {
         let root = match std::env::var_os(DIR_ENV).filter(|v| !v.is_empty()) {
             Some(dir) => PathBuf::from(dir),
             None => {
-                let state = std::env::var_os(nvml_sim::store::STATE_ENV)
-                    .filter(|v| !v.is_empty())
-                    .ok_or_else(|| format!("neither {DIR_ENV} nor {} is set", nvml_sim::store::STATE_ENV))?;
-                let mut s = state;
+                let state = nvml_sim::store::state_path_from_env()
+                    .map_err(|e| format!("{DIR_ENV} is not set, and {e}"))?;
+                let mut s = state.into_os_string();
                 s.push(".cuda");
                 PathBuf::from(s)
             }
