@@ -1,11 +1,15 @@
 #!/bin/sh
 # The package as a site installs it: applies the Ansible role
 # (packaging/ansible) for real to this machine, `-c local`, with the .deb that
-# scripts/test-packaging.sh built; starts the project's local Slurm on the
+# scripts/test-packaging.sh built, twice (the second run must change
+# nothing); starts the project's local Slurm on the
 # INSTALLED files (system plugstack.conf and the package's snippet, the
 # slurm.conf lines the role merged, /usr/libexec/slurm-gpu-mode/*,
 # /etc/slurm-gpu-mode/config.toml from the role's variables); runs one job per
-# mode; applies the role again and requires 0 changed; checks that the role
+# mode; installs the package over a config and a site script that use the
+# previous names ([checkpoint], gpu-mode-checkpoint) and checkpoints,
+# requeues and restores a job under them (docs/install.md, "From the previous
+# names"); checks that the role
 # fails on a bring-up script with `nvidia-smi -pm 1`; removes the package and
 # checks srun still works. GPUs are the simulated ones (the role's variables
 # come from the harness: <cluster>/ansible-vars.json).
@@ -64,7 +68,8 @@ logs=target/test-logs/install
 rm -rf "$logs"; mkdir -p "$logs"
 
 step "a cluster for the installed package ($dir)"
-"$cluster" write --installed --name "$name" --gpus 2
+# --preempt: partitions low and high, for the upgrade step's checkpoint job.
+"$cluster" write --installed --name "$name" --gpus 2 --preempt
 # Stand-in for the driver's daemon binary: only its path is used (nothing
 # can start it without systemd as PID 1).
 stub=$dir/sim/nvidia-persistenced
@@ -128,6 +133,81 @@ if runuser -u gmtest1 -- /usr/bin/sbatch --gpu-mode=mig:1g.10gbx9 --wrap true 2>
 fi
 grep -q 'count 9 in "1g.10gbx9" is out of range' "$dir/out/bad.err" || { cat "$dir/out/bad.err"; die "no clear error for a bad value"; }
 echo "   a bad value is refused by sbatch: $(head -n1 "$dir/out/bad.err")"
+
+step "upgrade over the previous names: a [checkpoint] config, a site script calling gpu-mode-checkpoint"
+# A node set up before the renames (docs/install.md, "From the previous
+# names"): its config has one [checkpoint] section where the role wrote
+# [preempt] and [cuda_ckpt], and an admin's script calls the CUDA checkpoint
+# tool by its old name. The package is then installed over both; checkpoint
+# jobs must keep being checkpointed, requeued and restored under that config.
+cfg=/etc/slurm-gpu-mode/config.toml
+cp "$cfg" "$dir/config.toml.new-names"
+awk '
+    /^\[(preempt|cuda_ckpt)\]$/ { moving = 1; next }
+    /^\[/ { moving = 0 }
+    moving { if (NF) old = old $0 "\n"; next }
+    { print }
+    END { printf "\n[checkpoint]\n%s", old }
+' "$dir/config.toml.new-names" > "$cfg"
+grep -qx '\[checkpoint\]' "$cfg" && ! grep -qE '^\[(preempt|cuda_ckpt)\]' "$cfg" ||
+    { cat "$cfg"; die "the old-names config was not written as one [checkpoint] section"; }
+mkdir -p "$dir/site-bin"
+site_script=$dir/site-bin/cuda-state.sh
+printf '#!/bin/sh\n# An admin helper written before the rename.\nexec /usr/sbin/gpu-mode-checkpoint state --pid "$1"\n' > "$site_script"
+chmod 755 "$site_script"
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --reinstall -o Dpkg::Options::=--force-confold "$deb" > "$logs/reinstall.log" 2>&1 ||
+    { cat "$logs/reinstall.log"; die "installing the package over the old names failed"; }
+grep -qx '\[checkpoint\]' "$cfg" || die "installing the package replaced the site's config"
+/usr/libexec/slurm-gpu-mode/gpu-mode-node-checker check-config > /dev/null 2> "$logs/check-config-old.err" ||
+    { cat "$logs/check-config-old.err"; die "check-config refuses the [checkpoint] section"; }
+grep -q 'warning: .*the \[checkpoint\] section is now \[preempt\], its .* in \[cuda_ckpt\]' "$logs/check-config-old.err" ||
+    { cat "$logs/check-config-old.err"; die "check-config does not say the [checkpoint] section is renamed"; }
+echo "   check-config: $(cat "$logs/check-config-old.err")"
+rc=0; /usr/sbin/gpu-mode-status --node "$(/usr/bin/scontrol show node -o | sed -n 's/^NodeName=\([^ ]*\).*/\1/p')" \
+    > "$logs/status-old.out" 2> "$logs/status-old.err" || rc=$?
+[ "$rc" -le 1 ] && grep -q 'the \[checkpoint\] section is now \[preempt\]' "$logs/status-old.err" ||
+    { cat "$logs/status-old.out" "$logs/status-old.err"; die "gpu-mode-status (exit $rc) does not warn of the old section"; }
+echo "   gpu-mode-status (exit $rc): $(grep -m1 warning "$logs/status-old.err")"
+
+# The counter (simulated CUDA) where gmtest1 may run it, wrapped by the
+# installed gpu-mode-run, which reads the old config. Nothing here names the
+# simulated node: the counter, the agent and the site script find it through
+# the simulation's pointer file, as the installed hooks do.
+mkdir -p "$dir/bin" && cp target/debug/cuda-sim-counter "$dir/bin/"
+ready=$dir/out/upgrade-ready out=$dir/out/upgrade-ckpt.out script=$dir/out/upgrade-ckpt.sh
+rm -f "$ready" "$out"
+printf '#!/bin/sh\nexec /usr/bin/gpu-mode-run -- %s --steps 30 --interval-ms 100 --mib 8 --ready %s\n' "$dir/bin/cuda-sim-counter" "$ready" > "$script"
+chmod 755 "$script"
+ckpt_job=$(runuser -u gmtest1 -- /usr/bin/sbatch --parsable -p low \
+    --gpu-mode=checkpoint --signal=B:USR1@60 --requeue --open-mode=append --gres=gpu:1 --output="$out" "$script")
+field() { /usr/bin/scontrol show job -o "$ckpt_job" | tr ' ' '\n' | sed -n "s/^$1=//p"; }
+i=0; until grep -q '^step 5 ' "$out" 2>/dev/null || [ $i -ge 300 ]; do sleep 0.1; i=$((i + 1)); done
+[ -s "$ready" ] || { cat "$out"; die "the checkpoint job did not start counting"; }
+"$site_script" "$(cat "$ready")" > "$logs/site-script.out" 2> "$logs/site-script.err" ||
+    { cat "$logs/site-script.out" "$logs/site-script.err"; die "the site script calling gpu-mode-checkpoint failed"; }
+grep -qx 'gpu-mode-checkpoint: warning: this tool is now gpu-mode-cuda-ckpt; the old name goes in a later release' "$logs/site-script.err" ||
+    { cat "$logs/site-script.err"; die "gpu-mode-checkpoint does not name its new name"; }
+echo "   site script (gpu-mode-checkpoint state): $(head -n3 "$logs/site-script.out" | tr '\n' ' ')"
+runuser -u gmtest2 -- /usr/bin/sbatch --quiet -p high --gres=gpu:2 --output=/dev/null --wrap 'sleep 3'
+# Requeued, then (after the credential delay) restored; at most 2 min.
+i=0; until [ "$(field JobState)" = COMPLETED ] || [ "$(field JobState)" = FAILED ] || [ $i -ge 600 ]; do sleep 0.2; i=$((i + 1)); done
+state="$(field JobState) $(field ExitCode) restarts=$(field Restarts)"
+# Restored where it stopped, not started over: 30 step lines, each step once.
+counted=$(grep -c '^step' "$out")
+distinct=$(grep '^step' "$out" | awk '{print $2}' | sort -n | uniq | wc -l)
+comment=$(field AdminComment)
+if [ "$state" != "COMPLETED 0:0 restarts=1" ] || [ "$counted/$distinct" != 30/30 ] || ! echo "$comment" | grep -q 'ckpt=r0@.*restore=r1@'; then
+    cat "$out"; tail -n 30 "$dir/log/slurmd.log"
+    die "the checkpoint job under the old names: $state, $counted step lines and $distinct distinct steps (want 30 and 30), AdminComment '$comment'"
+fi
+echo "   job $ckpt_job under [checkpoint]: preempted, $state, steps 1-30 each counted, AdminComment $comment"
+
+# The rename done (the role's config back): no warning any more.
+cp "$dir/config.toml.new-names" "$cfg"
+/usr/libexec/slurm-gpu-mode/gpu-mode-node-checker check-config > /dev/null 2> "$logs/check-config-new.err" ||
+    { cat "$logs/check-config-new.err"; die "check-config refuses the renamed config"; }
+! grep -q 'warning' "$logs/check-config-new.err" || { cat "$logs/check-config-new.err"; die "check-config still warns after the rename"; }
+echo "   after the rename: check-config says nothing"
 
 step "the role fails on a bring-up script that uses nvidia-smi -pm 1"
 legacy=$dir/legacy-bringup

@@ -9,7 +9,7 @@
 //!                                                  (docs/preempt.md)
 //!   gpu-mode-cluster down [--name NAME]            stop and remove
 //!   gpu-mode-cluster env [--name NAME]             print `export SLURM_CONF=...`
-//!   gpu-mode-cluster write --installed [--gpus N] [--name NAME]
+//!   gpu-mode-cluster write --installed [--gpus N] [--name NAME] [--preempt]
 //!       write a cluster that runs the installed package (no gpu-mode lines:
 //!       the Ansible role adds them, from <dir>/ansible-vars.json)
 //!   gpu-mode-cluster start [--name NAME]           start a written cluster
@@ -70,6 +70,9 @@ fn run(args: Vec<String>) -> Result<()> {
             let found = if installed { Ok(Artifacts::installed_unchecked()) } else { Artifacts::locate() };
             let mut spec = ClusterSpec::new(&name, gpus, found?);
             spec.installed = installed;
+            if preempt {
+                spec.preemption = Some(Preemption::default());
+            }
             Cluster::write(&spec)?;
             println!("cluster {name} is written in {} (not started)", dir.display());
             Ok(())
