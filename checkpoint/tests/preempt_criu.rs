@@ -1552,3 +1552,99 @@ fn a_dumped_job_that_ends_without_a_restore_leaves_no_network_lock() {
     }
     drop(accepted);
 }
+
+/// Issue 38 (NCCL's buffers), against issue 37 N5's bound: a tree holding
+/// unlinked /dev/shm files larger than `preempt.ghost_limit_mib` (NCCL
+/// makes such buffers, 34 MB each, even with its SHM transport off; here
+/// one of 8 MiB open and mapped, one of 3 MiB open only) is dumped and
+/// restored whole with the site's limit of 1 MiB: their pages are the
+/// job's memory, so CRIU's limit for the dump is raised to the largest of
+/// them and the image's bound grows by their total; a deleted file of
+/// 2 MiB elsewhere is still refused before anything is locked. Before:
+/// `Can't dump ghost file /dev/shm/... of 8388608 size, increase limit`.
+#[test]
+fn unlinked_dev_shm_buffers_larger_than_the_ghost_limit_are_carried_whole_and_disk_ones_are_not() {
+    let Some(n) = node() else { return };
+    let job = 9150;
+    let images = n.dir.join("images-shmghost");
+    let (cfg_path, cfg) = n.config("shmghost", &images);
+    assert_eq!(cfg.preempt.ghost_limit_mib, 1, "the site's limit in this test");
+    let home = n.user_home("shmghost");
+    let script = home.join("shm_app.py");
+    // Makes the buffers (unique names), fills each with a pattern, unlinks
+    // them, keeps them open (the first mapped too); once `go` exists it
+    // checks every byte and exits 0, or 3 naming what differs. With a third
+    // argument `disk`, it also holds a deleted file of 2 MiB in its home.
+    std::fs::write(
+        &script,
+        "import mmap, os, sys, time\n\
+         ready, go = sys.argv[1], sys.argv[2]\n\
+         bufs = []\n\
+         for i, mib in enumerate((8, 3)):\n\
+         \x20   path = '/dev/shm/gpu-mode-test-nccl-%d-%d' % (os.getpid(), i)\n\
+         \x20   fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)\n\
+         \x20   os.write(fd, bytes([(i * 7 + k) % 251 for k in range(251)]) * (mib * 4177))\n\
+         \x20   os.unlink(path)\n\
+         \x20   bufs.append((fd, mmap.mmap(fd, 0) if i == 0 else None, mib))\n\
+         if len(sys.argv) > 3:\n\
+         \x20   p = os.path.join(os.path.dirname(ready), 'disk-big')\n\
+         \x20   dfd = os.open(p, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)\n\
+         \x20   os.write(dfd, b'\\x01' * (2 << 20)); os.fsync(dfd); os.unlink(p)\n\
+         open(ready + '.tmp', 'w').write(str(os.getpid())); os.rename(ready + '.tmp', ready)\n\
+         while not os.path.exists(go):\n\
+         \x20   time.sleep(0.05)\n\
+         for i, (fd, m, mib) in enumerate(bufs):\n\
+         \x20   want = bytes([(i * 7 + k) % 251 for k in range(251)]) * (mib * 4177)\n\
+         \x20   got = os.pread(fd, len(want) + 1, 0)\n\
+         \x20   if got != want or (m is not None and m[:] != want):\n\
+         \x20       print('buffer', i, 'DIFFERS', len(got), flush=True); sys.exit(3)\n\
+         print('buffers intact', flush=True)\n",
+    )
+    .unwrap();
+    let (ready, go) = (home.join("ready"), home.join("go"));
+    let (script_s, ready_s, go_s) = (script.display().to_string(), ready.display().to_string(), go.display().to_string());
+
+    // With a deleted file of 2 MiB outside /dev/shm: refused before the lock.
+    let app_disk = ["/usr/bin/python3", script_s.as_str(), ready_s.as_str(), go_s.as_str(), "disk"];
+    let out = n.dir.join("shmghost-disk.out");
+    n.agent((&cfg_path, &cfg), job, 0, 0);
+    let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 0, cgroup: None, out: &out }, &app_disk);
+    wait_for("the application", Duration::from_secs(30), || ready.exists());
+    signal(&w, libc::SIGUSR1);
+    wait_for("the refusal", Duration::from_secs(30), || read(&out.with_extension("err")).contains("checkpoint of job"));
+    let err = read(&out.with_extension("err"));
+    assert!(err.contains("disk-big (deleted) of 2 MiB, more than preempt.ghost_limit_mib = 1"), "{err}");
+    assert!(err.contains("The job is requeued and will start over from the beginning"), "{err}");
+    std::fs::write(&go, b"go").unwrap();
+    exit_code(&mut w, Duration::from_secs(60));
+    assert!(!ImageStore::new(&images).run_dir(job, 0).join(MANIFEST_FILE).exists(), "nothing was dumped: {err}");
+    stop_agent(&cfg, job, Duration::from_secs(10)).unwrap();
+    let _ = std::fs::remove_file(&ready);
+    let _ = std::fs::remove_file(&go);
+
+    // The /dev/shm buffers alone: dumped with them, restored, intact.
+    let app = ["/usr/bin/python3", script_s.as_str(), ready_s.as_str(), go_s.as_str()];
+    let out = n.dir.join("shmghost.out");
+    n.agent((&cfg_path, &cfg), job, 0, 0);
+    let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 0, cgroup: None, out: &out }, &app);
+    wait_for("the application", Duration::from_secs(30), || ready.exists());
+    signal(&w, libc::SIGUSR1);
+    assert_eq!(exit_code(&mut w, Duration::from_secs(60)), 0, "{}", read(&out.with_extension("err")));
+    let run = ImageStore::new(&images).run_dir(job, 0);
+    let m = Manifest::load(&run).unwrap_or_else(|e| panic!("{e}: {}", read(&out.with_extension("err"))));
+    assert!(m.image_bytes >= 11 << 20, "the image carries both buffers: {} bytes", m.image_bytes);
+    stop_agent(&cfg, job, Duration::from_secs(10)).unwrap();
+
+    n.agent((&cfg_path, &cfg), job, 1, 0);
+    let rout = n.dir.join("shmghost-restore.out");
+    let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 1, cgroup: None, out: &rout }, &app);
+    let err_of = || read(&rout.with_extension("err"));
+    wait_for("the restore to end", Duration::from_secs(60), || matches!(w.try_wait(), Ok(Some(_))) || err_of().contains("restored (pid"));
+    assert!(err_of().contains("restored (pid"), "{}", err_of());
+    std::fs::write(&go, b"go").unwrap();
+    let code = exit_code(&mut w, Duration::from_secs(60));
+    let stdout = read(&out);
+    assert_eq!(code, 0, "{stdout}\n{}", err_of());
+    assert!(stdout.contains("buffers intact"), "{stdout}\n{}", err_of());
+    stop_agent(&cfg, job, Duration::from_secs(10)).unwrap();
+}

@@ -44,6 +44,7 @@ use gpu_mode_devices::{criu, cuda_ckpt, gpu};
 
 pub mod accounting;
 pub mod agent;
+pub mod ghosts;
 pub mod held;
 pub mod hugepages;
 pub mod images;

@@ -17,11 +17,12 @@
 //!   (`--gpu-mode=checkpoint:nccl=portable`, crate::nccl) with every one of
 //!   its variables in each rank's initial environment: then the driver
 //!   restored them (2 H200s, driver 580). [`nccl_decision`] is the table.
-//! * More deleted files held open or mapped than `preempt.max_deleted_files`
-//!   (issue 37 N5): CRIU carries each in the image as a ghost file (up to
-//!   `--ghost-limit` of blocks apiece, `preempt.ghost_limit_mib`), so a tree
-//!   of 9 MiB of memory made a 38 MiB image with 3,000 sparse deleted files.
-//!   Not counted: /dev/shm files (shm.rs carries them itself) and memfds.
+//! * More deleted files held open or mapped than `preempt.max_deleted_files`,
+//!   or one of more than `preempt.ghost_limit_mib` (issue 37 N5): CRIU
+//!   carries each in the image as a ghost file, so a tree of 9 MiB of memory
+//!   made a 38 MiB image with 3,000 sparse deleted files. Not counted:
+//!   unlinked /dev/shm files, which are the job's memory, /dev/shm files
+//!   with a name (shm.rs carries them itself) and memfds (crate::ghosts).
 
 /// The first driver branch NVIDIA lists CUDA IPC checkpoints for.
 pub const NCCL_DRIVER_MAJOR: u32 = 610;
@@ -30,6 +31,7 @@ const NCCL_THREAD: &str = "pt_nccl_watchdg";
 /// How a user asks for NCCL's portable transports.
 const PORTABLE_OPTION: &str = "--gpu-mode=checkpoint:nccl=portable";
 
+use crate::ghosts::OverLimit;
 use crate::nccl::Override;
 use gpu_mode_base::gpu_mode::NcclTransport;
 
@@ -70,26 +72,12 @@ pub enum UncheckpointableError {
          preempt.max_deleted_files = {limit}: CRIU would copy each into the image: refused, nothing was changed"
     )]
     DeletedFiles { pid: i32, comm: String, example: String, count: usize, limit: usize },
-}
-
-/// Whether a descriptor's link text or a mapping's path names a deleted
-/// file CRIU would carry as a ghost: a path, `(deleted)`, not in /dev/shm
-/// (shm.rs) and not a memfd (CRIU dumps those as memfds).
-pub fn is_ghost_candidate(path: &str) -> bool {
-    path.starts_with('/') && path.ends_with(" (deleted)") && !path.starts_with("/dev/shm/") && !path.starts_with("/memfd:")
-}
-
-/// The deleted files of one process's maps text: (inode, path).
-/// A line: `start-end perms offset dev inode path`.
-pub fn deleted_mappings(maps: &str) -> Vec<(u64, String)> {
-    maps.lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.splitn(6, ' ').collect();
-            let path = f.get(5)?.trim_start();
-            let inode = f.get(4)?.parse::<u64>().ok().filter(|i| *i != 0)?;
-            is_ghost_candidate(path).then(|| (inode, path.to_string()))
-        })
-        .collect()
+    /// A deleted file (not /dev/shm's memory) larger than CRIU may carry.
+    #[error(
+        "pid {pid} ({comm}) holds the deleted file {path} of {mib} MiB, more than preempt.ghost_limit_mib = \
+         {limit_mib}: CRIU would copy it into the image: refused, nothing was changed"
+    )]
+    DeletedFileTooLarge { pid: i32, comm: String, path: String, mib: u64, limit_mib: u64 },
 }
 
 /// Where a process holds an io_uring: its descriptors' link texts and its
@@ -139,8 +127,9 @@ pub fn driver_major(version: &str) -> u32 {
 /// Refuses a tree that holds what CRIU or the driver (`driver_version`)
 /// cannot checkpoint and bring back, naming the process; before anything is
 /// locked. The driver's limits first: they stand whatever CRIU learns.
-/// `nccl`: the job's NCCL transport (the agent's, from the prolog).
-pub fn refuse(pids: &[i32], driver_version: &str, nccl: NcclTransport, max_deleted: usize) -> Result<(), UncheckpointableError> {
+/// `nccl`: the job's NCCL transport (the agent's, from the prolog);
+/// `max_deleted` and `ghost_limit`: the site's bounds on deleted files.
+pub fn refuse(pids: &[i32], driver_version: &str, nccl: NcclTransport, max_deleted: usize, ghost_limit: u64) -> Result<(), UncheckpointableError> {
     let comm = |pid: i32| std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default().trim().to_string();
     for &pid in pids {
         if !runs_nccl(&thread_names(pid)) {
@@ -165,9 +154,19 @@ pub fn refuse(pids: &[i32], driver_version: &str, nccl: NcclTransport, max_delet
             return Err(UncheckpointableError::IoUring { pid, comm: comm(pid), what });
         }
     }
-    deleted_files(pids, max_deleted).map_or(Ok(()), |(pid, example, count)| {
-        Err(UncheckpointableError::DeletedFiles { pid, comm: comm(pid), example, count, limit: max_deleted })
-    })
+    match crate::ghosts::Ghosts::survey(pids).over_limits(max_deleted, ghost_limit) {
+        None => Ok(()),
+        Some(OverLimit::Count { first, count }) => {
+            Err(UncheckpointableError::DeletedFiles { pid: first.pid, comm: comm(first.pid), example: first.path, count, limit: max_deleted })
+        }
+        Some(OverLimit::Size(g)) => Err(UncheckpointableError::DeletedFileTooLarge {
+            pid: g.pid,
+            comm: comm(g.pid),
+            path: g.path,
+            mib: g.bytes.div_ceil(1 << 20),
+            limit_mib: ghost_limit >> 20,
+        }),
+    }
 }
 
 /// The names of a process's threads (their `comm`).
@@ -175,35 +174,6 @@ fn thread_names(pid: i32) -> Vec<String> {
     std::fs::read_dir(format!("/proc/{pid}/task"))
         .map(|d| d.flatten().filter_map(|t| Some(std::fs::read_to_string(t.path().join("comm")).ok()?.trim().to_string())).collect())
         .unwrap_or_default()
-}
-
-/// The tree's deleted regular files, each inode number once (CRIU makes
-/// one ghost per inode; /proc/<pid>/maps and stat write the device in
-/// different forms, so the device is left out: two files of two file
-/// systems with one inode number count once), held by a descriptor or a
-/// mapping; past `max` (the pid and path of one, and the count) or `None`.
-fn deleted_files(pids: &[i32], max: usize) -> Option<(i32, String, usize)> {
-    use std::os::unix::fs::MetadataExt;
-    let mut seen = std::collections::BTreeSet::new();
-    let mut first = None;
-    for &pid in pids {
-        let dir = format!("/proc/{pid}/fd");
-        for (fd, link) in crate::procfs::fd_links(std::path::Path::new(&dir)).unwrap_or_default() {
-            if !is_ghost_candidate(&link) {
-                continue;
-            }
-            let Ok(m) = std::fs::metadata(format!("{dir}/{fd}")) else { continue };
-            if m.is_file() && seen.insert(m.ino()) {
-                first.get_or_insert((pid, link));
-            }
-        }
-        for (inode, path) in deleted_mappings(&std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default()) {
-            if seen.insert(inode) {
-                first.get_or_insert((pid, path));
-            }
-        }
-    }
-    (seen.len() > max).then(|| first.map(|(pid, path)| (pid, path, seen.len()))).flatten()
 }
 
 #[cfg(test)]
@@ -302,34 +272,13 @@ mod tests {
             return;
         }
         let me = std::process::id() as i32;
-        let err = refuse(&[me], "580.159.04", NcclTransport::Native, 64).unwrap_err();
+        let err = refuse(&[me], "580.159.04", NcclTransport::Native, 64, u64::MAX).unwrap_err();
         assert!(matches!(&err, UncheckpointableError::IoUring { pid, what, .. } if *pid == me && *what == format!("fd {fd}")), "{err:?}");
         let err = err.to_string();
         assert!(err.contains(&format!("pid {me}")) && err.contains(&format!("fd {fd}")) && err.contains("refused"), "{err}");
         // SAFETY: closes the descriptor made above.
         unsafe { libc::close(fd as i32) };
-        assert_eq!(refuse(&[me], "580.159.04", NcclTransport::Native, 64), Ok(()));
-    }
-
-    #[test]
-    fn deleted_files_are_counted_but_not_shm_or_memfds() {
-        let table = [
-            ("/tmp/x (deleted)", true),
-            ("/home/u/ckpt.tmp (deleted)", true),
-            ("/dev/shm/sem.a (deleted)", false),
-            ("/memfd:cuda (deleted)", false),
-            ("/tmp/x", false),
-            ("socket:[12] (deleted)", false),
-            ("anon_inode:[eventfd]", false),
-        ];
-        for (link, ghost) in table {
-            assert_eq!(is_ghost_candidate(link), ghost, "{link}");
-        }
-        let maps = "7f00-7f10 r--p 00000000 fd:01 1234                       /tmp/lib.so (deleted)\n\
-                    7f10-7f20 rw-s 00000000 00:05 99                         /dev/shm/x (deleted)\n\
-                    7f20-7f30 rw-p 00000000 00:00 0 \n\
-                    7f30-7f40 r--p 00000000 fd:01 77                         /usr/lib/libc.so.6\n";
-        assert_eq!(deleted_mappings(maps), [(1234, "/tmp/lib.so (deleted)".to_string())]);
+        assert_eq!(refuse(&[me], "580.159.04", NcclTransport::Native, 64, u64::MAX), Ok(()));
     }
 
     /// Real files of this process: past the bound the tree is refused by
@@ -347,10 +296,48 @@ mod tests {
             .collect();
         let me = std::process::id() as i32;
         // Other tests of this binary may hold deleted files too: at least 5.
-        let err = refuse(&[me], "610.1", NcclTransport::Native, 4).unwrap_err();
+        let err = refuse(&[me], "610.1", NcclTransport::Native, 4, u64::MAX).unwrap_err();
         assert!(matches!(&err, UncheckpointableError::DeletedFiles { count, limit: 4, .. } if *count >= 5), "{err:?}");
         assert!(err.to_string().contains("more than preempt.max_deleted_files = 4"), "{err}");
-        assert_eq!(refuse(&[me], "610.1", NcclTransport::Native, 1000), Ok(()));
+        assert_eq!(refuse(&[me], "610.1", NcclTransport::Native, 1000, u64::MAX), Ok(()));
         drop(held);
+    }
+
+    /// A real deleted file of 2 MiB against a limit of 1 MiB: refused by
+    /// size, naming it (CRIU's `--ghost-limit` would have failed the dump
+    /// after the driver's lock); an unlinked /dev/shm file of 2 MiB is the
+    /// job's memory and refuses nothing. Each held by a `sleep` of its own
+    /// (as its stdin), so that no other test's files count.
+    #[test]
+    fn a_deleted_file_larger_than_the_ghost_limit_refuses_the_tree_but_shm_memory_does_not() {
+        use std::io::Write;
+        let holder = |file: std::fs::File| std::process::Command::new("/bin/sleep").arg("30").stdin(file).spawn().unwrap();
+        let me = std::process::id();
+        let shm_path = format!("/dev/shm/gpu-mode-uncheckpointable-test-{me}");
+        let mut shm = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&shm_path).unwrap();
+        shm.write_all(&vec![3u8; 2 << 20]).unwrap();
+        std::fs::remove_file(&shm_path).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("big");
+        let mut big = std::fs::File::create(&p).unwrap();
+        big.write_all(&vec![1u8; 2 << 20]).unwrap();
+        big.sync_all().unwrap();
+        std::fs::remove_file(&p).unwrap();
+        let (mut memory, mut disk) = (holder(shm), holder(big));
+        let limit = 1 << 20;
+        let of_memory = refuse(&[memory.id() as i32], "610.1", NcclTransport::Native, 1000, limit);
+        let of_disk = refuse(&[disk.id() as i32], "610.1", NcclTransport::Native, 1000, limit);
+        for c in [&mut memory, &mut disk] {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        assert_eq!(of_memory, Ok(()), "an unlinked /dev/shm file is the job's memory");
+        let want = format!("{} (deleted)", p.display());
+        assert!(
+            matches!(&of_disk, Err(UncheckpointableError::DeletedFileTooLarge { path, mib: 2, limit_mib: 1, .. }) if *path == want),
+            "{of_disk:?}"
+        );
+        let text = of_disk.unwrap_err().to_string();
+        assert!(text.contains(&format!("holds the deleted file {want} of 2 MiB, more than preempt.ghost_limit_mib = 1")), "{text}");
     }
 }

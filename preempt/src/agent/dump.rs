@@ -107,7 +107,7 @@ impl Agent {
         tree::check_owned(&pids, &self.user).because(FailureReason::Other)?;
         // Before anything is locked: what CRIU could not dump alone is
         // found (and refused) here.
-        uncheckpointable::refuse(&pids, &self.facts.driver_version, self.params.nccl, self.settings.max_deleted_files).map_err(|e| format!("cannot checkpoint: {e}")).because(FailureReason::Uncheckpointable)?;
+        uncheckpointable::refuse(&pids, &self.facts.driver_version, self.params.nccl, self.settings.max_deleted_files, self.settings.ghost_limit_bytes).map_err(|e| format!("cannot checkpoint: {e}")).because(FailureReason::Uncheckpointable)?;
         let shm = shm::stage(&pids, root, &self.user).map_err(|e| format!("cannot checkpoint: {e}; nothing was changed")).because(FailureReason::Shm)?;
         sw.since("checks", t);
         let was = self.root_state(root);
@@ -257,20 +257,25 @@ impl Agent {
             .because(FailureReason::Other)
             .and_then(|_| lend().map_err(|e| e.to_string()).because(FailureReason::ImageDir))
             .map_err(|e| e.noting(&self.roll_back(cuda.is_some(), &target)))?;
+        let ghosts = crate::ghosts::Ghosts::survey(pids);
         let req = DumpRequest {
             pid: root,
             images_dir: run.to_path_buf(),
             work_dir,
             tcp_established: record.tcp_established,
             network_lock: record.network_lock,
-            ghost_limit_bytes: self.settings.ghost_limit_bytes,
+            // Unlinked /dev/shm files go whole: they are the job's memory
+            // (crate::ghosts); every other deleted file was checked against
+            // the site's limit before the lock.
+            ghost_limit_bytes: ghosts.ghost_limit(self.settings.ghost_limit_bytes),
             user: self.user.clone(),
             limits: record.limits.clone(),
             // After the driver's checkpoint: the GPU memory is in the tree's
-            // own memory now. Unread (0): no bound rather than a wrong one.
-            max_image_bytes: Some(tree::memory_bytes(pids))
-                .filter(|m| *m > 0)
-                .map(|m| crate::criu::image_bound(m, self.settings.ghost_limit_bytes, self.settings.max_deleted_files as u64)),
+            // own memory now, and the /dev/shm ghosts are memory too. Unread
+            // (0): no bound rather than a wrong one.
+            max_image_bytes: Some(tree::memory_bytes(pids)).filter(|m| *m > 0).map(|m| {
+                crate::criu::image_bound(m.saturating_add(ghosts.shm_total()), self.settings.ghost_limit_bytes, self.settings.max_deleted_files as u64)
+            }),
         };
         let keeps_lock = req.tcp_established && req.network_lock == crate::criu::NetworkLock::Nftables;
         // A table CRIU makes during the dump is not a stray one (netlock.rs).
