@@ -260,27 +260,58 @@ fn device_file(sim: &SimDir, gpu: &str, path: &PathBuf, bytes: u64, pid: i32) ->
     })
 }
 
+/// The driver thread: answers the checkpointer's requests and republishes
+/// the process's state. A CRIU dump freezes the process at any moment, and
+/// a descriptor open then is in the image: reopened by path at restore, it
+/// fails where the file is gone (seen in CI, 2026-11-28: a restore on the
+/// other node stopped at `Can't open file .../procs/<pid>/request.json`,
+/// which the thread was reading 500 times a second). So the request file is
+/// watched with stat (no descriptor) and read only when it changed; the
+/// answer is the last file written for a request (state published first),
+/// so the checkpointer, which waits for it, never runs CRIU while the
+/// thread holds a file; and a checkpointed process, as the real driver's,
+/// writes no file unasked (it only makes its folder again where a restore
+/// on another node left it none).
 fn driver_loop(s: &Shared) {
     let tid = unsafe { libc::gettid() };
     let mut last = 0u64;
+    let mut seen = None;
     let mut published = Instant::now();
     loop {
         let dir = s.sim.proc_dir(s.pid);
-        if let Some(req) = files::read_json::<Request>(&dir.join("request.json")).filter(|r| r.id != last) {
-            last = req.id;
-            let (code, value) = handle(s, &req.call, tid);
-            // After a CRIU restore on another node the folder may be new.
-            let _ = files::shared_dir(&dir);
-            let _ = files::write_json(&dir.join("response.json"), &Response { id: req.id, code, value });
-            publish(s, &s.lock(), tid);
-            published = Instant::now();
+        let request = dir.join("request.json");
+        let now = stamp(&request);
+        if now.is_some() && now != seen {
+            seen = now;
+            if let Some(req) = files::read_json::<Request>(&request).filter(|r| r.id != last) {
+                last = req.id;
+                let (code, value) = handle(s, &req.call, tid);
+                // After a CRIU restore on another node the folder may be new.
+                let _ = files::shared_dir(&dir);
+                publish(s, &s.lock(), tid);
+                published = Instant::now();
+                let _ = files::write_json(&dir.join("response.json"), &Response { id: req.id, code, value });
+            }
         } else if published.elapsed() > REPUBLISH {
+            // The folder, made again after a restore on another node (a
+            // mkdir: no descriptor), is where the checkpointer finds us.
             let _ = files::shared_dir(&dir);
-            publish(s, &s.lock(), tid);
+            if s.lock().state != state::CHECKPOINTED {
+                publish(s, &s.lock(), tid);
+            }
             published = Instant::now();
         }
         std::thread::sleep(POLL);
     }
+}
+
+/// What tells a rewritten request file from the last one read, without
+/// opening it: its inode (each request is a new file renamed over it), size
+/// and change time.
+fn stamp(path: &std::path::Path) -> Option<(u64, u64, i64, i64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.ino(), m.size(), m.ctime(), m.ctime_nsec()))
 }
 
 fn publish(s: &Shared, m: &Mem, tid: i32) {
