@@ -15,6 +15,7 @@ exit (SIGTERM), which is what issue 24's item 1 was about.
     python3 train_app.py --steps 60 --interval 0.5 --workers 2 \
         --start-method fork|spawn|forkserver --pin-memory --persistent \
         [--nvml] [--model mlp|transformer] [--compile] [--cuda-graph] [--events] [--ready FILE]
+        [--ddp gloo|nccl [--fsdp]] [--cpu]
     python3 train_app.py --compare RUN.out REFERENCE.out   # every step once, losses bitwise equal
 
 --nvml starts a monitoring thread that calls torch.cuda.utilization() and
@@ -32,7 +33,18 @@ of each batch of 64 (rank r: samples r*64/W .. (r+1)*64/W - 1 of the
 sampler's batch, checked as above). Rank 0 alone prints the step lines (its
 own loss; `batch` is the batch's first sample, as without --ddp), writes
 --ready after its first step and prints DONE, so --compare works unchanged
-against a reference run of the same command.
+against a reference run of the same command. Each rank's `ddp: rank ...`
+line (stderr) ends with the NCCL_* variables of its environment
+(`NCCL env: NAME=VALUE ...` or `NCCL env: none`): what NCCL read at init,
+so a run under --gpu-mode=checkpoint:nccl=portable can be checked for them.
+
+--fsdp (with --ddp): FullyShardedDataParallel with FULL_SHARD instead of
+DDP (every parameter sharded over the ranks, gathered for each forward and
+backward, gradients reduce-scattered), the same seeds, data and step lines.
+
+--cpu: no GPU (the model on the CPU; with --ddp, gloo only): for checking
+the script's paths on a machine without one. --fsdp, --nvml, --events,
+--cuda-graph and --pin-memory need a GPU and are refused with it.
 """
 
 import argparse
@@ -57,8 +69,15 @@ def parse():
     p.add_argument("--events", action="store_true", help="time each step with torch.cuda.Event")
     p.add_argument("--ready", default=None)
     p.add_argument("--ddp", default=None, choices=["gloo", "nccl"], help="under torchrun: DistributedDataParallel with this backend")
+    p.add_argument("--fsdp", action="store_true", help="with --ddp: FullyShardedDataParallel (FULL_SHARD) instead of DDP")
+    p.add_argument("--cpu", action="store_true", help="no GPU: check the paths on a machine without one (gloo only)")
     p.add_argument("--compare", nargs=2, metavar=("RUN", "REFERENCE"), help="no training: compare two outputs' losses bitwise")
-    return p.parse_args()
+    a = p.parse_args()
+    if a.fsdp and not a.ddp:
+        p.error("--fsdp needs --ddp BACKEND (it runs under torchrun)")
+    if a.cpu and (a.ddp == "nccl" or a.fsdp or a.nvml or a.events or a.cuda_graph or a.pin_memory):
+        p.error("--cpu: no GPU, so no --ddp nccl, --fsdp (PyTorch's FSDP needs an accelerator), --nvml, --events, --cuda-graph or --pin-memory")
+    return a
 
 
 class Synthetic:
@@ -157,6 +176,23 @@ def compare(a, b):
     return 0 if not (twice or differ or missing) else 1
 
 
+def nccl_env():
+    """The NCCL_* variables of this process's environment, as one line's end."""
+    env = sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith("NCCL_"))
+    return "NCCL env: " + (" ".join(env) if env else "none")
+
+
+def wrap_fsdp(torch, model, dev):
+    """FULL_SHARD: each rank keeps 1/W of every parameter (one flat
+    parameter for the whole model, no wrap policy), all-gathers them for the
+    forward and the backward, and reduce-scatters the gradients."""
+    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+
+    return FullyShardedDataParallel(
+        model, sharding_strategy=ShardingStrategy.FULL_SHARD, device_id=dev if dev.type == "cuda" else None
+    )
+
+
 def ddp_init(torch, a):
     """torchrun's environment -> (rank, world size, this rank's GPU), the
     process group initialised."""
@@ -169,6 +205,12 @@ def ddp_init(torch, a):
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     if 64 % world:
         raise SystemExit(f"train_app: a batch of 64 does not split over {world} ranks")
+    if a.cpu:
+        dist.init_process_group(a.ddp, rank=rank, world_size=world)
+        if rank == 0:
+            print(f"ddp: backend {a.ddp}{' (FSDP FULL_SHARD)' if a.fsdp else ''}, {world} ranks, no GPU (--cpu)", file=sys.stderr, flush=True)
+        print(f"ddp: rank {rank} pid {os.getpid()} on cpu; {nccl_env()}", file=sys.stderr, flush=True)
+        return rank, world, torch.device("cpu")
     count = torch.cuda.device_count()
     if count == 0:
         raise SystemExit(f"train_app: rank {rank}: no GPU visible")
@@ -181,8 +223,8 @@ def ddp_init(torch, a):
     torch.cuda.set_device(dev)
     dist.init_process_group(a.ddp, rank=rank, world_size=world)
     if rank == 0:
-        print(f"ddp: backend {a.ddp}, {world} ranks, {count} GPU(s) visible", file=sys.stderr, flush=True)
-    print(f"ddp: rank {rank} pid {os.getpid()} on {dev} ({torch.cuda.get_device_name(dev)})", file=sys.stderr, flush=True)
+        print(f"ddp: backend {a.ddp}{' (FSDP FULL_SHARD)' if a.fsdp else ''}, {world} ranks, {count} GPU(s) visible", file=sys.stderr, flush=True)
+    print(f"ddp: rank {rank} pid {os.getpid()} on {dev} ({torch.cuda.get_device_name(dev)}); {nccl_env()}", file=sys.stderr, flush=True)
     return rank, world, dev
 
 
@@ -203,15 +245,20 @@ def main():
     torch.backends.cuda.enable_flash_sdp(False)
     torch.backends.cuda.enable_mem_efficient_sdp(False)
     dim = 64
-    dev = torch.device("cuda")
+    dev = torch.device("cpu" if a.cpu else "cuda")
     rank, world = 0, 1
     if a.ddp:
         rank, world, dev = ddp_init(torch, a)
     model = model_of(a.model, dim).to(dev)
-    if a.ddp:
+    if a.ddp and a.fsdp:
+        # The optimizer below is made after the wrap: it holds FSDP's
+        # flat (sharded) parameters.
+        model = wrap_fsdp(torch, model, dev)
+    elif a.ddp:
         # The same seed made the same weights on every rank; DDP broadcasts
         # rank 0's anyway.
-        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index], output_device=dev.index)
+        ids = None if a.cpu else [dev.index]
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids, output_device=None if a.cpu else dev.index)
     if a.compile:
         model = torch.compile(model)
     # capturable: the optimizer's state stays on the GPU, as a graph needs.
