@@ -21,6 +21,19 @@
 #          machine with fewer); see train_case. These turn the agent's syslog
 #          lines on and keep them ($OUT/gpu-mode-syslog.txt, per job in
 #          $OUT/<case>-agent.log).
+#          nccl-ddp, nccl-fsdp (issue 38 item 4; 2 GPUs): torchrun
+#          --nproc_per_node=2 train_app.py --ddp nccl (--fsdp: FSDP
+#          FULL_SHARD), the transformer, 2 DataLoader workers per rank, NVML,
+#          submitted with --gpu-mode=checkpoint:nccl=portable and preempted
+#          twice; the reference run is under gpu-mode-run in the same mode
+#          (never preempted), so both have NCCL's portable variables, which
+#          every rank's `ddp:` line must show. These give up at the first sign
+#          of failure (a "checkpoint of job J failed" or "cannot restore" line,
+#          the job ended early, no output for 60 s while it runs) rather than
+#          waiting out each step's limit. PREEMPT_CONFIG="key = value" adds
+#          lines to the cluster's [preempt] section (e.g. ghost_limit_mib).
+#          E2E waits never pass BUDGET_S; a case that starts with less than
+#          60 s left is skipped, with a line.
 #   bench: gpu-mode-preempt-bench, ours and the plain sequence (driver toggle,
 #          criu dump, sync; criu restore, driver restore) side by side, with
 #          the disk's fsync bandwidth and the ratios of issue 17's targets
@@ -48,8 +61,18 @@
 #          (default 8; the plain sequence's criu restore reads with one).
 #          COLD=1: every restore, and the read-back probes, read the image
 #          from the storage (dropped from the page cache first).
+#   nccl-bench: (2 GPUs, no Slurm, nothing installed) what NCCL's portable
+#          transports cost: tools/ckpt-bench/apps/nccl_bench.py under
+#          torchrun --nproc_per_node=2, once with NCCL's defaults and once
+#          with the portable variables (read from preempt/src/nccl.rs, as
+#          gpu-mode-run sets them): all-reduce busbw 1 MiB..1 GiB and a DDP
+#          step's median ms (train_app's transformer, a GPT-like stack), side
+#          by side ($OUT/nccl-bench.txt, JSON lines in $OUT/nccl-bench-*.jsonl,
+#          NCCL's transport lines in $OUT/nccl-bench-<mode>-transports.txt).
+#          About 1-2 min; each launch is bounded by NCCLBENCH_LIMIT_S (75 s)
+#          and BUDGET_S; NCCLBENCH_ARGS adds nccl_bench.py arguments.
 # Usage (repo root of the GPU machine):
-#   bash scripts/gpu/preempt-real.sh CARRY [all|e2e|bench] [CASES]
+#   bash scripts/gpu/preempt-real.sh CARRY [all|e2e|bench|nccl-bench] [CASES]
 # CARRY is the folder scripts/gpu/preempt-carry.sh made (.dev-carry/preempt).
 # Everything is logged to $OUT (preempt-real.log, per-case files). The run
 # stays within BUDGET_S (default 510 s): bench cases that would not fit are
@@ -57,7 +80,7 @@
 # Never changes compute mode, MIG, persistence, clocks or power limits, never
 # resets a GPU (the cluster's config leaves every GPU setting as it is).
 set -u
-CARRY=${1:?usage: preempt-real.sh CARRY [all|e2e|bench] [CASES]}
+CARRY=${1:?usage: preempt-real.sh CARRY [all|e2e|bench|nccl-bench] [CASES]}
 PART=${2:-all}
 CASES=${3:-8x1,32x1,4x4}
 BENCH_APP=${BENCH_APP:-torch}
@@ -72,6 +95,7 @@ say() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
 left() { echo $(( BUDGET_S - ($(date +%s) - t0) )); }
 FAILS=0
 STARTED_OVER=0
+SKIPPED_CASES=""
 verdict() { if [ "$2" = 0 ]; then say "CASE $1: PASS"; else say "CASE $1: FAIL ($3)"; FAILS=$((FAILS + 1)); fi; }
 
 say "== GPUs before (nothing below changes these settings)"
@@ -88,11 +112,15 @@ mapfile -t UUID < <(nvidia-smi --query-gpu=uuid --format=csv,noheader)
 say "== installing the carried pieces"
 # The job users must reach the programs: not under the repo (maybe /root).
 B=/opt/gm-preempt
-rm -rf "$B"; mkdir -p "$B"; cp "$A"/lib*.so "$A"/gpu-mode-* "$REPO/tools/ckpt-bench/apps/framework_app.py" "$REPO/tools/ckpt-bench/apps/train_app.py" "$B/"; chmod 755 "$B" "$B"/*
-sh "$REPO/scripts/install-criu.sh" --from "$A/criu" || { say "CRIU install failed"; exit 1; }
-/opt/slurm-gpu-mode/criu/bin/criu check || say "warning: criu check failed"
 P=/opt/sroot
-[ -x $P/usr/sbin/slurmctld-wlm ] || { mkdir -p $P; for f in "$A"/debs/*.deb; do dpkg -x "$f" $P; done; }
+if [ "$PART" = nccl-bench ]; then
+    say "(nccl-bench: nothing to install)"
+else
+    rm -rf "$B"; mkdir -p "$B"; cp "$A"/lib*.so "$A"/gpu-mode-* "$REPO/tools/ckpt-bench/apps/framework_app.py" "$REPO/tools/ckpt-bench/apps/train_app.py" "$B/"; chmod 755 "$B" "$B"/*
+    sh "$REPO/scripts/install-criu.sh" --from "$A/criu" || { say "CRIU install failed"; exit 1; }
+    /opt/slurm-gpu-mode/criu/bin/criu check || say "warning: criu check failed"
+    [ -x $P/usr/sbin/slurmctld-wlm ] || { mkdir -p $P; for f in "$A"/debs/*.deb; do dpkg -x "$f" $P; done; }
+fi
 L=$P/usr/lib/x86_64-linux-gnu
 S=$P/usr/bin
 export GPU_MODE_SLURM_PREFIX=$P GPU_MODE_ARTIFACTS=$B GPU_MODE_CLUSTER_BASE=/tmp/gmc-preempt-real
@@ -114,10 +142,28 @@ finished() { case "$(field "$1" JobState)" in COMPLETED|FAILED|CANCELLED|TIMEOUT
 ready_all() { local i; for i in $(seq 0 $(($2 - 1))); do [ -s "$1/ready$i" ] || return 1; done; }
 wait_until() {
     local limit=$1 what=$2 i=0; shift 2
+    # Never past BUDGET_S (the caller's command has a hard limit).
+    [ "$limit" -gt "$(left)" ] && limit=$(left)
     until "$@"; do sleep 0.5; i=$((i + 1)); [ $i -ge $((limit * 2)) ] && { say "timed out after $limit s waiting for $what"; return 1; }; done
     return 0  # (an until loop's status is its body's last, here the failed test)
 }
 apps() { nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv,noheader; }
+# NCCL's portable variables as gpu-mode-run sets them (preempt/src/nccl.rs,
+# PORTABLE_ENV), one NAME=VALUE per line: the one table, read, never copied.
+portable_env() {
+    python3 - "$REPO/preempt/src/nccl.rs" <<'PYEOF'
+import re, sys
+src = open(sys.argv[1]).read()
+table = src[src.index("pub const PORTABLE_ENV"):]
+table = table[: table.index("];")]
+pairs = re.findall(r'name:\s*"(NCCL_\w+)",\s*value:\s*"([^"]*)"', table)
+if not pairs:
+    sys.exit("no NCCL variable found in PORTABLE_ENV of " + sys.argv[1])
+print("\n".join(f"{k}={v}" for k, v in pairs))
+PYEOF
+}
+# torchrun as installed with PyTorch, else the same module through python3.
+TORCHRUN=$(command -v torchrun || echo "$(command -v python3) -m torch.distributed.run")
 
 
 # preempt_case NAME GIB RANKS [torch [ARGS...]]: one preemption, end to end (see the header);
@@ -336,8 +382,17 @@ agent_log() {
 # and every step's loss is logged once and bitwise equal to the reference's. The workers' GPU
 # files before the first preemption go to worker-files.txt, the whole tree's files (fds, maps
 # under /dev/, sockets, /dev/shm) to tree-before-preempt.txt (also $OUT/NAME-tree.txt).
+# Each phase that ends is said with its time ("NAME: the requeue (+12 s, case at 48 s)").
 # The caller may set, for one call: TC_LAUNCH, a launcher put before train_app.py (torchrun);
-# TC_GPUS, the job's GPUs (--gres=gpu:N, default 1); TC_STARTOVER=1: a checkpoint the agent
+# TC_GPUS, the job's GPUs (--gres=gpu:N, default 1); TC_MODE, the --gpu-mode value of both
+# jobs (default checkpoint): with checkpoint:nccl=portable the reference also runs under
+# gpu-mode-run (never preempted), so it has NCCL's portable variables as the job does, and
+# every rank's `ddp:` line of both runs must name each of them (portable_env);
+# TC_FAILFAST=1: give up at the first sign of failure (gpu-mode-run's "checkpoint of job J
+# failed", "cannot restore job J" or a later run "starting the application from the
+# beginning"; the job ended before the phase; no output for TC_STALL_S, default 90, while
+# the job runs), cancel the job and say why, instead of waiting out each phase's limit;
+# TC_STARTOVER=1: a checkpoint the agent
 # refused before locking anything (gpu-mode-run's "checkpoint of job J failed: ..." naming no
 # rollback: neither "GPU state was restored", "could NOT be restored" nor "; rollback: "), after
 # which the job started over and completed
@@ -345,26 +400,77 @@ agent_log() {
 # not counted as a failure (issue 24 item 5's expected behaviour where the driver cannot).
 train_case() {
     local name=$1 preempt=$2 W=$U/$1 job pre pid why="" k plainjob failed launch=${TC_LAUNCH:-} gpus=${TC_GPUS:-1}
+    local mode=${TC_MODE:-checkpoint} refwrap=0 failfast=${TC_FAILFAST:-0} stall=${TC_STALL_S:-90} gaveup="" tstart tphase
+    tstart=$(date +%s); tphase=$tstart
+    case $mode in *nccl=portable*) refwrap=1 ;; esac
     shift 2
     mkdir -p "$W"; chmod 1777 "$W"
     for k in plain job; do
         local app="${launch:-$(command -v python3)} $B/train_app.py --ready $W/ready-$k $*" wrap=""
-        [ $k = job ] && wrap="$B/gpu-mode-run --config $D/gpu-mode.toml --"
+        { [ $k = job ] || [ $refwrap = 1 ]; } && wrap="$B/gpu-mode-run --config $D/gpu-mode.toml --"
         printf '#!/bin/sh\nexec %s %s %s\n' "$DROP" "$wrap" "$app" > "$W/$k.sh"; chmod 755 "$W/$k.sh"
     done
-    submit() { (cd "$W" && as $JOBUSER $S/sbatch --parsable -J "$name-$1" -p low --gpu-mode=checkpoint --signal=B:USR1@60 \
+    submit() { (cd "$W" && as $JOBUSER $S/sbatch --parsable -J "$name-$1" -p low --gpu-mode="$mode" --signal=B:USR1@60 \
         --requeue --open-mode=append --gres=gpu:"$gpus" --time=10 --output="$W/$1.out" "$W/$1.sh"); }
     steps_at_least() { [ "$(grep -c '^step ' "$1")" -ge "$2" ]; }
+    phase() { local now; now=$(date +%s); say "$name: $* (+$((now - tphase)) s, case at $((now - tstart)) s)"; tphase=$now; }
+    # tc_wait LIMIT WHAT OUTFILE JOB CMD...: wait_until, which says how long the phase took;
+    # with TC_FAILFAST=1 it gives up (sets gaveup, and every later tc_wait returns at once)
+    # at the first sign of failure named above.
+    tc_wait() {
+        local limit=$1 what=$2 outf=$3 wjob=$4 i=0 age line; shift 4
+        [ -n "$gaveup" ] && return 1
+        [ "$limit" -gt "$(left)" ] && limit=$(left)
+        until "$@"; do
+            if [ "$failfast" = 1 ]; then
+                line=$(grep -m1 -E "^gpu-mode-run: (checkpoint of job $wjob failed|cannot restore job $wjob[: ]|job $wjob run [1-9][0-9]*: .*starting the application from the beginning)" "$outf" 2>/dev/null)
+                if [ -n "$line" ]; then gaveup="gpu-mode-run said: ${line#gpu-mode-run: }"; break; fi
+                if finished "$wjob"; then gaveup="job $wjob ended ($(field "$wjob" JobState) $(field "$wjob" ExitCode)) before $what"; break; fi
+                if state_is "$wjob" RUNNING && [ -f "$outf" ]; then
+                    age=$(( $(date +%s) - $(stat -c %Y "$outf") ))
+                    if [ "$age" -ge "$stall" ]; then gaveup="no output for $age s while job $wjob runs, waiting for $what"; break; fi
+                fi
+            fi
+            sleep 0.5; i=$((i + 1))
+            if [ $i -ge $((limit * 2)) ]; then
+                say "$name: timed out after $limit s waiting for $what"
+                [ "$failfast" = 1 ] && gaveup="timed out after $limit s waiting for $what"
+                return 1
+            fi
+        done
+        if [ -n "$gaveup" ]; then say "$name: giving up: $gaveup"; return 1; fi
+        phase "$what"
+        return 0
+    }
+    portable_env_seen() {  # FILE: every rank's `ddp:` line names each portable variable
+        local f=$1 v n m
+        n=$(grep -c '^ddp: rank ' "$f")
+        [ "$n" -ge 1 ] || { echo "no rank's ddp line in $(basename "$f");"; return 1; }
+        for v in $(portable_env); do
+            m=$(grep '^ddp: rank ' "$f" | grep -cE "NCCL env:.* $v( |\$)")
+            [ "$m" = "$n" ] || { echo "$v in $m of $n ranks' ddp lines of $(basename "$f");"; return 1; }
+        done
+    }
     job=$(submit plain); plainjob=$job
-    wait_until 240 "the reference run" finished "$job"
+    say "$name: reference job $job (as $JOBUSER, --gpu-mode=$mode$([ $refwrap = 1 ] && echo ', under gpu-mode-run')) submitted"
+    tc_wait "${TC_REF_LIMIT:-240}" "the reference run's end" "$W/plain.out" "$job" finished "$job"
     say "$name: reference job $job $(field "$job" JobState) $(field "$job" ExitCode), $(grep -c '^step ' "$W/plain.out") steps"
     [ -n "$launch" ] && grep -E '^ddp:|Error|Traceback' "$W/plain.out" | cut -c1-300
+    if [ "$failfast" = 1 ] && { [ -n "$gaveup" ] || [ "$(field "$job" ExitCode)" != 0:0 ]; }; then
+        finished "$job" || $S/scancel "$job"
+        grep -E '^gpu-mode-run|Error|Traceback' "$W/plain.out" | tail -n 20 | cut -c1-400
+        verdict "$name" 1 "the reference run failed: ${gaveup:-$(field "$job" JobState) $(field "$job" ExitCode)}"
+        return
+    fi
+    if [ $refwrap = 1 ]; then k=$(portable_env_seen "$W/plain.out") || why="$why reference: $k"; fi
     job=$(submit job)
-    say "$name: job $job (as $JOBUSER): $*"
+    say "$name: job $job (as $JOBUSER, --gpu-mode=$mode): $*"
     restored_at_least() { [ "$(grep -c 'restored (pid' "$W/job.out")" -ge "$1" ]; }
     requeued_times() { state_is "$1" PENDING && [ "$(field "$1" Restarts)" = "$2" ]; }
     if [ "$preempt" -ge 1 ]; then
-        wait_until 240 "step 5" steps_at_least "$W/job.out" 5 || why="$why never reached step 5;"
+        tc_wait 240 "step 5" "$W/job.out" "$job" steps_at_least "$W/job.out" 5 || why="$why never reached step 5;"
+    fi
+    if [ "$preempt" -ge 1 ] && [ -z "$gaveup" ]; then
         pid=$(cat "$W/ready-job" 2>/dev/null)
         for k in $(pgrep -P "${pid:-0}") ; do
             echo "worker $k ($(tr '\0' ' ' < /proc/$k/cmdline | cut -c1-80)):"
@@ -376,15 +482,28 @@ train_case() {
         say "$name: the job's processes (fds, maps under /dev/, sockets, /dev/shm: $OUT/$name-tree.txt):"
         sed -n '2,/^$/p' "$W/tree-before-preempt.txt" | grep -v '^$'
         pre=$(as gmtest2 $S/sbatch --parsable -J preemptor -p high --gres=gpu:"$N" --output="$W/preemptor.out" --wrap 'sleep 5')
-        wait_until 240 "the requeue" requeued "$job" || why="$why not requeued;"
+        phase "preemptor $pre submitted"
+        tc_wait 240 "the requeue" "$W/job.out" "$job" requeued "$job" || why="$why not requeued;"
     fi
-    if [ "$preempt" -ge 2 ]; then
-        wait_until 300 "the first restore" restored_at_least 1 || why="$why not restored once;"
-        wait_until 240 "step 15" steps_at_least "$W/job.out" 15 || why="$why never reached step 15;"
-        pre=$(as gmtest2 $S/sbatch --parsable -J preemptor -p high --gres=gpu:"$N" --output="$W/preemptor2.out" --wrap 'sleep 5')
-        wait_until 240 "the second requeue" requeued_times "$job" 2 || why="$why not requeued twice;"
+    if [ "$preempt" -ge 2 ] && [ -z "$gaveup" ]; then
+        tc_wait 300 "the first restore" "$W/job.out" "$job" restored_at_least 1 || why="$why not restored once;"
+        tc_wait 240 "step 15" "$W/job.out" "$job" steps_at_least "$W/job.out" 15 || why="$why never reached step 15;"
+        if [ -z "$gaveup" ]; then
+            pre=$(as gmtest2 $S/sbatch --parsable -J preemptor -p high --gres=gpu:"$N" --output="$W/preemptor2.out" --wrap 'sleep 5')
+            phase "preemptor $pre submitted"
+            tc_wait 240 "the second requeue" "$W/job.out" "$job" requeued_times "$job" 2 || why="$why not requeued twice;"
+        fi
     fi
-    wait_until 400 "the job's end" finished "$job" || { why="$why did not end;"; $S/scancel "$job"; }
+    # (TC_FAILFAST only: a job refused and started over is never restored.)
+    if [ "$failfast" = 1 ] && [ "$preempt" -ge 1 ] && [ -z "$gaveup" ]; then
+        tc_wait 300 "restore $preempt" "$W/job.out" "$job" restored_at_least "$preempt"
+    fi
+    tc_wait 400 "the job's end" "$W/job.out" "$job" finished "$job" || { why="$why did not end;"; $S/scancel "$job"; }
+    if [ -n "$gaveup" ]; then
+        why=" gave up: $gaveup;${why:+ then:$why}"
+        # The cancel ends the job's processes (wherever they are): wait for that, bounded.
+        wait_until 30 "the cancelled job's end" finished "$job"
+    fi
     say "$name: job $job $(field "$job" JobState), exit code $(field "$job" ExitCode), restarts $(field "$job" Restarts); gpu-mode-run said:"
     grep -E '^gpu-mode-run|^ddp:|Error|Traceback|MISMATCH|DONE' "$W/job.out" | cut -c1-400
     agent_log "$plainjob" "$job" > "$W/agent.log"; [ -s "$W/agent.log" ] && cp "$W/agent.log" "$OUT/$name-agent.log"
@@ -413,6 +532,9 @@ train_case() {
     [ "$preempt" -ge 1 ] && ! restored_at_least "$preempt" && why="$why restored $(grep -c 'restored (pid' "$W/job.out") of $preempt times;"
     python3 "$B/train_app.py" --compare "$W/job.out" "$W/plain.out" || why="$why losses differ from the reference;"
     [ -n "$failed" ] && why="$why ${failed#gpu-mode-run: }"
+    if [ $refwrap = 1 ]; then k=$(portable_env_seen "$W/job.out") || why="$why job: $k"; fi
+    [ "$failfast" = 1 ] && ! grep -q 'DONE steps=' "$W/job.out" && why="$why no DONE line;"
+    say "$name: case took $(( $(date +%s) - tstart )) s"
     [ -z "$why" ]; verdict "$name" $? "$why"
 }
 
@@ -428,9 +550,16 @@ if [ "$PART" = all ] || [ "$PART" = e2e ]; then
         h=$(getent passwd "$u" | cut -d: -f6)
         [ -n "$h" ] && [ ! -d "$h" ] && mkdir -p "$h" && chown "$u:" "$h" && chmod 700 "$h"
     done
-    # torchrun as installed with PyTorch, else the same module through python3.
-    TORCHRUN=$(command -v torchrun || echo "$(command -v python3) -m torch.distributed.run")
+    # PREEMPT_CONFIG: lines for the cluster's [preempt] section, the config's
+    # last (e.g. "ghost_limit_mib = 64"); the prolog reads it for each job.
+    if [ -n "${PREEMPT_CONFIG:-}" ]; then
+        printf '%s\n' "$PREEMPT_CONFIG" >> "$D/gpu-mode.toml"
+        say "[preempt] gains: $(printf '%s' "$PREEMPT_CONFIG" | tr '\n' ';')"
+    fi
     for c in ${E2E_CASES:-1gib 16gib 2ranks}; do
+        if [ "$(left)" -lt 60 ]; then
+            say "CASE $c: skipped: $(left) s left of BUDGET_S=$BUDGET_S"; SKIPPED_CASES="$SKIPPED_CASES $c"; continue
+        fi
         case $c in
             1gib) preempt_case ckpt-1gib 1 1 ;;
             torch8) preempt_case ckpt-torch8 8 1 torch ;;
@@ -459,6 +588,16 @@ if [ "$PART" = all ] || [ "$PART" = e2e ]; then
                 syslog_on
                 TC_LAUNCH="$TORCHRUN --standalone --nproc_per_node=2" TC_GPUS=$tgpus TC_STARTOVER=1 \
                     train_case "$c" 1 --ddp "$backend" --steps 40 --interval 0.3 --workers 0 ;;
+            # Issue 38 item 4: NCCL in the portable mode (2 GPUs, a rank on each), DDP or
+            # FSDP (FULL_SHARD), the transformer, 2 persistent fork workers per rank and
+            # NVML, preempted twice; the reference also under gpu-mode-run in the mode.
+            nccl-ddp|nccl-fsdp)
+                if [ "$N" -lt 2 ]; then say "CASE $c: skipped: needs 2 GPUs, this machine has $N"; continue; fi
+                syslog_on
+                fsdp=""; [ "$c" = nccl-fsdp ] && fsdp=--fsdp
+                TC_LAUNCH="$TORCHRUN --standalone --nproc_per_node=2" TC_GPUS=2 TC_MODE=checkpoint:nccl=portable \
+                    TC_FAILFAST=1 TC_REF_LIMIT=150 \
+                    train_case "$c" 2 --ddp nccl $fsdp --model transformer --steps 40 --interval 0.3 --workers 2 --persistent --nvml ;;
             *) say "CASE $c: unknown (no such case)" ;;
         esac
     done
@@ -503,8 +642,43 @@ if [ "$PART" = all ] || [ "$PART" = bench ]; then
     [ -n "$SKIPPED" ] && say "not run (time bound): bash scripts/gpu/preempt-real.sh $CARRY bench ${SKIPPED#,}"
 fi
 
+if [ "$PART" = nccl-bench ]; then
+    say "== nccl-bench: NCCL's default transports vs the portable mode's variables, 2 ranks on 2 GPUs"
+    if [ "$N" -lt 2 ]; then
+        say "nccl-bench: skipped: needs 2 GPUs, this machine has $N"
+    else
+        mapfile -t PENV < <(portable_env)
+        [ "${#PENV[@]}" -gt 0 ] || { say "nccl-bench: no portable variable read from $REPO/preempt/src/nccl.rs"; exit 1; }
+        say "portable variables (preempt/src/nccl.rs): ${PENV[*]}"
+        unset_env=(); for v in "${PENV[@]}"; do unset_env+=(-u "${v%%=*}"); done
+        NB=/tmp/gm-nccl-bench; rm -rf "$NB"; mkdir -p "$NB"
+        for mode in default portable; do
+            if [ "$mode" = default ]; then menv=("${unset_env[@]}"); else menv=("${unset_env[@]}" "${PENV[@]}"); fi
+            rm -f "$NB"/debug.*
+            tb=$(date +%s) lim=${NCCLBENCH_LIMIT_S:-75}
+            [ "$lim" -gt "$(left)" ] && lim=$(left)
+            [ "$lim" -ge 10 ] || { say "nccl-bench $mode: skipped: $(left) s left of BUDGET_S=$BUDGET_S"; FAILS=$((FAILS + 1)); continue; }
+            # NCCL_DEBUG=INFO into files: which transport each channel took ("via ...").
+            # shellcheck disable=SC2086
+            timeout -k 5 "$lim" env "${menv[@]}" NCCL_DEBUG=INFO NCCL_DEBUG_FILE="$NB/debug.%h.%p" \
+                $TORCHRUN --standalone --nproc_per_node=2 "$REPO/tools/ckpt-bench/apps/nccl_bench.py" \
+                --mode "$mode" --out "$OUT/nccl-bench-$mode.jsonl" ${NCCLBENCH_ARGS:-} > "$OUT/nccl-bench-$mode.log" 2>&1
+            rc=$?
+            say "nccl-bench $mode: rc $rc in $(( $(date +%s) - tb )) s ($OUT/nccl-bench-$mode.log)"
+            [ "$rc" = 0 ] || { tail -n 20 "$OUT/nccl-bench-$mode.log"; FAILS=$((FAILS + 1)); }
+            grep -hE 'NCCL version|Using network|via ' "$NB"/debug.* 2>/dev/null | sed -e 's/^.*NCCL INFO //' -e 's|^Channel [0-9]*/[0-9]* : |Channel N : |' | sort | uniq -c \
+                > "$OUT/nccl-bench-$mode-transports.txt"
+            say "nccl-bench $mode: NCCL's transports (count, line):"; head -n 12 "$OUT/nccl-bench-$mode-transports.txt"
+        done
+        say "nccl-bench: the table ($OUT/nccl-bench.txt)"
+        python3 "$REPO/tools/ckpt-bench/apps/nccl_bench.py" --table "$OUT/nccl-bench-default.jsonl" "$OUT/nccl-bench-portable.jsonl" \
+            | tee "$OUT/nccl-bench.txt"
+        [ "${PIPESTATUS[0]}" = 0 ] || { say "nccl-bench: the table is incomplete"; FAILS=$((FAILS + 1)); }
+    fi
+fi
+
 say "== GPUs after"
 nvidia-smi --query-gpu=index,compute_mode,persistence_mode,mig.mode.current --format=csv,noheader > "$OUT/gpu-settings-after.txt"
 cmp -s "$OUT/gpu-settings-before.txt" "$OUT/gpu-settings-after.txt" && say "GPU settings unchanged" || say "GPU SETTINGS CHANGED"
 apps || true
-say "done: $FAILS failed case(s)$([ "$STARTED_OVER" -gt 0 ] && echo ", $STARTED_OVER refused cleanly and started over")"
+say "done: $FAILS failed case(s)$([ "$STARTED_OVER" -gt 0 ] && echo ", $STARTED_OVER refused cleanly and started over")$([ -n "$SKIPPED_CASES" ] && echo "; not run (time bound):$SKIPPED_CASES")"
