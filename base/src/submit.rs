@@ -12,6 +12,12 @@
 //! its checkpoint is useless. `--open-mode=append` keeps the first run's
 //! output (a requeue truncates it otherwise): advised, not required.
 //!
+//! A checkpoint job must also stay on one node: the agent checkpoints the
+//! processes of the batch step's node, so a job that asks for several
+//! (`-N 2`, `--nodes=2-4`, `-w a,b`) is refused here. One that lands on
+//! several nodes without asking (`--ntasks` spilling over) is refused at
+//! the checkpoint instead, and starts over (preempt's agent, `dump.rs`).
+//!
 //! sbatch's precedence is followed: command line over environment over
 //! `#SBATCH` lines.
 
@@ -47,6 +53,10 @@ struct Said {
     requeue: Option<bool>,
     signal: Option<String>,
     open_mode: Option<String>,
+    /// `-N`/`--nodes`, as given.
+    nodes: Option<String>,
+    /// `-w`/`--nodelist`, as given.
+    nodelist: Option<String>,
 }
 
 impl Said {
@@ -56,6 +66,8 @@ impl Said {
             requeue: self.requeue.or(earlier.requeue),
             signal: self.signal.or(earlier.signal),
             open_mode: self.open_mode.or(earlier.open_mode),
+            nodes: self.nodes.or(earlier.nodes),
+            nodelist: self.nodelist.or(earlier.nodelist),
         }
     }
 }
@@ -109,20 +121,33 @@ fn from_args(args: &[String]) -> Said {
     let own = &args[..script_index(args).unwrap_or(args.len())];
     let mut it = own.iter().peekable();
     while let Some(a) = it.next() {
-        let (name, inline) = match a.split_once('=') {
-            Some((n, v)) => (n, Some(v.to_string())),
-            None => (a.as_str(), None),
-        };
+        let (name, inline) = split_option(a);
         let mut value = || inline.clone().or_else(|| it.next().cloned());
         match name {
             "--requeue" => said.requeue = Some(true),
             "--no-requeue" => said.requeue = Some(false),
             "--signal" => said.signal = value(),
             "--open-mode" => said.open_mode = value(),
+            "-N" | "--nodes" => said.nodes = value(),
+            "-w" | "--nodelist" => said.nodelist = value(),
             _ => {}
         }
     }
     said
+}
+
+/// An option's name and its value when given in the same word: `--x=v`,
+/// and the short options whose value may follow at once (`-N2`, `-wn1`).
+fn split_option(a: &str) -> (&str, Option<String>) {
+    if let Some(short @ ("-N" | "-w")) = a.get(..2) {
+        if a.len() > 2 && !a.starts_with("--") {
+            return (short, Some(a[2..].to_string()));
+        }
+    }
+    match a.split_once('=') {
+        Some((n, v)) => (n, Some(v.to_string())),
+        None => (a, None),
+    }
 }
 
 fn from_env(env: &BTreeMap<String, String>) -> Said {
@@ -133,7 +158,15 @@ fn from_env(env: &BTreeMap<String, String>) -> Said {
     } else {
         None
     };
-    Said { requeue, signal: env.get("SBATCH_SIGNAL").cloned(), open_mode: env.get("SBATCH_OPEN_MODE").cloned() }
+    // sbatch reads no node count from its environment (22.05's man page
+    // lists no SBATCH_NODES): the command line and the script say it.
+    Said {
+        requeue,
+        signal: env.get("SBATCH_SIGNAL").cloned(),
+        open_mode: env.get("SBATCH_OPEN_MODE").cloned(),
+        nodes: None,
+        nodelist: None,
+    }
 }
 
 /// The words of the `#SBATCH` lines at the top of a batch script (sbatch
@@ -212,7 +245,7 @@ pub fn checkpoint_submit_check(
 }
 
 fn problems(said: &Said, site: &SubmitSite) -> Vec<String> {
-    let mut out = Vec::new();
+    let mut out: Vec<String> = several_nodes(said).into_iter().collect();
     match said.requeue {
         Some(false) => out.push("--no-requeue: a preempted job must be requeued to be restored".to_string()),
         None if !site.job_requeue => out.push("the job is not requeueable (add --requeue)".into()),
@@ -240,6 +273,48 @@ fn problems(said: &Said, site: &SubmitSite) -> Vec<String> {
     out
 }
 
+/// The refusal of a job that asks for more than one node, if it does.
+fn several_nodes(said: &Said) -> Option<String> {
+    let why = "checkpoint mode checkpoints the processes of one node, so a job on several nodes could not be restored \
+               (use -N 1, or drop --gpu-mode=checkpoint and the job starts over when preempted)";
+    if let Some(n) = said.nodes.as_deref().and_then(least_nodes).filter(|n| *n > 1) {
+        let given = said.nodes.as_deref().unwrap_or_default();
+        return Some(format!("--nodes={given} asks for at least {n} nodes: {why}"));
+    }
+    let names = said.nodelist.as_deref().and_then(nodelist_names)?;
+    (names.len() > 1).then(|| format!("--nodelist={} names {} nodes: {why}", names.join(","), names.len()))
+}
+
+/// The least node count of `-N`'s value: `2`, `2-4` (min-max), `1,2,4`
+/// (sizes; newer Slurm), each with an optional `k`/`m` multiplier as
+/// Slurm reads them. `None` for what Slurm would refuse itself: sbatch's
+/// own message says it better than a guess here.
+fn least_nodes(value: &str) -> Option<u64> {
+    let sizes = value.split(',').map(|size| size.split_once('-').map_or(size, |(min, _)| min));
+    sizes.map(node_count).collect::<Option<Vec<u64>>>()?.into_iter().min()
+}
+
+fn node_count(text: &str) -> Option<u64> {
+    let (digits, unit) = match text.char_indices().last()? {
+        (i, 'k' | 'K') => (&text[..i], 1024),
+        (i, 'm' | 'M') => (&text[..i], 1024 * 1024),
+        _ => (text, 1),
+    };
+    digits.parse::<u64>().ok()?.checked_mul(unit)
+}
+
+/// The node names of `-w`'s value, a hostlist (`a,b`, `n[1-2]`); `None`
+/// for a file of names (a `/` in it: not read here) or what does not expand.
+fn nodelist_names(value: &str) -> Option<Vec<String>> {
+    if value.contains('/') {
+        return None;
+    }
+    let mut names = crate::hostlist::expand(value).ok()?;
+    names.sort();
+    names.dedup();
+    Some(names)
+}
+
 fn advice(said: &Said) -> Vec<String> {
     if said.open_mode.as_deref() == Some("append") {
         return Vec::new();
@@ -265,7 +340,15 @@ fn suggestion(args: &[String], site: &SubmitSite) -> String {
     ];
     let mut it = args.iter();
     while let Some(a) = it.next() {
-        let name = a.split_once('=').map_or(a.as_str(), |(n, _)| n);
+        let (name, inline) = split_option(a);
+        if name == "-N" || name == "--nodes" {
+            // One node: the only count a checkpoint job may ask for.
+            if inline.is_none() {
+                it.next();
+            }
+            line.extend(["-N".to_string(), "1".into()]);
+            continue;
+        }
         let takes_value = !a.contains('=') && matches!(name, "--signal" | "--open-mode");
         match name {
             "--requeue" | "--no-requeue" | "--signal" | "--open-mode" | "--gpu-mode" => {
@@ -379,6 +462,66 @@ mod tests {
         assert!(err.contains("exec gpu-mode-run ./app") && err.contains("--open-mode=append keeps"), "{err}");
         let err = check("sbatch --signal B:USR2@5 --gpu-mode checkpoint --wrap=x", &[], None, &site()).unwrap_err();
         assert!(err.contains("  sbatch --gpu-mode=checkpoint --signal=B:USR1@120 --requeue --open-mode=append --wrap=x\n"), "{err}");
+    }
+
+    /// A job that asks for several nodes is refused; one node, or a count
+    /// Slurm itself would refuse, is not this check's to refuse.
+    #[test]
+    fn a_job_on_several_nodes_is_refused() {
+        let ok = "--signal=B:USR1@120 --requeue";
+        let script = |n: &str| format!("#!/bin/bash\n#SBATCH {n}\nexec gpu-mode-run ./a\n");
+        // (options before job.sh, the script's #SBATCH options, refused with this needle or Ok)
+        let cases: Vec<(&str, Option<&str>, Option<&str>)> = vec![
+            ("-N 1", None, None),
+            ("-N1", None, None),
+            ("--nodes=1", None, None),
+            ("--nodes 1-1", None, None),
+            ("--nodes=1-4", None, None),
+            ("-n 8", None, None),
+            ("-w gma", None, None),
+            ("--nodelist=gma,gma", None, None),
+            ("-w ./hosts", None, None),
+            ("-N 2", None, Some("--nodes=2 asks for at least 2 nodes")),
+            ("-N2", None, Some("--nodes=2 asks for at least 2 nodes")),
+            ("--nodes=2", None, Some("--nodes=2 asks for at least 2 nodes")),
+            ("--nodes 2-4", None, Some("--nodes=2-4 asks for at least 2 nodes")),
+            ("--nodes=4,2", None, Some("--nodes=4,2 asks for at least 2 nodes")),
+            ("-N 1k", None, Some("--nodes=1k asks for at least 1024 nodes")),
+            ("-w gpu[07-08]", None, Some("--nodelist=gpu07,gpu08 names 2 nodes")),
+            ("--nodelist=n1,n2", None, Some("--nodelist=n1,n2 names 2 nodes")),
+            // From the script; the command line wins over it.
+            ("", Some("-N 2"), Some("--nodes=2 asks")),
+            ("", Some("--nodes=3"), Some("--nodes=3 asks")),
+            ("-N 1", Some("-N 2"), None),
+            ("-N 2", Some("-N 1"), Some("--nodes=2 asks")),
+            // What Slurm refuses itself is left to its own message.
+            ("-N two", None, None),
+            ("-N 0x2", None, None),
+            ("--nodes=-2", None, None),
+            ("-N 99999999999999999999", None, None),
+            ("-w n[2-1]", None, None),
+        ];
+        for (opts, in_script, want) in cases {
+            let cmd = format!("sbatch {ok} {opts} job.sh");
+            let text = in_script.map(script);
+            let got = check(&cmd, &[], text.as_deref(), &site());
+            match want {
+                None => assert!(got.is_ok(), "{cmd} {in_script:?}: {got:?}"),
+                Some(needle) => {
+                    let err = got.expect_err(&cmd);
+                    assert!(err.contains(needle), "{cmd}: {err}");
+                    assert!(err.contains("a job on several nodes could not be restored (use -N 1, or drop --gpu-mode=checkpoint"), "{err}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_line_to_use_asks_for_one_node() {
+        let err = check("sbatch --requeue -N 2 -p low --nodes=2-4 -N3 job.sh", &[], None, &site()).unwrap_err();
+        let line = "sbatch --gpu-mode=checkpoint --signal=B:USR1@120 --requeue --open-mode=append -N 1 -p low -N 1 -N 1 job.sh";
+        assert!(err.contains(&format!("Submit it as:\n  {line}\n")), "{err}");
+        assert!(err.contains("--nodes=3 asks for at least 3 nodes") && err.contains("no warning signal"), "{err}");
     }
 
     #[test]
