@@ -116,6 +116,22 @@ impl JobEnv {
     }
 }
 
+/// The job's nodes, as slurmd tells its Prolog and Epilog: 22.05 sets
+/// SLURM_NODELIST, later versions SLURM_JOB_NODELIST too (a hostlist
+/// expression). Empty when neither is set or the list does not expand:
+/// unknown, which no caller takes for "several".
+pub fn job_nodes(vars: &HashMap<String, String>) -> Vec<String> {
+    let list = ["SLURM_JOB_NODELIST", "SLURM_NODELIST"].iter().find_map(|k| vars.get(*k).filter(|v| !v.is_empty()));
+    list.and_then(|l| crate::hostlist::expand(l).ok()).unwrap_or_default()
+}
+
+/// [`job_nodes`] of the current process's environment (the prolog's).
+pub fn job_nodes_of_process() -> Vec<String> {
+    let vars: HashMap<String, String> =
+        std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))).collect();
+    job_nodes(&vars)
+}
+
 /// Parses `0,2,3` (Slurm's GPU index list). An empty string or `NoDevFiles`
 /// means no GPUs. Duplicates are refused: they would make us lock a GPU twice.
 pub fn parse_gpu_list(list: &str) -> Result<Vec<u32>, String> {
@@ -162,6 +178,18 @@ mod tests {
             v.insert(k.to_string(), val.to_string());
         }
         v
+    }
+
+    #[test]
+    fn the_job_nodes_come_from_slurmds_node_list() {
+        let nodes = |pairs: &[(&str, &str)]| job_nodes(&pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
+        assert_eq!(nodes(&[("SLURM_NODELIST", "gma,gmb")]), ["gma", "gmb"]);
+        assert_eq!(nodes(&[("SLURM_NODELIST", "gpu[07-08]")]), ["gpu07", "gpu08"]);
+        assert_eq!(nodes(&[("SLURM_JOB_NODELIST", "n1"), ("SLURM_NODELIST", "n[1-2]")]), ["n1"], "the newer name first");
+        assert_eq!(nodes(&[("SLURM_JOB_NODELIST", ""), ("SLURM_NODELIST", "n1,n2")]), ["n1", "n2"]);
+        // Unknown, never "several".
+        assert!(nodes(&[]).is_empty());
+        assert!(nodes(&[("SLURM_NODELIST", "n[2-1]")]).is_empty());
     }
 
     #[test]

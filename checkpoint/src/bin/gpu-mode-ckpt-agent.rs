@@ -1,5 +1,6 @@
 //! `gpu-mode-ckpt-agent --job J --uid U --gid G --restart-count K --node N
-//!  [--gpus I,J] [--deadline-unix T] [--config PATH] [--nccl portable|native]`
+//!  [--gpus I,J] [--deadline-unix T] [--config PATH] [--nccl portable|native]
+//!  [--job-nodes A,B]`
 //!
 //! The per-job checkpoint agent (gpu_mode_core::preempt::agent), started by
 //! the prolog as root through `spawn_agent`. `--gpus` are the job's NVML
@@ -31,10 +32,12 @@ struct Args {
     /// The job's NCCL transport as the prolog resolved it; native (the
     /// side that refuses NCCL ranks before r610) when not given.
     nccl: NcclTransport,
+    /// The job's nodes when several (the prolog passes them only then).
+    job_nodes: Vec<String>,
 }
 
 fn parse() -> Result<Args, String> {
-    let mut a = Args { job: 0, uid: 0, gid: 0, restart_count: 0, node: String::new(), gpus: vec![], deadline_unix: None, config: None, nccl: NcclTransport::Native };
+    let mut a = Args { job: 0, uid: 0, gid: 0, restart_count: 0, node: String::new(), gpus: vec![], deadline_unix: None, config: None, nccl: NcclTransport::Native, job_nodes: vec![] };
     let mut it = std::env::args().skip(1);
     let mut seen = (false, false);
     while let Some(k) = it.next() {
@@ -50,6 +53,7 @@ fn parse() -> Result<Args, String> {
             "--deadline-unix" => a.deadline_unix = Some(num(&v)?),
             "--config" => a.config = Some(v.into()),
             "--nccl" => a.nccl = v.parse()?,
+            "--job-nodes" => a.job_nodes = v.split(',').map(String::from).collect(),
             _ => return Err(format!("unknown option {k}")),
         }
     }
@@ -93,6 +97,7 @@ fn main() {
         gpus,
         deadline: a.deadline_unix.map(|t| SystemTime::UNIX_EPOCH + Duration::from_secs(t)),
         nccl: a.nccl,
+        job_nodes: a.job_nodes,
     };
     let mut settings = AgentSettings::from_config(&cfg);
     // Checkpoints and restores are counted where the site keeps metrics.

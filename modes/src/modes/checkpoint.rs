@@ -76,6 +76,8 @@ impl ModeDriver for CheckpointDriver<'_> {
             deadline_unix: None,
             config: ctx.cfg.source.clone(),
             nccl,
+            // The agent refuses to checkpoint a job on several nodes.
+            job_nodes: crate::job_env::job_nodes_of_process(),
         };
         let pid = {
             let _step = watchdog::step("checkpoint: agent start");

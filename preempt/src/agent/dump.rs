@@ -102,6 +102,7 @@ impl Agent {
         self.criu_usable("checkpoint")?;
         let t = Instant::now();
         self.check_root(peer, root)?;
+        self.refuse_several_nodes()?;
         let pinned = crate::procfs::Pinned::new(root).because(FailureReason::Other)?;
         let pids = self.host.with_descendants(root);
         tree::check_owned(&pids, &self.user).because(FailureReason::Other)?;
@@ -218,6 +219,18 @@ impl Agent {
         }
         let message = format!("pid {root} is neither a descendant of the caller (pid {}) nor a tree this agent restored: refused", peer.pid);
         Err(RequestError::refused(RefusalKind::NotDescendant, message))
+    }
+
+    /// A job on several nodes: this agent sees only its own node's
+    /// processes, and an image of them alone could not bring the job back
+    /// (its processes on the other nodes would be missing). Refused before
+    /// anything is locked, so the job starts over.
+    fn refuse_several_nodes(&self) -> Result<(), RequestError> {
+        let nodes = &self.params.job_nodes;
+        if nodes.len() < 2 {
+            return Ok(());
+        }
+        Err(several_nodes_message(self.params.run.job, nodes, &self.params.run.node)).because(FailureReason::Uncheckpointable)
     }
 
     /// Another job of the same user on this node must not use this agent.
@@ -527,6 +540,17 @@ impl Agent {
 /// The summary figures of a dump's timeline (see [`DumpTimings`]). The GPU
 /// memory is free when the driver's checkpoint returns (or, for a tree
 /// without GPU memory, when the checks are done).
+/// Why a job on `nodes` is not checkpointed by the agent of `node`.
+fn several_nodes_message(job: u32, nodes: &[String], node: &str) -> String {
+    format!(
+        "cannot checkpoint: job {job} runs on {} nodes ({}), and checkpoint mode checkpoints the processes of one node \
+         ({node}): its processes on the others could not be restored: refused, nothing was changed (submit it with \
+         -N 1 to have it checkpointed)",
+        nodes.len(),
+        nodes.join(",")
+    )
+}
+
 fn timings_of(t: &Timeline, from_signal: bool) -> DumpTimings {
     let len = |name: &str| t.phase(name).map_or(0.0, |p| p.ms);
     let gpu_free = t.end_of("cuda-checkpoint").or_else(|| t.end_of("checks")).unwrap_or(0.0);

@@ -38,6 +38,10 @@ pub struct AgentLaunch {
     /// (crate::nccl): passed as `--nccl portable`; native is the agent's
     /// default, the side that refuses NCCL ranks on r580.
     pub nccl: NcclTransport,
+    /// The job's nodes (job_env::job_nodes; empty: unknown). Passed as
+    /// `--job-nodes a,b` only when several: the agent then refuses to
+    /// checkpoint (one node's processes cannot restore the job).
+    pub job_nodes: Vec<String>,
 }
 
 impl AgentLaunch {
@@ -70,6 +74,10 @@ impl AgentLaunch {
         if self.nccl == NcclTransport::Portable {
             a.push("--nccl".into());
             a.push(self.nccl.as_str().into());
+        }
+        if self.job_nodes.len() > 1 {
+            a.push("--job-nodes".into());
+            a.push(self.job_nodes.join(","));
         }
         a
     }
@@ -223,13 +231,16 @@ mod tests {
             deadline_unix: Some(99),
             config: Some("/etc/x.toml".into()),
             nccl: NcclTransport::Native,
+            job_nodes: vec!["n1".into()],
         };
         assert_eq!(
             l.args().join(" "),
             "--job 7 --uid 1001 --gid 1001 --restart-count 2 --node n1 --gpus 1,0 --deadline-unix 99 --config /etc/x.toml"
         );
-        let portable = AgentLaunch { nccl: NcclTransport::Portable, ..l };
+        let portable = AgentLaunch { nccl: NcclTransport::Portable, ..l.clone() };
         assert!(portable.args().join(" ").ends_with("--config /etc/x.toml --nccl portable"), "{:?}", portable.args());
+        let two = AgentLaunch { job_nodes: vec!["n1".into(), "n2".into()], ..l };
+        assert!(two.args().join(" ").ends_with("--config /etc/x.toml --job-nodes n1,n2"), "{:?}", two.args());
     }
 
     #[test]
@@ -246,7 +257,7 @@ mod tests {
         cfg.preempt.agent = "/nonexistent/gpu-mode-ckpt-agent".into();
         let dir = tempfile::tempdir().unwrap();
         cfg.preempt.agent_socket_dir = Some(dir.path().to_path_buf());
-        let l = AgentLaunch { run: JobRun { job: 1, restart_count: 0, uid: 0, gid: 0, node: "n".into() }, gpus: vec![], deadline_unix: None, config: None, nccl: NcclTransport::Native };
+        let l = AgentLaunch { run: JobRun { job: 1, restart_count: 0, uid: 0, gid: 0, node: "n".into() }, gpus: vec![], deadline_unix: None, config: None, nccl: NcclTransport::Native, job_nodes: vec![] };
         let err = spawn_agent(&cfg, &l, Duration::from_secs(1)).unwrap_err();
         assert!(matches!(err, AgentControlError::Start { .. }), "{err:?}");
         assert!(err.to_string().contains("cannot start /nonexistent/gpu-mode-ckpt-agent"), "{err}");
@@ -258,7 +269,7 @@ mod tests {
         let mut cfg = Config::default();
         cfg.preempt.agent = program.to_path_buf();
         cfg.preempt.agent_socket_dir = Some(socket_dir.to_path_buf());
-        let l = AgentLaunch { run: JobRun { job: 1, restart_count: 0, uid: 0, gid: 0, node: "n".into() }, gpus: vec![], deadline_unix: None, config: None, nccl: NcclTransport::Native };
+        let l = AgentLaunch { run: JobRun { job: 1, restart_count: 0, uid: 0, gid: 0, node: "n".into() }, gpus: vec![], deadline_unix: None, config: None, nccl: NcclTransport::Native, job_nodes: vec![] };
         for _ in 0..50 {
             match spawn_agent(&cfg, &l, Duration::from_millis(300)) {
                 Err(AgentControlError::Start { source, .. }) if source.raw_os_error() == Some(libc::ETXTBSY) => std::thread::sleep(Duration::from_millis(10)),

@@ -141,6 +141,7 @@ fn fixture_opts(counting: bool, accounting: crate::accounting::AccountingField, 
         gpus: vec![GpuFacts { uuid: GpuUuid::parse(GPU_A).unwrap(), name: "NVIDIA H200".into() }],
         deadline: None,
         nccl: gpu_mode_base::gpu_mode::NcclTransport::Native,
+        job_nodes: vec![],
     };
     let criu = Arc::new(RecordingCriu::default());
     // `<dir>/gpus/` plays the simulated driver's device-memory folder.
@@ -273,6 +274,29 @@ fn a_gpu_file_opened_while_crius_dump_began_drops_the_image_and_the_app_runs_on(
     assert_eq!(fx.agent.settings.images.latest(7), None);
     assert_eq!(child.try_wait().unwrap(), None, "the application still runs");
     assert_ne!(crate::procfs::read(pid).unwrap().state, 'T', "and is no longer stopped");
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+/// A job on several nodes (the prolog's `--job-nodes`): refused before
+/// anything is locked or dumped, with the nodes and what to do; the
+/// application runs on and no image is made (the job starts over).
+#[test]
+fn a_job_on_several_nodes_is_refused_before_anything_is_locked() {
+    if !root_or_skip() {
+        return;
+    }
+    let mut fx = fixture();
+    Arc::get_mut(&mut fx.agent).unwrap().params.job_nodes = vec!["n1".into(), "n2".into()];
+    let mut child = app();
+    let e = fx.agent.checkpoint(me(), child.id() as i32, None).unwrap_err();
+    assert_eq!(e.reason(), Some(FailureReason::Uncheckpointable));
+    let err = e.to_string();
+    assert!(err.contains("job 7 runs on 2 nodes (n1,n2), and checkpoint mode checkpoints the processes of one node (n1)"), "{err}");
+    assert!(err.contains("refused, nothing was changed (submit it with -N 1 to have it checkpointed)"), "{err}");
+    assert!(fx.criu.calls().iter().all(|c| !matches!(c, CriuCall::Dump(_))), "no dump");
+    assert_eq!(fx.agent.settings.images.latest(7), None);
+    assert_eq!(child.try_wait().unwrap(), None, "the application runs on");
     child.kill().unwrap();
     child.wait().unwrap();
 }
