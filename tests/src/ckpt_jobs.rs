@@ -176,6 +176,22 @@ pub fn submit_preemptor(c: &Cluster, user: Option<&str>, node: Option<&str>, gpu
     c.submit(user, &args, &script, &[]).unwrap()
 }
 
+/// The harness's two slurmd nodes, each in namespaces of its own
+/// ([`crate::ClusterSpec::second_node`]).
+pub const TWO_NODES: [&str; 2] = ["gma", "gmb"];
+
+/// This test binary's cluster `name` of [`TWO_NODES`] with `gpus` GPUs
+/// each and preemption, when CRIU works here ([`criu_ready`]).
+pub fn two_node_cluster(name: &str, gpus: u32) -> Option<&'static Cluster> {
+    criu_ready().then(|| {
+        crate::shared::cluster_with(name, gpus, |s| {
+            s.preemption = Some(crate::Preemption::default());
+            s.node_name = TWO_NODES[0].into();
+            s.second_node = Some(TWO_NODES[1].into());
+        })
+    })
+}
+
 /// Whether CRIU works here. When not, the running test is noted SKIPPED
 /// (CI's log and count show it), or fails where CRIU is required
 /// (GPU_MODE_REQUIRE_CRIU=1, as scripts/test.sh sets: a skip there would

@@ -12,22 +12,15 @@
 
 use gpu_mode_core::preempt::manifest::Manifest;
 use gpu_mode_tests::ckpt_jobs::*;
-use gpu_mode_tests::shared::cluster_with;
-use gpu_mode_tests::{Cluster, Preemption};
+use gpu_mode_tests::Cluster;
 use std::os::unix::fs::MetadataExt;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-const NODES: [&str; 2] = ["gma", "gmb"];
+const NODES: [&str; 2] = TWO_NODES;
 
 fn c() -> Option<&'static Cluster> {
-    criu_ready().then(|| {
-        cluster_with("preempt_other_node", 2, |s| {
-            s.preemption = Some(Preemption::default());
-            s.node_name = NODES[0].into();
-            s.second_node = Some(NODES[1].into());
-        })
-    })
+    two_node_cluster("preempt_other_node", 2)
 }
 
 fn serial() -> MutexGuard<'static, ()> {
