@@ -1649,3 +1649,73 @@ fn unlinked_dev_shm_buffers_larger_than_the_ghost_limit_are_carried_whole_and_di
     assert!(stdout.contains("buffers intact"), "{stdout}\n{}", err_of());
     stop_agent(&cfg, job, Duration::from_secs(10)).unwrap();
 }
+
+/// Issue 38 (seen on 2×H200: an FSDP job over NCCL restored 12 s after its
+/// dump failed `inet: Can't bind inet socket (id 179): Address already in
+/// use`): a listener without SO_REUSEADDR (as NCCL's) whose accepted
+/// connection closed first leaves a TIME_WAIT entry on its port for 60 s,
+/// which fails CRIU's rebind of the listener. The dump records the tree's
+/// ports and the restore clears them first (preempt::timewait, `ss -K`): a
+/// restore right after the dump brings back the listener, which accepts
+/// again, and the connection it kept, which still carries data.
+#[test]
+fn a_listener_whose_port_has_a_time_wait_entry_is_restored_right_after_its_dump() {
+    let Some(n) = node() else { return };
+    if !Path::new("/usr/bin/ss").exists() {
+        assert!(!gpu_mode_testkit::required("GPU_MODE_REQUIRE_CRIU"), "no /usr/bin/ss (iproute2)");
+        return gpu_mode_testkit::skipped(&gpu_mode_testkit::this_test(), "no /usr/bin/ss (iproute2)");
+    }
+    let job = 9151;
+    let images = n.dir.join("images-timewait");
+    let (cfg_path, cfg) = n.config("timewait", &images);
+    let home = n.user_home("timewait");
+    let script = home.join("listener_app.py");
+    std::fs::write(
+        &script,
+        "import os, socket, sys, time\n\
+         ready, go = sys.argv[1], sys.argv[2]\n\
+         l = socket.socket(); l.bind(('127.0.0.1', 0)); l.listen(8)\n\
+         port = l.getsockname()[1]\n\
+         c = socket.create_connection(('127.0.0.1', port)); a, _ = l.accept(); a.close(); time.sleep(0.1); c.close()\n\
+         k = socket.create_connection(('127.0.0.1', port)); b, _ = l.accept()\n\
+         open(ready + '.tmp', 'w').write(str(port)); os.rename(ready + '.tmp', ready)\n\
+         while not os.path.exists(go):\n\
+         \x20   time.sleep(0.05)\n\
+         k.sendall(b'ping'); assert b.recv(4) == b'ping'\n\
+         n = socket.create_connection(('127.0.0.1', port)); m, _ = l.accept()\n\
+         print('listener and connection work', flush=True)\n",
+    )
+    .unwrap();
+    let (ready, go) = (home.join("ready"), home.join("go"));
+    let (script_s, ready_s, go_s) = (script.display().to_string(), ready.display().to_string(), go.display().to_string());
+    let app = ["/usr/bin/python3", script_s.as_str(), ready_s.as_str(), go_s.as_str()];
+    let out = n.dir.join("timewait.out");
+    n.agent((&cfg_path, &cfg), job, 0, 0);
+    let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 0, cgroup: None, out: &out }, &app);
+    wait_for("the application", Duration::from_secs(30), || ready.exists());
+    let port: u16 = read(&ready).trim().parse().unwrap();
+    let time_wait = || {
+        let out = Command::new("/usr/bin/ss").args(["-tn", "state", "time-wait", "(", "sport", "=", &format!(":{port}"), ")"]).output().unwrap();
+        gpu_mode_core::preempt::timewait::listed(&String::from_utf8_lossy(&out.stdout))
+    };
+    assert!(time_wait() >= 1, "the application left a TIME_WAIT entry on its listener's port {port}");
+    signal(&w, libc::SIGUSR1);
+    assert_eq!(exit_code(&mut w, Duration::from_secs(60)), 0, "{}", read(&out.with_extension("err")));
+    let m = Manifest::load(&ImageStore::new(&images).run_dir(job, 0)).unwrap();
+    assert!(m.tcp_ports.contains(&port), "the manifest records the listener's port {port}: {:?}", m.tcp_ports);
+    stop_agent(&cfg, job, Duration::from_secs(10)).unwrap();
+    assert!(time_wait() >= 1, "the TIME_WAIT entry still holds port {port} when the restore starts");
+
+    n.agent((&cfg_path, &cfg), job, 1, 0);
+    let rout = n.dir.join("timewait-restore.out");
+    let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 1, cgroup: None, out: &rout }, &app);
+    let err_of = || read(&rout.with_extension("err"));
+    wait_for("the restore to end", Duration::from_secs(60), || matches!(w.try_wait(), Ok(Some(_))) || err_of().contains("restored (pid"));
+    assert!(err_of().contains("restored (pid"), "{}", err_of());
+    std::fs::write(&go, b"go").unwrap();
+    let code = exit_code(&mut w, Duration::from_secs(60));
+    let stdout = read(&out);
+    assert_eq!(code, 0, "{stdout}\n{}", err_of());
+    assert!(stdout.contains("listener and connection work"), "{stdout}\n{}", err_of());
+    stop_agent(&cfg, job, Duration::from_secs(10)).unwrap();
+}

@@ -16,7 +16,12 @@
 //!   limit, after the driver's lock).
 //!
 //! /dev/shm files that still have a name are shm.rs's (it links and carries
-//! them itself) and memfds are CRIU's own kind; neither is counted here.
+//! them itself); anonymous shared memory (`MAP_SHARED|MAP_ANONYMOUS`, which
+//! /proc shows as `/dev/zero (deleted)`; SysV segments, `/SYSV... (deleted)`;
+//! memfds) is CRIU's shared-memory kind, dumped as memory, not as files
+//! (seen on 2×H200: a DDP rank maps a dozen `/dev/zero (deleted)` regions
+//! of 2-10 MiB, which the first version of this module refused as deleted
+//! files past the limit). None of them is counted here.
 //! Sizes are allocated blocks (`st_blocks`), what CRIU compares with its
 //! limit and what a sparse file's image takes (CRIU copies only data).
 
@@ -48,12 +53,14 @@ pub struct Seen<'a> {
 }
 
 /// The kind of a deleted file, or `None` for what CRIU does not carry as a
-/// ghost (a memfd, a socket, a file with a name) or shm.rs carries (a
-/// /dev/shm file that still has a name). `shm_dev`: /dev/shm's device.
-pub fn kind(seen: &Seen, shm_dev: Option<u64>) -> Option<Kind> {
-    if !seen.path.starts_with('/') || !seen.path.ends_with(DELETED) || seen.path.starts_with("/memfd:") || !seen.is_file {
+/// ghost (anonymous shared memory, a memfd, a socket, a file with a name)
+/// or shm.rs carries (a /dev/shm file that still has a name). `devs`: the
+/// devices of /dev/shm and of the kernel's internal shared-memory mount.
+pub fn kind(seen: &Seen, devs: Devices) -> Option<Kind> {
+    if !seen.path.starts_with('/') || !seen.path.ends_with(DELETED) || !seen.is_file || is_anonymous_shared(seen, devs.anon) {
         return None;
     }
+    let shm_dev = devs.shm;
     if !seen.path.starts_with(SHM_DIR) {
         return Some(Kind::Disk);
     }
@@ -64,6 +71,48 @@ pub fn kind(seen: &Seen, shm_dev: Option<u64>) -> Option<Kind> {
         Some(0) => Some(Kind::Disk),
         _ => None,
     }
+}
+
+/// The devices that tell files apart: /dev/shm's tmpfs, and the kernel's
+/// internal mount of anonymous shared memory (what CRIU itself compares
+/// with, learnt as CRIU learns it: from a mapping of its own).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Devices {
+    pub shm: Option<u64>,
+    pub anon: Option<u64>,
+}
+
+impl Devices {
+    /// This node's.
+    pub fn here() -> Devices {
+        Devices { shm: std::fs::metadata(SHM_DIR).ok().map(|m| m.dev()), anon: anonymous_shared_dev() }
+    }
+}
+
+/// Anonymous shared memory: on the kernel's internal mount (when it is
+/// known), or named as the kernel names it (when the inode is unreadable).
+fn is_anonymous_shared(seen: &Seen, anon: Option<u64>) -> bool {
+    if anon.is_some() && seen.dev.is_some() {
+        return seen.dev == anon;
+    }
+    seen.path == "/dev/zero (deleted)" || seen.path.starts_with("/SYSV") || seen.path.starts_with("/memfd:")
+}
+
+/// The device of the kernel's internal shared-memory mount: that of a
+/// shared anonymous mapping of this process's own, read through
+/// map_files (root's; `None` where it cannot be read).
+fn anonymous_shared_dev() -> Option<u64> {
+    const LEN: usize = 4096;
+    // SAFETY: a fresh shared anonymous mapping, unmapped below.
+    let p = unsafe { libc::mmap(std::ptr::null_mut(), LEN, libc::PROT_READ, libc::MAP_SHARED | libc::MAP_ANONYMOUS, -1, 0) };
+    if p == libc::MAP_FAILED {
+        return None;
+    }
+    let start = p as usize;
+    let dev = std::fs::metadata(format!("/proc/self/map_files/{start:x}-{:x}", start + LEN)).ok().map(|m| m.dev());
+    // SAFETY: unmaps the mapping made above.
+    unsafe { libc::munmap(p, LEN) };
+    dev
 }
 
 /// One ghost: a process that holds it, the path /proc shows and its
@@ -87,24 +136,24 @@ impl Ghosts {
     /// mappings (`/proc/<pid>/map_files`, root's), each inode read through
     /// the process's own reference, never by a name.
     pub fn survey(pids: &[i32]) -> Ghosts {
-        let shm_dev = std::fs::metadata(SHM_DIR).ok().map(|m| m.dev());
+        let devs = Devices::here();
         let mut out = Ghosts::default();
         for &pid in pids {
             let fd_dir = format!("/proc/{pid}/fd");
             for (fd, link) in crate::procfs::fd_links(std::path::Path::new(&fd_dir)).unwrap_or_default() {
-                out.note(pid, &link, std::fs::metadata(format!("{fd_dir}/{fd}")).ok(), shm_dev);
+                out.note(pid, &link, std::fs::metadata(format!("{fd_dir}/{fd}")).ok(), devs);
             }
             let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
             for (range, path) in mapped_paths(&maps) {
-                out.note(pid, path, std::fs::metadata(format!("/proc/{pid}/map_files/{range}")).ok(), shm_dev);
+                out.note(pid, path, std::fs::metadata(format!("/proc/{pid}/map_files/{range}")).ok(), devs);
             }
         }
         out
     }
 
-    fn note(&mut self, pid: i32, path: &str, meta: Option<std::fs::Metadata>, shm_dev: Option<u64>) {
+    fn note(&mut self, pid: i32, path: &str, meta: Option<std::fs::Metadata>, devs: Devices) {
         let seen = Seen { path, is_file: meta.as_ref().is_none_or(|m| m.is_file()), nlink: meta.as_ref().map(|m| m.nlink()), dev: meta.as_ref().map(|m| m.dev()) };
-        let Some(kind) = kind(&seen, shm_dev) else { return };
+        let Some(kind) = kind(&seen, devs) else { return };
         // Unreadable (no map_files here): counted, of unknown size, under
         // its path (no inode to tell two apart).
         let (key, bytes) = meta.map_or(((u64::MAX, hash(path)), 0), |m| ((m.dev(), m.ino()), m.blocks() * 512));
@@ -177,7 +226,7 @@ mod tests {
     /// Path × inode facts → kind.
     #[test]
     fn a_deleted_file_is_memory_only_when_unlinked_on_dev_shms_tmpfs() {
-        let shm = Some(21);
+        let devs = Devices { shm: Some(21), anon: Some(1) };
         let seen = |path, is_file, nlink, dev| Seen { path, is_file, nlink, dev };
         let table = [
             (seen("/dev/shm/nccl-Ab12 (deleted)", true, Some(0), Some(21)), Some(Kind::Shm)),
@@ -190,12 +239,18 @@ mod tests {
             (seen("/tmp/ckpt.tmp (deleted)", true, Some(0), Some(7)), Some(Kind::Disk)),
             (seen("/tmp/lib.so (deleted)", true, None, None), Some(Kind::Disk)),
             (seen("/memfd:cuda (deleted)", true, Some(0), Some(1)), None),
+            // Anonymous shared memory (MAP_SHARED|MAP_ANONYMOUS, SysV): CRIU's shmem, by device...
+            (seen("/dev/zero (deleted)", true, Some(0), Some(1)), None),
+            (seen("/SYSV00000000 (deleted)", true, Some(0), Some(1)), None),
+            // ... or, the inode unreadable, by the kernel's names for it.
+            (seen("/dev/zero (deleted)", true, None, None), None),
+            (seen("/SYSV0000002a (deleted)", true, None, None), None),
             (seen("/tmp/x", true, Some(1), Some(7)), None),
             (seen("socket:[12] (deleted)", false, Some(1), Some(8)), None),
             (seen("/tmp/dir (deleted)", false, Some(0), Some(7)), None),
         ];
         for (s, want) in table {
-            assert_eq!(kind(&s, shm), want, "{s:?}");
+            assert_eq!(kind(&s, devs), want, "{s:?}");
         }
     }
 
@@ -242,9 +297,23 @@ mod tests {
         disk.write_all(&vec![1u8; 2 << 20]).unwrap();
         disk.sync_all().unwrap();
         std::fs::remove_file(&disk_path).unwrap();
+        // Shared anonymous memory of 4 MiB (`/dev/zero (deleted)` in maps): not a ghost.
+        // SAFETY: a fresh shared anonymous mapping, unmapped below.
+        let anon = unsafe { libc::mmap(std::ptr::null_mut(), 4 << 20, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_ANONYMOUS, -1, 0) };
+        assert_ne!(anon, libc::MAP_FAILED);
+        // SAFETY: within the mapping just made.
+        unsafe { std::ptr::write_bytes(anon.cast::<u8>(), 9, 4 << 20) };
         let g = Ghosts::survey(&[me]);
-        // SAFETY: unmaps the mapping made above.
-        unsafe { libc::munmap(map, 3 << 20) };
+        let anon_range = format!("{:x}-", anon as usize);
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        let anon_line = maps.lines().find(|l| l.starts_with(&anon_range)).unwrap_or_default().to_string();
+        // SAFETY: unmaps the mappings made above.
+        unsafe {
+            libc::munmap(map, 3 << 20);
+            libc::munmap(anon, 4 << 20);
+        }
+        assert!(anon_line.ends_with("/dev/zero (deleted)"), "shared anonymous memory as maps shows it: {anon_line}");
+        assert!(!g.disk.values().chain(g.shm.values()).any(|x| x.path == "/dev/zero (deleted)"), "shared anonymous memory is no ghost: {g:?}");
         drop((shm, disk));
         let ours: Vec<&Ghost> = g.shm.values().filter(|x| x.path.starts_with(&shm_path)).collect();
         assert_eq!(ours.len(), 1, "the /dev/shm file once, open and mapped: {g:?}");

@@ -62,6 +62,7 @@ pub mod staging;
 /// The submission check (the job tier: the SPANK plugin calls it).
 pub use gpu_mode_base::submit;
 pub mod timeline;
+pub mod timewait;
 pub mod tcp;
 pub mod tree;
 pub mod uncheckpointable;

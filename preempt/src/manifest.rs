@@ -103,6 +103,10 @@ pub struct Manifest {
     pub cuda_version: i32,
     pub criu_version: String,
     pub tcp_established: bool,
+    /// The local ports of the tree's TCP sockets: a restore clears them of
+    /// TIME_WAIT entries first (timewait.rs; absent in older manifests).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tcp_ports: Vec<u16>,
     pub images: Vec<ImageFile>,
     pub image_bytes: u64,
     /// The job's /dev/shm files carried in the image (shm.rs; absent when none).
@@ -307,6 +311,7 @@ mod tests {
             cuda_version: 13000,
             criu_version: "4.1.1".into(),
             tcp_established: false,
+            tcp_ports: vec![],
             image_bytes: 4,
             images,
             shm: vec![],

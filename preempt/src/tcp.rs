@@ -106,7 +106,7 @@ fn socket_inode(link: &str) -> Option<u64> {
 }
 
 /// The socket inodes `pids` hold.
-fn sockets_of(pids: &[i32]) -> BTreeSet<u64> {
+pub(crate) fn sockets_of(pids: &[i32]) -> BTreeSet<u64> {
     let mut sockets = BTreeSet::new();
     for pid in pids {
         let Ok(links) = crate::procfs::fd_links(std::path::Path::new(&format!("/proc/{pid}/fd"))) else { continue };

@@ -75,6 +75,8 @@ pub(super) struct TreeRecord {
     pub privs: std::collections::BTreeMap<i32, tree::Privs>,
     /// The tree's other thread ids: a restore waits for them as for its pids.
     pub tids: Vec<i32>,
+    /// The local ports of its TCP sockets, which a restore rebinds (timewait.rs).
+    pub tcp_ports: Vec<u16>,
 }
 
 impl TreeRecord {
@@ -86,6 +88,7 @@ impl TreeRecord {
             limits: crate::privdrop::HardLimits::of_processes(pids),
             privs: tree::privs_of(pids),
             tids: tree::thread_ids(pids),
+            tcp_ports: crate::timewait::tree_ports(pids),
         }
     }
 }
@@ -394,6 +397,7 @@ impl Agent {
         let mut manifest = self.manifest(root, pids, cuda, images, sw.timeline(), from_signal);
         manifest.shm = shm;
         manifest.tcp_established = record.tcp_established;
+        manifest.tcp_ports = record.tcp_ports.clone();
         manifest.privs = record.privs.clone();
         manifest.tids = record.tids.clone();
         manifest.limits = record.limits.clone();
@@ -525,6 +529,7 @@ impl Agent {
             cuda_version: self.facts.cuda_version,
             criu_version: self.criu_status().clone().unwrap_or_default(),
             tcp_established: self.settings.tcp_established,
+            tcp_ports: Vec::new(),
             image_bytes: images.iter().map(|f| f.bytes).sum(),
             images,
             shm: vec![],

@@ -148,6 +148,7 @@ impl Agent {
             }
         })?;
         let check_ms = ms(t);
+        self.clear_time_wait(&manifest);
         let (pid, tree) = self.criu_restore(&dir, &manifest, cgroup, opened, sw)?;
         let t = Instant::now();
         if !manifest.cuda.is_empty() {
@@ -405,6 +406,20 @@ impl Agent {
         let ids: Vec<procfs::ProcId> = pids.iter().filter_map(|p| procfs::read(*p)).map(|p| p.id()).collect();
         tree::kill_all(&ids);
         let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(m.root_pid), None);
+    }
+
+    /// Frees the image's TCP ports of TIME_WAIT entries, which would fail
+    /// CRIU's rebind of a socket that had no SO_REUSEADDR (timewait.rs).
+    /// Never fails the restore: what is left is said, and CRIU tries.
+    fn clear_time_wait(&self, m: &Manifest) {
+        if m.tcp_ports.is_empty() {
+            return;
+        }
+        match self.settings.ss.clear(&m.tcp_ports) {
+            Ok(0) => {}
+            Ok(n) => self.log("restore-ports", crate::log::Outcome::Ok, &format!("{n} TIME_WAIT entries cleared on the image's ports {:?}", m.tcp_ports)),
+            Err(e) => self.log("restore-ports", crate::log::Outcome::Failed, &format!("cannot clear TIME_WAIT entries on the image's ports: {e}; a rebind may fail")),
+        }
     }
 
     /// Kills the tree CRIU just made: `pinned` through their pidfds first,
