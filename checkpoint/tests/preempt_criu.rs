@@ -1655,16 +1655,12 @@ fn unlinked_dev_shm_buffers_larger_than_the_ghost_limit_are_carried_whole_and_di
 /// use`): a listener without SO_REUSEADDR (as NCCL's) whose accepted
 /// connection closed first leaves a TIME_WAIT entry on its port for 60 s,
 /// which fails CRIU's rebind of the listener. The dump records the tree's
-/// ports and the restore clears them first (preempt::timewait, `ss -K`): a
+/// ports and the restore clears them first (preempt::timewait, SOCK_DESTROY): a
 /// restore right after the dump brings back the listener, which accepts
 /// again, and the connection it kept, which still carries data.
 #[test]
 fn a_listener_whose_port_has_a_time_wait_entry_is_restored_right_after_its_dump() {
     let Some(n) = node() else { return };
-    if !Path::new("/usr/bin/ss").exists() {
-        assert!(!gpu_mode_testkit::required("GPU_MODE_REQUIRE_CRIU"), "no /usr/bin/ss (iproute2)");
-        return gpu_mode_testkit::skipped(&gpu_mode_testkit::this_test(), "no /usr/bin/ss (iproute2)");
-    }
     let job = 9151;
     let images = n.dir.join("images-timewait");
     let (cfg_path, cfg) = n.config("timewait", &images);
@@ -1694,10 +1690,7 @@ fn a_listener_whose_port_has_a_time_wait_entry_is_restored_right_after_its_dump(
     let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 0, cgroup: None, out: &out }, &app);
     wait_for("the application", Duration::from_secs(30), || ready.exists());
     let port: u16 = read(&ready).trim().parse().unwrap();
-    let time_wait = || {
-        let out = Command::new("/usr/bin/ss").args(["-tn", "state", "time-wait", "(", "sport", "=", &format!(":{port}"), ")"]).output().unwrap();
-        gpu_mode_core::preempt::timewait::listed(&String::from_utf8_lossy(&out.stdout))
-    };
+    let time_wait = || gpu_mode_core::preempt::timewait::entries_on(&[port]).unwrap().len();
     assert!(time_wait() >= 1, "the application left a TIME_WAIT entry on its listener's port {port}");
     signal(&w, libc::SIGUSR1);
     assert_eq!(exit_code(&mut w, Duration::from_secs(60)), 0, "{}", read(&out.with_extension("err")));

@@ -365,9 +365,6 @@ pub struct PreemptConfig {
     /// nft, which removes the nftables tables CRIU's network locks leave
     /// (core::preempt::netlock); a node without it keeps them (logged).
     pub nft: PathBuf,
-    /// ss (iproute2), which clears the TIME_WAIT entries left on the ports
-    /// a restore binds (preempt::timewait); without it they are left.
-    pub ss: PathBuf,
     /// Bound on one `criu dump` or `criu restore`.
     pub criu_timeout_ms: u64,
     /// CRIU's `--ghost-limit`, MiB: the most of one deleted-but-open file
@@ -436,7 +433,6 @@ impl Default for PreemptConfig {
             agent: PathBuf::from("/usr/libexec/slurm-gpu-mode/gpu-mode-ckpt-agent"),
             criu: PathBuf::from("/opt/slurm-gpu-mode/criu/bin/criu"),
             nft: PathBuf::from("/usr/sbin/nft"),
-            ss: PathBuf::from("/usr/bin/ss"),
             criu_timeout_ms: 600_000,
             ghost_limit_mib: 1,
             max_deleted_files: 64,
@@ -487,7 +483,6 @@ impl PreemptConfig {
             ("preempt.agent", &self.agent),
             ("preempt.criu", &self.criu),
             ("preempt.nft", &self.nft),
-            ("preempt.ss", &self.ss),
             ("preempt.huge_pages_library", &self.huge_pages_library),
             ("preempt.huge_pages_dir", &self.huge_pages_dir),
         ] {
@@ -1056,7 +1051,6 @@ mod tests {
             ("[health.deep.bandwidth_floor_gbps]\nH100 = inf", "bandwidth_floor_gbps.H100 = inf"),
             ("[preempt]\ncriu = \"criu\"", "preempt.criu = \"criu\" must be an absolute path"),
             ("[preempt]\nnft = \"nft\"", "preempt.nft = \"nft\" must be an absolute path"),
-            ("[preempt]\nss = \"ss\"", "preempt.ss = \"ss\" must be an absolute path"),
             ("[preempt]\nhuge_pages_library = \"lib.so\"", "preempt.huge_pages_library = \"lib.so\" must be an absolute path"),
             ("[preempt]\nhuge_pages_dir = \"/var/../x\"", "preempt.huge_pages_dir"),
             ("[preempt]\nimage_dir = \"images\"", "preempt.image_dir"),

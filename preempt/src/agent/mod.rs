@@ -92,8 +92,6 @@ pub struct AgentSettings {
     /// Where the network locks CRIU leaves are recorded, and nft
     /// (netlock.rs).
     pub netlocks: crate::netlock::NetLocks,
-    /// ss, which clears the image's ports of TIME_WAIT entries (timewait.rs).
-    pub ss: crate::timewait::Ss,
     /// CRIU's `--ghost-limit`: the most of one deleted file the image carries
     /// (`preempt.ghost_limit_mib`).
     pub ghost_limit_bytes: u64,
@@ -135,7 +133,6 @@ impl AgentSettings {
             checkpoint: crate::cuda_ckpt::Settings::from_config(cfg),
             tcp_established: true,
             netlocks: crate::netlock::NetLocks::from_config(cfg),
-            ss: crate::timewait::Ss { binary: cfg.preempt.ss.clone() },
             ghost_limit_bytes: cfg.preempt.ghost_limit_mib << 20,
             max_deleted_files: cfg.preempt.max_deleted_files as usize,
             early_writeback: cfg.preempt.early_writeback,

@@ -415,7 +415,7 @@ impl Agent {
         if m.tcp_ports.is_empty() {
             return;
         }
-        match self.settings.ss.clear(&m.tcp_ports) {
+        match crate::timewait::clear(&m.tcp_ports) {
             Ok(0) => {}
             Ok(n) => self.log("restore-ports", crate::log::Outcome::Ok, &format!("{n} TIME_WAIT entries cleared on the image's ports {:?}", m.tcp_ports)),
             Err(e) => self.log("restore-ports", crate::log::Outcome::Failed, &format!("cannot clear TIME_WAIT entries on the image's ports: {e}; a rebind may fail")),
