@@ -1,8 +1,10 @@
 //! Checkpoint readiness (issue 40 item 2) on a real Slurm with one
 //! simulated H200: a node made unready in each way the harness can (image
 //! directory not writable, CRIU missing, CRIU built without the project's
-//! patches, host memory below the simulated GPU's 141 GB where this
-//! machine has less) is flagged by gpu-mode-node-checker, run as slurmd
+//! patches, a CRIU the job's user may not run, a driver older than the
+//! checkpoint API, host memory below the simulated GPU's 141 GB where this
+//! machine has less; the kernel's version alone is judged only in the
+//! check's table tests) is flagged by gpu-mode-node-checker, run as slurmd
 //! runs it, and shown by gpu-mode-status, and it is not drained; a
 //! checkpoint-mode job there gets one line on its stderr at its start and
 //! still runs.
@@ -175,6 +177,23 @@ fn an_unready_node_is_flagged_in_each_way_and_not_drained() {
     std::fs::remove_file(&images).unwrap();
     std::fs::create_dir_all(&images).unwrap();
     assert_flagged_not_drained(c, &report, "ckpt_dirs", &format!("preempt.image_dir {}: cannot write a file in {}", images.display(), images.display()));
+
+    // A CRIU the job's user may not run (0700, root's): the capability
+    // probe, which starts it as nobody, says so.
+    std::fs::set_permissions(criu(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let report = node_checker(c);
+    std::fs::set_permissions(criu(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    assert_flagged_not_drained(c, &report, "ckpt_caps", "a user may not run CRIU (Permission denied (os error 13)), and CRIU runs as the job's user; fix: chmod 0755 preempt.criu");
+
+    // A driver older than the checkpoint API (r550), as the simulated NVML reports it.
+    let state = c.dir.join("sim/nvml-state.json");
+    let text = std::fs::read_to_string(&state).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["driver_version"] = "550.54.15".into();
+    std::fs::write(&state, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+    let report = node_checker(c);
+    std::fs::write(&state, &text).unwrap();
+    assert_flagged_not_drained(c, &report, "ckpt_driver", "driver 550.54.15 has no CUDA checkpoint API (r570 or newer); fix: install an NVIDIA driver of branch r570 or newer");
 
     // No CRIU at the configured path: said, and the capability probe skipped.
     let missing = base().join("checkpoint_readiness.none/bin/criu");
