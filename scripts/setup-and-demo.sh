@@ -87,12 +87,37 @@ preempt_demo() {
 # printed for --keep (with this cluster's paths: the simulated NVML is found
 # through GPU_MODE_SIM_STATE, and the node is named localhost, not this
 # machine's host name).
-status_cmd="GPU_MODE_SIM_STATE=$D/sim/nvml-state.json $PWD/$bin/gpu-mode-status --config $D/gpu-mode.toml --node $(/usr/bin/scontrol show node -o | sed -n 's/^NodeName=\([^ ]*\).*/\1/p' | head -n1)"
+node=$(/usr/bin/scontrol show node -o | sed -n 's/^NodeName=\([^ ]*\).*/\1/p' | head -n1)
+checker_cmd="GPU_MODE_SIM_STATE=$D/sim/nvml-state.json $PWD/$bin/gpu-mode-node-checker --config $D/gpu-mode.toml --node $node --no-drain"
+status_cmd="GPU_MODE_SIM_STATE=$D/sim/nvml-state.json $PWD/$bin/gpu-mode-status --config $D/gpu-mode.toml --node $node"
 metrics_cmd="grep -E '^gpu_mode_(checkpoints|restores)_total' $D/textfile/gpu-mode.prom"
 comment_cmd() { echo "scontrol show job $1 | grep -o 'AdminComment=.*'"; }
+# The node checker reads the PCI bus and the kernel log, which simulated GPUs
+# lack: the demo gives it those of the simulated GPUs (their bus ids in the
+# NVML simulation's fixture), as the harness's installed mode does, so that
+# it judges the simulated node as it would a real one.
+simulated_node_for_the_checker() {
+    for id in 0000:18:00.0 0000:2a:00.0 0000:3a:00.0 0000:5d:00.0; do
+        mkdir -p "$D/sysfs/bus/pci/devices/$id"
+        echo 0x10de > "$D/sysfs/bus/pci/devices/$id/vendor"
+        echo 0x030200 > "$D/sysfs/bus/pci/devices/$id/class"
+    done
+    printf '6,1,0,-;Linux version x\n' > "$D/kmsg"
+    grep -q '^\[health\]' "$D/gpu-mode.toml" ||
+        printf '\n[health]\nsysfs_root = "%s"\nkmsg_path = "%s"\nexpected_gpus = %s\nrequire_persistenced = false\n' \
+            "$D/sysfs" "$D/kmsg" "$gpus" >> "$D/gpu-mode.toml"
+}
 admin_view() {
     echo
     echo "== the admin's view of the node (as root)"
+    simulated_node_for_the_checker
+    # The node checker, as slurmd runs it (HealthCheckProgram) but without
+    # draining: GPU health, and whether this node can checkpoint (the
+    # ckpt_* lines, docs/node-checker.md); its verdict is what
+    # gpu-mode-status shows and what a checkpoint job is told at its start.
+    echo "\$ $checker_cmd"
+    sh -c "$checker_cmd" || echo "(gpu-mode-node-checker exit $?)"
+    echo
     # gpu-mode-status: the node's GPUs, jobs, agents, images kept and why,
     # and whatever else it reports (one screen; exit 1 lists problems).
     echo "\$ $status_cmd"
@@ -129,6 +154,7 @@ if [ "$keep" = yes ]; then
     echo
     echo "== the cluster keeps running (--keep). The admin's view again, by hand, as root:"
     echo "export SLURM_CONF=$SLURM_CONF"
+    echo "$checker_cmd"
     echo "$status_cmd"
     echo "$metrics_cmd"
     # slurmctld forgets a finished job MinJobAge after its end.
