@@ -39,9 +39,9 @@
 //! portable`. `--nccl-setenv NAME=VALUE` sets a variable in the program's
 //! own environment before that init, as a training script that assigns
 //! `os.environ` does: invisible in /proc/<pid>/environ, which the agent
-//! reads. Only NCCL_P2P_DISABLE counts here: the smallest model of what
-//! the GPU showed (issue 38; the other portable variables were not measured
-//! one by one). `--hold thread` runs a second thread (`counter-worker`), whose
+//! reads. Only NCCL_P2P_DISABLE counts here, the smallest model of what
+//! the GPU showed (issue 38: on 2×H200 NCCL_SHM_DISABLE=1 was needed too;
+//! preempt::nccl has the measure). `--hold thread` runs a second thread (`counter-worker`), whose
 //! thread id the image carries and a restore must get back. `--hold huge-pages`
 //! maps 64 MiB of private anonymous host memory, advises it MADV_HUGEPAGE
 //! (as the huge-page shim does for the driver's checkpoint buffer), writes
