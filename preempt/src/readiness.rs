@@ -27,6 +27,11 @@ pub struct Item {
     pub ready: bool,
     /// What was found and, when not ready, the fix.
     pub message: String,
+    /// Not ready only for jobs past a size (host memory or free space below
+    /// the largest GPU's memory): the node checkpoints smaller ones, so a
+    /// job is not told it cannot be (absent in older verdicts: false).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub bounds_only: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -38,15 +43,21 @@ pub struct Verdict {
 }
 
 impl Verdict {
+    /// Whether the node can checkpoint (perhaps not every size of job).
     pub fn ready(&self) -> bool {
-        self.items.iter().all(|i| i.ready)
+        self.items.iter().all(|i| i.ready || i.bounds_only)
+    }
+
+    /// Whether some finding bounds the size of a job it can checkpoint.
+    pub fn bounded(&self) -> bool {
+        self.items.iter().any(|i| !i.ready && i.bounds_only)
     }
 
     /// The line a checkpoint job gets on its stderr at its start, when the
     /// node cannot checkpoint: the first problem, how many more, and what it
     /// means for the job.
     pub fn job_start_line(&self) -> Option<String> {
-        let problems: Vec<&Item> = self.items.iter().filter(|i| !i.ready).collect();
+        let problems: Vec<&Item> = self.items.iter().filter(|i| !i.ready && !i.bounds_only).collect();
         let first = problems.first()?;
         let more = if problems.len() > 1 { format!(" (+{} more)", problems.len() - 1) } else { String::new() };
         Some(format!(
@@ -88,7 +99,11 @@ mod tests {
     use super::*;
 
     fn item(check: &str, ready: bool, message: &str) -> Item {
-        Item { check: check.into(), ready, message: message.into() }
+        Item { check: check.into(), ready, message: message.into(), bounds_only: false }
+    }
+
+    fn bounding(check: &str, message: &str) -> Item {
+        Item { check: check.into(), ready: false, message: message.into(), bounds_only: true }
     }
 
     #[test]
@@ -104,6 +119,14 @@ mod tests {
             (
                 v(vec![item("ckpt_criu", false, "a"), item("ckpt_dirs", false, "b"), item("ckpt_memory", false, "c")]),
                 Some("warning: this node cannot checkpoint (ckpt_criu: a (+2 more); gpu-mode-status shows all): the job runs, but if it is preempted it starts over"),
+            ),
+            // Host memory below a GPU's bounds the jobs it checkpoints: a job
+            // is not told the node cannot (the GPU machines: 125 GiB for 139).
+            (v(vec![item("ckpt_kernel", true, "Linux 6.18"), bounding("ckpt_memory", "host memory 125.0 GiB is less than GPU 0's 139.5 GiB")]), None),
+            // A bound beside a real problem: the problem is what the job is told.
+            (
+                v(vec![bounding("ckpt_memory", "m"), item("ckpt_criu", false, "c")]),
+                Some("warning: this node cannot checkpoint (ckpt_criu: c; gpu-mode-status shows all): the job runs, but if it is preempted it starts over"),
             ),
         ];
         for (verdict, want) in cases {

@@ -73,11 +73,22 @@ pub struct CheckResult {
     pub status: Status,
     /// One line a person can act on; for `fail` it is the drain reason's detail.
     pub message: String,
+    /// A warning that bounds what the node can do rather than saying it
+    /// cannot (a checkpoint readiness finding about size: host memory or
+    /// free space below the largest GPU's memory; smaller jobs are fine).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub bounds_only: bool,
 }
 
 impl CheckResult {
     pub fn new(check: &str, gpu: Option<u32>, status: Status, message: impl Into<String>) -> CheckResult {
-        CheckResult { check: check.to_string(), gpu, status, message: message.into() }
+        CheckResult { check: check.to_string(), gpu, status, message: message.into(), bounds_only: false }
+    }
+
+    /// This result as one that bounds, not forbids (see `bounds_only`).
+    pub fn bounding(mut self) -> CheckResult {
+        self.bounds_only = true;
+        self
     }
 }
 

@@ -117,8 +117,17 @@ impl StatusReport {
             put(s, format_args!("  (not checked yet: gpu-mode-node-checker writes it at each run)"));
             return;
         };
-        let verdict = if v.ready() { "ready" } else { "NOT READY" };
-        let rows = v.items.iter().map(|i| vec![i.check.clone(), if i.ready { "ok".into() } else { "NOT READY".into() }, i.message.clone()]).collect();
+        let verdict = match (v.ready(), v.bounded()) {
+            (false, _) => "NOT READY",
+            (true, true) => "ready, bounded",
+            (true, false) => "ready",
+        };
+        let word = |i: &crate::preempt::readiness::Item| match (i.ready, i.bounds_only) {
+            (true, _) => "ok",
+            (false, true) => "BOUNDED",
+            (false, false) => "NOT READY",
+        };
+        let rows = v.items.iter().map(|i| vec![i.check.clone(), word(i).into(), i.message.clone()]).collect();
         let when = ago(v.checked_unix, crate::persist::now_unix());
         section(s, &format!("CHECKPOINT READINESS: {verdict} (node checker, {when})"), &["CHECK", "VERDICT", "FINDING AND FIX"], rows);
     }

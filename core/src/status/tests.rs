@@ -189,8 +189,9 @@ fn the_readiness_section_shows_each_check_and_does_not_make_a_problem() {
         version: VERSION,
         checked_unix: crate::persist::now_unix(),
         items: vec![
-            Item { check: "ckpt_kernel".into(), ready: true, message: "Linux 6.18 has CAP_CHECKPOINT_RESTORE (5.9 or newer)".into() },
-            Item { check: "ckpt_criu".into(), ready: false, message: "CRIU is not installed at /x; fix: scripts/install-criu.sh --force".into() },
+            Item { check: "ckpt_kernel".into(), ready: true, message: "Linux 6.18 has CAP_CHECKPOINT_RESTORE (5.9 or newer)".into(), bounds_only: false },
+            Item { check: "ckpt_criu".into(), ready: false, message: "CRIU is not installed at /x; fix: scripts/install-criu.sh --force".into(), bounds_only: false },
+            Item { check: "ckpt_memory".into(), ready: false, message: "host memory 125.0 GiB is less than GPU 0's 139.5 GiB".into(), bounds_only: true },
         ],
     });
     let t = r.to_table();
@@ -199,6 +200,7 @@ fn the_readiness_section_shows_each_check_and_does_not_make_a_problem() {
         "  CHECK        VERDICT    FINDING AND FIX",
         "  ckpt_kernel  ok         Linux 6.18 has CAP_CHECKPOINT_RESTORE (5.9 or newer)",
         "  ckpt_criu    NOT READY  CRIU is not installed at /x; fix: scripts/install-criu.sh --force",
+        "  ckpt_memory  BOUNDED    host memory 125.0 GiB is less than GPU 0's 139.5 GiB",
         "gpu-mode status of n1: OK",
     ] {
         assert!(t.contains(want), "{want:?} missing in\n{t}");
@@ -206,4 +208,9 @@ fn the_readiness_section_shows_each_check_and_does_not_make_a_problem() {
     assert_eq!(r.exit_code(), EXIT_OK);
     let v: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
     assert_eq!(v["checkpoint_readiness"]["items"][1], serde_json::json!({"check": "ckpt_criu", "ready": false, "message": "CRIU is not installed at /x; fix: scripts/install-criu.sh --force"}));
+    assert_eq!(v["checkpoint_readiness"]["items"][2]["bounds_only"], serde_json::json!(true));
+    // Only the bound left: ready, bounded.
+    r.checkpoint_readiness.as_mut().unwrap().items.remove(1);
+    let t = r.to_table();
+    assert!(t.contains("CHECKPOINT READINESS: ready, bounded (node checker, 0s ago)"), "{t}");
 }

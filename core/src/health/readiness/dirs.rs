@@ -68,12 +68,16 @@ fn probe_dir(dir: &Path) -> Result<Probed, String> {
 pub fn judge(dirs: &[DirFacts], largest_gpu: Option<(u32, u64)>) -> CheckResult {
     let mut findings = Vec::new();
     let mut fine = Vec::new();
+    let mut unwritable = false;
     for d in dirs {
         match &d.probe {
-            Err(e) => findings.push((
+            Err(e) => {
+                unwritable = true;
+                findings.push((
                 Status::Warn,
-                format!("{} {}: {e}; fix: make it writable by root (a read-write mount, no root squash) or set {} in /etc/slurm-gpu-mode/config.toml", d.key, d.path.display(), d.key),
-            )),
+                    format!("{} {}: {e}; fix: make it writable by root (a read-write mount, no root squash) or set {} in /etc/slurm-gpu-mode/config.toml", d.key, d.path.display(), d.key),
+                ))
+            }
             Ok(p) => match largest_gpu {
                 Some((gpu, need)) if p.free_bytes < need => findings.push((
                     Status::Warn,
@@ -91,7 +95,15 @@ pub fn judge(dirs: &[DirFacts], largest_gpu: Option<(u32, u64)>) -> CheckResult 
             },
         }
     }
-    combine(NAME, None, findings, fine.join("; "))
+    let only_space = !findings.is_empty() && !unwritable;
+    let result = combine(NAME, None, findings, fine.join("; "));
+    // Too little space bounds the jobs that can be dumped; a directory that
+    // cannot be written stops them all.
+    if only_space {
+        result.bounding()
+    } else {
+        result
+    }
 }
 
 #[cfg(test)]
@@ -132,6 +144,8 @@ mod tests {
         for (dirs, gpu, status, text) in cases {
             let got = judge(&dirs, gpu);
             assert_eq!((got.status, got.message.as_str()), (status, text), "{dirs:?}");
+            // Only space findings bound; an unwritable directory forbids.
+            assert_eq!(got.bounds_only, text.contains("free, less than"), "{dirs:?}");
         }
     }
 

@@ -54,7 +54,8 @@ pub fn judge(host: &Result<u64, String>, gpus: &[(u32, u64)]) -> CheckResult {
                 gib(largest),
                 gib(host)
             ),
-        );
+        )
+        .bounding();
     }
     if host < all {
         return CheckResult::new(
@@ -68,7 +69,8 @@ pub fn judge(host: &Result<u64, String>, gpus: &[(u32, u64)]) -> CheckResult {
                 gpus.len(),
                 gib(all)
             ),
-        );
+        )
+        .bounding();
     }
     CheckResult::new(NAME, None, Status::Ok, format!("host memory {} holds all {} GPUs' {}", gib(host), gpus.len(), gib(all)))
 }
@@ -104,6 +106,8 @@ mod tests {
         for (host, gpus, status, text) in cases {
             let got = judge(&host, &gpus);
             assert_eq!((got.status, got.message.as_str()), (status, text), "{host:?} {gpus:?}");
+            // Less host memory than the GPUs bounds the jobs, it does not stop them.
+            assert_eq!(got.bounds_only, text.contains("is less than"), "{host:?} {gpus:?}");
         }
     }
 

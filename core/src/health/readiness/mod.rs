@@ -75,7 +75,7 @@ pub fn verdict(results: &[CheckResult], now_unix: u64) -> Verdict {
     let items = results
         .iter()
         .filter(|r| NAMES.contains(&r.check.as_str()))
-        .map(|r| Item { check: r.check.clone(), ready: r.status < Status::Warn, message: r.message.clone() })
+        .map(|r| Item { check: r.check.clone(), ready: r.status < Status::Warn, message: r.message.clone(), bounds_only: r.bounds_only })
         .collect();
     Verdict { version: VERSION, checked_unix: now_unix, items }
 }
