@@ -1642,18 +1642,7 @@ fn unlinked_dev_shm_buffers_larger_than_the_ghost_limit_are_carried_whole_and_di
     assert!(m.image_bytes >= 11 << 20, "the image carries both buffers: {} bytes", m.image_bytes);
     stop_agent(&cfg, job, Duration::from_secs(10)).unwrap();
 
-    n.agent((&cfg_path, &cfg), job, 1, 0);
-    let rout = n.dir.join("shmghost-restore.out");
-    let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 1, cgroup: None, out: &rout }, &app);
-    let err_of = || read(&rout.with_extension("err"));
-    wait_for("the restore to end", Duration::from_secs(60), || matches!(w.try_wait(), Ok(Some(_))) || err_of().contains("restored (pid"));
-    assert!(err_of().contains("restored (pid"), "{}", err_of());
-    std::fs::write(&go, b"go").unwrap();
-    let code = exit_code(&mut w, Duration::from_secs(60));
-    let stdout = read(&out);
-    assert_eq!(code, 0, "{stdout}\n{}", err_of());
-    assert!(stdout.contains("buffers intact"), "{stdout}\n{}", err_of());
-    stop_agent(&cfg, job, Duration::from_secs(10)).unwrap();
+    restore_then_go(n, (&cfg_path, &cfg), job, &app, "shmghost", &go, &out, "buffers intact");
 }
 
 /// Issue 38 (seen on 2×H200: an FSDP job over NCCL restored 12 s after its
@@ -1705,16 +1694,24 @@ fn a_listener_whose_port_has_a_time_wait_entry_is_restored_right_after_its_dump(
     stop_agent(&cfg, job, Duration::from_secs(10)).unwrap();
     assert!(time_wait() >= 1, "the TIME_WAIT entry still holds port {port} when the restore starts");
 
-    n.agent((&cfg_path, &cfg), job, 1, 0);
-    let rout = n.dir.join("timewait-restore.out");
-    let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 1, cgroup: None, out: &rout }, &app);
+    restore_then_go(n, (&cfg_path, &cfg), job, &app, "timewait", &go, &out, "listener and connection work");
+}
+
+/// Restores run 1 of `job` (`name`: its output's name), lets the restored
+/// application go on (`go`) and asserts that it ended with 0 having said
+/// `says` on its stdout (`out`: run 0's, where a restored program writes).
+#[allow(clippy::too_many_arguments)]
+fn restore_then_go(n: &Node, cfg: (&Path, &Config), job: u32, app: &[&str], name: &str, go: &Path, out: &Path, says: &str) {
+    n.agent(cfg, job, 1, 0);
+    let rout = n.dir.join(format!("{name}-restore.out"));
+    let mut w = wrapper(n, &Run { who: n.who, cfg: cfg.0, job, restart: 1, cgroup: None, out: &rout }, app);
     let err_of = || read(&rout.with_extension("err"));
     wait_for("the restore to end", Duration::from_secs(60), || matches!(w.try_wait(), Ok(Some(_))) || err_of().contains("restored (pid"));
     assert!(err_of().contains("restored (pid"), "{}", err_of());
-    std::fs::write(&go, b"go").unwrap();
+    std::fs::write(go, b"go").unwrap();
     let code = exit_code(&mut w, Duration::from_secs(60));
-    let stdout = read(&out);
+    let stdout = read(out);
     assert_eq!(code, 0, "{stdout}\n{}", err_of());
-    assert!(stdout.contains("listener and connection work"), "{stdout}\n{}", err_of());
-    stop_agent(&cfg, job, Duration::from_secs(10)).unwrap();
+    assert!(stdout.contains(says), "{stdout}\n{}", err_of());
+    stop_agent(cfg.1, job, Duration::from_secs(10)).unwrap();
 }
