@@ -49,6 +49,7 @@
 
 pub mod fork;
 pub mod io_uring;
+pub mod pool;
 
 use libc::{c_int, c_void, off64_t, off_t, size_t};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -132,6 +133,9 @@ extern "C" fn init() {
     let _ = (min_bytes(), logging(), real_mmap());
     fork::init(env_bytes(c"GPU_MODE_FORK_DROP"), env_bytes(c"GPU_MODE_FORK_DROP_PREFIXES"));
     io_uring::init(env_bytes(c"GPU_MODE_NO_IO_URING"));
+    if min_bytes() != OFF {
+        pool::init(env_bytes(c"GPU_MODE_POOL_MIB"), env_bytes(c"GPU_MODE_POOL_DIR"));
+    }
 }
 
 #[used]
@@ -182,8 +186,9 @@ fn put(buf: &mut [u8], at: usize, bytes: &[u8]) -> usize {
 }
 
 /// `gpu-mode-hugepages: MADV_HUGEPAGE on 11228 MiB at 0x7f...: ok (flags
-/// 0x8022, populated after)` (or `errno N`), for one write(2).
-pub fn log_line(buf: &mut [u8; 160], addr: usize, len: usize, flags: c_int, errno: Option<c_int>) -> usize {
+/// 0x8022, populated after) in 2512345 us` (or `errno N`; the time the
+/// mmap took, populating included), for one write(2).
+pub fn log_line(buf: &mut [u8; 160], addr: usize, len: usize, flags: c_int, errno: Option<c_int>, us: usize) -> usize {
     let mut at = put(buf, 0, b"gpu-mode-hugepages: MADV_HUGEPAGE on ");
     at = put_number(buf, at, len / MIB, 10);
     at = put(buf, at, b" MiB at 0x");
@@ -200,7 +205,9 @@ pub fn log_line(buf: &mut [u8; 160], addr: usize, len: usize, flags: c_int, errn
     if flags & libc::MAP_POPULATE != 0 {
         at = put(buf, at, b", populated after");
     }
-    put(buf, at, b")\n")
+    at = put(buf, at, b") in ");
+    at = put_number(buf, at, us, 10);
+    put(buf, at, b" us\n")
 }
 
 /// The mmap itself, through `real` (the C library's, with the flags to
@@ -214,10 +221,16 @@ pub fn log_line(buf: &mut [u8; 160], addr: usize, len: usize, flags: c_int, errn
 ///
 /// # Safety
 /// As `mmap(2)`.
-unsafe fn map(len: size_t, prot: c_int, flags: c_int, real: impl FnOnce(c_int) -> *mut c_void) -> *mut c_void {
+unsafe fn map(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, real: impl FnOnce(c_int) -> *mut c_void) -> *mut c_void {
     if !wants_huge_pages(len, prot, flags, min_bytes()) {
         return real(flags);
     }
+    if addr.is_null() && flags & (libc::MAP_POPULATE | libc::MAP_FIXED) == libc::MAP_POPULATE {
+        if let Some(p) = pool::take(len, prot, flags) {
+            return p;
+        }
+    }
+    let t0 = pool::now_us();
     let p = real(flags & !libc::MAP_POPULATE);
     if p == libc::MAP_FAILED {
         return p;
@@ -239,7 +252,7 @@ unsafe fn map(len: size_t, prot: c_int, flags: c_int, real: impl FnOnce(c_int) -
     }
     if logging() {
         let mut buf = [0u8; 160];
-        let n = log_line(&mut buf, p as usize, len, flags, result);
+        let n = log_line(&mut buf, p as usize, len, flags, result, pool::now_us() - t0);
         let _ = libc::write(2, buf.as_ptr().cast(), n);
     }
     *errno = saved;
@@ -253,7 +266,7 @@ unsafe fn map(len: size_t, prot: c_int, flags: c_int, real: impl FnOnce(c_int) -
 #[no_mangle]
 pub unsafe extern "C" fn mmap(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, offset: off_t) -> *mut c_void {
     let real = real_mmap();
-    map(len, prot, flags, |flags| {
+    map(addr, len, prot, flags, |flags| {
         if real == 0 {
             // No C library after us (never seen): the system call itself.
             libc::syscall(libc::SYS_mmap, addr, len, prot, flags, fd, offset) as *mut c_void
@@ -273,6 +286,27 @@ pub unsafe extern "C" fn mmap(addr: *mut c_void, len: size_t, prot: c_int, flags
 pub unsafe extern "C" fn mmap64(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, offset: off64_t) -> *mut c_void {
     const _: () = assert!(std::mem::size_of::<off_t>() == std::mem::size_of::<off64_t>(), "a 64-bit off_t");
     mmap(addr, len, prot, flags, fd, offset as off_t)
+}
+
+static REAL_MUNMAP: AtomicUsize = AtomicUsize::new(0);
+
+type MunmapFn = unsafe extern "C" fn(*mut c_void, size_t) -> c_int;
+
+/// `munmap(2)` as the C library does it, but for the buffer the [`pool`]
+/// lent, which the pool's thread unmaps (see [`pool::unmapped`]).
+///
+/// # Safety
+/// As `munmap(2)`.
+#[no_mangle]
+pub unsafe extern "C" fn munmap(addr: *mut c_void, len: size_t) -> c_int {
+    if pool::unmapped(addr as usize, len) {
+        return 0;
+    }
+    match next_definition(&REAL_MUNMAP, c"munmap") {
+        0 => libc::syscall(libc::SYS_munmap, addr, len) as c_int,
+        // SAFETY: the C library's munmap, found by name.
+        real => std::mem::transmute::<usize, MunmapFn>(real)(addr, len),
+    }
 }
 
 #[cfg(test)]
@@ -322,13 +356,13 @@ mod tests {
     #[test]
     fn the_log_line_names_size_address_outcome_and_flags() {
         let mut buf = [0u8; 160];
-        let n = log_line(&mut buf, 0x7f00_dead_0000, 11 << 30, MAP_PRIVATE | MAP_ANONYMOUS | libc::MAP_POPULATE, None);
+        let n = log_line(&mut buf, 0x7f00_dead_0000, 11 << 30, MAP_PRIVATE | MAP_ANONYMOUS | libc::MAP_POPULATE, None, 2_512_345);
         assert_eq!(
             std::str::from_utf8(&buf[..n]).unwrap(),
-            "gpu-mode-hugepages: MADV_HUGEPAGE on 11264 MiB at 0x7f00dead0000: ok (flags 0x8022, populated after)\n"
+            "gpu-mode-hugepages: MADV_HUGEPAGE on 11264 MiB at 0x7f00dead0000: ok (flags 0x8022, populated after) in 2512345 us\n"
         );
-        let n = log_line(&mut buf, 0, 64 << 20, MAP_PRIVATE | MAP_ANONYMOUS, Some(libc::EINVAL));
-        assert_eq!(std::str::from_utf8(&buf[..n]).unwrap(), "gpu-mode-hugepages: MADV_HUGEPAGE on 64 MiB at 0x0: errno 22 (flags 0x22)\n");
+        let n = log_line(&mut buf, 0, 64 << 20, MAP_PRIVATE | MAP_ANONYMOUS, Some(libc::EINVAL), 7);
+        assert_eq!(std::str::from_utf8(&buf[..n]).unwrap(), "gpu-mode-hugepages: MADV_HUGEPAGE on 64 MiB at 0x0: errno 22 (flags 0x22) in 7 us\n");
     }
 
     #[test]
