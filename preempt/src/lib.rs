@@ -51,6 +51,7 @@ pub mod images;
 pub mod manifest;
 pub mod nccl;
 pub mod netlock;
+pub mod pool;
 pub mod protocol;
 pub mod readiness;
 pub mod shm;

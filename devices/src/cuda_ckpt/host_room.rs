@@ -48,8 +48,13 @@ pub struct Shortfall {
 /// Checks that the GPU memory of `footprints` (pid, bytes) plus a margin
 /// fits: in the node's MemAvailable as a whole, and in each memory cgroup
 /// for the processes in it. An unreadable number is no limit (the check
-/// must never refuse a job for the node's own oddity).
+/// must never refuse a job for the node's own oddity). A process's host
+/// memory pool (issue 39: pages populated before the signal, which the
+/// driver's buffer is served from) is memory it already holds: only the
+/// footprint beyond it is asked.
 pub fn check(paths: &HostPaths, footprints: &[(i32, u64)]) -> Result<(), Shortfall> {
+    let footprints: Vec<(i32, u64)> = footprints.iter().map(|&(pid, bytes)| (pid, bytes.saturating_sub(pool_bytes(&paths.proc_root, pid)))).collect();
+    let footprints = footprints.as_slice();
     let pids: Vec<i32> = footprints.iter().map(|f| f.0).collect();
     let total: u64 = footprints.iter().map(|f| f.1).sum();
     if let Some(avail) = mem_available(&paths.proc_root) {
@@ -79,8 +84,44 @@ fn fits(pids: &[i32], bytes: u64, room: Room) -> Result<(), Shortfall> {
     Ok(())
 }
 
+/// The resident bytes of the process's host memory pool: its anonymous
+/// private mappings that the huge-page shim made for it, told by their
+/// flags (`dc` MADV_DONTFORK, `nr` MAP_NORESERVE, `hg` MADV_HUGEPAGE; no
+/// other mapping of a CUDA process was seen with all three, H200,
+/// 2026-11-28) or their name (`[anon:gpu-mode-pool]`, kernels that name
+/// mappings). 0 when unreadable.
+pub fn pool_bytes(proc_root: &Path, pid: i32) -> u64 {
+    let Ok(text) = std::fs::read_to_string(proc_root.join(pid.to_string()).join("smaps")) else { return 0 };
+    pool_bytes_of_smaps(&text)
+}
+
+/// [`pool_bytes`] of a /proc/<pid>/smaps text.
+pub fn pool_bytes_of_smaps(smaps: &str) -> u64 {
+    let (mut total, mut rss, mut anonymous, mut named) = (0u64, 0u64, false, false);
+    for line in smaps.lines() {
+        let mut words = line.split_whitespace();
+        let Some(first) = words.next() else { continue };
+        if first.contains('-') && !first.ends_with(':') {
+            // A mapping's head line: range, perms, offset, dev, inode, [path].
+            let path: Vec<&str> = words.skip(4).collect();
+            named = path == ["[anon:gpu-mode-pool]"];
+            anonymous = path.is_empty() || named;
+            rss = 0;
+        } else if first == "Rss:" {
+            rss = words.next().and_then(|kib| kib.parse::<u64>().ok()).unwrap_or(0) << 10;
+        } else if first == "VmFlags:" {
+            let flags: Vec<&str> = words.collect();
+            let marked = ["dc", "nr", "hg", "wr"].iter().all(|f| flags.contains(f));
+            if anonymous && (named || marked) {
+                total += rss;
+            }
+        }
+    }
+    total
+}
+
 /// /proc/meminfo's MemAvailable, bytes.
-fn mem_available(proc_root: &Path) -> Option<u64> {
+pub fn mem_available(proc_root: &Path) -> Option<u64> {
     let text = std::fs::read_to_string(proc_root.join("meminfo")).ok()?;
     let kib: u64 = text.lines().find_map(|l| l.strip_prefix("MemAvailable:"))?.trim().strip_suffix("kB")?.trim().parse().ok()?;
     Some(kib << 10)
@@ -88,7 +129,7 @@ fn mem_available(proc_root: &Path) -> Option<u64> {
 
 /// The process's memory cgroup: its path and whether it is v2 (`0::/p`)
 /// rather than v1's memory hierarchy (`N:memory:/p`, preferred where both).
-fn memory_cgroup(proc_root: &Path, pid: i32) -> Option<(PathBuf, bool)> {
+pub fn memory_cgroup(proc_root: &Path, pid: i32) -> Option<(PathBuf, bool)> {
     let text = std::fs::read_to_string(proc_root.join(pid.to_string()).join("cgroup")).ok()?;
     let mut v2 = None;
     for line in text.lines() {
@@ -106,7 +147,7 @@ fn memory_cgroup(proc_root: &Path, pid: i32) -> Option<(PathBuf, bool)> {
 
 /// The least headroom (limit minus usage) from the cgroup up to the root;
 /// `None` when no level has a limit.
-fn cgroup_room(cgroup_root: &Path, cgroup: &Path, v2: bool) -> Option<Room> {
+pub fn cgroup_room(cgroup_root: &Path, cgroup: &Path, v2: bool) -> Option<Room> {
     let base = if v2 { cgroup_root.to_path_buf() } else { cgroup_root.join("memory") };
     let (limit_file, usage_file) = if v2 { ("memory.max", "memory.current") } else { ("memory.limit_in_bytes", "memory.usage_in_bytes") };
     let mut best: Option<Room> = None;
@@ -130,6 +171,34 @@ fn cgroup_room(cgroup_root: &Path, cgroup: &Path, v2: bool) -> Option<Room> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pool_is_told_by_its_flags_or_its_name() {
+        let smaps = "\
+7f0000000000-7f02bdc00000 rw-p 00000000 00:00 0 
+Rss:            11493376 kB
+VmFlags: rd wr mr mw me dc nr hg 
+7f1000000000-7f1000200000 rw-p 00000000 00:00 0 
+Rss:                2048 kB
+VmFlags: rd wr mr mw me ac 
+7f2000000000-7f2000400000 rw-p 00000000 00:00 0 
+Rss:                4096 kB
+VmFlags: rd wr mr mw me dc ac 
+7f3000000000-7f3000400000 rw-p 00000000 00:05 12 /dev/nvidiactl
+Rss:                4096 kB
+VmFlags: rd wr mr mw me dc nr hg 
+7f4000000000-7f4000400000 rw-p 00000000 00:00 0 [anon:gpu-mode-pool]
+Rss:                1024 kB
+VmFlags: rd wr mr mw me 
+7f5000000000-7f5040000000 ---p 00000000 00:00 0 
+Rss:                   0 kB
+VmFlags: mr mw me dc nr hg 
+";
+        // The pool (flags), the named pool; not: plain memory, CUDA's pinned
+        // memory (dc alone), a device file, the reservation (no access).
+        assert_eq!(pool_bytes_of_smaps(smaps), (11493376 + 1024) << 10);
+        assert_eq!(pool_bytes_of_smaps(""), 0);
+    }
 
     /// A fake /proc and /sys/fs/cgroup: meminfo, each pid's cgroup line, and
     /// the limits and usage of each cgroup level.
