@@ -169,6 +169,111 @@ def zero_pages(pid, vmas):
     return present * PAGE, zero * PAGE
 
 
+class Sampler:
+    """The process's RSS and the GPU's used memory every ~2 ms while the
+    driver works: when the buffer's pages are made (RSS rises), when the
+    copy ends (RSS flat), when the GPU memory falls, when it is back."""
+
+    def __init__(self, pid):
+        import threading
+        import pynvml
+
+        pynvml.nvmlInit()
+        self.nv, self.dev = pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)
+        self.pid, self.rows, self.stop = pid, [], False
+        self.t0 = time.perf_counter()
+        self.th = threading.Thread(target=self.run, daemon=True)
+        self.th.start()
+
+    def rss(self):
+        for line in read(f"/proc/{self.pid}/status").splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        return 0
+
+    def run(self):
+        while not self.stop:
+            self.rows.append((time.perf_counter() - self.t0, self.rss(), self.nv.nvmlDeviceGetMemoryInfo(self.dev).used))
+            time.sleep(0.002)
+
+    def end(self):
+        self.stop = True
+        self.th.join()
+        self.nv.nvmlShutdown()
+        r = self.rows
+        if len(r) < 3:
+            return {}
+        rss0, gpu0 = r[0][1], r[0][2]
+        rss_max, rss_min = max(x[1] for x in r), min(x[1] for x in r)
+        gpu_max, gpu_min = max(x[2] for x in r), min(x[2] for x in r)
+
+        def first(cond):
+            return next((x[0] for x in r if cond(x)), None)
+        out = {"samples": len(r), "span_s": r[-1][0],
+               "rss_start_gib": rss0 / 2**30, "rss_max_gib": rss_max / 2**30, "rss_min_gib": rss_min / 2**30,
+               "gpu_start_gib": gpu0 / 2**30, "gpu_min_gib": gpu_min / 2**30, "gpu_max_gib": gpu_max / 2**30}
+        if rss_max - rss0 > 256 << 20:  # the buffer's pages were made meanwhile
+            out["rss_rise_start_s"] = first(lambda x: x[1] > rss0 + (64 << 20))
+            out["rss_rise_end_s"] = first(lambda x: x[1] >= rss_max - (64 << 20))
+        if rss0 - rss_min > 256 << 20:  # the buffer was freed meanwhile
+            out["rss_fall_s"] = first(lambda x: x[1] < rss0 - (256 << 20))
+        if gpu0 - gpu_min > 256 << 20:
+            out["gpu_fall_start_s"] = first(lambda x: x[2] < gpu0 - (64 << 20))
+            out["gpu_fall_end_s"] = first(lambda x: x[2] <= gpu_min + (64 << 20))
+        if gpu_max - gpu0 > 256 << 20:
+            out["gpu_rise_start_s"] = first(lambda x: x[2] > gpu0 + (64 << 20))
+            out["gpu_rise_end_s"] = first(lambda x: x[2] >= gpu_max - (64 << 20))
+        return out
+
+
+def copy_bounds(gib):
+    """GiB/s of the copy engines between this GPU and host memory of each
+    kind: the bound a checkpoint (device to host) or restore (host to
+    device) of `gib` GiB could reach."""
+    import ctypes
+    import numpy as np
+
+    n = int(gib * (1 << 30))
+    err, device = cu.cuDeviceGet(0)
+    check(err, "cuDeviceGet")
+    err, ctx = cu.cuDevicePrimaryCtxRetain(device)
+    check(err, "ctx")
+    check(cu.cuCtxSetCurrent(ctx), "set ctx")
+    err, dev = cu.cuMemAlloc(n)
+    check(err, "cuMemAlloc")
+    check(cu.cuMemsetD8(dev, 7, n), "memset")
+    err, pinned = cu.cuMemAllocHost(n)
+    check(err, "cuMemAllocHost")
+    out = {}
+
+    def rate(fn):
+        check(cu.cuCtxSynchronize(), "sync")
+        t = time.perf_counter()
+        check(fn(), "copy")
+        check(cu.cuCtxSynchronize(), "sync")
+        return gib / (time.perf_counter() - t)
+    for i in range(2):
+        out.setdefault("d2h_pinned", []).append(rate(lambda: cu.cuMemcpyDtoH(pinned, dev, n)))
+        out.setdefault("h2d_pinned", []).append(rate(lambda: cu.cuMemcpyHtoD(dev, pinned, n)))
+        populated = np.ones(n, dtype=np.uint8)
+        out.setdefault("d2h_pageable_populated", []).append(rate(lambda: cu.cuMemcpyDtoH(populated.ctypes.data, dev, n)))
+        out.setdefault("h2d_pageable_populated", []).append(rate(lambda: cu.cuMemcpyHtoD(dev, populated.ctypes.data, n)))
+        del populated
+        for huge in (False, True):
+            m = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            if huge:
+                m.madvise(mmap.MADV_HUGEPAGE)
+            view = ctypes.c_char.from_buffer(m)
+            addr = ctypes.addressof(view)
+            out.setdefault("d2h_pageable_fresh" + ("_thp" if huge else ""), []).append(rate(lambda: cu.cuMemcpyDtoH(addr, dev, n)))
+            del view
+            m.close()
+    check(cu.cuMemFreeHost(pinned), "free host")
+    check(cu.cuMemFree(dev), "free")
+    check(cu.cuDevicePrimaryCtxRelease(device), "release")
+    return {k: max(v) for k, v in out.items()}
+
+
 def nvml_query():
     import pynvml
 
@@ -198,8 +303,12 @@ def run_variant(a, name, env_extra, summary):
         how = "nvml-before" if c % 2 else "direct"
         if how == "nvml-before":
             nvml_query()
+        if a.pool_wait:
+            time.sleep(a.pool_wait)
         lock_ms = timed(lambda: lock(pid))
+        sampler = Sampler(pid)
         ckpt_ms = timed(lambda: checkpoint(pid))
+        trace_ckpt = sampler.end()
         after = smaps_rollup(pid)
         row = {"variant": name, "cycle": c, "how": how, "lock_ms": lock_ms, "checkpoint_ms": ckpt_ms,
                "anon_after_gib": after.get("Anonymous", 0) / 2**30, "thp_after_gib": after.get("AnonHugePages", 0) / 2**30}
@@ -215,8 +324,12 @@ def run_variant(a, name, env_extra, summary):
             present, zero = zero_pages(pid, vmas)
             row["present_gib"], row["zero_gib"] = present / 2**30, zero / 2**30
             row["zero_scan_s"] = time.perf_counter() - t0
+        sampler = Sampler(pid)
         row["restore_ms"] = timed(lambda: restore(pid))
         row["unlock_ms"] = timed(lambda: unlock(pid))
+        row["trace_checkpoint"], row["trace_restore"] = trace_ckpt, sampler.end()
+        say(f"    checkpoint trace {json.dumps({k: round(v, 3) for k, v in trace_ckpt.items()})}")
+        say(f"    restore trace    {json.dumps({k: round(v, 3) for k, v in row['trace_restore'].items()})}")
         say(f"{name} #{c} {how:<11} lock {lock_ms:7.1f} ms  checkpoint {ckpt_ms:8.1f} ms ({a.gib / ckpt_ms * 1e3:.2f} GiB/s)  "
             f"restore {row['restore_ms']:8.1f} ms  host anon after ckpt {row['anon_after_gib']:.2f} GiB (THP {row['thp_after_gib']:.2f})")
         if "largest" in row:
@@ -239,6 +352,9 @@ def main():
     p.add_argument("--json", default="")
     p.add_argument("--shim", default="", help="libgpu_mode_hugepages.so: a variant with it preloaded")
     p.add_argument("--variants", default="plain,malloc-hugetlb,shim")
+    p.add_argument("--pool-mib", type=int, default=0, help="the pool variant's GPU_MODE_POOL_MIB (default: GiB + 1 GiB)")
+    p.add_argument("--pool-wait", type=float, default=0, help="seconds before each lock (the pool refilled after a restore)")
+    p.add_argument("--bounds-gib", type=float, default=0, help="measure the copy engines' rates with this many GiB first")
     a = p.parse_args()
     check(cu.cuInit(0), "cuInit")
     summary = {"node": node_facts(), "first_touch": [], "variants": []}
@@ -248,13 +364,18 @@ def main():
         rate, thp = first_touch(a.touch_gib, huge)
         summary["first_touch"].append({"madv_hugepage": huge, "gib_s": rate})
         say(f"first touch of {a.touch_gib} GiB {'MADV_HUGEPAGE' if huge else 'plain        '}: {rate:.2f} GiB/s (AnonHugePages then {thp / 2**30:.2f} GiB)")
+    if a.bounds_gib:
+        summary["copy_bounds"] = copy_bounds(a.bounds_gib)
+        say("copy bounds GiB/s:", json.dumps({k: round(v, 2) for k, v in summary["copy_bounds"].items()}))
+    pool_mib = a.pool_mib or int(a.gib * 1024) + 1024
     variants = {
+        "pool": {"LD_PRELOAD": a.shim, "GPU_MODE_HUGEPAGES_LOG": "1", "GPU_MODE_POOL_MIB": str(pool_mib)},
         "plain": {},
         "malloc-hugetlb": {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"},
         "shim": {"LD_PRELOAD": a.shim, "GPU_MODE_HUGEPAGES_LOG": "1"},
     }
     for name in a.variants.split(","):
-        if name == "shim" and not a.shim:
+        if name in ("shim", "pool") and not a.shim:
             continue
         run_variant(a, name, variants[name], summary)
     if a.json:
