@@ -13,10 +13,15 @@
 //! output (a requeue truncates it otherwise): advised, not required.
 //!
 //! A checkpoint job must also stay on one node: the agent checkpoints the
-//! processes of the batch step's node, so a job that asks for several
-//! (`-N 2`, `--nodes=2-4`, `-w a,b`) is refused here. One that lands on
-//! several nodes without asking (`--ntasks` spilling over) is refused at
-//! the checkpoint instead, and starts over (preempt's agent, `dump.rs`).
+//! processes of the batch step's node, so every shape that can give the job
+//! several nodes is refused here (`several_nodes`): a node count above one
+//! (`-N 2`, `--nodes=2-4`) or a range that allows more (`-N 1-2`), several
+//! names (`-w a,b`), more tasks than `--ntasks-per-node` puts on one node
+//! (`-n 2 --ntasks-per-node=1`), `--spread-job` with several tasks, and a
+//! heterogeneous job (`:`, `#SBATCH hetjob`). What depends on the nodes'
+//! size (`-n 9` on nodes of 8 CPUs, `--gpus=4` on nodes of 2) cannot be
+//! known here: such a job is refused at the checkpoint instead, and starts
+//! over (preempt's agent, `dump.rs`).
 //!
 //! sbatch's precedence is followed: command line over environment over
 //! `#SBATCH` lines.
@@ -57,6 +62,15 @@ struct Said {
     nodes: Option<String>,
     /// `-w`/`--nodelist`, as given.
     nodelist: Option<String>,
+    /// `-n`/`--ntasks`, as given.
+    ntasks: Option<String>,
+    /// `--ntasks-per-node`, as given.
+    ntasks_per_node: Option<String>,
+    /// `--spread-job` (or `SBATCH_SPREAD_JOB`).
+    spread_job: Option<bool>,
+    /// A heterogeneous job: `:` between components on the command line,
+    /// `#SBATCH hetjob` (or `packjob`) in the script.
+    hetjob: bool,
 }
 
 impl Said {
@@ -68,6 +82,10 @@ impl Said {
             open_mode: self.open_mode.or(earlier.open_mode),
             nodes: self.nodes.or(earlier.nodes),
             nodelist: self.nodelist.or(earlier.nodelist),
+            ntasks: self.ntasks.or(earlier.ntasks),
+            ntasks_per_node: self.ntasks_per_node.or(earlier.ntasks_per_node),
+            spread_job: self.spread_job.or(earlier.spread_job),
+            hetjob: self.hetjob || earlier.hetjob,
         }
     }
 }
@@ -82,14 +100,22 @@ const LONG_FLAGS: &[&str] = &[
     "--usage", "--use-min-nodes", "--verbose", "--version", "--wait",
 ];
 
+/// What separates a heterogeneous job's components on the command line.
+const HETJOB_SEPARATOR: &str = ":";
+
 /// Where sbatch's own arguments end: the index of the batch script (the
-/// first word that is neither an option nor an option's value), if any.
+/// first word that is neither an option nor an option's value, nor the
+/// `:` between a heterogeneous job's components), if any.
 fn script_index(args: &[String]) -> Option<usize> {
     let mut i = 0;
     while i < args.len() {
         let a = &args[i];
         if a == "--" {
             return (i + 1 < args.len()).then_some(i + 1);
+        }
+        if a == HETJOB_SEPARATOR {
+            i += 1;
+            continue;
         }
         if !a.starts_with('-') || a == "-" {
             return Some(i);
@@ -130,6 +156,10 @@ fn from_args(args: &[String]) -> Said {
             "--open-mode" => said.open_mode = value(),
             "-N" | "--nodes" => said.nodes = value(),
             "-w" | "--nodelist" => said.nodelist = value(),
+            "-n" | "--ntasks" => said.ntasks = value(),
+            "--ntasks-per-node" => said.ntasks_per_node = value(),
+            "--spread-job" => said.spread_job = Some(true),
+            HETJOB_SEPARATOR => said.hetjob = true,
             _ => {}
         }
     }
@@ -137,9 +167,10 @@ fn from_args(args: &[String]) -> Said {
 }
 
 /// An option's name and its value when given in the same word: `--x=v`,
-/// and the short options whose value may follow at once (`-N2`, `-wn1`).
+/// and the short options whose value may follow at once (`-N2`, `-wn1`,
+/// `-n4`).
 fn split_option(a: &str) -> (&str, Option<String>) {
-    if let Some(short @ ("-N" | "-w")) = a.get(..2) {
+    if let Some(short @ ("-N" | "-w" | "-n")) = a.get(..2) {
         if a.len() > 2 && !a.starts_with("--") {
             return (short, Some(a[2..].to_string()));
         }
@@ -158,30 +189,40 @@ fn from_env(env: &BTreeMap<String, String>) -> Said {
     } else {
         None
     };
-    // sbatch reads no node count from its environment (22.05's man page
-    // lists no SBATCH_NODES): the command line and the script say it.
+    // sbatch reads no node or task count from its environment (22.05's
+    // man page and opt.c list no SBATCH_NODES or SBATCH_NTASKS; srun's
+    // SLURM_NNODES and SLURM_NTASKS are not sbatch's): the command line and
+    // the script say them. SBATCH_SPREAD_JOB is read, whatever its value.
     Said {
         requeue,
         signal: env.get("SBATCH_SIGNAL").cloned(),
         open_mode: env.get("SBATCH_OPEN_MODE").cloned(),
-        nodes: None,
-        nodelist: None,
+        spread_job: env.contains_key("SBATCH_SPREAD_JOB").then_some(true),
+        ..Said::default()
     }
 }
 
 /// The words of the `#SBATCH` lines at the top of a batch script (sbatch
-/// stops reading them at the first command).
+/// stops reading them at the first command). A `hetjob` (22.05's older
+/// name: `packjob`) line starts a heterogeneous job's next component: the
+/// first component's words are read, and the job is marked heterogeneous.
 fn from_script(script: &str) -> Said {
     let mut words = Vec::new();
+    let mut hetjob = false;
     for line in script.lines().skip_while(|l| l.starts_with("#!")) {
         let t = line.trim();
         if let Some(rest) = t.strip_prefix("#SBATCH") {
+            let lower = rest.to_ascii_lowercase();
+            if lower.contains("hetjob") || lower.contains("packjob") {
+                hetjob = true;
+                break;
+            }
             words.extend(rest.split_whitespace().take_while(|w| !w.starts_with('#')).map(String::from));
         } else if !(t.is_empty() || t.starts_with('#')) {
             break;
         }
     }
-    from_args(&words)
+    Said { hetjob, ..from_args(&words) }
 }
 
 /// A parsed `--signal=[{R|B}:]<sig>[@<secs>]`.
@@ -219,20 +260,25 @@ pub fn checkpoint_submit_check(
     site: &SubmitSite,
 ) -> Result<Vec<String>, String> {
     let command = argv.first().map(|a| a.rsplit('/').next().unwrap_or(a)).unwrap_or("sbatch");
+    let args = argv.get(1..).unwrap_or(&[]);
     if command != "sbatch" {
         // A step inside a checkpoint job was checked when the job was submitted.
         if command == "srun" && env.contains_key("SLURM_JOB_ID") {
             return Ok(Vec::new());
         }
+        // Its node options, said too: the batch job must not repeat them.
+        // srun's and salloc's -N, -n, -w, --ntasks-per-node, --spread-job
+        // and `:` read as sbatch's; their environment is not read here.
+        let nodes = several_nodes(&from_args(args)).map(|n| format!("; and {n}")).unwrap_or_default();
         return Err(format!(
             "--gpu-mode=checkpoint needs a batch job: Slurm requeues only batch jobs, so an interactive {command} \
-             job cannot be checkpointed on preemption and restored. Submit it as:\n  {}",
-            suggestion(&[], site)
+             job cannot be checkpointed on preemption and restored{nodes}. Submit it as:\n  {}",
+            suggestion(&[], false, site)
         ));
     }
-    let args = argv.get(1..).unwrap_or(&[]);
     let said = from_args(args).over(from_env(env).over(script.map(from_script).unwrap_or_default()));
-    let problems = problems(&said, site);
+    let several = several_nodes(&said);
+    let problems: Vec<String> = several.iter().cloned().chain(problems(&said, site)).collect();
     if problems.is_empty() {
         return Ok(advice(&said));
     }
@@ -240,12 +286,13 @@ pub fn checkpoint_submit_check(
         "--gpu-mode=checkpoint: {}. Submit it as:\n  {}\nand start the application in the script with \
          `exec gpu-mode-run ./app` (--open-mode=append keeps the output of the runs before a requeue)",
         problems.join("; "),
-        suggestion(args, site)
+        suggestion(args, several.is_some(), site)
     ))
 }
 
+/// What is wrong with a submission besides its nodes.
 fn problems(said: &Said, site: &SubmitSite) -> Vec<String> {
-    let mut out: Vec<String> = several_nodes(said).into_iter().collect();
+    let mut out = Vec::new();
     match said.requeue {
         Some(false) => out.push("--no-requeue: a preempted job must be requeued to be restored".to_string()),
         None if !site.job_requeue => out.push("the job is not requeueable (add --requeue)".into()),
@@ -273,25 +320,55 @@ fn problems(said: &Said, site: &SubmitSite) -> Vec<String> {
     out
 }
 
-/// The refusal of a job that asks for more than one node, if it does.
+/// The refusal of a job whose options can give it more than one node, if
+/// they can; the option is named. What Slurm would refuse itself (`-N two`,
+/// `--ntasks-per-node=0`) is left to its own message.
 fn several_nodes(said: &Said) -> Option<String> {
     let why = "checkpoint mode checkpoints the processes of one node, so a job on several nodes could not be restored \
                (use -N 1, or drop --gpu-mode=checkpoint and the job starts over when preempted)";
-    if let Some(n) = said.nodes.as_deref().and_then(least_nodes).filter(|n| *n > 1) {
-        let given = said.nodes.as_deref().unwrap_or_default();
-        return Some(format!("--nodes={given} asks for at least {n} nodes: {why}"));
+    if said.hetjob {
+        return Some(format!(
+            "a heterogeneous job (`:` between components, or `#SBATCH hetjob`) has each component placed on nodes of its own: {why}"
+        ));
     }
-    let names = said.nodelist.as_deref().and_then(nodelist_names)?;
-    (names.len() > 1).then(|| format!("--nodelist={} names {} nodes: {why}", names.join(","), names.len()))
+    let range = said.nodes.as_deref().and_then(node_range);
+    if let (Some((least, most)), Some(given)) = (range, said.nodes.as_deref()) {
+        if least > 1 {
+            return Some(format!("--nodes={given} asks for at least {least} nodes: {why}"));
+        }
+        if most > 1 {
+            return Some(format!("--nodes={given} allows up to {most} nodes: {why}"));
+        }
+    }
+    if let Some(names) = said.nodelist.as_deref().and_then(nodelist_names).filter(|n| n.len() > 1) {
+        return Some(format!("--nodelist={} names {} nodes: {why}", names.join(","), names.len()));
+    }
+    if range.is_some() {
+        // At most one node, whatever the tasks: Slurm holds the job to it.
+        return None;
+    }
+    let ntasks = said.ntasks.as_deref().and_then(|n| n.parse::<u64>().ok()).filter(|n| *n > 1)?;
+    if let Some(per_node) = said.ntasks_per_node.as_deref().and_then(|n| n.parse::<u64>().ok()).filter(|n| *n > 0) {
+        let nodes = ntasks.div_ceil(per_node);
+        if nodes > 1 {
+            return Some(format!("--ntasks={ntasks} with --ntasks-per-node={per_node} needs {nodes} nodes: {why}"));
+        }
+    }
+    (said.spread_job == Some(true))
+        .then(|| format!("--spread-job spreads the --ntasks={ntasks} tasks over as many nodes as it can: {why}"))
 }
 
-/// The least node count of `-N`'s value: `2`, `2-4` (min-max), `1,2,4`
-/// (sizes; newer Slurm), each with an optional `k`/`m` multiplier as
-/// Slurm reads them. `None` for what Slurm would refuse itself: sbatch's
-/// own message says it better than a guess here.
-fn least_nodes(value: &str) -> Option<u64> {
-    let sizes = value.split(',').map(|size| size.split_once('-').map_or(size, |(min, _)| min));
-    sizes.map(node_count).collect::<Option<Vec<u64>>>()?.into_iter().min()
+/// The least and the largest node count of `-N`'s value: `2`, `2-4`
+/// (min-max), `1,2,4` (sizes; newer Slurm), each with an optional `k`/`m`
+/// multiplier as Slurm reads them. `None` for what Slurm would refuse
+/// itself: sbatch's own message says it better than a guess here.
+fn node_range(value: &str) -> Option<(u64, u64)> {
+    let mut bounds = Vec::new();
+    for size in value.split(',') {
+        let (min, max) = size.split_once('-').unwrap_or((size, size));
+        bounds.push((node_count(min)?, node_count(max)?));
+    }
+    Some((bounds.iter().map(|b| b.0).min()?, bounds.iter().map(|b| b.1).max()?))
 }
 
 fn node_count(text: &str) -> Option<u64> {
@@ -328,8 +405,12 @@ fn short(signal: i32) -> String {
 }
 
 /// The sbatch line to use: the user's own arguments with the options this
-/// check decides replaced. Shown only, never run: quoted for the reader.
-fn suggestion(args: &[String], site: &SubmitSite) -> String {
+/// check decides replaced. `one_node`: the job was refused for the nodes it
+/// can get, so the line asks for one (`-N 1`) and leaves out what spread it
+/// (`--ntasks-per-node`, `--spread-job`, a `-w` of several names, the
+/// heterogeneous job's other components). Shown only, never run: quoted for
+/// the reader.
+fn suggestion(args: &[String], one_node: bool, site: &SubmitSite) -> String {
     let lead = site.min_lead_s.max(120);
     let mut line = vec![
         "sbatch".to_string(),
@@ -338,9 +419,23 @@ fn suggestion(args: &[String], site: &SubmitSite) -> String {
         "--requeue".into(),
         "--open-mode=append".into(),
     ];
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
+    let script = script_index(args).unwrap_or(args.len());
+    let asks_nodes = args[..script].iter().any(|a| matches!(split_option(a).0, "-N" | "--nodes"));
+    if one_node && !asks_nodes {
+        line.extend(["-N".to_string(), "1".into()]);
+    }
+    // Words up to here are left out (a heterogeneous job's other components).
+    let mut skip_to = 0;
+    let mut it = args.iter().enumerate();
+    while let Some((i, a)) = it.next() {
         let (name, inline) = split_option(a);
+        if i < skip_to {
+            continue;
+        }
+        if i >= script {
+            line.push(quote(a));
+            continue;
+        }
         if name == "-N" || name == "--nodes" {
             // One node: the only count a checkpoint job may ask for.
             if inline.is_none() {
@@ -348,6 +443,26 @@ fn suggestion(args: &[String], site: &SubmitSite) -> String {
             }
             line.extend(["-N".to_string(), "1".into()]);
             continue;
+        }
+        if one_node {
+            if a == HETJOB_SEPARATOR {
+                // The first component alone.
+                skip_to = script;
+                continue;
+            }
+            let value = || inline.clone().or_else(|| args.get(i + 1).cloned());
+            let spreads = match name {
+                "--spread-job" => true,
+                "--ntasks-per-node" => true,
+                "-w" | "--nodelist" => value().and_then(|v| nodelist_names(&v)).is_some_and(|n| n.len() > 1),
+                _ => false,
+            };
+            if spreads {
+                if inline.is_none() && name != "--spread-job" {
+                    it.next();
+                }
+                continue;
+            }
         }
         let takes_value = !a.contains('=') && matches!(name, "--signal" | "--open-mode");
         match name {
@@ -464,23 +579,44 @@ mod tests {
         assert!(err.contains("  sbatch --gpu-mode=checkpoint --signal=B:USR1@120 --requeue --open-mode=append --wrap=x\n"), "{err}");
     }
 
-    /// A job that asks for several nodes is refused; one node, or a count
-    /// Slurm itself would refuse, is not this check's to refuse.
+    /// Every shape that can give a job several nodes is refused, naming the
+    /// option; one node, a shape whose node count depends on the nodes'
+    /// size (`-n 8`), or what Slurm itself would refuse, is not this
+    /// check's to refuse.
     #[test]
     fn a_job_on_several_nodes_is_refused() {
         let ok = "--signal=B:USR1@120 --requeue";
         let script = |n: &str| format!("#!/bin/bash\n#SBATCH {n}\nexec gpu-mode-run ./a\n");
         // (options before job.sh, the script's #SBATCH options, refused with this needle or Ok)
         let cases: Vec<(&str, Option<&str>, Option<&str>)> = vec![
+            ("", None, None),
             ("-N 1", None, None),
             ("-N1", None, None),
             ("--nodes=1", None, None),
             ("--nodes 1-1", None, None),
-            ("--nodes=1-4", None, None),
+            ("-n 4", None, None),
             ("-n 8", None, None),
+            ("-n4 -c 2", None, None),
             ("-w gma", None, None),
             ("--nodelist=gma,gma", None, None),
             ("-w ./hosts", None, None),
+            // Tasks that fit --ntasks-per-node on one node, or held to one by -N.
+            ("-n 4 --ntasks-per-node=4", None, None),
+            ("-n 3 --ntasks-per-node 8", None, None),
+            ("--ntasks-per-node=1", None, None),
+            ("-N 1 -n 2 --ntasks-per-node=1", None, None),
+            ("-n 1 --spread-job", None, None),
+            ("--spread-job", None, None),
+            ("-N 1 -n 4 --spread-job", None, None),
+            ("-n 2 --ntasks-per-node=1", None, Some("--ntasks=2 with --ntasks-per-node=1 needs 2 nodes")),
+            ("--ntasks-per-node=1 -n 3", None, Some("--ntasks=3 with --ntasks-per-node=1 needs 3 nodes")),
+            ("-n9 --ntasks-per-node=8", None, Some("--ntasks=9 with --ntasks-per-node=8 needs 2 nodes")),
+            ("--ntasks 4 --ntasks-per-node 2", None, Some("--ntasks=4 with --ntasks-per-node=2 needs 2 nodes")),
+            ("-n 2 --spread-job", None, Some("--spread-job spreads the --ntasks=2 tasks over as many nodes as it can")),
+            ("-N 1-2", None, Some("--nodes=1-2 allows up to 2 nodes")),
+            ("--nodes=1-4", None, Some("--nodes=1-4 allows up to 4 nodes")),
+            ("--nodes=1,2", None, Some("--nodes=1,2 allows up to 2 nodes")),
+            ("-N 1-2 --use-min-nodes", None, Some("--nodes=1-2 allows up to 2 nodes")),
             ("-N 2", None, Some("--nodes=2 asks for at least 2 nodes")),
             ("-N2", None, Some("--nodes=2 asks for at least 2 nodes")),
             ("--nodes=2", None, Some("--nodes=2 asks for at least 2 nodes")),
@@ -494,10 +630,22 @@ mod tests {
             ("", Some("--nodes=3"), Some("--nodes=3 asks")),
             ("-N 1", Some("-N 2"), None),
             ("-N 2", Some("-N 1"), Some("--nodes=2 asks")),
+            ("", Some("-n 2 --ntasks-per-node=1"), Some("--ntasks=2 with --ntasks-per-node=1 needs 2 nodes")),
+            ("-n 2", Some("--ntasks-per-node=1"), Some("--ntasks=2 with --ntasks-per-node=1 needs 2 nodes")),
+            ("-n 1", Some("-n 2 --ntasks-per-node=1"), None),
+            ("", Some("-N 1-2"), Some("--nodes=1-2 allows up to 2 nodes")),
+            ("-N 1", Some("-N 1-2"), None),
+            // Heterogeneous jobs: components on nodes of their own.
+            ("-N 1 : -N 1", None, Some("a heterogeneous job")),
+            ("", Some("-N 1\n#SBATCH hetjob\n#SBATCH -N 1"), Some("a heterogeneous job")),
+            ("", Some("-N 1\n#SBATCH packjob"), Some("a heterogeneous job")),
             // What Slurm refuses itself is left to its own message.
             ("-N two", None, None),
             ("-N 0x2", None, None),
             ("--nodes=-2", None, None),
+            ("-N 1-", None, None),
+            ("-n 2 --ntasks-per-node=0", None, None),
+            ("-n two --ntasks-per-node=1", None, None),
             ("-N 99999999999999999999", None, None),
             ("-w n[2-1]", None, None),
         ];
@@ -522,6 +670,63 @@ mod tests {
         let line = "sbatch --gpu-mode=checkpoint --signal=B:USR1@120 --requeue --open-mode=append -N 1 -p low -N 1 -N 1 job.sh";
         assert!(err.contains(&format!("Submit it as:\n  {line}\n")), "{err}");
         assert!(err.contains("--nodes=3 asks for at least 3 nodes") && err.contains("no warning signal"), "{err}");
+        // What spread the job is left out, and -N 1 asked for; the script's
+        // own arguments are kept as they are.
+        let head = "sbatch --gpu-mode=checkpoint --signal=B:USR1@120 --requeue --open-mode=append";
+        let cases = [
+            ("sbatch -n 2 --ntasks-per-node=1 -p low job.sh --ntasks-per-node=1", "-N 1 -n 2 -p low job.sh --ntasks-per-node=1"),
+            ("sbatch -n 2 --ntasks-per-node 1 job.sh", "-N 1 -n 2 job.sh"),
+            ("sbatch --spread-job -n2 job.sh", "-N 1 -n2 job.sh"),
+            ("sbatch -w n[1-2] -p low job.sh", "-N 1 -p low job.sh"),
+            ("sbatch --nodelist=n1 -n 2 --ntasks-per-node=1 job.sh", "-N 1 --nodelist=n1 -n 2 job.sh"),
+            ("sbatch -N 1-2 -n 2 job.sh", "-N 1 -n 2 job.sh"),
+            ("sbatch -N 1 -p a : -N 1 -p b job.sh arg", "-N 1 -p a job.sh arg"),
+            ("sbatch -p a : -p b --wrap=x", "-N 1 -p a"),
+        ];
+        for (cmd, want) in cases {
+            let err = check(cmd, &[], None, &site()).unwrap_err();
+            assert!(err.contains(&format!("Submit it as:\n  {head} {want}\n")), "{cmd}: {err}");
+        }
+        // Not refused for its nodes: the line keeps its options.
+        let err = check("sbatch -n 4 --ntasks-per-node=4 job.sh", &[], None, &site()).unwrap_err();
+        assert!(err.contains(&format!("Submit it as:\n  {head} -n 4 --ntasks-per-node=4 job.sh\n")), "{err}");
+    }
+
+    /// srun and salloc are refused as interactive jobs; the node options
+    /// they were given are named too, so the batch job does not repeat them.
+    #[test]
+    fn srun_and_salloc_name_their_node_options_too() {
+        let cases = [
+            ("srun --gpu-mode=checkpoint -n 2 --ntasks-per-node=1 ./a", Some("--ntasks=2 with --ntasks-per-node=1 needs 2 nodes")),
+            ("srun --gpu-mode=checkpoint -N 1-2 ./a -N 5", Some("--nodes=1-2 allows up to 2 nodes")),
+            ("salloc --gpu-mode=checkpoint -N2", Some("--nodes=2 asks for at least 2 nodes")),
+            ("salloc --gpu-mode=checkpoint --ntasks-per-node=1 -n 3", Some("--ntasks=3 with --ntasks-per-node=1 needs 3 nodes")),
+            ("salloc --gpu-mode=checkpoint -N 1 : -N 1", Some("a heterogeneous job")),
+            ("srun --gpu-mode=checkpoint -n 4 ./a", None),
+            ("salloc --gpu-mode=checkpoint -N 1-1", None),
+        ];
+        for (cmd, needle) in cases {
+            let err = check(cmd, &[], None, &site()).unwrap_err();
+            assert!(err.contains("needs a batch job"), "{cmd}: {err}");
+            match needle {
+                Some(n) => assert!(err.contains(&format!("; and {n}")) && err.contains(": checkpoint mode checkpoints the processes of one node"), "{cmd}: {err}"),
+                None => assert!(!err.contains("; and"), "{cmd}: {err}"),
+            }
+            assert!(err.contains("\n  sbatch --gpu-mode=checkpoint --signal=B:USR1@120 --requeue --open-mode=append job.sh"), "{cmd}: {err}");
+        }
+        // A step inside a job is the job's: its allocation holds it.
+        assert!(check("srun -n 2 --ntasks-per-node=1 ./a", &[("SLURM_JOB_ID", "7")], None, &site()).is_ok());
+    }
+
+    /// SBATCH_SPREAD_JOB counts as --spread-job (sbatch reads it).
+    #[test]
+    fn the_environment_can_spread_a_job() {
+        let ok = "sbatch --signal=B:USR1@120 --requeue -n 2 job.sh";
+        let err = check(ok, &[("SBATCH_SPREAD_JOB", "")], None, &site()).unwrap_err();
+        assert!(err.contains("--spread-job spreads the --ntasks=2 tasks"), "{err}");
+        assert!(check(ok, &[], None, &site()).is_ok());
+        // srun's SLURM_NNODES is not sbatch's.
+        assert!(check(ok, &[("SLURM_NNODES", "2"), ("SLURM_NTASKS_PER_NODE", "1")], None, &site()).is_ok());
     }
 
     #[test]

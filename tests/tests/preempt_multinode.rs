@@ -40,6 +40,38 @@ fn sbatch_of_a_checkpoint_job_on_two_nodes_is_refused_with_what_to_do() {
     }
 }
 
+/// Shapes that ask for no node count above one yet can give the job two
+/// nodes: `-n 2 --ntasks-per-node=1` (two tasks, one per node) and the
+/// range `-N 1-2`. Refused at sbatch, naming the options, with a line that
+/// asks for one node. The control: the same `-n 2 --ntasks-per-node=1`
+/// without --gpu-mode runs on both nodes, so the refusal is of a real
+/// two-node shape.
+#[test]
+fn sbatch_of_a_checkpoint_job_whose_tasks_need_two_nodes_is_refused() {
+    let Some(c) = c() else { return };
+    let app = counter_of(c, 10, 0, None);
+    let cases: [(&[&str], &str); 2] = [
+        (&["-n", "2", "--ntasks-per-node=1"], "--ntasks=2 with --ntasks-per-node=1 needs 2 nodes"),
+        (&["-N", "1-2"], "--nodes=1-2 allows up to 2 nodes"),
+    ];
+    for (shape, needle) in cases {
+        let err = submit(c, shape, &app).expect_err("sbatch must refuse it");
+        let err = format!("{err:#}");
+        assert!(err.contains(&format!("{needle}: {ONE_NODE}")), "{err}");
+        assert!(err.contains("(use -N 1, or drop --gpu-mode=checkpoint"), "{err}");
+        let line = err.split("Submit it as:\n").nth(1).and_then(|l| l.lines().next()).unwrap_or_default();
+        assert!(line.contains(" -N 1 ") && !line.contains("--ntasks-per-node") && !line.contains("1-2"), "{err}");
+    }
+    let who = job_user();
+    // No GPU: it must not stand in the way of the other tests' preemptors.
+    let shape = ["-J", "multi-control", "-p", "low", "-n", "2", "--ntasks-per-node=1"];
+    let job = c.submit(submitter(who), &shape, "#!/bin/bash\nsleep 60\n", &c.sim_job_env()).unwrap_or_else(|e| panic!("{e:#}"));
+    let running = c.wait_job(job, "the control to run", Duration::from_secs(60), |j| j.state() == "RUNNING");
+    let _ = c.client("scancel", &[&job.to_string()]).run_as_root();
+    let running = running.unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(running.get("NodeList"), TWO_NODES.join(","), "-n 2 --ntasks-per-node=1 runs on two nodes");
+}
+
 /// `-n 9` on nodes of 8 CPUs: two nodes, without asking for them. The
 /// preemption's checkpoint is refused before anything is locked, the job
 /// says so, is requeued, starts over and runs to its end; nothing is left.
