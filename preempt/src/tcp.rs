@@ -115,63 +115,117 @@ pub(crate) fn sockets_of(pids: &[i32]) -> BTreeSet<u64> {
     sockets
 }
 
-/// Whether any process of `pids` holds a TCP connection that CRIU can only
-/// dump with `--tcp-established`. When the tables cannot be read it says
-/// yes: the dump then goes as it always went, never failing for want of
-/// the option.
-pub fn tree_has_connections(pids: &[i32]) -> bool {
-    connection_among(&sockets_of(pids), pids)
+/// A tree's socket inodes and the TCP tables of its network namespaces,
+/// read once for a dump: what CRIU needs ([`TreeSockets::tcp`]) and the
+/// local ports a restore rebinds ([`TreeSockets::ports`], timewait.rs) are
+/// both answered from the same reads (each had read `/proc/<pid>/fd` and
+/// `/proc/<pid>/net/tcp{,6}` itself before).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TreeSockets {
+    sockets: BTreeSet<u64>,
+    /// Each network namespace's `tcp` and `tcp6` tables, read through the
+    /// first of `pids` in it (a pid whose namespace cannot be read is
+    /// passed over), in the order of those pids. None read when the tree
+    /// holds no socket.
+    namespaces: Vec<[Table; 2]>,
 }
 
-/// What the tree's TCP sockets need (see [`TreeTcp`]). A table that cannot
-/// be read, or a tree in more than one network namespace, is
-/// [`TreeTcp::Outside`]: the lock is kept whenever in doubt.
-pub fn tree_tcp(pids: &[i32]) -> TreeTcp {
-    let sockets = sockets_of(pids);
-    if !connection_among(&sockets, pids) {
-        return TreeTcp::None;
-    }
-    let namespaces: BTreeSet<_> = pids.iter().filter_map(|p| std::fs::read_link(format!("/proc/{p}/ns/net")).ok()).collect();
-    let (Some(pid), 1) = (pids.first(), namespaces.len()) else { return TreeTcp::Outside };
-    let mut ours = BTreeMap::new();
-    for table in ["tcp", "tcp6"] {
-        match std::fs::read_to_string(format!("/proc/{pid}/net/{table}")) {
-            Ok(text) => ours.extend(connections(&text).into_iter().filter(|(inode, _)| sockets.contains(inode))),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(_) => return TreeTcp::Outside,
+/// One `/proc/<pid>/net/tcp{,6}` table as read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Table {
+    Text(String),
+    /// No such table (no IPv6 on this node).
+    Absent,
+    Unreadable,
+}
+
+impl Table {
+    fn read(pid: i32, name: &str) -> Table {
+        match std::fs::read_to_string(format!("/proc/{pid}/net/{name}")) {
+            Ok(text) => Table::Text(text),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Table::Absent,
+            Err(_) => Table::Unreadable,
         }
-    }
-    if !ours.is_empty() && peers_all_inside(&ours) {
-        TreeTcp::InsideOnly
-    } else {
-        TreeTcp::Outside
     }
 }
 
-/// Whether one of `sockets` is a TCP connection in the tables of `pids`'
-/// network namespaces.
-fn connection_among(sockets: &BTreeSet<u64>, pids: &[i32]) -> bool {
-    if sockets.is_empty() {
-        return false;
+impl TreeSockets {
+    /// The sockets `pids` hold and their namespaces' tables.
+    pub fn read(pids: &[i32]) -> TreeSockets {
+        TreeSockets::of_sockets(sockets_of(pids), pids)
     }
-    let mut namespaces_seen = BTreeSet::new();
-    for pid in pids {
-        // One read per network namespace (normally the node's, for all).
-        let Ok(ns) = std::fs::read_link(format!("/proc/{pid}/ns/net")) else { continue };
-        if !namespaces_seen.insert(ns) {
-            continue;
-        }
-        for table in ["tcp", "tcp6"] {
-            match std::fs::read_to_string(format!("/proc/{pid}/net/{table}")) {
-                Ok(text) if connected_inodes(&text).iter().any(|i| sockets.contains(i)) => return true,
-                Ok(_) => {}
-                // No IPv6 on this node: no tcp6 table.
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(_) => return true,
+
+    /// `sockets` and the tables of `pids`' network namespaces (one read
+    /// per namespace: normally the node's, for all).
+    fn of_sockets(sockets: BTreeSet<u64>, pids: &[i32]) -> TreeSockets {
+        let mut namespaces = Vec::new();
+        if !sockets.is_empty() {
+            let mut seen = BTreeSet::new();
+            for &pid in pids {
+                let Ok(ns) = std::fs::read_link(format!("/proc/{pid}/ns/net")) else { continue };
+                if seen.insert(ns) {
+                    namespaces.push(["tcp", "tcp6"].map(|name| Table::read(pid, name)));
+                }
             }
         }
+        TreeSockets { sockets, namespaces }
     }
-    namespaces_seen.is_empty()
+
+    /// Whether one of the sockets is a TCP connection in the tables. When
+    /// a table cannot be read (or no namespace could) it says yes: the dump
+    /// then goes as it always went, never failing for want of the option.
+    fn has_connection(&self) -> bool {
+        if self.sockets.is_empty() {
+            return false;
+        }
+        self.namespaces.is_empty()
+            || self.namespaces.iter().flatten().any(|table| match table {
+                Table::Text(text) => connected_inodes(text).iter().any(|i| self.sockets.contains(i)),
+                Table::Absent => false,
+                Table::Unreadable => true,
+            })
+    }
+
+    /// What the tree's TCP sockets need (see [`TreeTcp`]). A table that
+    /// cannot be read, or a tree in more than one network namespace, is
+    /// [`TreeTcp::Outside`]: the lock is kept whenever in doubt.
+    pub fn tcp(&self) -> TreeTcp {
+        if !self.has_connection() {
+            return TreeTcp::None;
+        }
+        let [tables] = &self.namespaces[..] else { return TreeTcp::Outside };
+        let mut ours = BTreeMap::new();
+        for table in tables {
+            match table {
+                Table::Text(text) => ours.extend(connections(text).into_iter().filter(|(inode, _)| self.sockets.contains(inode))),
+                Table::Absent => {}
+                Table::Unreadable => return TreeTcp::Outside,
+            }
+        }
+        if !ours.is_empty() && peers_all_inside(&ours) {
+            TreeTcp::InsideOnly
+        } else {
+            TreeTcp::Outside
+        }
+    }
+
+    /// The local TCP ports of the sockets, whatever their state, from the
+    /// first namespace's tables (the tree's root's), ascending.
+    pub fn ports(&self) -> Vec<u16> {
+        let mut ports = BTreeSet::new();
+        for table in self.namespaces.first().into_iter().flatten() {
+            if let Table::Text(text) = table {
+                ports.extend(crate::timewait::local_ports(text, &self.sockets));
+            }
+        }
+        ports.into_iter().collect()
+    }
+}
+
+/// Whether any process of `pids` holds a TCP connection that CRIU can only
+/// dump with `--tcp-established` (see [`TreeSockets::has_connection`]).
+pub fn tree_has_connections(pids: &[i32]) -> bool {
+    TreeSockets::read(pids).has_connection()
 }
 
 #[cfg(test)]
@@ -210,10 +264,13 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (server, _) = listener.accept().unwrap();
-        let only = |fd: i32| BTreeSet::from([inode(fd)]);
-        assert!(!connection_among(&only(listener.as_raw_fd()), &me));
-        assert!(connection_among(&only(server.as_raw_fd()), &me));
-        assert!(connection_among(&only(client.as_raw_fd()), &me));
+        let only = |fd: i32| TreeSockets::of_sockets(BTreeSet::from([inode(fd)]), &me);
+        assert!(!only(listener.as_raw_fd()).has_connection());
+        assert!(only(server.as_raw_fd()).has_connection());
+        assert!(only(client.as_raw_fd()).has_connection());
+        // The ports from the same reads: the listener's, whatever its state.
+        let port = listener.local_addr().unwrap().port();
+        assert_eq!(only(listener.as_raw_fd()).ports(), [port]);
         assert!(tree_has_connections(&me));
         assert!(!tree_has_connections(&[]));
         // Both ends are this process's: inside. (Other tests of this binary

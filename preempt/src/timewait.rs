@@ -41,20 +41,6 @@ pub fn local_ports(table: &str, inodes: &BTreeSet<u64>) -> BTreeSet<u16> {
         .collect()
 }
 
-/// The local TCP ports of the sockets `pids` hold (their network namespace's
-/// tables, read through the first of them), ascending.
-pub fn tree_ports(pids: &[i32]) -> Vec<u16> {
-    let inodes = crate::tcp::sockets_of(pids);
-    let Some(pid) = pids.first().filter(|_| !inodes.is_empty()) else { return Vec::new() };
-    let mut ports = BTreeSet::new();
-    for table in ["tcp", "tcp6"] {
-        if let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")) {
-            ports.extend(local_ports(&text, &inodes));
-        }
-    }
-    ports.into_iter().collect()
-}
-
 // SOCK_DESTROY through the kernel's sock_diag netlink family, written here
 // by hand: the project's dependencies hold no netlink crate, and iproute2's
 // `ss -K`, which does the same, is missing on some nodes (the GPU machines

@@ -81,14 +81,16 @@ pub(super) struct TreeRecord {
 
 impl TreeRecord {
     fn of(pids: &[i32], tcp_allowed: bool) -> TreeRecord {
-        let tcp = if tcp_allowed { crate::tcp::tree_tcp(pids) } else { crate::tcp::TreeTcp::None };
+        // One read of the tree's sockets and TCP tables serves both.
+        let sockets = crate::tcp::TreeSockets::read(pids);
+        let tcp = if tcp_allowed { sockets.tcp() } else { crate::tcp::TreeTcp::None };
         TreeRecord {
             tcp_established: tcp != crate::tcp::TreeTcp::None,
             network_lock: if tcp == crate::tcp::TreeTcp::InsideOnly { crate::criu::NetworkLock::Skip } else { crate::criu::NetworkLock::Nftables },
             limits: crate::privdrop::HardLimits::of_processes(pids),
             privs: tree::privs_of(pids),
             tids: tree::thread_ids(pids),
-            tcp_ports: crate::timewait::tree_ports(pids),
+            tcp_ports: sockets.ports(),
         }
     }
 }
