@@ -275,6 +275,16 @@ impl Agent {
             .because(FailureReason::Other)
             .and_then(|_| lend().map_err(|e| e.to_string()).because(FailureReason::ImageDir))
             .map_err(|e| e.noting(&self.roll_back(cuda.is_some(), &target)))?;
+        // A second survey, not the one `uncheckpointable::refuse` made
+        // before the lock: CRIU's `--ghost-limit` and the image's bound must
+        // fit the files as CRIU will find them, and the tree runs on between
+        // the two (it is frozen only when CRIU seizes it): it may unlink,
+        // grow or make /dev/shm buffers meanwhile, and the driver's
+        // checkpoint lies between them. The first pass's sizes could give
+        // CRIU a limit below a buffer's, a dump failed after the driver's
+        // lock; and no cheaper check (re-reading only the inodes seen
+        // first) would see a file made since. Its cost: one read of the
+        // tree's fd and maps links, off the path to a free GPU.
         let ghosts = crate::ghosts::Ghosts::survey(pids);
         let req = DumpRequest {
             pid: root,
