@@ -7,7 +7,7 @@
 //! mps:threads=<1-100>[,mem=<N>M|<N>G]      (keys in any order, each at most once)
 //! mig:<profile>[x<count>][,<profile>[x<count>]...]   count 1-7
 //! mig:@<layout>                             a layout named in the site config
-//! checkpoint[:nccl=portable|native]           (the key at most once)
+//! checkpoint[:nccl=portable|native][,pool=on|off]   (keys in any order, each at most once)
 //! ```
 //!
 //! A profile is NVIDIA's name, `<slices>g.<memory>gb` with an optional suffix
@@ -33,7 +33,7 @@ pub const MAX_LAYOUT_NAME: usize = 64;
 /// The valid forms, shown with every parse error.
 pub const VALID_FORMS: &str = "valid forms: mps | mps:threads=<1-100>,mem=<N>M|<N>G | \
 mig:<profile>[x<1-7>][,<profile>[x<1-7>]...] (e.g. mig:1g.10gbx2,3g.40gb) | mig:@<layout> | \
-checkpoint[:nccl=portable|native]";
+checkpoint[:nccl=portable|native][,pool=on|off]";
 
 /// A job's requested GPU mode.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -49,6 +49,10 @@ pub struct CheckpointParams {
     /// `nccl=`: how the job's NCCL ranks talk; `None` leaves it to the
     /// site (`preempt.nccl_portable`).
     pub nccl: Option<NcclTransport>,
+    /// `pool=`: whether the job gets a host memory pool for the driver's
+    /// checkpoint buffer (issue 39); `None` leaves it to the site
+    /// (`preempt.host_pool`).
+    pub pool: Option<bool>,
 }
 
 /// The NCCL transports a checkpoint job's ranks may use (docs/preempt.md,
@@ -84,6 +88,16 @@ impl FromStr for NcclTransport {
             "" => Err("nccl= has no value (nccl=portable or nccl=native)".into()),
             other => Err(format!("nccl={other} is not a transport (nccl=portable or nccl=native)")),
         }
+    }
+}
+
+/// Parses a `pool=` value: `on` or `off`.
+fn parse_pool(val: &str) -> Result<bool, String> {
+    match val {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        "" => Err("pool= has no value (pool=on or pool=off)".into()),
+        other => Err(format!("pool={other} is not a setting (pool=on or pool=off)")),
     }
 }
 
@@ -312,8 +326,13 @@ impl fmt::Display for GpuMode {
             }
             GpuMode::Checkpoint(p) => {
                 f.write_str("checkpoint")?;
+                let mut sep = ':';
                 if let Some(nccl) = p.nccl {
-                    write!(f, ":nccl={}", nccl.as_str())?;
+                    write!(f, "{sep}nccl={}", nccl.as_str())?;
+                    sep = ',';
+                }
+                if let Some(pool) = p.pool {
+                    write!(f, "{sep}pool={}", if pool { "on" } else { "off" })?;
                 }
                 Ok(())
             }
@@ -359,7 +378,7 @@ fn parse_mps_params(params: &str) -> Result<MpsParams, String> {
 
 fn parse_checkpoint_params(params: &str) -> Result<CheckpointParams, String> {
     if params.is_empty() {
-        return Err("checkpoint: has no parameters after the colon (key: nccl)".into());
+        return Err("checkpoint: has no parameters after the colon (keys: nccl, pool)".into());
     }
     let mut out = CheckpointParams::default();
     for item in params.split(',') {
@@ -367,11 +386,13 @@ fn parse_checkpoint_params(params: &str) -> Result<CheckpointParams, String> {
             return Err(format!("empty parameter in \"checkpoint:{params}\" (stray comma?)"));
         }
         let (key, val) =
-            item.split_once('=').ok_or_else(|| format!("parameter \"{item}\" is not key=value (key: nccl)"))?;
+            item.split_once('=').ok_or_else(|| format!("parameter \"{item}\" is not key=value (keys: nccl, pool)"))?;
         match key {
             "nccl" if out.nccl.is_some() => return Err("key \"nccl\" is given twice".into()),
             "nccl" => out.nccl = Some(val.parse()?),
-            other => return Err(format!("unknown checkpoint key \"{other}\" (key: nccl)")),
+            "pool" if out.pool.is_some() => return Err("key \"pool\" is given twice".into()),
+            "pool" => out.pool = Some(parse_pool(val)?),
+            other => return Err(format!("unknown checkpoint key \"{other}\" (keys: nccl, pool)")),
         }
     }
     Ok(out)
@@ -469,7 +490,11 @@ mod tests {
     }
 
     fn checkpoint(nccl: Option<NcclTransport>) -> GpuMode {
-        GpuMode::Checkpoint(CheckpointParams { nccl })
+        checkpoint_pool(nccl, None)
+    }
+
+    fn checkpoint_pool(nccl: Option<NcclTransport>, pool: Option<bool>) -> GpuMode {
+        GpuMode::Checkpoint(CheckpointParams { nccl, pool })
     }
 
     #[test]
@@ -499,6 +524,10 @@ mod tests {
             ("checkpoint", checkpoint(None)),
             ("checkpoint:nccl=portable", checkpoint(Some(NcclTransport::Portable))),
             ("checkpoint:nccl=native", checkpoint(Some(NcclTransport::Native))),
+            ("checkpoint:pool=on", checkpoint_pool(None, Some(true))),
+            ("checkpoint:pool=off", checkpoint_pool(None, Some(false))),
+            ("checkpoint:nccl=portable,pool=on", checkpoint_pool(Some(NcclTransport::Portable), Some(true))),
+            ("checkpoint:pool=off,nccl=native", checkpoint_pool(Some(NcclTransport::Native), Some(false))),
         ];
         for (value, want) in cases {
             assert_eq!(GpuMode::parse(value).as_ref(), Ok(&want), "value {value:?}");
@@ -554,7 +583,7 @@ mod tests {
             // trailing junk
             ("mps:threads=25,", "empty parameter"),
             ("mps:threads=25x", "threads=25x"),
-            ("checkpoint:now", "parameter \"now\" is not key=value (key: nccl)"),
+            ("checkpoint:now", "parameter \"now\" is not key=value (keys: nccl, pool)"),
             ("checkpoint:", "checkpoint: has no parameters"),
             ("checkpoint:nccl=fast", "nccl=fast is not a transport (nccl=portable or nccl=native)"),
             ("checkpoint:nccl=", "nccl= has no value"),
@@ -562,7 +591,15 @@ mod tests {
             ("checkpoint:nccl=portable,nccl=portable", "key \"nccl\" is given twice"),
             ("checkpoint:nccl=portable,nccl=native", "key \"nccl\" is given twice"),
             ("checkpoint:nccl=portable,", "empty parameter"),
-            ("checkpoint:p2p=off", "unknown checkpoint key \"p2p\""),
+            ("checkpoint:pool=yes", "pool=yes is not a setting (pool=on or pool=off)"),
+            ("checkpoint:pool=maybe", "pool=maybe is not a setting"),
+            ("checkpoint:pool=", "pool= has no value (pool=on or pool=off)"),
+            ("checkpoint:pool=On", "pool=On is not a setting"),
+            ("checkpoint:pool", "parameter \"pool\" is not key=value (keys: nccl, pool)"),
+            ("checkpoint:pool=on,pool=on", "key \"pool\" is given twice"),
+            ("checkpoint:pool=on,nccl=portable,pool=off", "key \"pool\" is given twice"),
+            ("checkpoint:nccl=portable,pool=on,", "empty parameter"),
+            ("checkpoint:p2p=off", "unknown checkpoint key \"p2p\" (keys: nccl, pool)"),
             ("checkpoint ", "whitespace"),
             ("mig:@half!", "layout name"),
             ("mig:@", "needs a layout name"),
@@ -593,6 +630,10 @@ mod tests {
             "checkpoint",
             "checkpoint:nccl=portable",
             "checkpoint:nccl=native",
+            "checkpoint:pool=on",
+            "checkpoint:pool=off",
+            "checkpoint:nccl=portable,pool=on",
+            "checkpoint:nccl=native,pool=off",
         ] {
             let mode = GpuMode::parse(value).unwrap();
             assert_eq!(mode.to_string(), value);
@@ -601,6 +642,10 @@ mod tests {
         // Key order and an explicit x1 are normalised.
         assert_eq!(GpuMode::parse("mps:mem=8G,threads=5").unwrap().to_string(), "mps:threads=5,mem=8G");
         assert_eq!(GpuMode::parse("mig:2g.20gbx1").unwrap().to_string(), "mig:2g.20gb");
+        assert_eq!(
+            GpuMode::parse("checkpoint:pool=on,nccl=portable").unwrap().to_string(),
+            "checkpoint:nccl=portable,pool=on"
+        );
     }
 
     #[test]

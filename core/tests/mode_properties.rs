@@ -23,7 +23,8 @@ fn mode() -> impl Strategy<Value = GpuMode> {
     });
     let layout = "[a-zA-Z0-9_-]{1,32}".prop_map(|n| GpuMode::Mig(MigRequest::Layout(n)));
     let nccl = prop::option::of(prop_oneof![Just(NcclTransport::Portable), Just(NcclTransport::Native)]);
-    let checkpoint = nccl.prop_map(|nccl| GpuMode::Checkpoint(CheckpointParams { nccl }));
+    let checkpoint = (nccl, prop::option::of(any::<bool>()))
+        .prop_map(|(nccl, pool)| GpuMode::Checkpoint(CheckpointParams { nccl, pool }));
     prop_oneof![mps, list, layout, checkpoint]
 }
 

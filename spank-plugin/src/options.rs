@@ -18,7 +18,7 @@ const OPTION_NAME: &CStr = c"gpu-mode";
 static OPTION: OptionSpec = OptionSpec {
     name: OPTION_NAME,
     arginfo: c"mode",
-    usage: c"GPU mode for the job's GPUs: mps[:threads=<1-100>,mem=<N>M|G] | mig:<profile>[x<n>][,...] | mig:@<layout> | checkpoint[:nccl=portable|native]",
+    usage: c"GPU mode for the job's GPUs: mps[:threads=<1-100>,mem=<N>M|G] | mig:<profile>[x<n>][,...] | mig:@<layout> | checkpoint[:nccl=portable|native][,pool=on|off]",
 };
 
 /// Registers the options. Called from `slurm_spank_init` in every context
@@ -72,6 +72,11 @@ mod tests {
             ("checkpoint[:nccl=portable|native]", "checkpoint:nccl=fast", None),
             ("checkpoint[:nccl=portable|native]", "checkpoint:nccl=", None),
             ("checkpoint[:nccl=portable|native]", "checkpoint:nccl=portable,nccl=native", None),
+            ("[,pool=on|off]", "checkpoint:pool=on", Some("checkpoint:pool=on")),
+            ("[,pool=on|off]", "checkpoint:pool=off", Some("checkpoint:pool=off")),
+            ("[,pool=on|off]", "checkpoint:pool=on,nccl=portable", Some("checkpoint:nccl=portable,pool=on")),
+            ("[,pool=on|off]", "checkpoint:pool=maybe", None),
+            ("[,pool=on|off]", "checkpoint:pool=on,pool=off", None),
         ];
         for (form, value, want) in cases {
             assert!(usage.contains(form), "the usage line lacks {form:?}: {usage}");
