@@ -114,6 +114,21 @@ pub enum NcclPortableSetting {
     Default,
 }
 
+/// `preempt.host_pool`: what the site does with
+/// `--gpu-mode=checkpoint:pool=on`, the host memory pool that serves the
+/// driver's checkpoint buffer (issue 39; preempt::pool).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HostPoolSetting {
+    /// A job may ask for it; without `pool=` a job gets none.
+    #[default]
+    Allow,
+    /// A job that asks for it is refused at submission (and in the prolog).
+    Forbid,
+    /// Every checkpoint job gets it unless it asks for `pool=off`.
+    Default,
+}
+
 /// The largest `cuda_ckpt.memory_margin_mib` accepted (1 TiB).
 pub const MAX_MARGIN_MIB: u64 = 1 << 20;
 
@@ -413,6 +428,13 @@ pub struct PreemptConfig {
     /// Whether checkpoint jobs may (or by default do) run NCCL over the
     /// transports the r580 driver can restore (preempt::nccl).
     pub nccl_portable: NcclPortableSetting,
+    /// Whether checkpoint jobs may (or by default do) get a host memory
+    /// pool for the driver's checkpoint buffer (preempt::pool).
+    pub host_pool: HostPoolSetting,
+    /// The most one job's pools may hold on a node, GiB (at least 1).
+    pub host_pool_max_gib: u64,
+    /// The pool never takes the node's MemAvailable below this, GiB.
+    pub host_pool_reserve_gib: u64,
 }
 
 /// The most page readers CRIU starts for one restored process
@@ -451,6 +473,9 @@ impl Default for PreemptConfig {
             forked_children_drop_gpu_files: true,
             hide_io_uring: true,
             nccl_portable: NcclPortableSetting::Allow,
+            host_pool: HostPoolSetting::Allow,
+            host_pool_max_gib: 64,
+            host_pool_reserve_gib: 8,
         }
     }
 }
@@ -475,6 +500,28 @@ impl PreemptConfig {
             (None, NcclPortableSetting::Default) => Ok(NcclTransport::Portable),
             (None, _) => Ok(NcclTransport::Native),
         }
+    }
+
+    /// Whether a checkpoint job gets a host memory pool: what it asked for
+    /// (`pool=`), bounded by `host_pool`; an error (naming the setting)
+    /// when the site forbids what it asked for.
+    pub fn host_pool(&self, asked: Option<bool>) -> Result<bool, String> {
+        match (asked, self.host_pool) {
+            (Some(true), HostPoolSetting::Forbid) => Err(
+                "--gpu-mode=checkpoint:pool=on is not allowed on this cluster (preempt.host_pool = \"forbid\" in the \
+                 site config): use --gpu-mode=checkpoint, whose checkpoint buffer the driver allocates at preemption"
+                    .into(),
+            ),
+            (Some(asked), _) => Ok(asked),
+            (None, HostPoolSetting::Default) => Ok(true),
+            (None, _) => Ok(false),
+        }
+    }
+
+    /// Where a job's host memory pool lives on the node:
+    /// `<runtime_dir>/pool/<job>`.
+    pub fn pool_dir(&self, runtime_dir: &Path, job: u32) -> PathBuf {
+        runtime_dir.join("pool").join(job.to_string())
     }
 
     fn validate_preemption(&self) -> Result<(), String> {
@@ -517,6 +564,9 @@ impl PreemptConfig {
                 "preempt.restore_page_readers = {} must be between 1 and {MAX_RESTORE_PAGE_READERS}",
                 self.restore_page_readers
             ));
+        }
+        if self.host_pool_max_gib == 0 {
+            return Err("preempt.host_pool_max_gib = 0 must be at least 1 (preempt.host_pool = \"forbid\" turns the pool off)".into());
         }
         crate::signal::signal_number(&self.signal).map_err(|e| format!("preempt.signal: {e}"))?;
         Ok(())
@@ -868,12 +918,36 @@ mod tests {
         assert_eq!(cfg.preempt.forked_children_drop_gpu_files, d.forked_children_drop_gpu_files);
         assert_eq!(cfg.preempt.hide_io_uring, d.hide_io_uring);
         assert_eq!(cfg.preempt.nccl_portable, d.nccl_portable);
+        assert_eq!(
+            (cfg.preempt.host_pool, cfg.preempt.host_pool_max_gib, cfg.preempt.host_pool_reserve_gib),
+            (d.host_pool, d.host_pool_max_gib, d.host_pool_reserve_gib)
+        );
+    }
+
+    /// Each row: the site's `[preempt] <key>` setting, what a job asked for
+    /// and what it gets (`Err`: words of the refusal); then a value that is
+    /// no setting is refused naming the key.
+    fn assert_site_bounds<A: Copy + std::fmt::Debug, T: PartialEq + std::fmt::Debug>(
+        key: &str,
+        table: &[(&str, A, Result<T, &str>)],
+        get: impl Fn(&PreemptConfig, A) -> Result<T, String>,
+    ) {
+        for (setting, asked, want) in table {
+            let cfg = parse(&format!("[preempt]\n{key} = \"{setting}\"")).unwrap();
+            let got = get(&cfg.preempt, *asked);
+            match (want, &got) {
+                (Ok(w), Ok(g)) => assert_eq!(w, g, "{setting} {asked:?}"),
+                (Err(w), Err(g)) => assert!(g.contains(w), "{setting} {asked:?}: {g}"),
+                _ => panic!("{setting} {asked:?}: {got:?}, want {want:?}"),
+            }
+        }
+        let err = parse(&format!("[preempt]\n{key} = \"yes\"")).unwrap_err();
+        assert!(err.contains("unknown variant `yes`") && err.contains("forbid") && err.contains(key), "{err}");
     }
 
     /// What a job asked for (`nccl=`) against the site's setting.
     #[test]
     fn the_site_bounds_the_nccl_transport_a_job_gets() {
-        use NcclPortableSetting::*;
         use NcclTransport::*;
         let table: &[(&str, Option<NcclTransport>, Result<NcclTransport, &str>)] = &[
             ("allow", None, Ok(Native)),
@@ -886,18 +960,41 @@ mod tests {
             ("forbid", Some(Native), Ok(Native)),
             ("forbid", Some(Portable), Err("not allowed on this cluster (preempt.nccl_portable = \"forbid\"")),
         ];
-        for (setting, asked, want) in table {
-            let cfg = parse(&format!("[preempt]\nnccl_portable = \"{setting}\"")).unwrap();
-            assert!(matches!(cfg.preempt.nccl_portable, Allow | Forbid | Default));
-            let got = cfg.preempt.nccl_transport(*asked);
-            match (want, &got) {
-                (Ok(w), Ok(g)) => assert_eq!(w, g, "{setting} {asked:?}"),
-                (Err(w), Err(g)) => assert!(g.contains(w), "{setting} {asked:?}: {g}"),
-                _ => panic!("{setting} {asked:?}: {got:?}, want {want:?}"),
-            }
-        }
-        let err = parse("[preempt]\nnccl_portable = \"yes\"").unwrap_err();
-        assert!(err.contains("unknown variant `yes`") && err.contains("forbid"), "{err}");
+        assert_site_bounds("nccl_portable", table, PreemptConfig::nccl_transport);
+    }
+
+    /// What a job asked for (`pool=`) against the site's setting, and the
+    /// pool's bounds.
+    #[test]
+    fn the_site_bounds_the_host_pool_a_job_gets() {
+        use HostPoolSetting::*;
+        let table: &[(&str, Option<bool>, Result<bool, &str>)] = &[
+            ("allow", None, Ok(false)),
+            ("allow", Some(true), Ok(true)),
+            ("allow", Some(false), Ok(false)),
+            ("default", None, Ok(true)),
+            ("default", Some(true), Ok(true)),
+            ("default", Some(false), Ok(false)),
+            ("forbid", None, Ok(false)),
+            ("forbid", Some(false), Ok(false)),
+            ("forbid", Some(true), Err("not allowed on this cluster (preempt.host_pool = \"forbid\"")),
+        ];
+        assert_site_bounds("host_pool", table, PreemptConfig::host_pool);
+        let d = PreemptConfig::default();
+        assert_eq!((d.host_pool, d.host_pool_max_gib, d.host_pool_reserve_gib), (Allow, 64, 8));
+        let cfg = parse("[preempt]\nhost_pool_max_gib = 1\nhost_pool_reserve_gib = 0").unwrap();
+        assert_eq!((cfg.preempt.host_pool_max_gib, cfg.preempt.host_pool_reserve_gib), (1, 0));
+        assert_eq!(
+            cfg.preempt.pool_dir(Path::new("/run/slurm-gpu-mode"), 4242),
+            PathBuf::from("/run/slurm-gpu-mode/pool/4242")
+        );
+        assert_refused(&[
+            ("[preempt]\nhost_pool_max_gib = 0", "preempt.host_pool_max_gib = 0 must be at least 1"),
+            ("[preempt]\nhost_pool_max_gib = -1", "host_pool_max_gib"),
+            ("[preempt]\nhost_pool_max_gib = \"64G\"", "host_pool_max_gib"),
+            ("[preempt]\nhost_pool_reserve_gib = -8", "host_pool_reserve_gib"),
+            ("[preempt]\nhost_pools = \"allow\"", "unknown field `host_pools`"),
+        ]);
     }
 
     #[test]
