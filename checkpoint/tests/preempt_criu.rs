@@ -179,6 +179,7 @@ impl Node {
             deadline_unix: None,
             config: Some(cfg.0.to_path_buf()),
             nccl: gpu_mode_core::gpu_mode::NcclTransport::Native,
+            pool: false,
             job_nodes: vec![],
         };
         spawn_agent(cfg.1, &launch, Duration::from_secs(20)).unwrap();

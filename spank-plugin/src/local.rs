@@ -34,9 +34,9 @@ pub fn init_post_opt(spank: &mut Spank, args: &PluginArgs) -> Result<(), Box<dyn
 
 /// A checkpoint job must be requeued and signalled on preemption, or its
 /// checkpoint is useless: checked before the job is queued, with the exact
-/// sbatch line to use (gpu_mode_base::submit); and its `nccl=` must be one
-/// the site allows (`preempt.nccl_portable`; the prolog checks again with
-/// the node's config).
+/// sbatch line to use (gpu_mode_base::submit); and its `nccl=` and `pool=`
+/// must be ones the site allows (`preempt.nccl_portable`,
+/// `preempt.host_pool`; the prolog checks again with the node's config).
 fn checkpoint_submission(args: &PluginArgs, params: &CheckpointParams) -> Result<Vec<String>, String> {
     use gpu_mode_base::submit::{checkpoint_submit_check, script_path, SubmitSite};
     let argv: Vec<String> = std::fs::read("/proc/self/cmdline")
@@ -52,6 +52,7 @@ fn checkpoint_submission(args: &PluginArgs, params: &CheckpointParams) -> Result
     });
     let site = gpu_mode_base::Config::load_or_salvage(args.config.as_deref()).0.preempt;
     site.nccl_transport(params.nccl)?;
+    site.host_pool(params.pool)?;
     checkpoint_submit_check(&argv, &env, script.as_deref(), &SubmitSite::from_config(&site))
 }
 

@@ -1,6 +1,6 @@
 //! `gpu-mode-ckpt-agent --job J --uid U --gid G --restart-count K --node N
 //!  [--gpus I,J] [--deadline-unix T] [--config PATH] [--nccl portable|native]
-//!  [--job-nodes A,B]`
+//!  [--pool] [--job-nodes A,B]`
 //!
 //! The per-job checkpoint agent (gpu_mode_core::preempt::agent), started by
 //! the prolog as root through `spawn_agent`. `--gpus` are the job's NVML
@@ -32,15 +32,21 @@ struct Args {
     /// The job's NCCL transport as the prolog resolved it; native (the
     /// side that refuses NCCL ranks before r610) when not given.
     nccl: NcclTransport,
+    /// The job gets a host memory pool (`--pool`, a flag without a value).
+    pool: bool,
     /// The job's nodes when several (the prolog passes them only then).
     job_nodes: Vec<String>,
 }
 
 fn parse() -> Result<Args, String> {
-    let mut a = Args { job: 0, uid: 0, gid: 0, restart_count: 0, node: String::new(), gpus: vec![], deadline_unix: None, config: None, nccl: NcclTransport::Native, job_nodes: vec![] };
+    let mut a = Args { job: 0, uid: 0, gid: 0, restart_count: 0, node: String::new(), gpus: vec![], deadline_unix: None, config: None, nccl: NcclTransport::Native, pool: false, job_nodes: vec![] };
     let mut it = std::env::args().skip(1);
     let mut seen = (false, false);
     while let Some(k) = it.next() {
+        if k == "--pool" {
+            a.pool = true;
+            continue;
+        }
         let v = it.next().ok_or_else(|| format!("{k} needs a value"))?;
         let num = |v: &str| v.parse::<u64>().map_err(|_| format!("{k} {v}: not a number"));
         match k.as_str() {
@@ -97,6 +103,7 @@ fn main() {
         gpus,
         deadline: a.deadline_unix.map(|t| SystemTime::UNIX_EPOCH + Duration::from_secs(t)),
         nccl: a.nccl,
+        pool: a.pool,
         job_nodes: a.job_nodes,
     };
     let mut settings = AgentSettings::from_config(&cfg);

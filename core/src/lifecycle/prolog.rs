@@ -248,6 +248,34 @@ mod tests {
         assert_eq!(state.refusal, None);
     }
 
+    /// `pool=`: the tasks hear of the job's host memory pool only when it
+    /// gets one; one the node's config forbids refuses the job, naming the
+    /// setting (the submit host's config may differ).
+    #[test]
+    fn a_checkpoint_jobs_host_pool_reaches_its_tasks_within_the_sites_bound() {
+        use crate::config::HostPoolSetting::{Allow, Default, Forbid};
+        let pool_var = crate::modes::checkpoint::TASK_POOL_VAR;
+        for (mode, site, want) in [
+            ("checkpoint", Allow, None),
+            ("checkpoint:pool=on", Allow, Some("on")),
+            ("checkpoint:pool=off", Default, None),
+            ("checkpoint", Default, Some("on")),
+            ("checkpoint:pool=off", Forbid, None),
+        ] {
+            let (_d, mut cfg, env) = with_agent(Some(mode));
+            cfg.preempt.host_pool = site;
+            run(&cfg, &env).unwrap();
+            let state = JobState::load(&cfg.runtime_dir, 77).unwrap();
+            assert_eq!(state.task_env.get(pool_var).map(String::as_str), want, "{mode} with host_pool {site:?}");
+        }
+        let (_d, mut cfg, env) = with_agent(Some("checkpoint:pool=on"));
+        cfg.preempt.host_pool = Forbid;
+        match run(&cfg, &env) {
+            Err(Failure::Job(msg)) => assert!(msg.contains("preempt.host_pool = \"forbid\""), "{msg}"),
+            other => panic!("expected a job refusal, got {other:?}"),
+        }
+    }
+
     #[test]
     fn an_invalid_mode_is_refused_not_a_node_fault() {
         let (_d, cfg, env) = setup(Some("mig:1g.10gbx9"));

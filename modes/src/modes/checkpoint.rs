@@ -23,6 +23,9 @@ pub use crate::job_env::TASK_SIGNAL_VAR;
 /// Task variable with the job's NCCL transport (gpu-mode-run sets NCCL's
 /// portable variables when it says `portable`).
 pub use crate::preempt::nccl::TASK_NCCL_VAR;
+/// Task variable that says `on` when the job gets a host memory pool
+/// (gpu-mode-run then gives the huge-page shim the job's pool directory).
+pub use crate::preempt::nccl::TASK_POOL_VAR;
 use crate::gpu_mode::{CheckpointParams, NcclTransport};
 /// How long the prolog waits for the agent to listen.
 const AGENT_START: Duration = Duration::from_secs(20);
@@ -42,6 +45,13 @@ impl CheckpointDriver<'_> {
     /// `preempt.nccl_portable` (the submit host's config may differ).
     fn nccl(&self, cfg: &Config) -> Result<NcclTransport, Failure> {
         cfg.preempt.nccl_transport(self.params.and_then(|p| p.nccl)).map_err(Failure::Job)
+    }
+
+    /// Whether the job gets a host memory pool: what it asked for (`pool=`),
+    /// bounded by this node's `preempt.host_pool` (the submit host's config
+    /// may differ).
+    fn pool(&self, cfg: &Config) -> Result<bool, Failure> {
+        cfg.preempt.host_pool(self.params.and_then(|p| p.pool)).map_err(Failure::Job)
     }
 }
 
@@ -64,18 +74,21 @@ impl ModeDriver for CheckpointDriver<'_> {
                 )));
             }
         }
-        self.nccl(ctx.cfg).map(|_| ())
+        self.nccl(ctx.cfg)?;
+        self.pool(ctx.cfg).map(|_| ())
     }
 
     fn prepare(&self, ctx: &PrepareCtx) -> Result<Grant, Failure> {
         let env = ctx.env;
         let nccl = self.nccl(ctx.cfg)?;
+        let pool = self.pool(ctx.cfg)?;
         let launch = AgentLaunch {
             run: env.run(),
             gpus: ctx.gpus.to_vec(),
             deadline_unix: None,
             config: ctx.cfg.source.clone(),
             nccl,
+            pool,
             // The agent refuses to checkpoint a job on several nodes.
             job_nodes: crate::job_env::job_nodes_of_process(),
         };
@@ -86,14 +99,18 @@ impl ModeDriver for CheckpointDriver<'_> {
         let socket = preempt::socket_path(&ctx.cfg.preempt.agent_socket_dir(&ctx.cfg.runtime_dir), env.job_id);
         // Checked when the config was loaded.
         let signal = preempt::signal_number(&ctx.cfg.preempt.signal).map_err(|e| Failure::node(Fault::Config, e))?;
+        let mut task_env: std::collections::BTreeMap<String, String> = [
+            (TASK_SOCKET_VAR.to_string(), socket.display().to_string()),
+            (TASK_SIGNAL_VAR.to_string(), signal.to_string()),
+            (TASK_NCCL_VAR.to_string(), nccl.as_str().to_string()),
+        ]
+        .into();
+        if pool {
+            task_env.insert(TASK_POOL_VAR.to_string(), "on".to_string());
+        }
         Ok(Grant {
             record: GrantRecord::Checkpoint { restart_count: env.restart_count },
-            task_env: [
-                (TASK_SOCKET_VAR.to_string(), socket.display().to_string()),
-                (TASK_SIGNAL_VAR.to_string(), signal.to_string()),
-                (TASK_NCCL_VAR.to_string(), nccl.as_str().to_string()),
-            ]
-            .into(),
+            task_env,
             per_task_env: Default::default(),
             detail: Some(format!("checkpoint agent pid {pid}, run {}", env.restart_count)),
             events: Vec::new(),

@@ -61,6 +61,9 @@ pub struct AgentParams {
     /// The job's NCCL transport (the prolog's `--nccl`): whether NCCL
     /// ranks may be checkpointed on drivers before r610 (uncheckpointable.rs).
     pub nccl: gpu_mode_base::gpu_mode::NcclTransport,
+    /// The job asked for a host memory pool (preempt::pool): the agent sizes
+    /// it (the prolog's `--pool`, `pool=on` against `preempt.host_pool`).
+    pub pool: bool,
     /// The job's nodes when it runs on several (the prolog's `--job-nodes`;
     /// empty otherwise): such a job is refused at the checkpoint.
     pub job_nodes: Vec<String>,

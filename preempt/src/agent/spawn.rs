@@ -38,6 +38,10 @@ pub struct AgentLaunch {
     /// (crate::nccl): passed as `--nccl portable`; native is the agent's
     /// default, the side that refuses NCCL ranks on r580.
     pub nccl: NcclTransport,
+    /// The job gets a host memory pool (`pool=on` against
+    /// `preempt.host_pool`, resolved by the prolog): passed as `--pool`;
+    /// without it the agent sizes none.
+    pub pool: bool,
     /// The job's nodes (job_env::job_nodes; empty: unknown). Passed as
     /// `--job-nodes a,b` only when several: the agent then refuses to
     /// checkpoint (one node's processes cannot restore the job).
@@ -74,6 +78,9 @@ impl AgentLaunch {
         if self.nccl == NcclTransport::Portable {
             a.push("--nccl".into());
             a.push(self.nccl.as_str().into());
+        }
+        if self.pool {
+            a.push("--pool".into());
         }
         if self.job_nodes.len() > 1 {
             a.push("--job-nodes".into());
@@ -231,6 +238,7 @@ mod tests {
             deadline_unix: Some(99),
             config: Some("/etc/x.toml".into()),
             nccl: NcclTransport::Native,
+            pool: false,
             job_nodes: vec!["n1".into()],
         };
         assert_eq!(
@@ -239,6 +247,10 @@ mod tests {
         );
         let portable = AgentLaunch { nccl: NcclTransport::Portable, ..l.clone() };
         assert!(portable.args().join(" ").ends_with("--config /etc/x.toml --nccl portable"), "{:?}", portable.args());
+        let pool = AgentLaunch { pool: true, ..l.clone() };
+        assert!(pool.args().join(" ").ends_with("--config /etc/x.toml --pool"), "{:?}", pool.args());
+        let both = AgentLaunch { nccl: NcclTransport::Portable, pool: true, ..l.clone() };
+        assert!(both.args().join(" ").ends_with("--config /etc/x.toml --nccl portable --pool"), "{:?}", both.args());
         let two = AgentLaunch { job_nodes: vec!["n1".into(), "n2".into()], ..l };
         assert!(two.args().join(" ").ends_with("--config /etc/x.toml --job-nodes n1,n2"), "{:?}", two.args());
     }
@@ -257,7 +269,7 @@ mod tests {
         cfg.preempt.agent = "/nonexistent/gpu-mode-ckpt-agent".into();
         let dir = tempfile::tempdir().unwrap();
         cfg.preempt.agent_socket_dir = Some(dir.path().to_path_buf());
-        let l = AgentLaunch { run: JobRun { job: 1, restart_count: 0, uid: 0, gid: 0, node: "n".into() }, gpus: vec![], deadline_unix: None, config: None, nccl: NcclTransport::Native, job_nodes: vec![] };
+        let l = AgentLaunch { run: JobRun { job: 1, restart_count: 0, uid: 0, gid: 0, node: "n".into() }, gpus: vec![], deadline_unix: None, config: None, nccl: NcclTransport::Native, pool: false, job_nodes: vec![] };
         let err = spawn_agent(&cfg, &l, Duration::from_secs(1)).unwrap_err();
         assert!(matches!(err, AgentControlError::Start { .. }), "{err:?}");
         assert!(err.to_string().contains("cannot start /nonexistent/gpu-mode-ckpt-agent"), "{err}");
@@ -269,7 +281,7 @@ mod tests {
         let mut cfg = Config::default();
         cfg.preempt.agent = program.to_path_buf();
         cfg.preempt.agent_socket_dir = Some(socket_dir.to_path_buf());
-        let l = AgentLaunch { run: JobRun { job: 1, restart_count: 0, uid: 0, gid: 0, node: "n".into() }, gpus: vec![], deadline_unix: None, config: None, nccl: NcclTransport::Native, job_nodes: vec![] };
+        let l = AgentLaunch { run: JobRun { job: 1, restart_count: 0, uid: 0, gid: 0, node: "n".into() }, gpus: vec![], deadline_unix: None, config: None, nccl: NcclTransport::Native, pool: false, job_nodes: vec![] };
         for _ in 0..50 {
             match spawn_agent(&cfg, &l, Duration::from_millis(300)) {
                 Err(AgentControlError::Start { source, .. }) if source.raw_os_error() == Some(libc::ETXTBSY) => std::thread::sleep(Duration::from_millis(10)),

@@ -141,6 +141,7 @@ fn fixture_opts(counting: bool, accounting: crate::accounting::AccountingField, 
         gpus: vec![GpuFacts { uuid: GpuUuid::parse(GPU_A).unwrap(), name: "NVIDIA H200".into() }],
         deadline: None,
         nccl: gpu_mode_base::gpu_mode::NcclTransport::Native,
+        pool: false,
         job_nodes: vec![],
     };
     let criu = Arc::new(RecordingCriu::default());

@@ -298,7 +298,7 @@ fn start_agent(o: &Opts, cfg: &Config, job: u32) -> anyhow::Result<PathBuf> {
     settings.images = gpu_mode_core::preempt::ImageStore::new(o.workdir.join("images"));
     settings.checkpoint.record_dir = o.workdir.join("records");
     let run = JobRun { job, restart_count: 0, uid: o.uid, gid: o.uid, node: "bench".into() };
-    let params = AgentParams { run, gpus: facts, deadline: None, nccl: gpu_mode_core::gpu_mode::NcclTransport::Native, job_nodes: vec![] };
+    let params = AgentParams { run, gpus: facts, deadline: None, nccl: gpu_mode_core::gpu_mode::NcclTransport::Native, pool: false, job_nodes: vec![] };
     let agent = Arc::new(Agent::new(params, settings.clone(), NodeFacts { driver_version, cuda_version, node_gpus: node_gpus(cfg) }, backends));
     let listener = listen(&settings.socket_dir, job, o.uid, o.uid)?;
     std::thread::spawn(move || agent.serve(listener));
