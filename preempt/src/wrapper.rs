@@ -47,6 +47,10 @@ use std::time::{Duration, Instant};
 /// Exit status when the wrapper itself fails (bad use, no agent for a restore).
 pub const EXIT_FAILED: i32 = 1;
 
+/// The application's variable with its job's host memory pool directory
+/// (`preempt.pool_dir`), read by the huge-page shim, where the pool lives.
+pub const POOL_DIR_VAR: &str = "GPU_MODE_POOL_DIR";
+
 /// Why gpu-mode-run cannot run the application at all: the command line or
 /// the job's environment is not a checkpoint job's, or the wrapper's own
 /// start failed. gpu-mode-run says it (a usage error, or a line of the job's
@@ -111,6 +115,11 @@ pub struct RunOptions {
     /// (the job's `GPU_MODE_CKPT_NCCL` is `portable`; those the job leaves
     /// unset), and those the job sets otherwise, kept (crate::nccl).
     pub nccl: NcclPlan,
+    /// The job's host memory pool directory when the prolog said the job
+    /// gets one (`GPU_MODE_TASK_POOL` is `on`, crate::nccl::TASK_POOL_VAR):
+    /// `<runtime_dir>/pool/<job>`, given to the application in
+    /// [`POOL_DIR_VAR`] ([`RunOptions::pool_env`]).
+    pub pool_dir: Option<PathBuf>,
 }
 
 /// What gpu-mode-run does for the job's NCCL transport.
@@ -179,7 +188,24 @@ impl RunOptions {
             signals: if signal_held { inherited.without(checkpoint_signal) } else { inherited },
             signal_held,
             nccl: NcclPlan::from_env(env),
+            pool_dir: (env(super::nccl::TASK_POOL_VAR).as_deref() == Some("on")).then(|| cfg.preempt.pool_dir(&cfg.runtime_dir, job)),
         })
+    }
+
+    /// The application's variable for the job's host memory pool: none
+    /// without a pool; the pool directory when the huge-page shim, where the
+    /// pool lives, is preloaded with its huge pages on; else the one warning
+    /// line that says why the job runs without its pool.
+    pub fn pool_env(&self) -> Result<Option<(&'static str, &Path)>, String> {
+        let Some(dir) = &self.pool_dir else { return Ok(None) };
+        // preempt::hugepages::preload_env turns the huge pages off with this.
+        let huge_pages = !self.preload_env.iter().any(|(k, v)| *k == "GPU_MODE_HUGEPAGES" && v == "0");
+        match &self.preload {
+            Ok(Some(_)) if huge_pages => Ok(Some((POOL_DIR_VAR, dir.as_path()))),
+            _ => Err("warning: --gpu-mode=checkpoint:pool=on, but the huge-page shim is not preloaded with its huge pages: \
+                      the host memory pool needs [preempt] huge_pages = true (and its library); the job runs without one"
+                .to_string()),
+        }
     }
 }
 
@@ -378,6 +404,13 @@ impl Wrapper<'_> {
         cmd.envs(self.o.nccl.set.iter().copied());
         if let Some(warning) = self.o.nccl.warning() {
             say(&warning);
+        }
+        match self.o.pool_env() {
+            Ok(Some((name, dir))) => {
+                cmd.env(name, dir);
+            }
+            Ok(None) => {}
+            Err(warning) => say(&warning),
         }
         match &self.o.preload {
             Ok(Some(lib)) => {
@@ -827,6 +860,46 @@ mod tests {
         assert!(!over.set.iter().any(|(n, _)| n.starts_with("NCCL_P2P") || n.starts_with("NCCL_SHM")), "{:?}", over.set);
         let warning = over.warning().unwrap();
         assert!(warning.contains("sets NCCL_P2P_DISABLE=0 (the mode needs NCCL_P2P_DISABLE=1): kept") && warning.contains("start over"), "{warning}");
+    }
+
+    /// The pool directory follows the prolog's variable and the job id; the
+    /// application gets it only with the huge-page shim preloaded and its
+    /// huge pages on, else one warning line.
+    #[test]
+    fn the_pool_dir_follows_the_mode_and_the_huge_page_shim() {
+        let dir = tempfile::tempdir().unwrap();
+        let lib = dir.path().join("lib.so");
+        std::fs::write(&lib, b"\x7fELF").unwrap();
+        let mut cfg = crate::Config { runtime_dir: "/run/gm".into(), ..crate::Config::default() };
+        cfg.preempt.huge_pages_library = lib;
+        cfg.preempt.huge_pages_dir = dir.path().join("kept");
+        let options = |cfg: &crate::Config, vars: &[(&str, &str)]| {
+            let mut all = vec![("SLURM_JOB_ID", "42")];
+            all.extend_from_slice(vars);
+            let vars = env(&all);
+            RunOptions::from_env(cfg, vec![OsString::from("./train")], &vars).unwrap()
+        };
+        assert_eq!(options(&cfg, &[]).pool_dir, None);
+        assert_eq!(options(&cfg, &[]).pool_env(), Ok(None));
+        assert_eq!(options(&cfg, &[("GPU_MODE_TASK_POOL", "off")]).pool_dir, None);
+        assert_eq!(options(&cfg, &[("GPU_MODE_TASK_POOL", "1")]).pool_dir, None);
+        let on = options(&cfg, &[("GPU_MODE_TASK_POOL", "on")]);
+        assert_eq!(on.pool_dir, Some(PathBuf::from("/run/gm/pool/42")));
+        assert_eq!(on.pool_env(), Ok(Some(("GPU_MODE_POOL_DIR", Path::new("/run/gm/pool/42")))));
+        // The shim preloaded for its other jobs, its huge pages off: no pool.
+        cfg.preempt.huge_pages = false;
+        let off = options(&cfg, &[("GPU_MODE_TASK_POOL", "on")]);
+        assert!(matches!(off.preload, Ok(Some(_))), "{:?}", off.preload);
+        let warning = off.pool_env().unwrap_err();
+        assert!(warning.contains("needs [preempt] huge_pages = true") && !warning.contains('\n'), "{warning}");
+        // No shim at all, or an unusable one: the same.
+        cfg.preempt.forked_children_drop_gpu_files = false;
+        cfg.preempt.hide_io_uring = false;
+        assert!(options(&cfg, &[("GPU_MODE_TASK_POOL", "on")]).pool_env().unwrap_err().contains("huge_pages = true"));
+        cfg.preempt.huge_pages = true;
+        cfg.preempt.huge_pages_library = "/nonexistent/lib.so".into();
+        assert!(options(&cfg, &[("GPU_MODE_TASK_POOL", "on")]).pool_env().unwrap_err().contains("huge_pages = true"));
+        assert_eq!(options(&cfg, &[]).pool_env(), Ok(None));
     }
 
     /// Each reason the wrapper cannot run has its kind and the words it
