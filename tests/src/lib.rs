@@ -15,6 +15,7 @@ pub mod bench;
 pub mod churn;
 pub mod ckpt_jobs;
 pub mod conf;
+pub mod forbidden;
 pub mod jobs;
 pub mod leftovers;
 pub mod netns;

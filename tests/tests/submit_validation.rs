@@ -19,10 +19,12 @@ const BAD: &[(&str, &str)] = &[
     ("mps:color=red", "unknown mps key \"color\""),
     ("mps:threads=5,threads=6", "key \"threads\" is given twice"),
     ("mps:threads=101", "threads=101 is out of range"),
-    ("checkpoint:x", "parameter \"x\" is not key=value (key: nccl)"),
+    ("checkpoint:x", "parameter \"x\" is not key=value (keys: nccl, pool)"),
     ("checkpoint:nccl=fast", "nccl=fast is not a transport (nccl=portable or nccl=native)"),
     ("checkpoint:nccl=", "nccl= has no value"),
     ("checkpoint:nccl=portable,nccl=native", "key \"nccl\" is given twice"),
+    ("checkpoint:pool=maybe", "pool=maybe is not a setting (pool=on or pool=off)"),
+    ("checkpoint:pool=on,pool=off", "key \"pool\" is given twice"),
     ("mps:threads=5,", "empty parameter"),
     ("mps:threads=5×", "non-ASCII character"),
 ];
@@ -93,10 +95,16 @@ fn good_values_are_accepted_by_sbatch_srun_and_salloc() {
     let script = "#!/bin/sh\n#SBATCH --signal=B:USR1@90\n#SBATCH --requeue\necho ok\n";
     let job = c().sbatch_wait(None, &["--gpu-mode=checkpoint", "--gres=gpu:1"], script).unwrap();
     assert_eq!(job.exit_code, 0, "{}\n{}", job.output, c().logs_tail());
-    // NCCL's transport reaches the tasks (gpu-mode-run reads it there); the
-    // site's default here ("allow") leaves a plain checkpoint job native.
-    let env = "#!/bin/sh\necho nccl=$GPU_MODE_CKPT_NCCL mode=$SLURM_GPU_MODE\n";
-    for (value, want) in [("checkpoint", "nccl=native mode=checkpoint"), ("checkpoint:nccl=portable", "nccl=portable mode=checkpoint:nccl=portable")] {
+    // NCCL's transport and the host memory pool reach the tasks (gpu-mode-run
+    // reads them there); the site's defaults here ("allow") leave a plain
+    // checkpoint job native and without a pool.
+    let env = "#!/bin/sh\necho nccl=$GPU_MODE_CKPT_NCCL pool=$GPU_MODE_TASK_POOL mode=$SLURM_GPU_MODE\n";
+    for (value, want) in [
+        ("checkpoint", "nccl=native pool= mode=checkpoint"),
+        ("checkpoint:nccl=portable", "nccl=portable pool= mode=checkpoint:nccl=portable"),
+        ("checkpoint:pool=on", "nccl=native pool=on mode=checkpoint:pool=on"),
+        ("checkpoint:nccl=portable,pool=on", "nccl=portable pool=on mode=checkpoint:nccl=portable,pool=on"),
+    ] {
         let arg = format!("--gpu-mode={value}");
         let job = c().sbatch_wait(None, &[&arg, "--signal=B:USR1@60", "--requeue", "--gres=gpu:1"], env).unwrap();
         assert_eq!((job.exit_code, job.output.trim()), (0, want), "{}", c().logs_tail());
