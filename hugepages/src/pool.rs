@@ -112,6 +112,10 @@ static SIZE_PATH_LEN: AtomicUsize = AtomicUsize::new(0);
 /// reads the size the agent asks.
 const TICK_MS: u64 = 200;
 const TICKS_PER_READ: u32 = 10;
+/// A size link missing this many reads in a row (16 s) means no pool: a
+/// restored process keeps its pool while the requeued run's agent comes up
+/// and writes the link again.
+const MISSING_READS: u32 = 8;
 /// A pool this much larger than asked is cut down; less is left.
 const SHRINK_SLACK: usize = 256 * MIB;
 
@@ -189,6 +193,16 @@ fn sleep_ms(ms: u64) {
     unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
 }
 
+/// The size to keep after a read of the link (`None`: as it was), and the
+/// reads missing in a row since.
+pub fn after_read(read: usize, missing: u32) -> (Option<usize>, u32) {
+    match read {
+        0 if missing + 1 < MISSING_READS => (None, missing + 1),
+        0 => (Some(0), MISSING_READS),
+        want => (Some(want), 0),
+    }
+}
+
 /// What the thread does next, from the pool's state and the sizes.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Next {
@@ -219,11 +233,15 @@ extern "C" fn keep_pool(_: *mut c_void) -> *mut c_void {
     // SAFETY: getpid has no preconditions; a forked child has no such thread.
     let pid = unsafe { libc::getpid() };
     let from_dir = SIZE_PATH_LEN.load(Ordering::Acquire) > 0;
-    let mut ticks = 0u32;
+    let (mut ticks, mut missing) = (0u32, 0u32);
     let mut fill_started = 0;
     loop {
         if from_dir && ticks % TICKS_PER_READ == 0 {
-            WANT.store(read_want(pid), Ordering::Relaxed);
+            let (want, now_missing) = after_read(read_want(pid), missing);
+            missing = now_missing;
+            if let Some(want) = want {
+                WANT.store(want, Ordering::Relaxed);
+            }
         }
         let state = STATE.load(Ordering::Acquire);
         let want = WANT.load(Ordering::Relaxed);
@@ -536,6 +554,19 @@ mod tests {
         for (what, state, want, populated, reserved, action) in cases {
             assert_eq!(next(*state, *want, *populated, *reserved), *action, "{what}");
         }
+    }
+
+    #[test]
+    fn a_missing_link_ends_the_pool_only_after_several_reads() {
+        let mut missing = 0;
+        for _ in 0..MISSING_READS - 1 {
+            let (want, m) = after_read(0, missing);
+            assert_eq!(want, None, "kept while the link may come back");
+            missing = m;
+        }
+        assert_eq!(after_read(0, missing), (Some(0), MISSING_READS), "then no pool");
+        assert_eq!(after_read(0, MISSING_READS), (Some(0), MISSING_READS), "and none after");
+        assert_eq!(after_read(96 << 20, 5), (Some(96 << 20), 0), "a size counts at once");
     }
 
     #[test]

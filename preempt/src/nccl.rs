@@ -53,13 +53,6 @@ pub const PORTABLE_ENV: &[NcclVar] = &[
 /// command line, never from the job.
 pub const TASK_NCCL_VAR: &str = "GPU_MODE_CKPT_NCCL";
 
-/// Task variable set to `on` by the prolog when the job gets a host memory
-/// pool (`--gpu-mode=checkpoint:pool=on`, bounded by `preempt.host_pool`;
-/// issue 39): gpu-mode-run then points the huge-page shim at the job's pool
-/// directory. Unset otherwise. Like [`TASK_NCCL_VAR`], the agent has it from
-/// its own command line (`--pool`), never from the job.
-pub const TASK_POOL_VAR: &str = "GPU_MODE_TASK_POOL";
-
 /// A portable variable the environment sets to another value (or, at the
 /// checkpoint, leaves unset: `found` `None`).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -29,6 +29,17 @@ use std::time::Duration;
 
 const MIB: u64 = 1 << 20;
 
+/// The variable that tells the shim where its size links are (gpu-mode-run
+/// sets it for the application of a pool job).
+pub const DIR_ENV: &str = "GPU_MODE_POOL_DIR";
+
+/// Task variable set to `on` by the prolog when the job gets a host memory
+/// pool (`--gpu-mode=checkpoint:pool=on`, bounded by `preempt.host_pool`;
+/// issue 39): gpu-mode-run then points the huge-page shim at the job's pool
+/// directory. Unset otherwise. Like [`crate::nccl::TASK_NCCL_VAR`], the agent has it from
+/// its own command line (`--pool`), never from the job.
+pub const TASK_POOL_VAR: &str = "GPU_MODE_TASK_POOL";
+
 /// What one turn of the sizer knows.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Inputs {
@@ -47,6 +58,13 @@ pub struct Inputs {
 pub struct Bounds {
     pub max_bytes: u64,
     pub reserve_bytes: u64,
+}
+
+impl Bounds {
+    pub fn from_config(p: &crate::config::PreemptConfig) -> Bounds {
+        const GIB: u64 = 1 << 30;
+        Bounds { max_bytes: p.host_pool_max_gib.saturating_mul(GIB), reserve_bytes: p.host_pool_reserve_gib.saturating_mul(GIB) }
+    }
 }
 
 /// A turn's decision: each process's pool, and what bounded the total.
@@ -126,6 +144,11 @@ pub enum PoolError {
     #[error("cannot write the pool size {path}: {source}")]
     Write { path: PathBuf, source: std::io::Error },
 }
+
+/// How often the sizer looks: the pool follows a footprint that grows
+/// within this (PyTorch's allocator grows in the first steps), and a fill
+/// starts this long after the process's first GPU memory at most.
+pub const INTERVAL: Duration = Duration::from_secs(2);
 
 impl Sizer {
     /// `<dir>` made (root's, mode 0750, group the job's) with its parent
@@ -211,6 +234,28 @@ impl Sizer {
             std::thread::sleep(self.interval);
         }
     }
+}
+
+/// The sizer's directory made and its thread started; the thread lives as
+/// long as the process (the agent exits with its job).
+pub fn spawn(
+    sizer: Sizer,
+    gpus: std::sync::Arc<dyn GpuInfo + Send>,
+    host: std::sync::Arc<dyn ProcessHost + Send>,
+    log: impl Fn(&Plan, Option<&PoolError>) + Send + 'static,
+) -> Result<(), PoolError> {
+    sizer.prepare()?;
+    std::thread::Builder::new()
+        .name("pool-sizer".into())
+        .spawn(move || sizer.run(gpus.as_ref(), host.as_ref(), &log))
+        .map_err(|source| PoolError::Dir { path: "(the sizer's thread)".into(), source })?;
+    Ok(())
+}
+
+/// The line a turn logs: the total, what bounds it, each process's size.
+pub fn describe(plan: &Plan) -> String {
+    let each: Vec<String> = plan.sizes.iter().map(|(pid, b)| format!("{pid}:{}", b / MIB)).collect();
+    format!("host memory pool {} MiB (bounded by {}); per process MiB: {}", plan.total / MIB, plan.bound.as_str(), if each.is_empty() { "none".into() } else { each.join(" ") })
 }
 
 fn check_ours(dir: &Path) -> Result<(), PoolError> {

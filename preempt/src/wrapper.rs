@@ -46,10 +46,7 @@ use std::time::{Duration, Instant};
 
 /// Exit status when the wrapper itself fails (bad use, no agent for a restore).
 pub const EXIT_FAILED: i32 = 1;
-
-/// The application's variable with its job's host memory pool directory
-/// (`preempt.pool_dir`), read by the huge-page shim, where the pool lives.
-pub const POOL_DIR_VAR: &str = "GPU_MODE_POOL_DIR";
+pub use super::pool::DIR_ENV as POOL_DIR_VAR;
 
 /// Why gpu-mode-run cannot run the application at all: the command line or
 /// the job's environment is not a checkpoint job's, or the wrapper's own
@@ -116,7 +113,7 @@ pub struct RunOptions {
     /// unset), and those the job sets otherwise, kept (crate::nccl).
     pub nccl: NcclPlan,
     /// The job's host memory pool directory when the prolog said the job
-    /// gets one (`GPU_MODE_TASK_POOL` is `on`, crate::nccl::TASK_POOL_VAR):
+    /// gets one (`GPU_MODE_TASK_POOL` is `on`, crate::pool::TASK_POOL_VAR):
     /// `<runtime_dir>/pool/<job>`, given to the application in
     /// [`POOL_DIR_VAR`] ([`RunOptions::pool_env`]).
     pub pool_dir: Option<PathBuf>,
@@ -188,7 +185,7 @@ impl RunOptions {
             signals: if signal_held { inherited.without(checkpoint_signal) } else { inherited },
             signal_held,
             nccl: NcclPlan::from_env(env),
-            pool_dir: (env(super::nccl::TASK_POOL_VAR).as_deref() == Some("on")).then(|| cfg.preempt.pool_dir(&cfg.runtime_dir, job)),
+            pool_dir: (env(super::pool::TASK_POOL_VAR).as_deref() == Some("on")).then(|| cfg.preempt.pool_dir(&cfg.runtime_dir, job)),
         })
     }
 

@@ -1079,3 +1079,47 @@ fn an_nccl_rank_that_used_p2p_anyway_fails_its_restore_cleanly() {
     wait_for("the epilog", Duration::from_secs(20), || c.hook_log_lines(job).iter().filter(|l| l.contains("action=epilog")).count() == 2);
     std::fs::remove_dir_all(images(c).join(job.to_string())).unwrap();
 }
+
+/// Issue 39: a `pool=on` job. The agent sizes the application's host memory
+/// pool from its simulated GPU memory, the huge-page shim populates it while
+/// the job runs, the driver's checkpoint buffer is served from it at the
+/// preemption (all of it populated before the signal), the restored job
+/// frees the buffer off the restore's path and builds a new pool, and the
+/// job completes every step once; the pool's directory goes with the job.
+#[test]
+fn a_pool_job_checkpoints_into_memory_populated_before_the_signal_and_is_restored() {
+    let Some(c) = c() else { return };
+    let _turn = serial();
+    let who = job_user();
+    const MIB: u64 = 96;
+    const N: u64 = 200;
+    let ready = c.dir.join("out").join(format!("pool-{}.ready", std::process::id()));
+    let mut app_args = counter_of(c, N, EXIT, Some(&ready));
+    let mib = app_args.iter().position(|a| a == "--mib").unwrap() + 1;
+    app_args[mib] = MIB.to_string();
+    let job = submit_low_mode(c, who, "pool", &app_args, "checkpoint:pool=on", &[("GPU_MODE_HUGEPAGES_LOG", "1")]).unwrap();
+    wait_steps(c, job, 3);
+    let app: i32 = std::fs::read_to_string(&ready).unwrap().trim().parse().unwrap();
+    let dir = c.runtime_dir().join("pool").join(job.to_string());
+    let link = dir.join(app.to_string());
+    wait_for("the agent to size the pool", Duration::from_secs(20), || std::fs::read_link(&link).is_ok());
+    assert_eq!(std::fs::read_link(&link).unwrap(), Path::new(&MIB.to_string()), "the pool is the GPU footprint");
+    let held = || gpu_mode_core::cuda_ckpt::host_room::pool_bytes(Path::new("/proc"), app);
+    wait_for("the shim to populate the pool", Duration::from_secs(20), || held() >= MIB << 20);
+    let preemptor = submit_preemptor(c, None, None, 2, 2);
+    wait_requeued(c, job, 1);
+    wait_finished(c, preemptor);
+    let end = wait_finished(c, job);
+    let out = c.job_output(job);
+    assert_eq!((end.get("ExitCode"), end.restarts()), (format!("{EXIT}:0").as_str(), 1), "{out}");
+    if let Err(e) = counted_once(&out, N) {
+        panic!("{e}:\n{out}");
+    }
+    let lent = format!("gpu-mode-pool: lent {MIB} MiB, {MIB} MiB populated before, 0 MiB made");
+    assert!(out.contains(&lent), "missing {lent:?} in:\n{out}");
+    assert!(out.contains(&format!("gpu-mode-pool: buffer freed {MIB} MiB")), "the restored process freed the buffer:\n{out}");
+    assert!(out.contains(&format!("gpu-mode-run: job {job} restored (pid {app}")), "{out}");
+    assert_images_removed(c, job);
+    assert_nothing_stuck(c, job);
+    assert!(!dir.exists(), "the pool directory goes with the job");
+}

@@ -521,7 +521,12 @@ impl PreemptConfig {
     /// Where a job's host memory pool lives on the node:
     /// `<runtime_dir>/pool/<job>`.
     pub fn pool_dir(&self, runtime_dir: &Path, job: u32) -> PathBuf {
-        runtime_dir.join("pool").join(job.to_string())
+        self.pool_root(runtime_dir).join(job.to_string())
+    }
+
+    /// The pool directories' parent, `<runtime_dir>/pool`.
+    pub fn pool_root(&self, runtime_dir: &Path) -> PathBuf {
+        runtime_dir.join("pool")
     }
 
     fn validate_preemption(&self) -> Result<(), String> {

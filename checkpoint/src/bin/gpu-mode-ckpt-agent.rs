@@ -119,6 +119,10 @@ fn main() {
     // A staged image's copy to image_dir outlives the job's run (the epilog's
     // stop returns once the socket is gone; preempt::staging).
     agent.finish_copies();
+    // A pool job's size links: its processes are gone with the job.
+    if agent.params.pool {
+        let _ = gpu_mode_core::fsutil::remove_tree_if_present(&agent.settings.pool_dir_of(a.job));
+    }
     line().field("detail", format!("exiting: {reason:?}")).outcome(Outcome::Ok).emit(&cfg.log);
     std::process::exit(if reason.is_ok() { 0 } else { 1 });
 }

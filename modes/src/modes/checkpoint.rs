@@ -25,7 +25,7 @@ pub use crate::job_env::TASK_SIGNAL_VAR;
 pub use crate::preempt::nccl::TASK_NCCL_VAR;
 /// Task variable that says `on` when the job gets a host memory pool
 /// (gpu-mode-run then gives the huge-page shim the job's pool directory).
-pub use crate::preempt::nccl::TASK_POOL_VAR;
+pub use crate::preempt::pool::TASK_POOL_VAR;
 use crate::gpu_mode::{CheckpointParams, NcclTransport};
 /// How long the prolog waits for the agent to listen.
 const AGENT_START: Duration = Duration::from_secs(20);

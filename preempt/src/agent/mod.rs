@@ -124,6 +124,10 @@ pub struct AgentSettings {
     /// own binary as CRIU's action script; `None` (the unit tests'
     /// recording CRIU runs no script): the tree is checked after CRIU.
     pub restore_hold: Option<hold::HoldSettings>,
+    /// A `pool=on` job's pool sizes go to `<pool_dir>/<job>` (crate::pool),
+    /// within these bounds.
+    pub pool_dir: PathBuf,
+    pub pool_bounds: crate::pool::Bounds,
 }
 
 impl AgentSettings {
@@ -149,7 +153,14 @@ impl AgentSettings {
             accounting: cfg.preempt.accounting,
             scontrol: cfg.slurm.scontrol.clone(),
             restore_hold: Some(hold::HoldSettings { script: cfg.preempt.agent.clone(), criu: cfg.preempt.criu.clone() }),
+            pool_dir: cfg.preempt.pool_root(&cfg.runtime_dir),
+            pool_bounds: crate::pool::Bounds::from_config(&cfg.preempt),
         }
+    }
+
+    /// This job's pool directory.
+    pub fn pool_dir_of(&self, job: u32) -> PathBuf {
+        self.pool_dir.join(job.to_string())
     }
 }
 
@@ -195,6 +206,36 @@ pub struct Agent {
     copies: Mutex<Vec<std::thread::JoinHandle<()>>>,
 }
 
+/// A `pool=on` job's sizer (crate::pool), logging each change of its total
+/// as the agent's other actions are logged. A sizer that cannot start (its
+/// directory) is logged; the job runs without its pool.
+fn start_pool_sizer(params: &AgentParams, settings: &AgentSettings, b: &Backends) {
+    let run = &params.run;
+    let line = {
+        let (job, uid, node, log) = (run.job, run.uid, run.node.clone(), settings.log.clone());
+        move |action: &str, outcome: crate::log::Outcome, detail: String| {
+            crate::log::ActionLine::new(action).field("job", job).field("uid", uid).field("node", &node).field("detail", detail).outcome(outcome).emit(&log)
+        }
+    };
+    let sizer = crate::pool::Sizer {
+        dir: settings.pool_dir_of(run.job),
+        job: run.job,
+        gid: run.gid,
+        gpus: params.gpus.iter().map(|g| g.uuid.clone()).collect(),
+        bounds: settings.pool_bounds,
+        interval: crate::pool::INTERVAL,
+        paths: Default::default(),
+    };
+    let turn = line.clone();
+    let logged = move |plan: &crate::pool::Plan, e: Option<&crate::pool::PoolError>| match e {
+        None => turn("pool-size", crate::log::Outcome::Ok, crate::pool::describe(plan)),
+        Some(e) => turn("pool-size", crate::log::Outcome::Failed, format!("{}: {e}", crate::pool::describe(plan))),
+    };
+    if let Err(e) = crate::pool::spawn(sizer, Arc::clone(&b.gpus), Arc::clone(&b.host), logged) {
+        line("pool-size", crate::log::Outcome::Failed, format!("no host memory pool for this job: {e}"));
+    }
+}
+
 /// The backends an agent drives: real ones in the binary, doubles in tests.
 pub struct Backends {
     pub criu: Arc<dyn Criu>,
@@ -216,6 +257,9 @@ impl Agent {
             Err(e) => (None, std::sync::OnceLock::from(Err(format!("cannot start the CRIU check: {e}")))),
         };
         let user = crate::privdrop::Identity::of_user_or_bare(params.run.uid, params.run.gid);
+        if params.pool {
+            start_pool_sizer(&params, &settings, &b);
+        }
         Agent {
             user,
             params,

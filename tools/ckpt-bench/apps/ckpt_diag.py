@@ -186,15 +186,42 @@ class Sampler:
         self.th.start()
 
     def rss(self):
+        fields = {}
         for line in read(f"/proc/{self.pid}/status").splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-        return 0
+            k, _, v = line.partition(":")
+            if k in ("VmRSS", "VmPin", "VmLck"):
+                fields[k] = int(v.split()[0]) * 1024
+        self.pinned = max(self.pinned, fields.get("VmPin", 0) + fields.get("VmLck", 0))
+        return fields.get("VmRSS", 0)
+
+    def threads(self):
+        """Each thread's (name, user ticks, system ticks)."""
+        out = {}
+        try:
+            tids = os.listdir(f"/proc/{self.pid}/task")
+        except OSError:
+            return out
+        for tid in tids:
+            stat = read(f"/proc/{self.pid}/task/{tid}/stat")
+            if ")" not in stat:
+                continue
+            name = stat[stat.index("(") + 1:stat.rindex(")")]
+            rest = stat[stat.rindex(")") + 2:].split()
+            out[tid] = (name, int(rest[11]), int(rest[12]))
+        return out
 
     def run(self):
+        self.pinned, before = 0, self.threads()
         while not self.stop:
             self.rows.append((time.perf_counter() - self.t0, self.rss(), self.nv.nvmlDeviceGetMemoryInfo(self.dev).used))
             time.sleep(0.002)
+        after, hz = self.threads(), os.sysconf("SC_CLK_TCK")
+        busy = []
+        for tid, (name, u, s) in after.items():
+            u0, s0 = before.get(tid, (name, 0, 0))[1:]
+            if (u - u0) + (s - s0) > 0:
+                busy.append((name, tid, (u - u0) / hz, (s - s0) / hz))
+        self.busy = sorted(busy, key=lambda b: -(b[2] + b[3]))[:4]
 
     def end(self):
         self.stop = True
@@ -209,7 +236,8 @@ class Sampler:
 
         def first(cond):
             return next((x[0] for x in r if cond(x)), None)
-        out = {"samples": len(r), "span_s": r[-1][0],
+        out = {"samples": len(r), "span_s": r[-1][0], "pinned_max_gib": self.pinned / 2**30,
+               "busiest_threads": [f"{n}/{t}: user {u:.2f} s, system {k:.2f} s" for n, t, u, k in self.busy],
                "rss_start_gib": rss0 / 2**30, "rss_max_gib": rss_max / 2**30, "rss_min_gib": rss_min / 2**30,
                "gpu_start_gib": gpu0 / 2**30, "gpu_min_gib": gpu_min / 2**30, "gpu_max_gib": gpu_max / 2**30}
         if rss_max - rss0 > 256 << 20:  # the buffer's pages were made meanwhile
@@ -328,8 +356,10 @@ def run_variant(a, name, env_extra, summary):
         row["restore_ms"] = timed(lambda: restore(pid))
         row["unlock_ms"] = timed(lambda: unlock(pid))
         row["trace_checkpoint"], row["trace_restore"] = trace_ckpt, sampler.end()
-        say(f"    checkpoint trace {json.dumps({k: round(v, 3) for k, v in trace_ckpt.items()})}")
-        say(f"    restore trace    {json.dumps({k: round(v, 3) for k, v in row['trace_restore'].items()})}")
+        def shown(t):
+            return json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in t.items()})
+        say(f"    checkpoint trace {shown(trace_ckpt)}")
+        say(f"    restore trace    {shown(row['trace_restore'])}")
         say(f"{name} #{c} {how:<11} lock {lock_ms:7.1f} ms  checkpoint {ckpt_ms:8.1f} ms ({a.gib / ckpt_ms * 1e3:.2f} GiB/s)  "
             f"restore {row['restore_ms']:8.1f} ms  host anon after ckpt {row['anon_after_gib']:.2f} GiB (THP {row['thp_after_gib']:.2f})")
         if "largest" in row:

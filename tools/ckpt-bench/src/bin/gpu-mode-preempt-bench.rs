@@ -99,6 +99,16 @@ struct Opts {
     plain_preload: bool,
     /// Every image read from the storage, not the page cache (`--cold`).
     cold: bool,
+    /// Ours' programs keep a host memory pool (`--pool`: the job's
+    /// `pool=on`, preempt::pool), full before each checkpoint.
+    pool: bool,
+    /// The copy engines' device-to-host rate into populated pageable memory,
+    /// GiB/s, measured in the same run (`--d2h-gibs`, scripts/gpu/preempt-real.sh
+    /// from ckpt_diag.py): the bound GPU free is compared with.
+    d2h_gibs: Option<f64>,
+    /// The same, host to device from populated pageable memory (`--h2d-gibs`):
+    /// the bound the driver's restore is compared with.
+    h2d_gibs: Option<f64>,
 }
 
 fn parse() -> anyhow::Result<Opts> {
@@ -116,6 +126,9 @@ fn parse() -> anyhow::Result<Opts> {
         ours_preload: None,
         plain_preload: false,
         cold: false,
+        pool: false,
+        d2h_gibs: None,
+        h2d_gibs: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -132,6 +145,10 @@ fn parse() -> anyhow::Result<Opts> {
             o.cold = true;
             continue;
         }
+        if a == "--pool" {
+            o.pool = true;
+            continue;
+        }
         let v = it.next().ok_or_else(|| anyhow::anyhow!("{a} needs a value"))?;
         match a.as_str() {
             "--config" => o.config = Some(v.into()),
@@ -142,6 +159,8 @@ fn parse() -> anyhow::Result<Opts> {
             "--uid" => o.uid = v.parse()?,
             "--workdir" => o.workdir = v.into(),
             "--repeat" => o.repeat = v.parse::<usize>()?.max(1),
+            "--d2h-gibs" => o.d2h_gibs = Some(v.parse()?),
+            "--h2d-gibs" => o.h2d_gibs = Some(v.parse()?),
             "--plain-driver" => {
                 o.plain_bounded = match v.as_str() {
                     "raw" => false,
@@ -194,7 +213,7 @@ struct Fleet {
 }
 
 impl Fleet {
-    fn start(o: &Opts, tag: &str, gib: f64, n: usize, preload: Option<&Path>) -> anyhow::Result<Fleet> {
+    fn start(o: &Opts, tag: &str, gib: f64, n: usize, preload: Option<&Path>, pool_dir: Option<&Path>) -> anyhow::Result<Fleet> {
         let dir = o.workdir.join("fleets").join(tag);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
@@ -211,6 +230,9 @@ impl Fleet {
         cmd.stdin(std::process::Stdio::null()).stdout(log.try_clone()?).stderr(log);
         if let Some(lib) = preload {
             cmd.env(PRELOAD, preload_value(lib, std::env::var_os(PRELOAD).as_deref()));
+        }
+        if let Some(dir) = pool_dir {
+            cmd.env(gpu_mode_core::preempt::pool::DIR_ENV, dir);
         }
         // SAFETY: setsid is async-signal-safe. The launcher leads its own
         // session, as gpu-mode-run's application does.
@@ -288,8 +310,9 @@ fn wait_pid(pid: i32) -> Option<i32> {
     }
 }
 
-/// One agent for the whole run, serving on a socket in the workdir.
-fn start_agent(o: &Opts, cfg: &Config, job: u32) -> anyhow::Result<PathBuf> {
+/// One agent for the whole run, serving on a socket in the workdir; with
+/// `--pool`, its pool sizer too, whose directory is returned.
+fn start_agent(o: &Opts, cfg: &Config, job: u32) -> anyhow::Result<(PathBuf, Option<PathBuf>)> {
     let gpus: Vec<u32> = (0..o.gpus as u32).collect();
     let (facts, driver_version) = gpu_facts(cfg, &gpus).map_err(anyhow::Error::msg)?;
     let (backends, cuda_version) = real_backends(cfg).map_err(anyhow::Error::msg)?;
@@ -298,16 +321,40 @@ fn start_agent(o: &Opts, cfg: &Config, job: u32) -> anyhow::Result<PathBuf> {
     settings.images = gpu_mode_core::preempt::ImageStore::new(o.workdir.join("images"));
     settings.checkpoint.record_dir = o.workdir.join("records");
     let run = JobRun { job, restart_count: 0, uid: o.uid, gid: o.uid, node: "bench".into() };
-    let params = AgentParams { run, gpus: facts, deadline: None, nccl: gpu_mode_core::gpu_mode::NcclTransport::Native, pool: false, job_nodes: vec![] };
+    // With --pool the agent sizes the programs' pools, as for a pool=on job.
+    let pool_dir = o.pool.then(|| cfg.preempt.pool_dir(&cfg.runtime_dir, job));
+    let params = AgentParams { run, gpus: facts, deadline: None, nccl: gpu_mode_core::gpu_mode::NcclTransport::Native, pool: o.pool, job_nodes: vec![] };
     let agent = Arc::new(Agent::new(params, settings.clone(), NodeFacts { driver_version, cuda_version, node_gpus: node_gpus(cfg) }, backends));
     let listener = listen(&settings.socket_dir, job, o.uid, o.uid)?;
     std::thread::spawn(move || agent.serve(listener));
-    Ok(socket_path(&settings.socket_dir, job))
+    Ok((socket_path(&settings.socket_dir, job), pool_dir))
 }
 
-fn ours(o: &Opts, socket: &Path, case: &str, gib: f64, n: usize) -> anyhow::Result<(CheckpointSummary, RestoreSummary, i32)> {
-    let fleet = Fleet::start(o, &format!("ours-{case}"), gib, n, o.ours_preload.as_deref())?;
+/// Waits until each program's pool holds what the sizer asked (its link's
+/// MiB, less 64), and says how long that took and how much it holds: the
+/// pool's cost, paid while the job runs.
+fn wait_pools(dir: &Path, pids: &[i32]) -> anyhow::Result<()> {
+    let t = Instant::now();
+    let asked = |pid: i32| std::fs::read_link(dir.join(pid.to_string())).ok()?.to_str()?.parse::<u64>().ok();
+    let held = |pid: i32| gpu_mode_core::cuda_ckpt::host_room::pool_bytes(Path::new("/proc"), pid);
+    loop {
+        let full = pids.iter().all(|&p| asked(p).is_some_and(|mib| held(p) + (64 << 20) >= mib << 20));
+        if full {
+            let total: u64 = pids.iter().map(|&p| held(p)).sum();
+            println!("ours   pool: {:.2} GiB populated before the signal, {:.1} s after the programs were ready", total as f64 / GIB, t.elapsed().as_secs_f64());
+            return Ok(());
+        }
+        anyhow::ensure!(t.elapsed() < Duration::from_secs(180), "the pools were not full after 180 s (asked {:?})", pids.iter().map(|&p| asked(p)).collect::<Vec<_>>());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn ours(o: &Opts, socket: &Path, pool_dir: Option<&Path>, case: &str, gib: f64, n: usize) -> anyhow::Result<(CheckpointSummary, RestoreSummary, i32)> {
+    let fleet = Fleet::start(o, &format!("ours-{case}"), gib, n, o.ours_preload.as_deref(), pool_dir)?;
     let (root, pids) = (fleet.launcher.id() as i32, fleet.pids());
+    if let Some(dir) = pool_dir {
+        wait_pools(dir, &pids)?;
+    }
     let req = Request::Checkpoint { root_pid: root, signal_at_ms: Some(now_ms()) };
     let ck = match request(socket, &req, None).map_err(anyhow::Error::msg)?.0 {
         Response::Checkpointed(s) => s,
@@ -396,7 +443,7 @@ fn cuda_pids(driver: &dyn CudaCkptDriver, pids: &[i32]) -> Vec<i32> {
 
 fn plain(o: &Opts, cfg: &Config, driver: &dyn CudaCkptDriver, case: &str, gib: f64, n: usize) -> anyhow::Result<Plain> {
     let preload = o.plain_preload.then_some(o.ours_preload.as_deref()).flatten();
-    let fleet = Fleet::start(o, &format!("plain-{case}"), gib, n, preload)?;
+    let fleet = Fleet::start(o, &format!("plain-{case}"), gib, n, preload, None)?;
     let (root, pids) = (fleet.launcher.id() as i32, fleet.pids());
     let cuda = cuda_pids(driver, &pids);
     let dir = o.workdir.join("plain-images").join(case);
@@ -587,6 +634,26 @@ fn print_ours(case: &str, c: &CheckpointSummary, r: &RestoreSummary, status: i32
     println!("{case:<7}        restore:    {}", r.timeline.render());
 }
 
+/// Ours against the copy engines' rates measured in the same run: GPU free
+/// against the footprint at the device-to-host rate into populated memory,
+/// the driver's restore against it at the host-to-device rate (issue 39).
+fn print_copy_bounds(o: &Opts, case: &str, c: &CheckpointSummary, r: &RestoreSummary) {
+    let bytes: u64 = c.processes.iter().map(|p| p.gpu_bytes).sum();
+    if bytes == 0 {
+        return;
+    }
+    let gib = bytes as f64 / GIB;
+    if let Some(d2h) = o.d2h_gibs {
+        let bound = gib / d2h;
+        let free = c.timings.signal_to_gpu_free_ms.unwrap_or(f64::NAN) / 1e3;
+        println!("{case:<7} bound  GPU free: {gib:.2} GiB at {d2h:.1} GiB/s (D2H into populated memory) = {bound:.3} s; ours/bound {:.2}", free / bound);
+    }
+    if let Some(h2d) = o.h2d_gibs {
+        let bound = gib / h2d;
+        println!("{case:<7} bound  CUDA restore: {gib:.2} GiB at {h2d:.1} GiB/s (H2D from populated memory) = {bound:.3} s; ours/bound {:.2}", r.cuda_restore_ms / 1e3 / bound);
+    }
+}
+
 /// What the host's memory alone allows (issue 25 item 2: N processes
 /// should free the GPU nearly as fast as one): the driver's checkpoint
 /// copies each process's GPU memory into a new mapping of its own, which
@@ -757,12 +824,13 @@ fn main() -> anyhow::Result<()> {
             let plain_run = |o: &Opts| plain(o, &cfg, driver.as_ref(), &case, gib, n);
             let mut plain = if plain_first { Some(plain_run(&o)) } else { None };
             // One job per round: its image directory starts empty.
-            let socket = start_agent(&o, &cfg, job)?;
+            let (socket, pool_dir) = start_agent(&o, &cfg, job)?;
             job += 1;
-            let ours = ours(&o, &socket, &case, gib, n);
+            let ours = ours(&o, &socket, pool_dir.as_deref(), &case, gib, n);
             match &ours {
                 Ok((c, r, status)) => {
                     print_ours(&label, c, r, *status);
+                    print_copy_bounds(&o, &label, c, r);
                     failed += usize::from(*status != 0);
                 }
                 Err(e) => {
