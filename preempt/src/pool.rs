@@ -155,6 +155,10 @@ impl Sizer {
     /// (root's, 0755), every link of an earlier run removed.
     pub fn prepare(&self) -> Result<(), PoolError> {
         let parent = self.dir.parent().unwrap_or(Path::new("/"));
+        // The runtime directory itself, where it is not there yet (a bench's).
+        if let Some(runtime) = parent.parent().filter(|r| !r.exists()) {
+            std::fs::create_dir_all(runtime).map_err(|source| PoolError::Dir { path: runtime.into(), source })?;
+        }
         for (dir, mode) in [(parent, 0o755), (self.dir.as_path(), 0o750)] {
             match std::fs::create_dir(dir) {
                 Ok(()) => {}

@@ -183,14 +183,19 @@ preempt_case() {
         intact="^framework_app: .*: intact"
     fi
     # exec: gpu-mode-run must be the batch shell, which --signal=B:USR1 reaches.
-    printf '#!/bin/sh\nexec %s %s/gpu-mode-run --config %s/gpu-mode.toml -- %s\n' "$DROP" "$B" "$D" "$app" > "$W/job.sh"
+    # PREEMPT_SHIM_LOG=1: the huge-page shim's lines (its pool's) in job.out.
+    printf '#!/bin/sh\n%bexec %s %s/gpu-mode-run --config %s/gpu-mode.toml -- %s\n' \
+        "${PREEMPT_SHIM_LOG:+export GPU_MODE_HUGEPAGES_LOG=1\n}" "$DROP" "$B" "$D" "$app" > "$W/job.sh"
     chmod 755 "$W/job.sh"
-    job=$(cd "$W" && as $JOBUSER $S/sbatch --parsable -J "$name" -p low --gpu-mode=checkpoint --signal=B:USR1@60 --requeue \
+    job=$(cd "$W" && as $JOBUSER $S/sbatch --parsable -J "$name" -p low --gpu-mode="${PREEMPT_MODE:-checkpoint}" --signal=B:USR1@60 --requeue \
         --open-mode=append --gres=gpu:"$ranks" --output="$W/job.out" "$W/job.sh")
     say "$name: job $job ($gib GiB x $ranks, as $JOBUSER) submitted"
     if ! wait_until 300 "the pattern" ready_all "$W" "$ranks"; then cat "$W/job.out"; verdict "$name" 1 "never ready"; $S/scancel "$job"; return; fi
     apps > "$W/apps-before.txt"; say "$name: holding its pattern:"; cat "$W/apps-before.txt"
     local pids="" f; for f in "$W"/ready?; do pids="$pids $(cat "$f")"; done
+    # PREEMPT_SETTLE_S: a job runs this long before its preemption (a pool=on
+    # job's pool fills meanwhile; a real job runs minutes to days first).
+    if [ "${PREEMPT_SETTLE_S:-0}" -gt 0 ]; then sleep "$PREEMPT_SETTLE_S"; grep -h "gpu-mode-pool" "$W/job.out" | tail -n 3; fi
     pre=$(as gmtest2 $S/sbatch --parsable -J preemptor -p high --gres=gpu:"$N" --output="$W/preemptor.out" --wrap 'sleep 5')
     say "$name: preemptor $pre (gmtest2, $N GPUs) submitted"
     if ! wait_until 240 "the requeue" requeued "$job"; then cat "$W/job.out"; verdict "$name" 1 "not requeued"; $S/scancel "$job" "$pre"; return; fi
@@ -563,6 +568,7 @@ if [ "$PART" = all ] || [ "$PART" = e2e ]; then
         case $c in
             1gib) preempt_case ckpt-1gib 1 1 ;;
             torch8) preempt_case ckpt-torch8 8 1 torch ;;
+            torch32) preempt_case ckpt-torch32 32 1 torch ;;
             torch2-fork) preempt_case ckpt-torch2-fork 2 1 torch --workers 4 --start-method fork ;;
             torch2-spawn) preempt_case ckpt-torch2-spawn 2 1 torch --workers 4 --start-method spawn ;;
             16gib) preempt_case ckpt-16gib 16 1 ;;
@@ -611,14 +617,22 @@ fi
 if [ "$PART" = all ] || [ "$PART" = bench ]; then
     say "== bench ($BENCH_APP: ours vs the plain sequence), within $(left) s"
     W=/tmp/gm-preempt-bench; rm -rf "$W"; mkdir -p "$W"
-    printf 'runtime_dir = "%s/run"\n[log]\nsyslog = false\nstderr = true\n[cuda_ckpt]\nlock_timeout_ms = 5000\n[preempt]\nearly_writeback = %s\nhuge_pages = %s\nhuge_pages_library = "%s"\nrestore_page_readers = %s\n' \
-        "$W" "${EARLY_WRITEBACK:-true}" "${HUGE_PAGES:-true}" "$B/libgpu_mode_hugepages.so" "${PAGE_READERS:-8}" > "$W/config.toml"
+    printf 'runtime_dir = "%s/run"\n[log]\nsyslog = false\nstderr = true\n[cuda_ckpt]\nlock_timeout_ms = 5000\n[preempt]\nearly_writeback = %s\nhuge_pages = %s\nhuge_pages_library = "%s"\nrestore_page_readers = %s\nagent = "%s"\n' \
+        "$W" "${EARLY_WRITEBACK:-true}" "${HUGE_PAGES:-true}" "$B/libgpu_mode_hugepages.so" "${PAGE_READERS:-8}" "$B/gpu-mode-ckpt-agent" > "$W/config.toml"
     if [ "${WARM_GIB:-0}" -gt 0 ]; then
         say "touching $WARM_GIB GiB of host memory once (WARM_GIB)"
         python3 -c "import torch, sys; torch.empty(int(sys.argv[1]) << 30, dtype=torch.uint8).fill_(1)" "$WARM_GIB" || say "warm-up failed"
         say "warm-up done"; free -g | head -2
     fi
     BUID=0; [ "$JOBUSER" = gmtest1 ] && BUID=$(id -u gmtest1 2>/dev/null || echo 0)
+    # BOUNDS=1: the copy engines' rates into populated host memory, measured
+    # now (ckpt_diag.py --bounds-only), for the bench's GPU-free and restore bounds.
+    if [ "${BOUNDS:-0}" = 1 ]; then
+        python3 "$REPO/tools/ckpt-bench/apps/ckpt_diag.py" --bounds-only --bounds-gib 4 --touch-gib 1 --json "$OUT/copy-bounds.json" 2>&1 | tail -n 1
+        D2H_GIBS=$(python3 -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["copy_bounds"]["d2h_pageable_populated"], 2))' "$OUT/copy-bounds.json")
+        H2D_GIBS=$(python3 -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["copy_bounds"]["h2d_pageable_populated"], 2))' "$OUT/copy-bounds.json")
+        say "copy bounds: D2H $D2H_GIBS GiB/s, H2D $H2D_GIBS GiB/s (into/from populated pageable memory)"
+    fi
     SKIPPED=""
     for c in ${CASES//,/ }; do
         g=${c%x*} n=${c#*x}
@@ -636,7 +650,8 @@ if [ "$PART" = all ] || [ "$PART" = bench ]; then
         fi
         timeout "$(left)" "$B/gpu-mode-preempt-bench" --config "$W/config.toml" --app "$app" --app-args "$args" \
             --cases "$c" --repeat "$R" --plain-driver "${PLAIN_DRIVER:-raw}" --gpus "${BENCH_GPUS:-$N}" --uid "$BUID" --workdir "$W" \
-            ${PLAIN_HUGE_PAGES:+--plain-huge-pages} ${COLD:+--cold} 2>&1 | tee -a "$OUT/bench.txt"
+            ${PLAIN_HUGE_PAGES:+--plain-huge-pages} ${COLD:+--cold} ${POOL:+--pool} ${NO_PLAIN:+--no-plain} ${D2H_GIBS:+--d2h-gibs $D2H_GIBS} ${H2D_GIBS:+--h2d-gibs $H2D_GIBS} \
+            2>&1 | tee -a "$OUT/bench.txt"
         rm -rf "$W/images" "$W/plain-images"
     done
     [ -n "$SKIPPED" ] && say "not run (time bound): bash scripts/gpu/preempt-real.sh $CARRY bench ${SKIPPED#,}"

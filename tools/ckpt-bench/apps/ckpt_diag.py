@@ -375,7 +375,8 @@ def run_variant(a, name, env_extra, summary):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--app", required=True)
+    p.add_argument("--app", default="")
+    p.add_argument("--bounds-only", action="store_true", help="measure the copy engines' rates (--bounds-gib) and stop")
     p.add_argument("--gib", type=float, default=8)
     p.add_argument("--cycles", type=int, default=4)
     p.add_argument("--touch-gib", type=float, default=4)
@@ -397,6 +398,11 @@ def main():
     if a.bounds_gib:
         summary["copy_bounds"] = copy_bounds(a.bounds_gib)
         say("copy bounds GiB/s:", json.dumps({k: round(v, 2) for k, v in summary["copy_bounds"].items()}))
+    if a.bounds_only:
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(summary, f, indent=1)
+        return
     pool_mib = a.pool_mib or int(a.gib * 1024) + 1024
     variants = {
         "pool": {"LD_PRELOAD": a.shim, "GPU_MODE_HUGEPAGES_LOG": "1", "GPU_MODE_POOL_MIB": str(pool_mib)},

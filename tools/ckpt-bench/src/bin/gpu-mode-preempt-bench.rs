@@ -233,6 +233,12 @@ impl Fleet {
         }
         if let Some(dir) = pool_dir {
             cmd.env(gpu_mode_core::preempt::pool::DIR_ENV, dir);
+            // The sizer finds a job's processes by their cgroup, else by
+            // SLURM_JOB_ID in their environment (devices' ProcFs): the
+            // bench's job is the pool directory's name.
+            if let Some(job) = dir.file_name() {
+                cmd.env("SLURM_JOB_ID", job);
+            }
         }
         // SAFETY: setsid is async-signal-safe. The launcher leads its own
         // session, as gpu-mode-run's application does.
@@ -269,6 +275,14 @@ impl Fleet {
 
     fn go(&self) {
         let _ = std::fs::write(self.dir.join("go"), b"go");
+    }
+
+    /// The launcher's session killed (it leads one), for a round given up
+    /// before the checkpoint: its programs must not keep the GPU.
+    fn kill(mut self) {
+        // SAFETY: a signal to the process group the launcher leads.
+        unsafe { libc::kill(-(self.launcher.id() as i32), libc::SIGKILL) };
+        let _ = self.launcher.wait();
     }
 }
 
@@ -337,13 +351,29 @@ fn wait_pools(dir: &Path, pids: &[i32]) -> anyhow::Result<()> {
     let t = Instant::now();
     let asked = |pid: i32| std::fs::read_link(dir.join(pid.to_string())).ok()?.to_str()?.parse::<u64>().ok();
     let held = |pid: i32| gpu_mode_core::cuda_ckpt::host_room::pool_bytes(Path::new("/proc"), pid);
+    // The sizes settle as the programs' footprints do (a framework grows its
+    // GPU memory in its first steps): full means full of sizes that held
+    // for three of the sizer's turns.
+    let (mut last, mut since) = (Vec::new(), Instant::now());
     loop {
-        let full = pids.iter().all(|&p| asked(p).is_some_and(|mib| held(p) + (64 << 20) >= mib << 20));
+        let now: Vec<Option<u64>> = pids.iter().map(|&p| asked(p)).collect();
+        if now != last {
+            (last, since) = (now, Instant::now());
+        }
+        let settled = since.elapsed() >= 3 * gpu_mode_core::preempt::pool::INTERVAL;
+        let full = settled && pids.iter().all(|&p| asked(p).is_some_and(|mib| held(p) + (64 << 20) >= mib << 20));
         if full {
             let total: u64 = pids.iter().map(|&p| held(p)).sum();
-            println!("ours   pool: {:.2} GiB populated before the signal, {:.1} s after the programs were ready", total as f64 / GIB, t.elapsed().as_secs_f64());
+            println!(
+                "ours   pool: {:.2} GiB populated before the signal, full {:.1} s after the programs were ready (its sizes unchanged for {:.0} s)",
+                total as f64 / GIB,
+                t.elapsed().as_secs_f64(),
+                since.elapsed().as_secs_f64()
+            );
             return Ok(());
         }
+        let sized = pids.iter().all(|&p| asked(p).is_some());
+        anyhow::ensure!(sized || t.elapsed() < Duration::from_secs(20), "no pool size for {pids:?} after 20 s in {} (the agent's sizer?)", dir.display());
         anyhow::ensure!(t.elapsed() < Duration::from_secs(180), "the pools were not full after 180 s (asked {:?})", pids.iter().map(|&p| asked(p)).collect::<Vec<_>>());
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -353,7 +383,10 @@ fn ours(o: &Opts, socket: &Path, pool_dir: Option<&Path>, case: &str, gib: f64, 
     let fleet = Fleet::start(o, &format!("ours-{case}"), gib, n, o.ours_preload.as_deref(), pool_dir)?;
     let (root, pids) = (fleet.launcher.id() as i32, fleet.pids());
     if let Some(dir) = pool_dir {
-        wait_pools(dir, &pids)?;
+        if let Err(e) = wait_pools(dir, &pids) {
+            fleet.kill();
+            return Err(e);
+        }
     }
     let req = Request::Checkpoint { root_pid: root, signal_at_ms: Some(now_ms()) };
     let ck = match request(socket, &req, None).map_err(anyhow::Error::msg)?.0 {
