@@ -50,23 +50,24 @@ const DEFAULT_PREFIXES: &[u8] = b"/dev/nvidia";
 
 /// At load: reads the settings and registers the child handler.
 pub(crate) fn init(enabled: Option<&[u8]>, prefixes: Option<&[u8]>) {
-    if enabled != Some(b"1") {
-        return;
-    }
     let text = prefixes.filter(|p| !p.is_empty() && p.len() <= PREFIXES_CAP).unwrap_or(DEFAULT_PREFIXES);
     // SAFETY: written once at load, before any thread or fork exists; only
-    // read afterwards.
+    // read afterwards. Kept whether or not children drop anything: the
+    // pool (pool.rs) starts at the first mapping of such a file.
     unsafe {
         let dst = &mut *std::ptr::addr_of_mut!(PREFIXES);
         dst[..text.len()].copy_from_slice(text);
         PREFIXES_LEN = text.len();
+    }
+    if enabled != Some(b"1") {
+        return;
     }
     ENABLED.store(true, Ordering::Release);
     // SAFETY: registers a handler that only makes system calls.
     unsafe { libc::pthread_atfork(None, None, Some(in_child)) };
 }
 
-fn prefixes() -> &'static [u8] {
+pub(crate) fn prefixes() -> &'static [u8] {
     // SAFETY: see `init`.
     unsafe {
         let all: &[u8; PREFIXES_CAP] = &*std::ptr::addr_of!(PREFIXES);

@@ -134,7 +134,8 @@ extern "C" fn init() {
     fork::init(env_bytes(c"GPU_MODE_FORK_DROP"), env_bytes(c"GPU_MODE_FORK_DROP_PREFIXES"));
     io_uring::init(env_bytes(c"GPU_MODE_NO_IO_URING"));
     if min_bytes() != OFF {
-        pool::init(env_bytes(c"GPU_MODE_POOL_MIB"), env_bytes(c"GPU_MODE_POOL_DIR"));
+        let eager = env_bytes(c"GPU_MODE_POOL_EAGER") == Some(b"1");
+        pool::init(env_bytes(c"GPU_MODE_POOL_MIB"), env_bytes(c"GPU_MODE_POOL_DIR"), eager);
     }
 }
 
@@ -266,6 +267,9 @@ unsafe fn map(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, real: i
 #[no_mangle]
 pub unsafe extern "C" fn mmap(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, offset: off_t) -> *mut c_void {
     let real = real_mmap();
+    if flags & libc::MAP_SHARED != 0 {
+        pool::gpu_file_mapped(fd);
+    }
     map(addr, len, prot, flags, |flags| {
         if real == 0 {
             // No C library after us (never seen): the system call itself.

@@ -38,7 +38,7 @@
 //! step of the thread (a mutex the thread holds for one step).
 
 use libc::{c_int, c_void};
-use std::sync::atomic::{AtomicI32, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 const MIB: usize = 1 << 20;
@@ -120,9 +120,11 @@ const MISSING_READS: u32 = 8;
 const SHRINK_SLACK: usize = 256 * MIB;
 
 /// At load: the size from the environment (`GPU_MODE_POOL_MIB`, fixed, for
-/// this process only) or where to read it (`GPU_MODE_POOL_DIR`, for every
-/// process of the job), and the thread when there is either.
-pub(crate) fn init(pool_mib: Option<&[u8]>, pool_dir: Option<&[u8]>) {
+/// this process only: its thread starts now) or where to read it
+/// (`GPU_MODE_POOL_DIR`, for every process of the job: the thread starts
+/// when the process first maps a GPU file, or now with `eager`,
+/// `GPU_MODE_POOL_EAGER=1`).
+pub(crate) fn init(pool_mib: Option<&[u8]>, pool_dir: Option<&[u8]>, eager: bool) {
     let want = parse_pool_mib(pool_mib);
     if want > 0 {
         WANT.store(want, Ordering::Relaxed);
@@ -133,7 +135,44 @@ pub(crate) fn init(pool_mib: Option<&[u8]>, pool_dir: Option<&[u8]>) {
         unsafe { libc::unsetenv(c"GPU_MODE_POOL_MIB".as_ptr()) };
     } else if !pool_dir.is_some_and(set_size_dir) {
         return;
+    } else if !eager {
+        // Only a process that uses the GPU gets a thread: the first mapping
+        // of a GPU file starts it (`gpu_file_mapped`). A thread in every
+        // process of the job would break programs that must be
+        // single-threaded (unshare of a user namespace: rootless container
+        // tools).
+        LAZY.store(true, Ordering::Release);
+        return;
     }
+    start_thread();
+}
+
+/// The thread is not started yet: the first mapping of a GPU file starts it.
+static LAZY: AtomicBool = AtomicBool::new(false);
+
+/// Called from the mmap hook for a shared mapping of descriptor `fd`,
+/// before it is made: the first one of a GPU file (a path under the
+/// prefixes of fork.rs: the CUDA driver maps /dev/nvidiactl and
+/// /dev/nvidia<N> as it starts) starts the pool's thread. Safe where it is
+/// called: no allocator maps a device file, so the caller holds none of
+/// the C library's locks that thread creation takes.
+pub(crate) fn gpu_file_mapped(fd: c_int) {
+    if !LAZY.load(Ordering::Acquire) || fd < 0 {
+        return;
+    }
+    let mut link = [0u8; 32];
+    let mut at = crate::put(&mut link, 0, b"/proc/self/fd/");
+    at = crate::put_number(&mut link, at, fd as usize, 10);
+    link[at.min(link.len() - 1)] = 0;
+    let mut target = [0u8; 256];
+    // SAFETY: a NUL-terminated path and a buffer of its length.
+    let n = unsafe { libc::readlink(link.as_ptr().cast(), target.as_mut_ptr().cast(), target.len()) };
+    if n > 0 && crate::fork::is_dropped(&target[..n as usize], crate::fork::prefixes()) && LAZY.swap(false, Ordering::AcqRel) {
+        start_thread();
+    }
+}
+
+fn start_thread() {
     // SAFETY: a thread running `keep_pool`, which takes no argument.
     unsafe {
         let mut thread: libc::pthread_t = 0;

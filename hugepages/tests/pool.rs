@@ -44,22 +44,47 @@ fn a_fixed_pool_serves_the_populated_buffer_and_is_built_again_after_it() {
     assert_served_from_the_pool(&stdout, &stderr);
 }
 
-#[test]
-fn the_agents_size_link_sizes_the_pool() {
+/// The probe with a size link for it in a pool directory, as gpu-mode-run
+/// and the agent set it up; `gpu_file`: it maps a file under the GPU
+/// prefixes first, as the CUDA driver maps /dev/nvidiactl.
+fn probe_with_link(gpu_file: bool, wait_s: &str) -> (String, String) {
     let dir = tempfile::tempdir().unwrap();
-    let child = probe().env("GPU_MODE_POOL_DIR", dir.path()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-    std::os::unix::fs::symlink(MIB.to_string(), dir.path().join(child.id().to_string())).unwrap();
+    let (links, gpus) = (dir.path().join("pool"), dir.path().join("gpus"));
+    std::fs::create_dir_all(&links).unwrap();
+    std::fs::create_dir_all(&gpus).unwrap();
+    let mut cmd = probe();
+    cmd.arg(wait_s).env("GPU_MODE_POOL_DIR", &links).env("GPU_MODE_FORK_DROP_PREFIXES", format!("/dev/nvidia:{}/", gpus.display()));
+    if gpu_file {
+        cmd.env("POOL_PROBE_GPU_FILE", gpus.join("ctl"));
+    }
+    let child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    std::os::unix::fs::symlink(MIB.to_string(), links.join(child.id().to_string())).unwrap();
     let out = child.wait_with_output().unwrap();
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
     assert!(out.status.success(), "{stdout}\n{stderr}");
+    (stdout, stderr)
+}
+
+#[test]
+fn the_agents_size_link_sizes_the_pool_of_a_process_that_maps_a_gpu_file() {
+    let (stdout, stderr) = probe_with_link(true, "10");
+    assert_eq!(value(&stdout, "threads"), "2", "the pool's thread started at the GPU file's mapping:\n{stdout}");
     assert_served_from_the_pool(&stdout, &stderr);
+}
+
+#[test]
+fn a_process_that_maps_no_gpu_file_gets_no_thread_and_no_pool() {
+    // 3 s for a pool that must not come (the size is there to read).
+    let (stdout, stderr) = probe_with_link(false, "3");
+    assert_eq!(value(&stdout, "threads"), "1", "no thread in a process that does not use the GPU:\n{stdout}");
+    assert_eq!(value(&stdout, "pool"), "none", "{stdout}\n{stderr}");
 }
 
 #[test]
 fn without_a_size_there_is_no_pool() {
     let dir = tempfile::tempdir().unwrap();
     // 3 s for a pool that must not come (the agent's size is read every 2 s).
-    let out = probe().arg("3").env("GPU_MODE_POOL_DIR", dir.path()).output().unwrap();
+    let out = probe().arg("3").env("GPU_MODE_POOL_DIR", dir.path()).env("GPU_MODE_POOL_EAGER", "1").output().unwrap();
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert_eq!(value(&stdout, "pool"), "none", "{stdout}\n{stderr}");
     assert!(!stderr.contains("gpu-mode-pool: lent"), "{stderr}");

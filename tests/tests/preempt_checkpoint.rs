@@ -1097,7 +1097,11 @@ fn a_pool_job_checkpoints_into_memory_populated_before_the_signal_and_is_restore
     let mut app_args = counter_of(c, N, EXIT, Some(&ready));
     let mib = app_args.iter().position(|a| a == "--mib").unwrap() + 1;
     app_args[mib] = MIB.to_string();
-    let job = submit_low_mode(c, who, "pool", &app_args, "checkpoint:pool=on", &[("GPU_MODE_HUGEPAGES_LOG", "1")]).unwrap();
+    // EAGER: the simulated driver maps no GPU file, which is what starts the
+    // pool's thread in a process of the real driver (hugepages/tests/pool.rs
+    // tests that start).
+    let exports = [("GPU_MODE_HUGEPAGES_LOG", "1"), ("GPU_MODE_POOL_EAGER", "1")];
+    let job = submit_low_mode(c, who, "pool", &app_args, "checkpoint:pool=on", &exports).unwrap();
     wait_steps(c, job, 3);
     let app: i32 = std::fs::read_to_string(&ready).unwrap().trim().parse().unwrap();
     let dir = c.runtime_dir().join("pool").join(job.to_string());

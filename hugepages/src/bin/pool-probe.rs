@@ -3,6 +3,9 @@
 //! `GPU_MODE_POOL_DIR`). Not installed. It does what the CUDA driver's
 //! checkpoint does to the process's memory, and reports what it found:
 //!
+//! 0. with `POOL_PROBE_GPU_FILE=<path>`, maps that file shared, as the CUDA
+//!    driver maps /dev/nvidiactl when it starts (the shim's thread starts
+//!    then), and says how many threads it has: `threads=<n>`;
 //! 1. waits (WAIT_S, default 10 s, at most) until a pool mapping (`dc nr`, resident
 //!    MIB MiB) exists: `pool=<start address>` (or `pool=none`);
 //! 2. maps MIB MiB private, anonymous, `MAP_POPULATE`, as the driver's buffer:
@@ -51,6 +54,16 @@ fn main() {
     let mib: usize = std::env::args().nth(1).expect("usage: pool-probe MIB").parse().expect("MIB");
     let within = Duration::from_secs(std::env::args().nth(2).map_or(10, |s| s.parse().expect("WAIT_S")));
     let len = mib << 20;
+    if let Some(path) = std::env::var_os("POOL_PROBE_GPU_FILE") {
+        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path).unwrap();
+        file.set_len(4096).unwrap();
+        // SAFETY: a shared mapping of a file of that length, kept to the end.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), 4096, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, std::os::fd::AsRawFd::as_raw_fd(&file), 0) };
+        assert_ne!(p, libc::MAP_FAILED);
+        std::mem::forget(file);
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    println!("threads={}", threads());
     let pool = wait_for_pool((mib as u64) << 10, within);
     println!("pool={}", pool.map_or("none".into(), |p| format!("{p:#x}")));
     // SAFETY: a fresh mapping, used within its length, unmapped once.
@@ -84,6 +97,12 @@ fn main() {
         let gone = byte_at(p as usize) != Some(0x5a);
         println!("rebuilt={}", u8::from(gone && wait_for_pool((mib as u64) << 10, within).is_some()));
     }
+}
+
+/// This process's threads (/proc/self/status).
+fn threads() -> u32 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    status.lines().find_map(|l| l.strip_prefix("Threads:")).unwrap().trim().parse().unwrap()
 }
 
 /// The byte at `addr` of this process, read through /proc/self/mem: `None`
