@@ -1302,7 +1302,7 @@ fn huge_pages_reach_the_drivers_checkpoint_buffer_only_when_on() {
         assert_eq!(exit_code(&mut w, Duration::from_secs(60)), 0, "{}", read(&out.with_extension("err")));
         let err = read(&out.with_extension("err"));
         let advised = err.lines().any(|l| {
-            l.starts_with("gpu-mode-hugepages: MADV_HUGEPAGE on 8 MiB at 0x") && l.ends_with(": ok (flags 0x8022, populated after)")
+            l.starts_with("gpu-mode-hugepages: MADV_HUGEPAGE on 8 MiB at 0x") && l.contains(": ok (flags 0x8022, populated after) in ") && l.ends_with(" us")
         });
         assert_eq!(advised, on && thp, "{name}: the checkpoint buffer's advice:\n{err}");
         let dumped_at = last_step(&out);
