@@ -1,38 +1,42 @@
 //! A pool of host memory populated before the checkpoint (issue 39): the
 //! driver's checkpoint buffer is served from memory whose pages already
-//! exist, so that freeing the GPU is a copy, not a copy plus the kernel's
-//! page supply.
+//! exist, so that freeing the GPU is the driver's copy alone, without the
+//! kernel's page supply before it.
 //!
 //! # Why
 //!
 //! The driver's checkpoint makes its buffer with `mmap(MAP_POPULATE)` at the
 //! moment of the checkpoint, and the kernel hands one thread fresh pages at
-//! 4.5 GiB/s at best (2 MiB pages; measured on the H200 VMs, no faster with
-//! more threads), while the copy engines write populated memory at 13 GiB/s
-//! and more. Pages populated before the signal take that supply out of the
-//! path between the signal and a free GPU. Only the process itself can hand
-//! the driver such pages (the buffer is the process's own memory), so the
-//! shim keeps them: this module.
+//! 5-7 GiB/s at best (2 MiB pages): on an H200, 1.5-2.2 s of a 3.5-4.5 s
+//! checkpoint of 11 GiB went there, the rest to the driver's own copy
+//! (docs/preempt.md, "Host memory pool"). Pages populated before the signal
+//! take the supply out of the path between the signal and a free GPU. Only
+//! the process itself can hand the driver such pages (the buffer is the
+//! process's own memory), so the shim keeps them: this module.
 //!
 //! # What it does
 //!
-//! When told a size (`GPU_MODE_POOL_MIB`), a thread of the shim reserves address
-//! space (`PROT_NONE`, `MAP_NORESERVE`, `MADV_DONTFORK`: a forked child has
-//! none of it), and makes a prefix of it writable, advised `MADV_HUGEPAGE`
-//! and populated, 64 MiB at a time. The next private anonymous writable
-//! `MAP_POPULATE` mapping of at least the shim's threshold, made without an
-//! address (the driver's checkpoint buffer: flags 0x8022), is the pool's
-//! start: what the pool lacks is made writable and populated there and then,
-//! what it has beyond the request is given back to the kernel (so that CRIU
-//! does not dump it), and the caller gets memory that is zero and populated,
-//! as `MAP_POPULATE` gives. When that mapping is unmapped (the driver's
-//! restore frees it), the rest of the reservation goes with it and the
-//! thread builds a new pool: fresh pages are zero, so nothing the previous
-//! buffer held can reach the next one.
+//! When told a size (`GPU_MODE_POOL_MIB`, fixed, or a size link the agent
+//! writes in `GPU_MODE_POOL_DIR`, see [`read_want`]), a thread of the shim
+//! (started at once for a fixed size, else when the process first maps a
+//! GPU file, see [`gpu_file_mapped`]) reserves address space (`PROT_NONE`,
+//! `MAP_NORESERVE`, `MADV_DONTFORK`: a forked child has none of it), and
+//! keeps a prefix of it writable, advised `MADV_HUGEPAGE` and populated, 64
+//! MiB at a time, as the size asked grows or shrinks. The next private
+//! anonymous writable `MAP_POPULATE` mapping of at least the shim's
+//! threshold, made without an address (the driver's checkpoint buffer:
+//! flags 0x8022), is the pool's start: what the pool lacks is made writable
+//! and populated there and then, what it has beyond the request is given
+//! back to the kernel (so that CRIU does not dump it), and the caller gets
+//! memory that is zero and populated, as `MAP_POPULATE` gives. When the
+//! driver unmaps that buffer (its restore frees it), the thread unmaps it
+//! (off the restore's path) and builds a new pool: fresh pages are zero,
+//! so nothing the previous buffer held can reach the next one.
 //!
 //! The pool is the process's own memory: charged to the job's cgroup, in
-//! its RSS, and visible in /proc/<pid>/smaps as the anonymous mapping named
-//! `[anon:gpu-mode-pool]` where the kernel names mappings (5.17 and later).
+//! its RSS, and visible in /proc/<pid>/smaps as the anonymous mapping with
+//! VmFlags `dc nr hg`, named `[anon:gpu-mode-pool]` where the kernel names
+//! mappings (CONFIG_ANON_VMA_NAME).
 //!
 //! The hook side never allocates and never blocks longer than one 64 MiB
 //! step of the thread (a mutex the thread holds for one step).

@@ -178,11 +178,13 @@ impl Sizer {
     }
 
     /// What one turn reads: the job's processes' footprints on its GPUs,
-    /// their pools, and the host's room.
-    pub fn inputs(&self, gpus: &dyn GpuInfo, host: &dyn ProcessHost) -> Inputs {
+    /// their pools, and the host's room. `None` when NVML or the process
+    /// scan fails: the turn changes nothing (a pool is not dropped for a
+    /// moment's failure).
+    pub fn inputs(&self, gpus: &dyn GpuInfo, host: &dyn ProcessHost) -> Option<Inputs> {
         let mut inputs = Inputs { mem_available: host_room::mem_available(&self.paths.proc_root), ..Inputs::default() };
-        let Ok(procs) = gpus.compute_processes() else { return inputs };
-        let Ok((job_pids, _)) = host.job_processes(self.job) else { return inputs };
+        let procs = gpus.compute_processes().ok()?;
+        let (job_pids, _) = host.job_processes(self.job).ok()?;
         for p in procs.iter().filter(|p| self.gpus.contains(&p.gpu) && job_pids.contains(&p.pid)) {
             *inputs.footprints.entry(p.pid).or_default() += p.used_bytes;
         }
@@ -194,7 +196,7 @@ impl Sizer {
                 }
             }
         }
-        inputs
+        Some(inputs)
     }
 
     /// The links made to match `plan`, given what the last turn wrote.
@@ -225,7 +227,11 @@ impl Sizer {
         let mut before: BTreeMap<i32, u64> = BTreeMap::new();
         let mut logged: Option<(u64, Bound)> = None;
         loop {
-            let plan = plan(&self.inputs(gpus, host), self.bounds);
+            let Some(inputs) = self.inputs(gpus, host) else {
+                std::thread::sleep(self.interval);
+                continue;
+            };
+            let plan = plan(&inputs, self.bounds);
             let written = self.write(&plan, &before);
             let moved = logged.is_none_or(|(total, bound)| total.abs_diff(plan.total) >= 1 << 30 || bound != plan.bound);
             if written.is_err() || (moved && (plan.total > 0 || logged.is_some())) {
@@ -323,6 +329,55 @@ mod tests {
             interval: Duration::from_secs(1),
             paths: HostPaths::default(),
         }
+    }
+
+    /// NVML's processes (or its failure) and the job's processes, as the
+    /// sizer asks them.
+    struct Node {
+        procs: Option<Vec<crate::cuda_ckpt::GpuProcess>>,
+        job: Vec<i32>,
+    }
+
+    impl GpuInfo for Node {
+        fn compute_processes(&self) -> Result<Vec<crate::cuda_ckpt::GpuProcess>, crate::cuda_ckpt::GpuInfoError> {
+            self.procs.clone().ok_or(crate::cuda_ckpt::GpuInfoError::Panicked)
+        }
+        fn free_bytes(&self, _: GpuUuid) -> Result<u64, crate::cuda_ckpt::GpuInfoError> {
+            Ok(0)
+        }
+    }
+
+    impl ProcessHost for Node {
+        fn job_processes(&self, _: u32) -> Result<(Vec<i32>, crate::cuda_ckpt::FoundBy), crate::cuda_ckpt::HostError> {
+            Ok((self.job.clone(), crate::cuda_ckpt::FoundBy::Cgroup))
+        }
+        fn with_descendants(&self, pid: i32) -> Vec<i32> {
+            vec![pid]
+        }
+        fn nvidia_files(&self, _: i32) -> Result<Vec<crate::cuda_ckpt::NvidiaFile>, crate::cuda_ckpt::HostError> {
+            Ok(vec![])
+        }
+        fn start_time(&self, _: i32) -> Option<u64> {
+            None
+        }
+    }
+
+    #[test]
+    fn a_turn_counts_the_jobs_processes_on_the_jobs_gpus_only_and_skips_when_nvml_fails() {
+        let uuid = |n: u8| GpuUuid::parse(&format!("GPU-{n}0000000-0000-0000-0000-000000000000")).unwrap();
+        let used = |gpu: u8, pid: i32, bytes: u64| crate::cuda_ckpt::GpuProcess { gpu: uuid(gpu), pid, used_bytes: bytes };
+        let tmp = tempfile::tempdir().unwrap();
+        let mut s = sizer(tmp.path());
+        s.gpus = vec![uuid(1), uuid(2)];
+        let node = Node {
+            // pid 10 on both of the job's GPUs; 11 another job's; 10 also on a GPU not the job's.
+            procs: Some(vec![used(1, 10, 3 * GIB), used(2, 10, GIB), used(1, 11, 5 * GIB), used(3, 10, 7 * GIB)]),
+            job: vec![10, 12],
+        };
+        let got = s.inputs(&node, &node).unwrap();
+        assert_eq!(got.footprints, [(10, 4 * GIB)].into());
+        assert_eq!(got.pooled.keys().copied().collect::<Vec<_>>(), [10]);
+        assert!(s.inputs(&Node { procs: None, ..node }, &Node { procs: Some(vec![]), job: vec![10] }).is_none(), "NVML failed: no turn");
     }
 
     #[test]
