@@ -8,7 +8,7 @@
 #          high-priority job, checkpointed, requeued, restored onto the other
 #          GPU(s) (a second high job holds the first ones; the 2-rank job moves
 #          only with 4 GPUs), and its pattern verified. E2E_CASES picks
-#          (default 1gib 16gib 2ranks); torch8 is a PyTorch process of 8 GiB
+#          (default 1gib 16gib 2ranks); torch8 (torch32) is a PyTorch process of 8 (32) GiB
 #          (tools/ckpt-bench/apps/framework_app.py) preempted the same way;
 #          torch2-fork, torch2-spawn: 2 GiB of PyTorch with a DataLoader of 4
 #          workers of that start method alive across the checkpoint;
@@ -32,6 +32,10 @@
 #          the job ended early, no output for 60 s while it runs) rather than
 #          waiting out each step's limit. PREEMPT_CONFIG="key = value" adds
 #          lines to the cluster's [preempt] section (e.g. ghost_limit_mib).
+#          PREEMPT_MODE (default checkpoint) is the preempted case's --gpu-mode
+#          (e.g. checkpoint:pool=on), PREEMPT_SHIM_LOG=1 puts the huge-page
+#          shim's lines (its pool's) in job.out, PREEMPT_SETTLE_S=N lets the
+#          job run N s before its preemptor (a pool fills meanwhile).
 #          E2E waits never pass BUDGET_S; a case that starts with less than
 #          60 s left is skipped, with a line.
 #   bench: gpu-mode-preempt-bench, ours and the plain sequence (driver toggle,
@@ -61,6 +65,10 @@
 #          (default 8; the plain sequence's criu restore reads with one).
 #          COLD=1: every restore, and the read-back probes, read the image
 #          from the storage (dropped from the page cache first).
+#          POOL=1: ours' programs keep a host memory pool (pool=on), full
+#          before the signal; NO_PLAIN=1: ours alone; BOUNDS=1: the copy
+#          engines' rates measured first (ckpt_diag.py --bounds-only), and
+#          GPU free and the driver's restore printed against them.
 #   nccl-bench: (2 GPUs, no Slurm, nothing installed) what NCCL's portable
 #          transports cost: tools/ckpt-bench/apps/nccl_bench.py under
 #          torchrun --nproc_per_node=2, once with NCCL's defaults and once
