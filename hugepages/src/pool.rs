@@ -35,7 +35,7 @@
 //!
 //! The pool is the process's own memory: charged to the job's cgroup, in
 //! its RSS, and visible in /proc/<pid>/smaps as the anonymous mapping with
-//! VmFlags `dc nr hg`, named `[anon:gpu-mode-pool]` where the kernel names
+//! VmFlags `dc nr` (and `hg`), named `[anon:gpu-mode-pool]` where the kernel names
 //! mappings (CONFIG_ANON_VMA_NAME).
 //!
 //! The hook side never allocates and never blocks longer than one 64 MiB

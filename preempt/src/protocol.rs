@@ -72,6 +72,10 @@ pub struct CheckpointSummary {
     /// one held the rest up.
     #[serde(default)]
     pub processes: Vec<ProcessSteps>,
+    /// A `pool=on` job's buffers that the driver's checkpoint found
+    /// populated in the host memory pool (preempt::pool); 0 without a pool.
+    #[serde(default)]
+    pub pool_bytes: u64,
 }
 
 /// One CUDA process's lock and checkpoint, as the driver answered them.

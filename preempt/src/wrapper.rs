@@ -715,11 +715,21 @@ fn checkpointed_line(job: u32, s: &protocol::CheckpointSummary) -> String {
     let t = &s.timings;
     match (t.signal_to_durable_ms, t.signal_to_gpu_free_ms) {
         (Some(durable), Some(free)) => format!(
-            "job {job} checkpointed: {gib:.2} GiB image durable {:.1} s after the signal, GPU memory free {:.1} s after the signal; requeueing",
+            "job {job} checkpointed: {gib:.2} GiB image durable {:.1} s after the signal, GPU memory free {:.1} s after the signal{}; requeueing",
             durable / 1e3,
-            free / 1e3
+            free / 1e3,
+            pool_words(s.pool_bytes)
         ),
         _ => format!("job {job} checkpointed: {gib:.2} GiB image in {:.1} s; requeueing", t.total_ms / 1e3),
+    }
+}
+
+/// What the job's host memory pool gave the driver's checkpoint (issue 39):
+/// memory populated while the job ran, not at the signal.
+fn pool_words(bytes: u64) -> String {
+    match bytes {
+        0 => String::new(),
+        b => format!(" (its buffers' {:.2} GiB populated before the signal, in the host memory pool)", b as f64 / (1u64 << 30) as f64),
     }
 }
 
@@ -755,6 +765,7 @@ mod tests {
             timings: Default::default(),
             timeline: Default::default(),
             processes: vec![],
+            pool_bytes: 0,
         };
         s.timings.total_ms = 12_000.0;
         assert_eq!(checkpointed_line(7, &s), "job 7 checkpointed: 8.58 GiB image in 12.0 s; requeueing");
@@ -763,6 +774,13 @@ mod tests {
         assert_eq!(
             checkpointed_line(7, &s),
             "job 7 checkpointed: 8.58 GiB image durable 12.1 s after the signal, GPU memory free 3.9 s after the signal; requeueing"
+        );
+        // A pool job's: what the pool gave the driver.
+        s.pool_bytes = 11228 << 20;
+        assert_eq!(
+            checkpointed_line(7, &s),
+            "job 7 checkpointed: 8.58 GiB image durable 12.1 s after the signal, GPU memory free 3.9 s after the signal \
+             (its buffers' 10.96 GiB populated before the signal, in the host memory pool); requeueing"
         );
     }
 

@@ -1121,6 +1121,9 @@ fn a_pool_job_checkpoints_into_memory_populated_before_the_signal_and_is_restore
     }
     let lent = format!("gpu-mode-pool: lent {MIB} MiB, {MIB} MiB populated before, 0 MiB made");
     assert!(out.contains(&lent), "missing {lent:?} in:\n{out}");
+    let served = "GPU memory free ";
+    let line = out.lines().find(|l| l.contains(&format!("gpu-mode-run: job {job} checkpointed: ")) && l.contains(served)).unwrap_or_else(|| panic!("{out}"));
+    assert!(line.contains("(its buffers' 0.09 GiB populated before the signal, in the host memory pool); requeueing"), "{line}");
     assert!(out.contains(&format!("gpu-mode-pool: buffer freed {MIB} MiB")), "the restored process freed the buffer:\n{out}");
     assert!(out.contains(&format!("gpu-mode-run: job {job} restored (pid {app}")), "{out}");
     assert_images_removed(c, job);

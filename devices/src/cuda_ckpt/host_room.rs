@@ -86,8 +86,8 @@ fn fits(pids: &[i32], bytes: u64, room: Room) -> Result<(), Shortfall> {
 
 /// The resident bytes of the process's host memory pool: its anonymous
 /// private mappings that the huge-page shim made for it, told by their
-/// flags (`dc` MADV_DONTFORK, `nr` MAP_NORESERVE, `hg` MADV_HUGEPAGE; no
-/// other mapping of a CUDA process was seen with all three, H200,
+/// flags (`dc` MADV_DONTFORK and `nr` MAP_NORESERVE on a writable mapping;
+/// no other mapping of a CUDA process was seen with them, H200,
 /// 2026-11-28) or their name (`[anon:gpu-mode-pool]`, kernels that name
 /// mappings). 0 when unreadable.
 pub fn pool_bytes(proc_root: &Path, pid: i32) -> u64 {
@@ -111,7 +111,8 @@ pub fn pool_bytes_of_smaps(smaps: &str) -> u64 {
             rss = words.next().and_then(|kib| kib.parse::<u64>().ok()).unwrap_or(0) << 10;
         } else if first == "VmFlags:" {
             let flags: Vec<&str> = words.collect();
-            let marked = ["dc", "nr", "hg", "wr"].iter().all(|f| flags.contains(f));
+            // Without hg where the kernel has no transparent huge pages.
+            let marked = ["dc", "nr", "wr"].iter().all(|f| flags.contains(f));
             if anonymous && (named || marked) {
                 total += rss;
             }
@@ -193,10 +194,14 @@ VmFlags: rd wr mr mw me
 7f5000000000-7f5040000000 ---p 00000000 00:00 0 
 Rss:                   0 kB
 VmFlags: mr mw me dc nr hg 
+7f6000000000-7f6000400000 rw-p 00000000 00:00 0 
+Rss:                2048 kB
+VmFlags: rd wr mr mw me dc nr 
 ";
-        // The pool (flags), the named pool; not: plain memory, CUDA's pinned
-        // memory (dc alone), a device file, the reservation (no access).
-        assert_eq!(pool_bytes_of_smaps(smaps), (11493376 + 1024) << 10);
+        // The pool (flags), the named pool, a pool without huge pages (THP
+        // off); not: plain memory, CUDA's pinned memory (dc alone), a device
+        // file, the reservation (no access).
+        assert_eq!(pool_bytes_of_smaps(smaps), (11493376 + 1024 + 2048) << 10);
         assert_eq!(pool_bytes_of_smaps(""), 0);
     }
 

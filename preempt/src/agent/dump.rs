@@ -286,6 +286,9 @@ impl Agent {
         // first) would see a file made since. Its cost: one read of the
         // tree's fd and maps links, off the path to a free GPU.
         let ghosts = crate::ghosts::Ghosts::survey(pids);
+        // A pool job's buffers as the driver left them: what was served from
+        // the host memory pool (preempt::pool), for the job's line.
+        let pool_bytes: u64 = if self.params.pool { pids.iter().map(|&p| crate::cuda_ckpt::host_room::pool_bytes(Path::new("/proc"), p)).sum() } else { 0 };
         let req = DumpRequest {
             pid: root,
             images_dir: run.to_path_buf(),
@@ -347,7 +350,8 @@ impl Agent {
         // is dropped needs no lock: no restore will remove it.
         let sealed = back
             .map_err(|e| (FailureReason::ImageDir, e.to_string()))
-            .and_then(|_| self.seal_dumped(run, root, pids, record, cuda.as_ref(), shm, from_signal, sw));
+            .and_then(|_| self.seal_dumped(run, root, pids, record, cuda.as_ref(), shm, from_signal, sw))
+            .map(|summary| CheckpointSummary { pool_bytes, ..summary });
         if sealed.is_err() {
             self.release_lock(lock.as_deref());
         }
@@ -431,6 +435,7 @@ impl Agent {
             processes: cuda.map(crate::protocol::ProcessSteps::of).unwrap_or_default(),
             timings: timings_of(&timeline, from_signal),
             timeline,
+            pool_bytes: 0,
         })
     }
 
