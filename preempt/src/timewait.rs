@@ -21,25 +21,10 @@
 //! entries stay and the restore may fail as before: said in the restore's
 //! line, never an error.
 
-use std::collections::BTreeSet;
 use std::time::Duration;
 
 /// How long the kernel may take to answer one netlink request.
 const SS_WAIT: Duration = Duration::from_secs(10);
-
-/// The local ports of the sockets `inodes` in a `/proc/net/tcp` or `tcp6`
-/// table, whatever their state (a listener's port is the one that fails).
-pub fn local_ports(table: &str, inodes: &BTreeSet<u64>) -> BTreeSet<u16> {
-    table
-        .lines()
-        .filter_map(|line| {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            let inode = f.get(9)?.parse::<u64>().ok()?;
-            inodes.contains(&inode).then(|| crate::tcp::parse_endpoint(f.get(1)?).map(|e| e.1)).flatten()
-        })
-        .filter(|port| *port != 0)
-        .collect()
-}
 
 // SOCK_DESTROY through the kernel's sock_diag netlink family, written here
 // by hand: the project's dependencies hold no netlink crate, and iproute2's
@@ -234,20 +219,6 @@ pub fn clear(ports: &[u16]) -> Result<usize, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_trees_ports_are_read_from_the_table_whatever_their_state() {
-        // A listener (0A) on 0x9C41, a connection (01) from 0xA5F2, another
-        // process's socket, and a socket bound to no port yet.
-        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
-           0: 0100007F:9C41 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1001        0 501 1 0000\n\
-           1: 0100007F:A5F2 0100007F:9C41 01 00000000:00000000 00:00000000 00000000  1001        0 502 1 0000\n\
-           2: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 777 1 0000\n\
-           3: 00000000:0000 00000000:0000 07 00000000:00000000 00:00000000 00000000  1001        0 503 1 0000\n";
-        let ours: BTreeSet<u64> = [501, 502, 503].into();
-        assert_eq!(local_ports(table, &ours), BTreeSet::from([0x9C41, 0xA5F2]));
-        assert_eq!(local_ports(table, &BTreeSet::new()), BTreeSet::new());
-    }
 
     #[test]
     fn requests_and_answers_have_the_kernels_layout() {
