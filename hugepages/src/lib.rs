@@ -127,10 +127,11 @@ fn logging() -> bool {
 }
 
 /// At load time, before the application's threads exist: the settings
-/// from the environment and the C library's mmap, so that no later mmap
-/// calls getenv (not safe against another thread's setenv) or dlsym.
+/// from the environment and the C library's mmap and munmap, so that no
+/// later call of either calls getenv (not safe against another thread's
+/// setenv) or dlsym (which may allocate).
 extern "C" fn init() {
-    let _ = (min_bytes(), logging(), real_mmap());
+    let _ = (min_bytes(), logging(), real_mmap(), next_definition(&REAL_MUNMAP, c"munmap"));
     fork::init(env_bytes(c"GPU_MODE_FORK_DROP"), env_bytes(c"GPU_MODE_FORK_DROP_PREFIXES"));
     io_uring::init(env_bytes(c"GPU_MODE_NO_IO_URING"));
     if min_bytes() != OFF {
