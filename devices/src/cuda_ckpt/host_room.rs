@@ -51,10 +51,23 @@ pub struct Shortfall {
 /// must never refuse a job for the node's own oddity). A process's host
 /// memory pool (issue 39: pages populated before the signal, which the
 /// driver's buffer is served from) is memory it already holds: only the
-/// footprint beyond it is asked.
+/// footprint beyond it is asked. The pools are read (each process's smaps,
+/// on the path to a free GPU) only when the footprints do not fit without
+/// them: a pool only ever lowers what is asked.
 pub fn check(paths: &HostPaths, footprints: &[(i32, u64)]) -> Result<(), Shortfall> {
-    let footprints: Vec<(i32, u64)> = footprints.iter().map(|&(pid, bytes)| (pid, bytes.saturating_sub(pool_bytes(&paths.proc_root, pid)))).collect();
-    let footprints = footprints.as_slice();
+    let short = match fits_whole(paths, footprints) {
+        Ok(()) => return Ok(()),
+        Err(short) => short,
+    };
+    let beyond_pools: Vec<(i32, u64)> = footprints.iter().map(|&(pid, bytes)| (pid, bytes.saturating_sub(pool_bytes(&paths.proc_root, pid)))).collect();
+    if beyond_pools == footprints {
+        return Err(short);
+    }
+    fits_whole(paths, &beyond_pools)
+}
+
+/// [`check`] of `footprints` as they are.
+fn fits_whole(paths: &HostPaths, footprints: &[(i32, u64)]) -> Result<(), Shortfall> {
     let pids: Vec<i32> = footprints.iter().map(|f| f.0).collect();
     let total: u64 = footprints.iter().map(|f| f.1).sum();
     if let Some(avail) = mem_available(&paths.proc_root) {
@@ -255,6 +268,22 @@ VmFlags: rd wr mr mw me dc nr
                 (got, want) => panic!("{name}: got {got:?}, wanted refusal by {want:?}"),
             }
         }
+    }
+
+    /// A footprint that does not fit on its own fits when the process's pool
+    /// holds enough of it; without a pool, the same refusal.
+    #[test]
+    fn a_pool_is_counted_as_memory_the_process_holds() {
+        let job = "/slurm/uid_1001/job_7";
+        let (_dir, paths) = host(64 << 10, &[(10, job)], &[(job, "4096", 100)], true);
+        let fps = [(10, 8 * GIB)];
+        assert!(check(&paths, &fps).unwrap_err().room.limited_by.contains("job_7/memory.max"));
+        let pool = |kib: u64| format!("7f0000000000-7f0200000000 rw-p 00000000 00:00 0 \nRss: {kib} kB\nVmFlags: rd wr mr mw me dc nr hg \n");
+        std::fs::write(paths.proc_root.join("10/smaps"), pool(5 << 20)).unwrap();
+        assert_eq!(check(&paths, &fps), Ok(()), "8 GiB less a 5 GiB pool fits in 4 GiB");
+        std::fs::write(paths.proc_root.join("10/smaps"), pool(1 << 20)).unwrap();
+        let short = check(&paths, &fps).unwrap_err();
+        assert_eq!(short.need, 7 * GIB + MARGIN_BYTES, "only what is beyond the pool is asked");
     }
 
     #[test]
