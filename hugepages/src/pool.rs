@@ -527,12 +527,7 @@ fn log_take(len: usize, from_pool: usize, extend: usize, give_back: usize, us: u
     at = crate::put(&mut buf, at, b" MiB made, ");
     at = crate::put_number(&mut buf, at, give_back / MIB, 10);
     at = crate::put(&mut buf, at, b" MiB given back, in ");
-    at = crate::put_number(&mut buf, at, us, 10);
-    at = crate::put(&mut buf, at, b" us at t=");
-    at = crate::put_number(&mut buf, at, now_us(), 10);
-    at = crate::put(&mut buf, at, b"\n");
-    // SAFETY: one write of a local buffer.
-    unsafe { libc::write(2, buf.as_ptr().cast(), at) };
+    write_line(&mut buf, at, us);
 }
 
 fn log_event(what: &[u8], bytes: usize, us: usize) {
@@ -543,10 +538,15 @@ fn log_event(what: &[u8], bytes: usize, us: usize) {
     let mut at = crate::put(&mut buf, 0, what);
     at = crate::put_number(&mut buf, at, bytes / MIB, 10);
     at = crate::put(&mut buf, at, b" MiB in ");
-    at = crate::put_number(&mut buf, at, us, 10);
-    at = crate::put(&mut buf, at, b" us at t=");
-    at = crate::put_number(&mut buf, at, now_us(), 10);
-    at = crate::put(&mut buf, at, b"\n");
+    write_line(&mut buf, at, us);
+}
+
+/// A log line's end, `<us> us at t=<now>`, and its one write(2) to stderr.
+fn write_line(buf: &mut [u8; 200], at: usize, us: usize) {
+    let mut at = crate::put_number(buf, at, us, 10);
+    at = crate::put(buf, at, b" us at t=");
+    at = crate::put_number(buf, at, now_us(), 10);
+    at = crate::put(buf, at, b"\n");
     // SAFETY: one write of a local buffer.
     unsafe { libc::write(2, buf.as_ptr().cast(), at) };
 }
