@@ -19,6 +19,7 @@ measurement and a JSON summary at the end.
 
     python3 ckpt_diag.py --app /abs/framework_app.py --gib 8 --cycles 4 \
         [--shim /abs/libgpu_mode_hugepages.so] [--variants plain,malloc-hugetlb,shim]
+        [--probe /abs/memcpy_probe.so --variants pool-probe,pool-par4]
 
 Read-only for the GPU's settings: it changes no compute mode, MIG,
 persistence, clocks or power, and never resets a GPU.
@@ -383,6 +384,7 @@ def main():
     p.add_argument("--json", default="")
     p.add_argument("--shim", default="", help="libgpu_mode_hugepages.so: a variant with it preloaded")
     p.add_argument("--variants", default="plain,malloc-hugetlb,shim")
+    p.add_argument("--probe", default="", help="memcpy_probe.so: variants pool-probe and pool-par<N> (the driver's copies timed, or split across N threads)")
     p.add_argument("--pool-mib", type=int, default=0, help="the pool variant's GPU_MODE_POOL_MIB (default: GiB + 1 GiB)")
     p.add_argument("--pool-wait", type=float, default=0, help="seconds before each lock (the pool refilled after a restore)")
     p.add_argument("--bounds-gib", type=float, default=0, help="measure the copy engines' rates with this many GiB first")
@@ -410,8 +412,17 @@ def main():
         "malloc-hugetlb": {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"},
         "shim": {"LD_PRELOAD": a.shim, "GPU_MODE_HUGEPAGES_LOG": "1"},
     }
+    # The shim splits the driver's copies across GPU_MODE_COPY_THREADS threads
+    # (default 8, hugepages/src/copy.rs); "-copy1": the driver's thread alone.
+    variants["pool-copy1"] = dict(variants["pool"], GPU_MODE_COPY_THREADS="1")
+    variants["shim-copy1"] = dict(variants["shim"], GPU_MODE_COPY_THREADS="1")
+    if a.probe:
+        pool = variants["pool"]
+        variants["pool-probe"] = dict(pool, LD_PRELOAD=f"{a.shim}:{a.probe}", MEMCPY_PROBE_LOG="1")
+        for n in (2, 4, 8, 16):
+            variants[f"pool-par{n}"] = dict(variants["pool-probe"], MEMCPY_PROBE_THREADS=str(n))
     for name in a.variants.split(","):
-        if name in ("shim", "pool") and not a.shim:
+        if name.startswith(("shim", "pool")) and not a.shim:
             continue
         run_variant(a, name, variants[name], summary)
     if a.json:
