@@ -42,11 +42,18 @@
 //! Never panics and never allocates: it runs inside every large `mmap` of
 //! the application, on any thread, possibly before `main`.
 //!
-//! `GPU_MODE_HUGEPAGES=0` turns the advice off; the library then only does
-//! its other jobs: [`fork`], children forked without exec drop the GPU
-//! files they inherited (`GPU_MODE_FORK_DROP=1`), and [`io_uring`], the
-//! application gets no io_uring from `syscall()` (`GPU_MODE_NO_IO_URING=1`).
+//! The same buffers are where the driver's copies go and come from: [`copy`]
+//! (it defines `memcpy`) splits those copies across several threads
+//! (`GPU_MODE_COPY_THREADS`), and [`pool`] serves the buffer from memory
+//! populated before the checkpoint (`GPU_MODE_POOL_DIR`, `GPU_MODE_POOL_MIB`).
+//!
+//! `GPU_MODE_HUGEPAGES=0` turns the advice off, and with it the buffers'
+//! copies and pool; the library then only does its other jobs: [`fork`],
+//! children forked without exec drop the GPU files they inherited
+//! (`GPU_MODE_FORK_DROP=1`), and [`io_uring`], the application gets no
+//! io_uring from `syscall()` (`GPU_MODE_NO_IO_URING=1`).
 
+pub mod copy;
 pub mod fork;
 pub mod io_uring;
 pub mod pool;
@@ -134,6 +141,7 @@ extern "C" fn init() {
     let _ = (min_bytes(), logging(), real_mmap(), next_definition(&REAL_MUNMAP, c"munmap"));
     fork::init(env_bytes(c"GPU_MODE_FORK_DROP"), env_bytes(c"GPU_MODE_FORK_DROP_PREFIXES"));
     io_uring::init(env_bytes(c"GPU_MODE_NO_IO_URING"));
+    copy::init(env_bytes(c"GPU_MODE_COPY_THREADS"));
     if min_bytes() != OFF {
         let eager = env_bytes(c"GPU_MODE_POOL_EAGER") == Some(b"1");
         pool::init(env_bytes(c"GPU_MODE_POOL_MIB"), env_bytes(c"GPU_MODE_POOL_DIR"), eager);
@@ -227,8 +235,10 @@ unsafe fn map(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, real: i
     if !wants_huge_pages(len, prot, flags, min_bytes()) {
         return real(flags);
     }
-    if addr.is_null() && flags & (libc::MAP_POPULATE | libc::MAP_FIXED) == libc::MAP_POPULATE {
+    let buffer = addr.is_null() && flags & (libc::MAP_POPULATE | libc::MAP_FIXED) == libc::MAP_POPULATE;
+    if buffer {
         if let Some(p) = pool::take(len, prot, flags) {
+            copy::buffer_made(p as usize, len);
             return p;
         }
     }
@@ -251,6 +261,9 @@ unsafe fn map(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, real: i
             std::ptr::write_volatile(p.cast::<u8>().add(page), 0);
             page += 4096;
         }
+    }
+    if buffer {
+        copy::buffer_made(p as usize, len);
     }
     if logging() {
         let mut buf = [0u8; 160];
@@ -304,6 +317,7 @@ type MunmapFn = unsafe extern "C" fn(*mut c_void, size_t) -> c_int;
 /// As `munmap(2)`.
 #[no_mangle]
 pub unsafe extern "C" fn munmap(addr: *mut c_void, len: size_t) -> c_int {
+    copy::unmapping(addr as usize, len);
     if pool::unmapped(addr as usize, len) {
         return 0;
     }

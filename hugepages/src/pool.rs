@@ -542,7 +542,7 @@ fn log_event(what: &[u8], bytes: usize, us: usize) {
 }
 
 /// A log line's end, `<us> us at t=<now>`, and its one write(2) to stderr.
-fn write_line(buf: &mut [u8; 200], at: usize, us: usize) {
+pub(crate) fn write_line(buf: &mut [u8; 200], at: usize, us: usize) {
     let mut at = crate::put_number(buf, at, us, 10);
     at = crate::put(buf, at, b" us at t=");
     at = crate::put_number(buf, at, now_us(), 10);

@@ -158,11 +158,15 @@ pub fn preloaded(cfg: &PreemptConfig) -> bool {
 }
 
 /// The variables that tell the preloaded library which of its jobs to do:
-/// the huge-page advice off when `huge_pages` is, and the forked children's
+/// the huge-page advice off when `huge_pages` is (and with it the split
+/// copies, which follow the buffers the advice sees), else the threads that
+/// copy the driver's buffer (`copy_threads`); and the forked children's
 /// drop of the files under `device_paths` (`[cuda_ckpt]`'s) when it is on.
 pub fn preload_env(cfg: &PreemptConfig, device_paths: &[String]) -> Vec<(&'static str, String)> {
     let mut env = Vec::new();
-    if !cfg.huge_pages {
+    if cfg.huge_pages {
+        env.push(("GPU_MODE_COPY_THREADS", cfg.copy_threads.to_string()));
+    } else {
         env.push(("GPU_MODE_HUGEPAGES", "0".to_string()));
     }
     if cfg.forked_children_drop_gpu_files {
@@ -233,7 +237,12 @@ mod tests {
         let mut cfg = PreemptConfig::default();
         let paths = ["/dev/nvidia".to_string(), "/tmp/sim/gpus/".to_string()];
         let env = |cfg: &PreemptConfig| preload_env(cfg, &paths).into_iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>();
-        assert_eq!(env(&cfg), ["GPU_MODE_FORK_DROP=1", "GPU_MODE_FORK_DROP_PREFIXES=/dev/nvidia:/tmp/sim/gpus/", "GPU_MODE_NO_IO_URING=1"]);
+        assert_eq!(
+            env(&cfg),
+            ["GPU_MODE_COPY_THREADS=8", "GPU_MODE_FORK_DROP=1", "GPU_MODE_FORK_DROP_PREFIXES=/dev/nvidia:/tmp/sim/gpus/", "GPU_MODE_NO_IO_URING=1"]
+        );
+        cfg.copy_threads = 1;
+        assert_eq!(env(&cfg)[0], "GPU_MODE_COPY_THREADS=1");
         cfg.huge_pages = false;
         assert_eq!(env(&cfg)[0], "GPU_MODE_HUGEPAGES=0");
         cfg.forked_children_drop_gpu_files = false;

@@ -10,6 +10,7 @@
 #          only with 4 GPUs), and its pattern verified. E2E_CASES picks
 #          (default 1gib 16gib 2ranks); torch8 (torch32) is a PyTorch process of 8 (32) GiB
 #          (tools/ckpt-bench/apps/framework_app.py) preempted the same way;
+#          refuse130: a 130 GiB job on a 125 GiB host, refused before the lock (requeued, no image, no drain);
 #          torch2-fork, torch2-spawn: 2 GiB of PyTorch with a DataLoader of 4
 #          workers of that start method alive across the checkpoint;
 #          train-end, train-fork, train-spawn: a training job with DataLoader
@@ -249,6 +250,32 @@ EOF
     [ "$(field "$job" ExitCode)" = 0:0 ] || why="$why exit code $(field "$job" ExitCode);"
     grep -q "checkpointed:" "$W/job.out" || why="$why no checkpoint line;"
     [ -d "$D/images/$job" ] && why="$why images left after the end;"
+    [ -z "$why" ]; verdict "$name" $? "$why"
+}
+
+# refuse_case NAME GIB: issue 39 item 3. A job whose GPU memory cannot fit in
+# the node's host memory (130 GiB on a 125 GiB host) is refused before anything
+# is locked, with the words that say why, and starts over: requeued, no image,
+# no drain. The requeued run is cancelled (it would only be refused again).
+refuse_case() {
+    local name=$1 gib=$2 W=$U/$1 job pre why=""
+    mkdir -p "$W"; chmod 1777 "$W"
+    local app="$B/gpu-mode-preempt-bench launch 1 1 $W $B/gpu-mode-ckpt-testprog --gib $gib --device {device} --seed {i} --ready {ready} --go $W/go"
+    printf '#!/bin/sh\nexec %s %s/gpu-mode-run --config %s/gpu-mode.toml -- %s\n' "$DROP" "$B" "$D" "$app" > "$W/job.sh"
+    chmod 755 "$W/job.sh"
+    job=$(cd "$W" && as $JOBUSER $S/sbatch --parsable -J "$name" -p low --gpu-mode=checkpoint --signal=B:USR1@60 --requeue \
+        --open-mode=append --gres=gpu:1 --output="$W/job.out" "$W/job.sh")
+    say "$name: job $job ($gib GiB on the GPU, as $JOBUSER; host: $(free -g | awk '/^Mem/{print $2 " GiB, " $7 " GiB available"}')) submitted"
+    if ! wait_until 300 "the pattern" ready_all "$W" 1; then cat "$W/job.out"; verdict "$name" 1 "never ready"; $S/scancel "$job"; return; fi
+    pre=$(as gmtest2 $S/sbatch --parsable -J preemptor -p high --gres=gpu:"$N" --output="$W/preemptor.out" --wrap 'sleep 5')
+    say "$name: preemptor $pre submitted"
+    wait_until 240 "the requeue" requeued "$job" || why="$why not requeued;"
+    grep -h "refused before anything was locked" "$W/job.out" "$D"/log/*.log 2>/dev/null | head -n 3 | tee "$W/refusal.txt"
+    [ -s "$W/refusal.txt" ] || why="$why no refusal line;"
+    [ -d "$D/images/$job/0" ] && why="$why an image was written;"
+    $S/sinfo -h -o "%T %E" | tee "$W/sinfo.txt" | grep -qi drain && why="$why the node drained;"
+    $S/scancel "$job"; wait_until 120 "the job's end" finished "$job"
+    grep -v '^$' "$W/job.out" | tail -n 20
     [ -z "$why" ]; verdict "$name" $? "$why"
 }
 
@@ -577,6 +604,7 @@ if [ "$PART" = all ] || [ "$PART" = e2e ]; then
             1gib) preempt_case ckpt-1gib 1 1 ;;
             torch8) preempt_case ckpt-torch8 8 1 torch ;;
             torch32) preempt_case ckpt-torch32 32 1 torch ;;
+            refuse130) refuse_case ckpt-refuse130 130 ;;
             torch2-fork) preempt_case ckpt-torch2-fork 2 1 torch --workers 4 --start-method fork ;;
             torch2-spawn) preempt_case ckpt-torch2-spawn 2 1 torch --workers 4 --start-method spawn ;;
             16gib) preempt_case ckpt-16gib 16 1 ;;

@@ -1086,6 +1086,18 @@ fn an_nccl_rank_that_used_p2p_anyway_fails_its_restore_cleanly() {
 /// preemption (all of it populated before the signal), the restored job
 /// frees the buffer off the restore's path and builds a new pool, and the
 /// job completes every step once; the pool's directory goes with the job.
+/// The CPUs `pid` may run on (`Cpus_allowed_list`: `0-3,8,10-11`).
+fn cpus_allowed(pid: i32) -> usize {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let list = status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).unwrap().trim();
+    list.split(',')
+        .map(|range| match range.split_once('-') {
+            Some((a, b)) => b.parse::<usize>().unwrap() - a.parse::<usize>().unwrap() + 1,
+            None => 1,
+        })
+        .sum()
+}
+
 #[test]
 fn a_pool_job_checkpoints_into_memory_populated_before_the_signal_and_is_restored() {
     let Some(c) = c() else { return };
@@ -1110,6 +1122,9 @@ fn a_pool_job_checkpoints_into_memory_populated_before_the_signal_and_is_restore
     assert_eq!(std::fs::read_link(&link).unwrap(), Path::new(&MIB.to_string()), "the pool is the GPU footprint");
     let held = || gpu_mode_core::cuda_ckpt::host_room::pool_bytes(Path::new("/proc"), app);
     wait_for("the shim to populate the pool", Duration::from_secs(20), || held() >= MIB << 20);
+    // The shim splits the driver's copies across copy_threads (8) threads,
+    // never more than the CPUs the application may run on.
+    let threads = cpus_allowed(app).min(8);
     let preemptor = submit_preemptor(c, None, None, 2, 2);
     wait_requeued(c, job, 1);
     wait_finished(c, preemptor);
@@ -1125,6 +1140,10 @@ fn a_pool_job_checkpoints_into_memory_populated_before_the_signal_and_is_restore
     let line = out.lines().find(|l| l.contains(&format!("gpu-mode-run: job {job} checkpointed: ")) && l.contains(served)).unwrap_or_else(|| panic!("{out}"));
     assert!(line.contains("(its buffers' 0.09 GiB populated before the signal, in the host memory pool); requeueing"), "{line}");
     assert!(out.contains(&format!("gpu-mode-pool: buffer freed {MIB} MiB")), "the restored process freed the buffer:\n{out}");
+    // The simulated driver copies through memcpy, 2 MiB at a time, as the
+    // real one: the shim split every piece into and out of the buffer.
+    let split = format!("gpu-mode-copy: buffer {MIB} MiB, {MIB} MiB in and {MIB} MiB out by {threads} threads in ");
+    assert_eq!(out.contains(&split), threads > 1, "{split:?} ({threads} threads) in:\n{out}");
     assert!(out.contains(&format!("gpu-mode-run: job {job} restored (pid {app}")), "{out}");
     assert_images_removed(c, job);
     assert_nothing_stuck(c, job);

@@ -425,6 +425,10 @@ pub struct PreemptConfig {
     /// (libuv: torchrun's TCPStore) hold no io_uring, which CRIU cannot
     /// dump (hugepages/src/io_uring.rs).
     pub hide_io_uring: bool,
+    /// Threads that copy the driver's checkpoint buffer in and out (the
+    /// same library splits the driver's memcpy, hugepages/src/copy.rs): 1,
+    /// the driver's one thread; never more than the job's CPUs.
+    pub copy_threads: u32,
     /// Whether checkpoint jobs may (or by default do) run NCCL over the
     /// transports the r580 driver can restore (preempt::nccl).
     pub nccl_portable: NcclPortableSetting,
@@ -440,6 +444,10 @@ pub struct PreemptConfig {
 /// The most page readers CRIU starts for one restored process
 /// (RESTORE_PAGE_READERS_MAX of packaging/criu/0004).
 pub const MAX_RESTORE_PAGE_READERS: u32 = 16;
+
+/// The most threads the shim splits one of the driver's copies across
+/// (MAX_THREADS of hugepages/src/copy.rs).
+pub const MAX_COPY_THREADS: u32 = 64;
 
 /// Where the packages install the huge-page shim (beside the agent).
 pub const DEFAULT_HUGE_PAGES_LIBRARY: &str = "/usr/libexec/slurm-gpu-mode/libgpu_mode_hugepages.so";
@@ -472,6 +480,7 @@ impl Default for PreemptConfig {
             huge_pages_dir: PathBuf::from("/var/lib/slurm-gpu-mode/hugepages"),
             forked_children_drop_gpu_files: true,
             hide_io_uring: true,
+            copy_threads: 8,
             nccl_portable: NcclPortableSetting::Allow,
             host_pool: HostPoolSetting::Allow,
             host_pool_max_gib: 64,
@@ -568,6 +577,12 @@ impl PreemptConfig {
             return Err(format!(
                 "preempt.restore_page_readers = {} must be between 1 and {MAX_RESTORE_PAGE_READERS}",
                 self.restore_page_readers
+            ));
+        }
+        if !(1..=MAX_COPY_THREADS).contains(&self.copy_threads) {
+            return Err(format!(
+                "preempt.copy_threads = {} must be between 1 (the driver's own thread) and {MAX_COPY_THREADS}",
+                self.copy_threads
             ));
         }
         if self.host_pool_max_gib == 0 {
@@ -922,6 +937,7 @@ mod tests {
         );
         assert_eq!(cfg.preempt.forked_children_drop_gpu_files, d.forked_children_drop_gpu_files);
         assert_eq!(cfg.preempt.hide_io_uring, d.hide_io_uring);
+        assert_eq!(cfg.preempt.copy_threads, d.copy_threads);
         assert_eq!(cfg.preempt.nccl_portable, d.nccl_portable);
         assert_eq!(
             (cfg.preempt.host_pool, cfg.preempt.host_pool_max_gib, cfg.preempt.host_pool_reserve_gib),
@@ -1169,6 +1185,9 @@ mod tests {
             ("[preempt]\nmax_deleted_files = 100001", "preempt.max_deleted_files = 100001 must be at most 100000"),
             ("[preempt]\nrestore_page_readers = 0", "preempt.restore_page_readers = 0 must be between 1 and 16"),
             ("[preempt]\nrestore_page_readers = 17", "preempt.restore_page_readers = 17 must be between 1 and 16"),
+            ("[preempt]\ncopy_threads = 0", "preempt.copy_threads = 0 must be between 1 (the driver's own thread) and 64"),
+            ("[preempt]\ncopy_threads = 65", "preempt.copy_threads = 65 must be between 1 (the driver's own thread) and 64"),
+            ("[preempt]\ncopy_threads = \"8\"", "copy_threads"),
             ("[mig]\nbaseline = \"all-1g\"", "mig.baseline = \"all-1g\" names a mig-parted config, but mig.baseline_config is not set"),
             ("[mig]\nbaseline = \"@nope\"", "mig.baseline = \"@nope\": no [mig.layouts] layout named \"nope\""),
             ("[mig]\nbaseline_config = \"/etc/m.yaml\"", "mig.baseline_config = \"/etc/m.yaml\" needs mig.baseline"),

@@ -362,6 +362,40 @@ fn lock(s: &Shared, timeout_ms: u32) -> u32 {
     codes::SUCCESS
 }
 
+/// The real driver moves memory between the GPU and its checkpoint buffer
+/// through staging memory of its own, with the C library's `memcpy`, 2 MiB
+/// at a time (seen on an H200: tools/ckpt-bench/apps/memcpy_probe.c). This
+/// one does too, so that what the production side does to those copies (the
+/// shim splits them across threads, hugepages/src/copy.rs) meets the same
+/// calls.
+const STAGING: usize = 2 << 20;
+
+/// `dst` from the start of `file`, through the staging memory.
+fn read_staged(file: &File, dst: &mut [u8]) -> std::io::Result<()> {
+    let mut staging = vec![0u8; STAGING.min(dst.len())];
+    let mut at = 0;
+    while at < dst.len() {
+        let n = staging.len().min(dst.len() - at);
+        file.read_exact_at(&mut staging[..n], at as u64)?;
+        dst[at..at + n].copy_from_slice(&staging[..n]);
+        at += n;
+    }
+    Ok(())
+}
+
+/// `src` to the start of `file`, through the staging memory.
+fn write_staged(file: &File, src: &[u8]) -> std::io::Result<()> {
+    let mut staging = vec![0u8; STAGING.min(src.len())];
+    let mut at = 0;
+    while at < src.len() {
+        let n = staging.len().min(src.len() - at);
+        staging[..n].copy_from_slice(&src[at..at + n]);
+        file.write_all_at(&staging[..n], at as u64)?;
+        at += n;
+    }
+    Ok(())
+}
+
 /// Device memory → host memory; the GPU and every device file are released.
 fn checkpoint(s: &Shared) -> u32 {
     let mut m = s.lock();
@@ -375,7 +409,7 @@ fn checkpoint(s: &Shared) -> u32 {
     let mut offset = 0usize;
     for a in &m.allocs {
         let Place::Device { file, .. } = &a.place else { return codes::ILLEGAL_STATE };
-        if file.read_exact_at(copy.bytes_mut(offset, a.bytes as usize), 0).is_err() {
+        if read_staged(file, copy.bytes_mut(offset, a.bytes as usize)).is_err() {
             return codes::UNKNOWN;
         }
         offsets.push(offset);
@@ -429,7 +463,7 @@ fn restore(s: &Shared, pairs: &[(String, String)]) -> u32 {
         let Place::Host { copy, offset } = &a.place else { return codes::ILLEGAL_STATE };
         let buf = copy.bytes(*offset, a.bytes as usize);
         let path = s.sim.gpu_dir(new).join(format!("{}-{i}.mem", s.pid));
-        let file = device_file(&s.sim, new, &path, a.bytes, s.pid).and_then(|f| f.write_all_at(buf, 0).map(|_| f).map_err(|_| codes::UNKNOWN));
+        let file = device_file(&s.sim, new, &path, a.bytes, s.pid).and_then(|f| write_staged(&f, buf).map(|_| f).map_err(|_| codes::UNKNOWN));
         match file {
             Ok(f) => placed.push((i, new.clone(), path, f)),
             Err(code) => {
