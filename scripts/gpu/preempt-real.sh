@@ -660,7 +660,13 @@ if [ "$PART" = all ] || [ "$PART" = bench ]; then
         python3 -c "import torch, sys; torch.empty(int(sys.argv[1]) << 30, dtype=torch.uint8).fill_(1)" "$WARM_GIB" || say "warm-up failed"
         say "warm-up done"; free -g | head -2
     fi
-    BUID=0; [ "$JOBUSER" = gmtest1 ] && BUID=$(id -u gmtest1 2>/dev/null || echo 0)
+    # The programs run as gmtest1, as a job's: the e2e part's cluster makes
+    # that user; a bench alone on a fresh machine makes it here (it used to
+    # fall back to root, and its figures were root's).
+    if [ "$JOBUSER" = gmtest1 ] && ! id -u gmtest1 >/dev/null 2>&1; then
+        useradd --no-create-home --shell /usr/sbin/nologin gmtest1 && say "made the user gmtest1 for the bench's programs"
+    fi
+    BUID=0; [ "$JOBUSER" = gmtest1 ] && BUID=$(id -u gmtest1)
     # BOUNDS=1: the copy engines' rates into populated host memory, measured
     # now (ckpt_diag.py --bounds-only), for the bench's GPU-free and restore bounds.
     if [ "${BOUNDS:-0}" = 1 ]; then

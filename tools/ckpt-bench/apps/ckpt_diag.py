@@ -415,6 +415,7 @@ def main():
     # The shim splits the driver's copies across GPU_MODE_COPY_THREADS threads
     # (default 8, hugepages/src/copy.rs); "-copy1": the driver's thread alone.
     variants["pool-copy1"] = dict(variants["pool"], GPU_MODE_COPY_THREADS="1")
+    variants["pool-copy16"] = dict(variants["pool"], GPU_MODE_COPY_THREADS="16")
     variants["shim-copy1"] = dict(variants["shim"], GPU_MODE_COPY_THREADS="1")
     if a.probe:
         pool = variants["pool"]
