@@ -11,9 +11,11 @@
 //! engine delivers 50 GiB/s and the node has idle cores. That thread copies
 //! with the C library's `memcpy` (libcuda.so imports it), in pieces of 2
 //! MiB: a preloaded `memcpy` reaches it, and no setting of the driver does.
-//! Measured on the H200 with a probe of this idea (tools/ckpt-bench/apps/
-//! memcpy_probe.c, 11 GiB): the checkpoint 2.0-2.2 s with one thread, 1.0-1.05
-//! s with 8; the restore 1.6-1.8 s against 0.74-0.76 s.
+//! Measured on the H200 (an 11 GiB buffer served from the pool,
+//! tools/ckpt-bench/apps/ckpt_diag.py): the checkpoint 1.58-1.76 s with one
+//! thread, 0.67-0.70 s with 8 (16: no faster); the restore 1.45-1.58 s
+//! against 0.70-0.72 s. Under Slurm an 8 GiB PyTorch job's GPU was free 0.7 s
+//! after the signal (docs/preempt.md, "Copy threads").
 //!
 //! # What it does, and nothing else
 //!
@@ -25,7 +27,7 @@
 //! (default [`DEFAULT_THREADS`], never more than the CPUs the process may
 //! run on), each with the C library's `memcpy`; it returns when every share
 //! is copied. Every other copy goes straight to the C library's `memcpy`:
-//! one comparison more. The helpers start at the first split copy, in the
+//! one comparison and a jump more (about 1 ns a call). The helpers start at the first split copy, in the
 //! process that makes it (a CUDA process being checkpointed), and wait on a
 //! condition variable between copies; a process forked from it has none
 //! and copies alone. One split copy at a time: another one meanwhile (a
