@@ -96,16 +96,7 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 /// `GPU_MODE_COPY_THREADS`'s value: decimal, 1 to [`MAX_THREADS`] (1: the
 /// driver's thread alone); anything else is [`DEFAULT_THREADS`].
 pub fn parse_threads(text: Option<&[u8]>) -> usize {
-    let Some(text) = text else { return DEFAULT_THREADS };
-    if text.is_empty() || text.len() > 3 || !text.iter().all(u8::is_ascii_digit) {
-        return DEFAULT_THREADS;
-    }
-    let n = text.iter().fold(0usize, |n, d| n * 10 + usize::from(d - b'0'));
-    if (1..=MAX_THREADS).contains(&n) {
-        n
-    } else {
-        DEFAULT_THREADS
-    }
+    crate::decimal(text, 3).filter(|n| (1..=MAX_THREADS).contains(n)).unwrap_or(DEFAULT_THREADS)
 }
 
 /// At load: the C library's memcpy and the thread count (the CPUs the
@@ -216,8 +207,8 @@ fn resolve() -> usize {
     f
 }
 
-/// While the C library's memcpy is being looked up: byte by byte. Volatile, so that the compiler
-/// does not make a call to memcpy of it.
+/// While the C library's memcpy is being looked up: byte by byte.
+/// Volatile, so that the compiler does not make a call to memcpy of it.
 fn byte_copy(dst: usize, src: usize, len: usize) {
     for i in 0..len {
         // SAFETY: the caller's ranges, as memcpy's.
@@ -328,15 +319,11 @@ fn log_buffer(len: usize, into: usize, out_of: usize, us: usize) {
     if !crate::logging() || into + out_of == 0 {
         return;
     }
-    const MIB: usize = 1 << 20;
     let mut buf = [0u8; 200];
     let mut at = crate::put(&mut buf, 0, b"gpu-mode-copy: buffer ");
-    at = crate::put_number(&mut buf, at, len / MIB, 10);
-    at = crate::put(&mut buf, at, b" MiB, ");
-    at = crate::put_number(&mut buf, at, into / MIB, 10);
-    at = crate::put(&mut buf, at, b" MiB in and ");
-    at = crate::put_number(&mut buf, at, out_of / MIB, 10);
-    at = crate::put(&mut buf, at, b" MiB out by ");
+    at = crate::put_mib(&mut buf, at, len, b" MiB, ");
+    at = crate::put_mib(&mut buf, at, into, b" MiB in and ");
+    at = crate::put_mib(&mut buf, at, out_of, b" MiB out by ");
     at = crate::put_number(&mut buf, at, HELPERS.load(Ordering::Relaxed) + 1, 10);
     at = crate::put(&mut buf, at, b" threads in ");
     crate::pool::write_line(&mut buf, at, us);

@@ -84,12 +84,17 @@ pub fn wants_huge_pages(len: usize, prot: c_int, flags: c_int, min_bytes: usize)
 /// `GPU_MODE_HUGEPAGES_MIN_MIB`'s value in bytes: decimal MiB, at least 2
 /// (one huge page); anything else is the default.
 pub fn parse_min_mib(text: Option<&[u8]>) -> usize {
-    let Some(text) = text else { return DEFAULT_MIN_MIB * MIB };
-    if text.is_empty() || text.len() > 9 || !text.iter().all(u8::is_ascii_digit) {
-        return DEFAULT_MIN_MIB * MIB;
+    decimal(text, 9).map_or(DEFAULT_MIN_MIB * MIB, |mib| mib.max(2) * MIB)
+}
+
+/// A setting's value in decimal, of 1 to `max_digits` digits and nothing
+/// else (no sign, no unit); `None` for anything else, or when unset.
+pub(crate) fn decimal(text: Option<&[u8]>, max_digits: usize) -> Option<usize> {
+    let text = text?;
+    if text.is_empty() || text.len() > max_digits || !text.iter().all(u8::is_ascii_digit) {
+        return None;
     }
-    let mib = text.iter().fold(0usize, |n, d| n * 10 + usize::from(d - b'0'));
-    mib.max(2) * MIB
+    Some(text.iter().fold(0usize, |n, d| n * 10 + usize::from(d - b'0')))
 }
 
 /// An environment variable's bytes, without allocating.
@@ -188,6 +193,12 @@ fn put_number(buf: &mut [u8], at: usize, mut n: usize, radix: usize) -> usize {
     put(buf, at, &digits[i..])
 }
 
+/// Appends `bytes` in whole MiB, then `after`; returns the new end.
+fn put_mib(buf: &mut [u8], at: usize, bytes: usize, after: &[u8]) -> usize {
+    let at = put_number(buf, at, bytes / MIB, 10);
+    put(buf, at, after)
+}
+
 fn put(buf: &mut [u8], at: usize, bytes: &[u8]) -> usize {
     let at = at.min(buf.len());
     let n = bytes.len().min(buf.len() - at);
@@ -200,8 +211,7 @@ fn put(buf: &mut [u8], at: usize, bytes: &[u8]) -> usize {
 /// mmap took, populating included), for one write(2).
 pub fn log_line(buf: &mut [u8; 160], addr: usize, len: usize, flags: c_int, errno: Option<c_int>, us: usize) -> usize {
     let mut at = put(buf, 0, b"gpu-mode-hugepages: MADV_HUGEPAGE on ");
-    at = put_number(buf, at, len / MIB, 10);
-    at = put(buf, at, b" MiB at 0x");
+    at = put_mib(buf, at, len, b" MiB at 0x");
     at = put_number(buf, at, addr, 16);
     match errno {
         None => at = put(buf, at, b": ok"),

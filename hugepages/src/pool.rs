@@ -81,12 +81,7 @@ static STEP_LOCK: Mutex<()> = Mutex::new(());
 /// `GPU_MODE_POOL_MIB`'s value in bytes: decimal MiB, rounded up to whole
 /// huge pages; 0 (no pool) for anything else.
 pub fn parse_pool_mib(text: Option<&[u8]>) -> usize {
-    let Some(text) = text else { return 0 };
-    if text.is_empty() || text.len() > 8 || !text.iter().all(u8::is_ascii_digit) {
-        return 0;
-    }
-    let mib = text.iter().fold(0usize, |n, d| n * 10 + usize::from(d - b'0'));
-    (mib * MIB).next_multiple_of(HUGE_PAGE)
+    crate::decimal(text, 8).map_or(0, |mib| (mib * MIB).next_multiple_of(HUGE_PAGE))
 }
 
 /// The address space reserved for a pool of `want` bytes: room for the
@@ -519,14 +514,10 @@ fn log_take(len: usize, from_pool: usize, extend: usize, give_back: usize, us: u
     }
     let mut buf = [0u8; 200];
     let mut at = crate::put(&mut buf, 0, b"gpu-mode-pool: lent ");
-    at = crate::put_number(&mut buf, at, len / MIB, 10);
-    at = crate::put(&mut buf, at, b" MiB, ");
-    at = crate::put_number(&mut buf, at, from_pool / MIB, 10);
-    at = crate::put(&mut buf, at, b" MiB populated before, ");
-    at = crate::put_number(&mut buf, at, extend / MIB, 10);
-    at = crate::put(&mut buf, at, b" MiB made, ");
-    at = crate::put_number(&mut buf, at, give_back / MIB, 10);
-    at = crate::put(&mut buf, at, b" MiB given back, in ");
+    at = crate::put_mib(&mut buf, at, len, b" MiB, ");
+    at = crate::put_mib(&mut buf, at, from_pool, b" MiB populated before, ");
+    at = crate::put_mib(&mut buf, at, extend, b" MiB made, ");
+    at = crate::put_mib(&mut buf, at, give_back, b" MiB given back, in ");
     write_line(&mut buf, at, us);
 }
 
@@ -536,8 +527,7 @@ fn log_event(what: &[u8], bytes: usize, us: usize) {
     }
     let mut buf = [0u8; 200];
     let mut at = crate::put(&mut buf, 0, what);
-    at = crate::put_number(&mut buf, at, bytes / MIB, 10);
-    at = crate::put(&mut buf, at, b" MiB in ");
+    at = crate::put_mib(&mut buf, at, bytes, b" MiB in ");
     write_line(&mut buf, at, us);
 }
 

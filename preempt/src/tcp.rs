@@ -260,7 +260,6 @@ mod tests {
         assert_eq!(local_ports(table, &BTreeSet::new()), BTreeSet::new());
     }
 
-
     #[test]
     fn only_sockets_past_listen_and_close_are_connections() {
         let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
