@@ -12,7 +12,7 @@
 # criu binary (~1 min on 2 cores). Why this CRIU: docs/checkpoint.md, "Site set-up".
 #
 # Patches: every packaging/criu/*.patch is applied before the build (each
-# says why and where it comes from in its header; today six: an
+# says why and where it comes from in its header; today seven: an
 # unprivileged restore works where the node's tasks lack a capability, as in
 # containers without CAP_SYS_RESOURCE; upstream's fix for dumping TCP/UDP
 # sockets on Linux 6.16 and later; memory advised MADV_HUGEPAGE is
@@ -20,7 +20,10 @@
 # several threads where CRIU_PAGE_READERS asks for it; and an unprivileged
 # restore refuses a task whose image gives it a uid or gid that is not
 # criu's, or any capability; and a failed pre-resume action script aborts
-# the restore, where the agent holds the stopped tree for its checks). The installed tree
+# the restore, where the agent holds the stopped tree for its checks; and
+# the driver's checkpoint buffer, marked MADV_SEQUENTIAL by the huge-page
+# library, is mapped from the image instead of read where
+# CRIU_MAP_SEQUENTIAL_PAGES asks for it). The installed tree
 # records them in PATCHES (name and SHA-256); a criu installed without
 # exactly these is rebuilt.
 #

@@ -617,19 +617,15 @@ fn page_reader_shares_kib(log: &str) -> Vec<Vec<u64>> {
         .collect()
 }
 
-/// A driver's checkpoint buffer of 64 MiB or more is read back by several
-/// threads of the restored process (`restore_page_readers`, CRIU's
-/// CRIU_PAGE_READERS of packaging/criu/0004), and every byte of it comes
-/// back: the counter checks its whole pattern before it prints DONE. That
-/// the readers did read is the restorer's own accounting, logged after they
-/// were joined: at least two of them read a share, and the shares cover the
-/// 160 MiB buffer.
-#[test]
-fn a_large_checkpoint_buffer_is_read_back_by_several_page_readers_intact() {
-    let Some(n) = node() else { return };
-    let (name, job) = ("readers", 9118);
+/// Test `name` (job `job`, `extra` in its `[preempt]`): the counter with a
+/// 160 MiB driver buffer, checkpointed at its third step and restored;
+/// `restored` runs (given the image directory) once it has stepped since the
+/// restore. Every byte comes back: the counter checks its whole pattern
+/// before it prints DONE. Returns what `restored` returned and the restore's
+/// CRIU log.
+fn buffer_round_trip<T>(n: &Node, name: &str, job: u32, extra: &str, restored: impl FnOnce(&Path) -> T) -> (T, String) {
     let images = n.dir.join(format!("images-{name}"));
-    let (cfg_path, cfg) = n.config_with(name, &images, "restore_page_readers = 4\n");
+    let (cfg_path, cfg) = n.config_with(name, &images, extra);
     let out = n.dir.join(format!("{name}.out"));
     let ready = format!("{}/user/{name}.ready", n.dir.display());
     let counter = n.counter();
@@ -641,9 +637,12 @@ fn a_large_checkpoint_buffer_is_read_back_by_several_page_readers_intact() {
     signal(&w, libc::SIGUSR1);
     assert_eq!(exit_code(&mut w, Duration::from_secs(60)), 0, "{}", read(&out.with_extension("err")));
     stop_agent(&cfg, job, Duration::from_secs(10)).unwrap();
+    let dumped_at = last_step(&out);
 
     n.agent((&cfg_path, &cfg), job, 1, 0);
     let mut w = wrapper(n, &Run { restart: 1, ..run0 }, &app);
+    wait_for("a step after the restore", Duration::from_secs(60), || last_step(&out) > dumped_at + 2);
+    let seen = restored(&images);
     assert_eq!(exit_code(&mut w, Duration::from_secs(90)), 0, "{}", read(&out.with_extension("err")));
     let text = read(&out);
     assert!(text.contains("DONE count=300") && !text.contains("MISMATCH"), "{text}");
@@ -653,9 +652,24 @@ fn a_large_checkpoint_buffer_is_read_back_by_several_page_readers_intact() {
     let log = images.join(job.to_string()).join(".criu-0-restore").join("restore.log");
     let text = read(&log);
     assert!(!text.is_empty(), "no {} (restore logs here: {:?})", log.display(), files_named(&images, "restore.log"));
+    (seen, text)
+}
+
+/// A driver's checkpoint buffer of 64 MiB or more, not mapped from the
+/// image (`restore_map_buffers = false`), is read back by several threads
+/// of the restored process (`restore_page_readers`, CRIU's
+/// CRIU_PAGE_READERS of packaging/criu/0004), and every byte of it comes
+/// back: the counter checks its whole pattern before it prints DONE. That
+/// the readers did read is the restorer's own accounting, logged after they
+/// were joined: at least two of them read a share, and the shares cover the
+/// 160 MiB buffer.
+#[test]
+fn a_large_checkpoint_buffer_is_read_back_by_several_page_readers_intact() {
+    let Some(n) = node() else { return };
+    let ((), text) = buffer_round_trip(n, "readers", 9118, "restore_page_readers = 4\nrestore_map_buffers = false\n", |_| ());
     let shares = page_reader_shares_kib(&text);
     let asked: Vec<&str> = text.lines().filter(|l| l.contains("page readers")).collect();
-    assert_eq!(shares.len(), 1, "one task (the counter) reports its readers' shares in {}: {shares:?}; {asked:?}", log.display());
+    assert_eq!(shares.len(), 1, "one task (the counter) reports its readers' shares in its restore log: {shares:?}; {asked:?}");
     let shares = &shares[0];
     let readers = shares.iter().filter(|&&kib| kib > 0).count();
     let total: u64 = shares.iter().sum();
@@ -663,6 +677,43 @@ fn a_large_checkpoint_buffer_is_read_back_by_several_page_readers_intact() {
     assert_eq!(shares.len(), 4, "4 readers asked: {shares:?}");
     assert!(readers >= 2, "only {readers} page reader(s) read anything: {shares:?} KiB");
     assert!(total >= 160 << 10, "the readers read {total} KiB, less than the 160 MiB buffer: {shares:?}");
+}
+
+/// The file mappings of every process on the node whose path lies under
+/// `dir`, as "<pid>: <maps line>".
+fn mappings_under(dir: &Path) -> Vec<String> {
+    let dir = dir.display().to_string();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let maps = std::fs::read_to_string(entry.path().join("maps")).unwrap_or_default();
+        found.extend(maps.lines().filter(|l| l.contains(&dir)).map(|l| format!("{name}: {l}")));
+    }
+    found
+}
+
+/// The driver's checkpoint buffer (made with MAP_POPULATE, marked by the
+/// huge-page library) is mapped from the image at the restore
+/// (`restore_map_buffers`, on by default: CRIU_MAP_SEQUENTIAL_PAGES of
+/// packaging/criu/0007) instead of read into fresh memory: the restorer says
+/// it mapped the whole 160 MiB buffer and the page readers read none of it.
+/// The agent's check of the held tree lets that mapping of root's image
+/// file through (held::ImagePages), every byte comes back (the counter
+/// checks its whole pattern before DONE), and once the driver has restored
+/// and unmapped the buffer no process maps anything of the image.
+#[test]
+fn the_drivers_buffer_is_mapped_from_the_image_and_comes_back_intact() {
+    let Some(n) = node() else { return };
+    let (left, text) = buffer_round_trip(n, "mapped", 9132, "restore_page_readers = 4\n", mappings_under);
+    assert!(left.is_empty(), "the image is still mapped after the driver's restore: {left:?}");
+    let mapped: Vec<&str> = text.lines().filter(|l| l.contains("from the pages image")).collect();
+    assert!(mapped.iter().any(|l| l.contains("Mapped 160 MiB from the pages image")), "the restorer did not map the 160 MiB buffer: {mapped:?}");
+    let shares = page_reader_shares_kib(&text);
+    let read_kib: u64 = shares.iter().flatten().sum();
+    assert!(read_kib < 64 << 10, "the page readers read {read_kib} KiB: the buffer was read, not mapped ({shares:?})");
 }
 
 /// Every file called `name` under `dir`.

@@ -248,7 +248,7 @@ unsafe fn map(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, real: i
     let buffer = addr.is_null() && flags & (libc::MAP_POPULATE | libc::MAP_FIXED) == libc::MAP_POPULATE;
     if buffer {
         if let Some(p) = pool::take(len, prot, flags) {
-            copy::buffer_made(p as usize, len);
+            buffer_made(p, len);
             return p;
         }
     }
@@ -273,7 +273,7 @@ unsafe fn map(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, real: i
         }
     }
     if buffer {
-        copy::buffer_made(p as usize, len);
+        buffer_made(p, len);
     }
     if logging() {
         let mut buf = [0u8; 160];
@@ -282,6 +282,25 @@ unsafe fn map(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, real: i
     }
     *errno = saved;
     p
+}
+
+/// The driver's checkpoint buffer was made at `p`: its copies are split
+/// ([`copy`]), and it is advised `MADV_SEQUENTIAL`, the mark by which the
+/// project's CRIU maps it from the image at a restore instead of reading it
+/// into fresh memory (packaging/criu/0007, `CRIU_MAP_SEQUENTIAL_PAGES`): the
+/// driver reads it once, front to back, and unmaps it, so no mapping of the
+/// image outlives the restore. On anonymous memory the advice changes
+/// nothing else the driver would notice (the kernel's reclaim ages such
+/// pages differently). `errno` is left as it was.
+///
+/// # Safety
+/// `[p, p + len)` is a mapping the caller just made.
+unsafe fn buffer_made(p: *mut c_void, len: usize) {
+    copy::buffer_made(p as usize, len);
+    let errno = libc::__errno_location();
+    let saved = *errno;
+    libc::madvise(p, len, libc::MADV_SEQUENTIAL);
+    *errno = saved;
 }
 
 /// `mmap(2)` as the C library does it, through [`map`].

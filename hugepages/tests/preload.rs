@@ -148,3 +148,19 @@ fn without_the_shim_nothing_is_advised() {
     assert!(!has_hg(line(&stdout, "flags")), "{stdout}: the test would pass without the shim");
     assert_eq!(kib(line(&stdout, "rss")), 0, "{stdout}");
 }
+
+/// The driver's buffer (a populated mapping: `MAP_POPULATE`, no address)
+/// is advised `MADV_SEQUENTIAL` (`sr`), the mark by which the project's CRIU
+/// maps it from the image at a restore (packaging/criu/0007); a large
+/// mapping that is not such a buffer is not marked, and neither is the
+/// buffer where the shim is off. Needs no transparent huge pages.
+#[test]
+fn only_the_drivers_buffer_is_marked_for_mapping_from_the_image() {
+    let has_sr = |flags: &str| flags.split_whitespace().any(|f| f == "sr");
+    let (flags, _) = run("128:populate", &[]);
+    assert!(has_sr(&flags), "the buffer is not marked: {flags:?}");
+    let (flags, _) = run("128:anon", &[]);
+    assert!(!has_sr(&flags), "a mapping without MAP_POPULATE is marked: {flags:?}");
+    let (flags, _) = run("128:populate", &[("GPU_MODE_HUGEPAGES", "0")]);
+    assert!(!has_sr(&flags), "marked with the shim off: {flags:?}");
+}

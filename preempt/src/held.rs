@@ -86,6 +86,9 @@ pub struct Held {
     /// An executable mapping: execute permission stands in for read (the
     /// kernel maps a program the user may run but not read).
     pub exec_ok: bool,
+    /// A private file mapping (`p` in /proc/<pid>/maps): writes to it never
+    /// reach the file.
+    pub private_mapping: bool,
     /// Where to open the file itself: `/proc/<pid>/fd/3`, `/proc/<pid>/map_files/...`.
     source: String,
 }
@@ -140,6 +143,7 @@ fn descriptors(pid: i32, out: &mut Vec<Held>) -> Result<(), HeldError> {
             path: link,
             need: access_of_flags(flags),
             exec_ok: false,
+            private_mapping: false,
             source: format!("/proc/{pid}/fd/{fd}"),
         });
     }
@@ -163,6 +167,7 @@ pub fn mapping_of_line(pid: i32, line: &str) -> Option<Held> {
         path,
         need: if shared_write { libc::R_OK | libc::W_OK } else { libc::R_OK },
         exec_ok: !shared_write && perms.contains('x'),
+        private_mapping: perms.contains('p'),
         // maps pads addresses to 8 digits ("00400000", a non-PIE program
         // such as Ubuntu's python3), map_files names them unpadded
         // ("400000", fs/proc/base.c): the name is rebuilt, not copied.
@@ -267,11 +272,44 @@ fn describe_need(h: &Held) -> &'static str {
     }
 }
 
+/// The pages files of the image being restored, by device and inode: a
+/// restored process may hold one of them mapped privately, though they are
+/// root's, under root's directories. CRIU maps the driver's checkpoint
+/// buffer from them (packaging/criu/0007, `preempt.restore_map_buffers`);
+/// the driver reads it and unmaps it. What such a mapping shows is the
+/// process's own memory as it was dumped, and a private mapping never
+/// writes the file. Only mappings: a descriptor of them is checked as any
+/// other file.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ImagePages(Vec<(u64, u64)>);
+
+impl ImagePages {
+    /// The `pages-*.img` files among `names` in the run directory `dir`
+    /// (root's by now: images::ImageStore::open_for_restore); a file that
+    /// cannot be looked at is left out (its mapping is then checked as any
+    /// other, and refused).
+    pub fn of<'a>(dir: &std::path::Path, names: impl IntoIterator<Item = &'a str>) -> Self {
+        let pages = names.into_iter().filter(|n| n.starts_with("pages-") && n.ends_with(".img"));
+        Self(pages.filter_map(|n| std::fs::symlink_metadata(dir.join(n)).ok()).map(|m| (m.dev(), m.ino())).collect())
+    }
+
+    fn allows(&self, h: &Held, p: &Probe) -> bool {
+        h.private_mapping && self.0.contains(&(p.dev, p.ino))
+    }
+}
+
 /// Every file the processes `pids` hold must be one `who` may hold (see the
-/// module docs); the first that is not is named.
-pub fn check_user_may_hold(pids: &[i32], who: &Identity) -> Result<(), HeldError> {
-    let held = held_files(pids)?;
-    let probes = held.iter().map(probe).collect::<Result<Vec<_>, _>>()?;
+/// module docs), or a private mapping of one of the image's `pages`; the
+/// first that is not is named.
+pub fn check_user_may_hold(pids: &[i32], who: &Identity, pages: &ImagePages) -> Result<(), HeldError> {
+    let mut checked = Vec::new();
+    for h in held_files(pids)? {
+        let p = probe(&h)?;
+        if !pages.allows(&h, &p) {
+            checked.push((h, p));
+        }
+    }
+    let (held, probes): (Vec<Held>, Vec<Probe>) = checked.into_iter().unzip();
     match first_refused(&probes, who)? {
         None => Ok(()),
         Some((i, errno)) => {
@@ -406,7 +444,7 @@ mod tests {
     fn check_holder(file: &std::path::Path, flags: i32) -> Result<(), HeldError> {
         let mut child = holder(file, flags, NOBODY);
         stop_for_check(child.id() as i32);
-        let result = check_user_may_hold(&[child.id() as i32], &nobody());
+        let result = check_user_may_hold(&[child.id() as i32], &nobody(), &ImagePages::default());
         child.kill().unwrap();
         child.wait().unwrap();
         result
@@ -441,6 +479,73 @@ mod tests {
         assert!(err.contains(&format!("holding {}", file.display())) && err.contains("Permission denied"), "{err}");
     }
 
+    /// A child of this process as `uid`, holding `file` mapped privately
+    /// (and no descriptor of it), stopped by itself once it does: a restored
+    /// process whose buffer CRIU mapped from the image. Forked without exec,
+    /// which would drop the mapping: only system calls run in the child.
+    fn private_mapper(file: &std::path::Path, uid: u32) -> i32 {
+        let path = CString::new(file.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: the child makes system calls only, then stops until killed.
+        unsafe {
+            let pid = libc::fork();
+            assert!(pid >= 0, "fork");
+            if pid == 0 {
+                // The other tests' descriptors, inherited: not what is checked.
+                libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32);
+                let fd = libc::open(path.as_ptr(), libc::O_RDONLY);
+                let p = libc::mmap(std::ptr::null_mut(), 4096, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE, fd, 0);
+                libc::close(fd);
+                if fd < 0 || p == libc::MAP_FAILED || libc::setgroups(0, std::ptr::null()) != 0 || libc::setgid(uid) != 0 || libc::setuid(uid) != 0 {
+                    libc::_exit(1);
+                }
+                // Stopped once it holds the mapping, as CRIU leaves a tree.
+                loop {
+                    libc::raise(libc::SIGSTOP);
+                }
+            }
+            let mut status = 0;
+            assert_eq!(libc::waitpid(pid, &mut status, libc::WUNTRACED), pid);
+            assert!(libc::WIFSTOPPED(status), "the mapper ended: {status:#x}");
+            pid
+        }
+    }
+
+    #[test]
+    fn a_private_mapping_of_the_images_pages_is_let_through_and_nothing_else_of_root_is() {
+        let Some(tmp) = root_tmp() else { return };
+        let closed = tmp.path().join("run");
+        std::fs::create_dir(&closed).unwrap();
+        set_mode(&closed, 0o700);
+        let (pages, other) = (closed.join("pages-1.img"), closed.join("core-1.img"));
+        file_with(&pages, 0o644);
+        file_with(&other, 0o644);
+        let image = ImagePages::of(&closed, ["pages-1.img", "core-1.img", "pages-2.img"]);
+        assert_eq!(image.0.len(), 1, "only the pages file that exists: {image:?}");
+        let check = |file: &std::path::Path, pages: &ImagePages| {
+            let pid = private_mapper(file, NOBODY);
+            let result = check_user_may_hold(&[pid], &nobody(), pages);
+            // SAFETY: our own child, killed and reaped.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, std::ptr::null_mut(), 0);
+            }
+            result
+        };
+        check(&pages, &image).unwrap();
+        let err = check(&pages, &ImagePages::default()).unwrap_err().to_string();
+        assert!(err.contains(&format!("holding {}", pages.display())) && err.contains("Permission denied"), "{err}");
+        let err = check(&other, &image).unwrap_err().to_string();
+        assert!(err.contains(&format!("holding {}", other.display())), "another file of the image: {err}");
+        // A descriptor of the pages file is not a mapping: refused.
+        let mut child = holder(&pages, libc::O_RDONLY, NOBODY);
+        stop_for_check(child.id() as i32);
+        let result = check_user_may_hold(&[child.id() as i32], &nobody(), &image);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let err = result.unwrap_err().to_string();
+        assert!(err.contains(&format!("holding {} (fd 3, read)", pages.display())), "{err}");
+    }
+
     #[test]
     fn capabilities_do_not_pass_the_check_for_uid_0() {
         // Root's own check must be that of root *without capabilities*
@@ -451,7 +556,7 @@ mod tests {
         std::os::unix::fs::chown(&file, Some(NOBODY), Some(NOBODY)).unwrap();
         let mut child = holder(&file, libc::O_RDONLY, 0);
         stop_for_check(child.id() as i32);
-        let result = check_user_may_hold(&[child.id() as i32], &Identity { uid: 0, gid: 0, groups: vec![0] });
+        let result = check_user_may_hold(&[child.id() as i32], &Identity { uid: 0, gid: 0, groups: vec![0] }, &ImagePages::default());
         child.kill().unwrap();
         child.wait().unwrap();
         let err = result.unwrap_err().to_string();

@@ -392,6 +392,11 @@ pub struct PreemptConfig {
     /// checkpoint buffer) from the image: `CRIU_PAGE_READERS` of the CRIU
     /// that scripts/install-criu.sh builds (packaging/criu/0004); 1: one.
     pub restore_page_readers: u32,
+    /// The driver's checkpoint buffer is mapped from the image at a restore
+    /// (`CRIU_MAP_SEQUENTIAL_PAGES=1` of packaging/criu/0007; the huge-page
+    /// library marks the buffer) instead of read into fresh memory; false:
+    /// read, by `restore_page_readers` threads.
+    pub restore_map_buffers: bool,
     /// Signal (besides SIGTERM) that makes gpu-mode-run checkpoint: "USR1".
     pub signal: String,
     /// Least `@<secs>` of `--signal` the submission check accepts.
@@ -467,6 +472,7 @@ impl Default for PreemptConfig {
             ghost_limit_mib: 1,
             max_deleted_files: 64,
             restore_page_readers: 8,
+            restore_map_buffers: true,
             signal: "USR1".into(),
             min_signal_lead_s: 60,
             site_job_requeue: false,

@@ -28,6 +28,10 @@ const CAP_LAST_NEEDED: u32 = crate::privdrop::CAP_CHECKPOINT_RESTORE;
 /// environment of the CRIU that scripts/install-criu.sh builds
 /// (packaging/criu/0004); other CRIUs ignore it and read with one.
 pub const PAGE_READERS_ENV: &str = "CRIU_PAGE_READERS";
+/// In the same CRIU's environment ("1"): a large mapping advised
+/// MADV_SEQUENTIAL (the driver's buffer, which the huge-page library marks
+/// so) is mapped from the pages image, not read (packaging/criu/0007).
+pub const MAP_BUFFERS_ENV: &str = "CRIU_MAP_SEQUENTIAL_PAGES";
 /// `criu --version` and `criu check` take well under a second.
 const QUICK: Duration = Duration::from_secs(30);
 
@@ -41,6 +45,9 @@ pub struct CriuCli {
     /// Threads that read a restored process's large mappings
     /// (`preempt.restore_page_readers`, [`PAGE_READERS_ENV`]).
     pub page_readers: u32,
+    /// The driver's buffer mapped from the image at a restore
+    /// (`preempt.restore_map_buffers`, [`MAP_BUFFERS_ENV`]).
+    pub map_buffers: bool,
 }
 
 /// Where CRIU (as the user) finds a directory: the descriptor the agent
@@ -148,10 +155,14 @@ impl CriuCli {
         cmd
     }
 
-    /// `criu restore` with its arguments and the page readers asked for.
+    /// `criu restore` with its arguments, the page readers asked for and
+    /// whether the driver's buffer is mapped from the image.
     fn restore_command(&self, req: &RestoreRequest, dirs: Dirs) -> Command {
         let mut cmd = self.command(&restore_args(req, dirs));
         cmd.env(PAGE_READERS_ENV, self.page_readers.to_string());
+        if self.map_buffers {
+            cmd.env(MAP_BUFFERS_ENV, "1");
+        }
         if let Some(hold) = &req.hold {
             cmd.env(super::HOLD_SOCKET_ENV, &hold.socket);
         }
@@ -375,12 +386,19 @@ mod tests {
              --file-locks --ext-unix-sk --manage-cgroups=ignore --restore-detached --restore-sibling --leave-stopped --pidfile restore.pid"
         );
         assert!(!text.contains("--shell-job"));
-        let cli = CriuCli { binary: "/usr/sbin/criu".into(), timeout: Duration::from_secs(5), check_cache: None, page_readers: 6 };
+        let cli = CriuCli { binary: "/usr/sbin/criu".into(), timeout: Duration::from_secs(5), check_cache: None, page_readers: 6, map_buffers: true };
         let cmd = cli.restore_command(&restore, dirs);
         let mut env: Vec<(String, String)> =
             cmd.get_envs().map(|(k, v)| (k.to_string_lossy().into_owned(), v.unwrap_or_default().to_string_lossy().into_owned())).collect();
         env.sort();
-        assert_eq!(env, [("CRIU_PAGE_READERS".to_string(), "6".to_string()), ("PATH".into(), "/usr/sbin:/usr/bin:/sbin:/bin".into())]);
+        assert_eq!(
+            env,
+            [
+                ("CRIU_MAP_SEQUENTIAL_PAGES".to_string(), "1".to_string()),
+                ("CRIU_PAGE_READERS".into(), "6".into()),
+                ("PATH".into(), "/usr/sbin:/usr/bin:/sbin:/bin".into())
+            ]
+        );
         // The agent's hold: its binary as the action script, its socket in the environment.
         let held = RestoreRequest {
             hold: Some(super::super::HoldScript { script: "/usr/libexec/a".into(), socket: "/run/s/job-7.sock".into() }),
@@ -406,7 +424,7 @@ mod tests {
         let fake = dir.path().join("criu");
         std::fs::write(&fake, "#!/bin/sh\nfor i in $(seq 200); do head -c 1048576 /dev/urandom > \"$IMAGES/pages-$i.img\"; sleep 0.05; done\n").unwrap();
         std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-        let cli = CriuCli { binary: fake, timeout: Duration::from_secs(30), check_cache: None, page_readers: 1 };
+        let cli = CriuCli { binary: fake, timeout: Duration::from_secs(30), check_cache: None, page_readers: 1, map_buffers: false };
         let mut cmd = cli.command(&["dump".into()]);
         cmd.env("IMAGES", &images);
         let start = Instant::now();
@@ -441,10 +459,10 @@ mod tests {
 
     #[test]
     fn a_missing_or_relative_binary_is_named() {
-        let cli = CriuCli { binary: "/nonexistent/criu".into(), timeout: Duration::from_secs(5), check_cache: None, page_readers: 1 };
+        let cli = CriuCli { binary: "/nonexistent/criu".into(), timeout: Duration::from_secs(5), check_cache: None, page_readers: 1, map_buffers: false };
         let err = cli.check().unwrap_err().to_string();
         assert!(err.contains("CRIU is not installed at /nonexistent/criu") && err.contains("install-criu.sh"), "{err}");
-        let cli = CriuCli { binary: "criu".into(), timeout: Duration::from_secs(5), check_cache: None, page_readers: 1 };
+        let cli = CriuCli { binary: "criu".into(), timeout: Duration::from_secs(5), check_cache: None, page_readers: 1, map_buffers: false };
         assert!(matches!(cli.check(), Err(CriuError::Missing { .. })));
     }
 
@@ -454,7 +472,7 @@ mod tests {
         let fake = dir.path().join("criu");
         std::fs::write(&fake, "#!/bin/sh\necho 'Version: 3.17.1'\n").unwrap();
         std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-        let err = CriuCli { binary: fake, timeout: Duration::from_secs(5), check_cache: None, page_readers: 1 }.check().unwrap_err().to_string();
+        let err = CriuCli { binary: fake, timeout: Duration::from_secs(5), check_cache: None, page_readers: 1, map_buffers: false }.check().unwrap_err().to_string();
         assert!(err.contains("is version 3.17.1") && err.contains("needs CRIU 4.0 or later"), "{err}");
     }
 

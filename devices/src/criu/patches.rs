@@ -3,7 +3,8 @@
 //! to the install (`<prefix>/PATCHES`, `sha256sum` lines: hash, two
 //! spaces, name). The node checker compares the two: a CRIU built without
 //! exactly these patches dumps and restores without the project's fixes
-//! (the page readers, the pre-resume hold, the creds refusal).
+//! (the page readers, the pre-resume hold, the creds refusal, the buffer
+//! mapped from the image).
 
 use std::path::{Path, PathBuf};
 
@@ -17,6 +18,7 @@ pub const EXPECTED: &[(&str, &str)] = &[
     ("e950f233fe1a4cc4e96517033276d92d2d56017b55df8544a9491ff291bd2213", "0004-restorer-read-large-private-mappings-with-several-threads.patch"),
     ("80ca8d0e5dda5b8e1c902fe8760d5ca7bece08b7b5d80a2ff2bfada2cb1b3495", "0005-restore-refuse-unprivileged-creds-beyond-criu-s-own.patch"),
     ("2413e0fdf28fb9038faec9ca83fe31b7fac7645386ca27e568b5d6682474213e", "0006-restore-a-failed-pre-resume-script-aborts-the-restore.patch"),
+    ("4034d18d437a26bdd3fc0e4aafd77977fd2207f9c99528a0d2dda5b1f93d05ab", "0007-restore-map-a-large-mapping-advised-sequential-from-the-pages-image.patch"),
 ];
 
 /// The PATCHES file of the CRIU at `binary`: `<prefix>/bin/criu` →

@@ -82,6 +82,8 @@ pub(super) struct Pending {
     pub root: i32,
     pub manifest: Manifest,
     pub cgroup: TargetCgroup,
+    /// The image's pages files, which the tree may hold mapped (held.rs).
+    pub pages: crate::held::ImagePages,
     pub settings: HoldSettings,
     /// The checks' outcome, once the script asked: the tree pinned, or why
     /// it was refused (and killed).
@@ -146,7 +148,7 @@ impl Agent {
                 return Response::Error { message };
             }
         };
-        let (tree, checked) = self.pin_and_check(p.root, &p.manifest, &p.cgroup);
+        let (tree, checked) = self.pin_and_check(p.root, &p.manifest, &p.cgroup, &p.pages);
         let answer = match &checked {
             Ok(()) => Response::Proceed,
             Err(e) => {

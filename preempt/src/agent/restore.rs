@@ -9,6 +9,7 @@ use super::{Agent, Because, FailureReason, RefusalKind, RequestError, RootState}
 use crate::cuda_ckpt::DeviceMap;
 use crate::criu::{CgroupError, HoldScript, RestoreRequest, TargetCgroup};
 use super::hold::Pending;
+use crate::held::ImagePages;
 use crate::images::{ImageStore, Lent};
 use crate::manifest::{Manifest, ManifestError};
 use crate::protocol::RestoreSummary;
@@ -286,6 +287,7 @@ impl Agent {
         };
         let (lent, work_dir) = lend().map_err(|e| format!("{e}; the image is kept")).because(FailureReason::ImageDir)?;
         let hold = self.settings.restore_hold.clone();
+        let pages = ImagePages::of(dir, m.images.iter().map(|f| f.name.as_str()));
         let req = RestoreRequest {
             images_dir: dir.to_path_buf(),
             work_dir,
@@ -300,7 +302,7 @@ impl Agent {
         };
         if let Some(settings) = hold {
             *self.hold.lock().unwrap_or_else(|p| p.into_inner()) =
-                Some(Pending { root: m.root_pid, manifest: m.clone(), cgroup: cgroup.clone(), settings, outcome: None });
+                Some(Pending { root: m.root_pid, manifest: m.clone(), cgroup: cgroup.clone(), pages: pages.clone(), settings, outcome: None });
         }
         let t = Instant::now();
         let restored = self.criu.restore(&req);
@@ -339,7 +341,7 @@ impl Agent {
                 self.kill_restored(m, &[]);
                 return Err(failed_check(&"CRIU resumed the restored tree without the agent's hold"));
             }
-            _ => self.check_after_criu(r.pid, m, &cgroup).map_err(|(tree, e)| {
+            _ => self.check_after_criu(r.pid, m, &cgroup, &pages).map_err(|(tree, e)| {
                 self.kill_restored(m, &tree);
                 failed_check(&e)
             })?,
@@ -356,11 +358,17 @@ impl Agent {
     /// directory: it is compared with the image's root before anything is
     /// walked from it (a pid file saying 1 would otherwise make every
     /// process of the node "the tree").
-    fn check_after_criu(&self, root: i32, m: &Manifest, cgroup: &TargetCgroup) -> Result<Vec<procfs::Pinned>, (Vec<procfs::Pinned>, RestoredCheckError)> {
+    fn check_after_criu(
+        &self,
+        root: i32,
+        m: &Manifest,
+        cgroup: &TargetCgroup,
+        pages: &ImagePages,
+    ) -> Result<Vec<procfs::Pinned>, (Vec<procfs::Pinned>, RestoredCheckError)> {
         if root != m.root_pid {
             return Err((Vec::new(), RestoredCheckError::OtherRoot { restored: root, image: m.root_pid }));
         }
-        let (tree, check) = self.pin_and_check(root, m, cgroup);
+        let (tree, check) = self.pin_and_check(root, m, cgroup, pages);
         match check {
             Ok(()) => Ok(tree),
             Err(e) => Err((tree, e)),
@@ -370,11 +378,11 @@ impl Agent {
     /// The restored tree from `root` (the image's), its descendants and its
     /// strays, pinned, then checked: in the job's cgroup and
     /// [`Self::check_stopped_tree`]. After CRIU, or at the hold (hold.rs).
-    pub(super) fn pin_and_check(&self, root: i32, m: &Manifest, cgroup: &TargetCgroup) -> (Vec<procfs::Pinned>, Result<(), RestoredCheckError>) {
+    pub(super) fn pin_and_check(&self, root: i32, m: &Manifest, cgroup: &TargetCgroup, pages: &ImagePages) -> (Vec<procfs::Pinned>, Result<(), RestoredCheckError>) {
         let mut pids = self.host.with_descendants(root);
         pids.extend(self.strays(root));
         let tree: Vec<procfs::Pinned> = pids.iter().filter_map(|p| procfs::Pinned::new(*p).ok()).collect();
-        let check = cgroup.verify(root).map_err(RestoredCheckError::from).and_then(|_| self.check_stopped_tree(&pids, m));
+        let check = cgroup.verify(root).map_err(RestoredCheckError::from).and_then(|_| self.check_stopped_tree(&pids, m, pages));
         (tree, check)
     }
 
@@ -384,11 +392,11 @@ impl Agent {
     /// may hold (held.rs). `pids`: the tree as it is, from its root (the
     /// manifest's list was made before CRIU froze the tree, which may have
     /// forked since: security review S4), and the strays.
-    pub(super) fn check_stopped_tree(&self, pids: &[i32], m: &Manifest) -> Result<(), RestoredCheckError> {
+    pub(super) fn check_stopped_tree(&self, pids: &[i32], m: &Manifest, pages: &ImagePages) -> Result<(), RestoredCheckError> {
         tree::check_owned(pids, &self.user)?;
         tree::check_confined(pids, &m.privs)?;
         tree::check_limits(pids, &m.limits)?;
-        Ok(crate::held::check_user_may_hold(pids, &self.user)?)
+        Ok(crate::held::check_user_may_hold(pids, &self.user, pages)?)
     }
 
     /// After CRIU failed or was killed (security review F6): what it may

@@ -45,7 +45,7 @@ impl CriuFacts {
 }
 
 pub fn probe(binary: &Path, check_cache: &Path) -> CriuFacts {
-    let cli = CriuCli { binary: binary.to_path_buf(), timeout: CRIU_BOUND, check_cache: Some(CheckCache { path: check_cache.to_path_buf() }), page_readers: 1 };
+    let cli = CriuCli { binary: binary.to_path_buf(), timeout: CRIU_BOUND, check_cache: Some(CheckCache { path: check_cache.to_path_buf() }), page_readers: 1, map_buffers: false };
     let patches_file = patches::patches_file(binary);
     let patches = std::fs::read_to_string(&patches_file).map_err(|e| e.to_string());
     CriuFacts { binary: binary.to_path_buf(), check: cli.check_within(CRIU_BOUND), patches_file, patches }

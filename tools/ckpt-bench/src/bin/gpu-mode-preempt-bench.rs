@@ -821,7 +821,7 @@ fn main() -> anyhow::Result<()> {
     let shim = |on: bool| if on { "with the huge-page shim" } else { "without huge pages" };
     println!(
         "driver CUDA {}, {} GPU(s), programs as uid {}, images under {}, plain driver calls {}; ours {}, plain {}; \
-         restores read {}; ours' CRIU with {} page readers",
+         restores read {}; ours' CRIU with {} page readers, the driver's buffer {}",
         raw.version(),
         o.gpus,
         o.uid,
@@ -831,6 +831,7 @@ fn main() -> anyhow::Result<()> {
         shim(o.plain_preload),
         if o.cold { "the storage (the images dropped from the page cache)" } else { "the page cache the dump left" },
         cfg.preempt.restore_page_readers,
+        if cfg.preempt.restore_map_buffers { "mapped from the image" } else { "read" },
     );
     let driver: Box<dyn CudaCkptDriver> = if o.plain_bounded {
         let timeout = Duration::from_millis(cfg.cuda_ckpt.call_timeout_ms);
