@@ -16,6 +16,7 @@ use gpu_mode_core::preempt::{spawn_agent, stop_agent, AgentLaunch, ImageStore};
 use gpu_mode_core::Config;
 use gpu_mode_testkit::criu_image;
 use gpu_mode_testkit::n1::holds;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -618,12 +619,12 @@ fn page_reader_shares_kib(log: &str) -> Vec<Vec<u64>> {
 }
 
 /// Test `name` (job `job`, `extra` in its `[preempt]`): the counter with a
-/// 160 MiB driver buffer, checkpointed at its third step and restored;
-/// `restored` runs (given the image directory) once it has stepped since the
-/// restore. Every byte comes back: the counter checks its whole pattern
-/// before it prints DONE. Returns what `restored` returned and the restore's
-/// CRIU log.
-fn buffer_round_trip<T>(n: &Node, name: &str, job: u32, extra: &str, restored: impl FnOnce(&Path) -> T) -> (T, String) {
+/// 160 MiB driver buffer, checkpointed at its third step and restored (from
+/// an image dropped from the page cache first, where `cold`); `restored`
+/// runs (given the image directory) once it has stepped since the restore.
+/// Every byte comes back: the counter checks its whole pattern before it
+/// prints DONE. Returns what `restored` returned and the restore's CRIU log.
+fn buffer_round_trip<T>(n: &Node, name: &str, job: u32, extra: &str, cold: bool, restored: impl FnOnce(&Path) -> T) -> (T, String) {
     let images = n.dir.join(format!("images-{name}"));
     let (cfg_path, cfg) = n.config_with(name, &images, extra);
     let out = n.dir.join(format!("{name}.out"));
@@ -638,6 +639,15 @@ fn buffer_round_trip<T>(n: &Node, name: &str, job: u32, extra: &str, restored: i
     assert_eq!(exit_code(&mut w, Duration::from_secs(60)), 0, "{}", read(&out.with_extension("err")));
     stop_agent(&cfg, job, Duration::from_secs(10)).unwrap();
     let dumped_at = last_step(&out);
+    if cold {
+        let left = drop_from_page_cache(&images);
+        if left > 0 {
+            // tmpfs: its pages are the files themselves, nothing to drop.
+            let why = format!("{}: {left} bytes of the pages stay in the page cache (tmpfs?): no cold image to restore", images.display());
+            gpu_mode_testkit::skipped(name, &why);
+            return (restored(&images), String::new());
+        }
+    }
 
     n.agent((&cfg_path, &cfg), job, 1, 0);
     let mut w = wrapper(n, &Run { restart: 1, ..run0 }, &app);
@@ -666,7 +676,7 @@ fn buffer_round_trip<T>(n: &Node, name: &str, job: u32, extra: &str, restored: i
 #[test]
 fn a_large_checkpoint_buffer_is_read_back_by_several_page_readers_intact() {
     let Some(n) = node() else { return };
-    let ((), text) = buffer_round_trip(n, "readers", 9118, "restore_page_readers = 4\nrestore_map_buffers = false\n", |_| ());
+    let ((), text) = buffer_round_trip(n, "readers", 9118, "restore_page_readers = 4\nrestore_map_buffers = false\n", false, |_| ());
     let shares = page_reader_shares_kib(&text);
     let asked: Vec<&str> = text.lines().filter(|l| l.contains("page readers")).collect();
     assert_eq!(shares.len(), 1, "one task (the counter) reports its readers' shares in its restore log: {shares:?}; {asked:?}");
@@ -707,13 +717,60 @@ fn mappings_under(dir: &Path) -> Vec<String> {
 #[test]
 fn the_drivers_buffer_is_mapped_from_the_image_and_comes_back_intact() {
     let Some(n) = node() else { return };
-    let (left, text) = buffer_round_trip(n, "mapped", 9132, "restore_page_readers = 4\n", mappings_under);
+    let (left, text) = buffer_round_trip(n, "mapped", 9132, "restore_page_readers = 4\n", false, mappings_under);
     assert!(left.is_empty(), "the image is still mapped after the driver's restore: {left:?}");
     let mapped: Vec<&str> = text.lines().filter(|l| l.contains("from the pages image")).collect();
     assert!(mapped.iter().any(|l| l.contains("Mapped 160 MiB from the pages image")), "the restorer did not map the 160 MiB buffer: {mapped:?}");
     let shares = page_reader_shares_kib(&text);
     let read_kib: u64 = shares.iter().flatten().sum();
     assert!(read_kib < 64 << 10, "the page readers read {read_kib} KiB: the buffer was read, not mapped ({shares:?})");
+}
+
+/// Every `pages-*.img` under `dir`, made durable and dropped from the page
+/// cache (`POSIX_FADV_DONTNEED`): an image as another node, or a node whose
+/// cache was reclaimed, finds it. The bytes of them still cached (0 on a
+/// disk; all of them on tmpfs); at least one pages file must be there.
+fn drop_from_page_cache(dir: &Path) -> u64 {
+    fn walk(dir: &Path, found: &mut u32) -> u64 {
+        let mut left = 0;
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if path.is_dir() {
+                left += walk(&path, found);
+            } else if name.starts_with("pages-") && name.ends_with(".img") {
+                let f = std::fs::File::open(&path).unwrap();
+                f.sync_all().unwrap();
+                // SAFETY: advice on a descriptor we own.
+                assert_eq!(unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) }, 0, "{}", path.display());
+                left += gpu_mode_core::preempt::page_cache::cached_bytes(std::os::fd::AsFd::as_fd(&f)).unwrap_or(0);
+                *found += 1;
+            }
+        }
+        left
+    }
+    let mut found = 0;
+    let left = walk(dir, &mut found);
+    assert!(found > 0, "no pages file under {}", dir.display());
+    left
+}
+
+/// From an image that is not in the page cache (dropped from it before the
+/// restore), the agent has the buffer read by CRIU's page readers, as they
+/// were measured at the disk's rate, instead of mapped (preempt::page_cache):
+/// the restorer maps nothing, the readers read the 160 MiB, every byte
+/// comes back.
+#[test]
+fn a_cold_images_buffer_is_read_by_the_page_readers_not_mapped() {
+    let Some(n) = node() else { return };
+    let ((), text) = buffer_round_trip(n, "cold", 9133, "restore_page_readers = 4\n", true, |_| ());
+    if text.is_empty() {
+        return; // skipped: no cold image on this file system
+    }
+    let mapped: Vec<&str> = text.lines().filter(|l| l.contains("from the pages image")).collect();
+    assert!(mapped.is_empty(), "a cold image's buffer was mapped: {mapped:?}");
+    let read_kib: u64 = page_reader_shares_kib(&text).iter().flatten().sum();
+    assert!(read_kib >= 160 << 10, "the page readers read {read_kib} KiB, not the 160 MiB buffer");
 }
 
 /// Every file called `name` under `dir`.

@@ -50,6 +50,7 @@ pub mod hugepages;
 pub mod images;
 pub mod manifest;
 pub mod nccl;
+pub mod page_cache;
 pub mod netlock;
 pub mod pool;
 pub mod protocol;

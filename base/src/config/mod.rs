@@ -394,7 +394,8 @@ pub struct PreemptConfig {
     pub restore_page_readers: u32,
     /// The driver's checkpoint buffer is mapped from the image at a restore
     /// (`CRIU_MAP_SEQUENTIAL_PAGES=1` of packaging/criu/0007; the huge-page
-    /// library marks the buffer) instead of read into fresh memory; false:
+    /// library marks the buffer) instead of read into fresh memory, where
+    /// the image is in the page cache (preempt::page_cache); false: always
     /// read, by `restore_page_readers` threads.
     pub restore_map_buffers: bool,
     /// Signal (besides SIGTERM) that makes gpu-mode-run checkpoint: "USR1".

@@ -45,9 +45,6 @@ pub struct CriuCli {
     /// Threads that read a restored process's large mappings
     /// (`preempt.restore_page_readers`, [`PAGE_READERS_ENV`]).
     pub page_readers: u32,
-    /// The driver's buffer mapped from the image at a restore
-    /// (`preempt.restore_map_buffers`, [`MAP_BUFFERS_ENV`]).
-    pub map_buffers: bool,
 }
 
 /// Where CRIU (as the user) finds a directory: the descriptor the agent
@@ -156,11 +153,11 @@ impl CriuCli {
     }
 
     /// `criu restore` with its arguments, the page readers asked for and
-    /// whether the driver's buffer is mapped from the image.
+    /// whether the driver's buffer is mapped from the image (the request's).
     fn restore_command(&self, req: &RestoreRequest, dirs: Dirs) -> Command {
         let mut cmd = self.command(&restore_args(req, dirs));
         cmd.env(PAGE_READERS_ENV, self.page_readers.to_string());
-        if self.map_buffers {
+        if req.map_buffers {
             cmd.env(MAP_BUFFERS_ENV, "1");
         }
         if let Some(hold) = &req.hold {
@@ -377,6 +374,7 @@ mod tests {
             user,
             limits,
             hold: None,
+            map_buffers: true,
         };
         let dirs = Dirs { images: 11, work: 12 };
         let text = strings(restore_args(&restore, dirs)).join(" ");
@@ -386,7 +384,7 @@ mod tests {
              --file-locks --ext-unix-sk --manage-cgroups=ignore --restore-detached --restore-sibling --leave-stopped --pidfile restore.pid"
         );
         assert!(!text.contains("--shell-job"));
-        let cli = CriuCli { binary: "/usr/sbin/criu".into(), timeout: Duration::from_secs(5), check_cache: None, page_readers: 6, map_buffers: true };
+        let cli = CriuCli { binary: "/usr/sbin/criu".into(), timeout: Duration::from_secs(5), check_cache: None, page_readers: 6 };
         let cmd = cli.restore_command(&restore, dirs);
         let mut env: Vec<(String, String)> =
             cmd.get_envs().map(|(k, v)| (k.to_string_lossy().into_owned(), v.unwrap_or_default().to_string_lossy().into_owned())).collect();
@@ -407,6 +405,9 @@ mod tests {
         assert!(strings(restore_args(&held, dirs)).join(" ").ends_with("--pidfile restore.pid --action-script /usr/libexec/a"));
         let cmd = cli.restore_command(&held, dirs);
         assert!(cmd.get_envs().any(|(k, v)| k == "GPU_MODE_HOLD_SOCKET" && v == Some("/run/s/job-7.sock".as_ref())));
+        // A buffer the agent wants read (a cold image): no variable.
+        let read = RestoreRequest { map_buffers: false, ..restore.clone() };
+        assert!(!cli.restore_command(&read, dirs).get_envs().any(|(k, _)| k == MAP_BUFFERS_ENV), "CRIU_MAP_SEQUENTIAL_PAGES without map_buffers");
         assert_eq!(capabilities(false), [40]);
         assert_eq!(capabilities(true), [40, 12]);
     }
@@ -424,7 +425,7 @@ mod tests {
         let fake = dir.path().join("criu");
         std::fs::write(&fake, "#!/bin/sh\nfor i in $(seq 200); do head -c 1048576 /dev/urandom > \"$IMAGES/pages-$i.img\"; sleep 0.05; done\n").unwrap();
         std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-        let cli = CriuCli { binary: fake, timeout: Duration::from_secs(30), check_cache: None, page_readers: 1, map_buffers: false };
+        let cli = CriuCli { binary: fake, timeout: Duration::from_secs(30), check_cache: None, page_readers: 1 };
         let mut cmd = cli.command(&["dump".into()]);
         cmd.env("IMAGES", &images);
         let start = Instant::now();
@@ -459,10 +460,10 @@ mod tests {
 
     #[test]
     fn a_missing_or_relative_binary_is_named() {
-        let cli = CriuCli { binary: "/nonexistent/criu".into(), timeout: Duration::from_secs(5), check_cache: None, page_readers: 1, map_buffers: false };
+        let cli = CriuCli { binary: "/nonexistent/criu".into(), timeout: Duration::from_secs(5), check_cache: None, page_readers: 1 };
         let err = cli.check().unwrap_err().to_string();
         assert!(err.contains("CRIU is not installed at /nonexistent/criu") && err.contains("install-criu.sh"), "{err}");
-        let cli = CriuCli { binary: "criu".into(), timeout: Duration::from_secs(5), check_cache: None, page_readers: 1, map_buffers: false };
+        let cli = CriuCli { binary: "criu".into(), timeout: Duration::from_secs(5), check_cache: None, page_readers: 1 };
         assert!(matches!(cli.check(), Err(CriuError::Missing { .. })));
     }
 
@@ -472,7 +473,7 @@ mod tests {
         let fake = dir.path().join("criu");
         std::fs::write(&fake, "#!/bin/sh\necho 'Version: 3.17.1'\n").unwrap();
         std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-        let err = CriuCli { binary: fake, timeout: Duration::from_secs(5), check_cache: None, page_readers: 1, map_buffers: false }.check().unwrap_err().to_string();
+        let err = CriuCli { binary: fake, timeout: Duration::from_secs(5), check_cache: None, page_readers: 1 }.check().unwrap_err().to_string();
         assert!(err.contains("is version 3.17.1") && err.contains("needs CRIU 4.0 or later"), "{err}");
     }
 

@@ -168,6 +168,10 @@ pub struct RestoreRequest {
     /// The agent's hold (preempt::agent::hold): CRIU runs `script` as its
     /// action script, with `socket` (the agent's) in its environment.
     pub hold: Option<HoldScript>,
+    /// The driver's checkpoint buffer mapped from the image instead of read
+    /// (`CRIU_MAP_SEQUENTIAL_PAGES`, packaging/criu/0007): the agent's
+    /// choice for this image (preempt::page_cache).
+    pub map_buffers: bool,
 }
 
 /// An action script that holds the restore at `pre-resume`.

@@ -128,6 +128,9 @@ pub struct AgentSettings {
     /// within these bounds.
     pub pool_dir: PathBuf,
     pub pool_bounds: crate::pool::Bounds,
+    /// `preempt.restore_map_buffers`: the driver's buffer mapped from a
+    /// cached image at a restore (page_cache.rs).
+    pub restore_map_buffers: bool,
 }
 
 impl AgentSettings {
@@ -155,6 +158,7 @@ impl AgentSettings {
             restore_hold: Some(hold::HoldSettings { script: cfg.preempt.agent.clone(), criu: cfg.preempt.criu.clone() }),
             pool_dir: cfg.preempt.pool_root(&cfg.runtime_dir),
             pool_bounds: crate::pool::Bounds::from_config(&cfg.preempt),
+            restore_map_buffers: cfg.preempt.restore_map_buffers,
         }
     }
 

@@ -52,7 +52,6 @@ pub fn real_backends(cfg: &Config) -> Result<(Backends, i32), GpuInfoError> {
             timeout: Duration::from_millis(cfg.preempt.criu_timeout_ms),
             check_cache: Some(CheckCache { path: cfg.runtime_dir.join(crate::criu::CHECK_CACHE_FILE) }),
             page_readers: cfg.preempt.restore_page_readers,
-            map_buffers: cfg.preempt.restore_map_buffers,
         }),
         driver,
         host: Arc::new(ProcFs { device_prefixes: cfg.cuda_ckpt.device_paths.clone(), ..ProcFs::default() }),

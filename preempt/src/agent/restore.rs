@@ -10,6 +10,7 @@ use crate::cuda_ckpt::DeviceMap;
 use crate::criu::{CgroupError, HoldScript, RestoreRequest, TargetCgroup};
 use super::hold::Pending;
 use crate::held::ImagePages;
+use crate::page_cache::{self, BufferRestore};
 use crate::images::{ImageStore, Lent};
 use crate::manifest::{Manifest, ManifestError};
 use crate::protocol::RestoreSummary;
@@ -128,7 +129,7 @@ impl Agent {
     ) -> Result<(i32, RestoreSummary), RequestError> {
         let dir = dir.to_path_buf();
         let t = Instant::now();
-        let (manifest, map, opened) = self.vet(&dir, sw).map_err(|e| e.noting("the image is kept"))?;
+        let (manifest, map, opened, buffer) = self.vet(&dir, sw).map_err(|e| e.noting("the image is kept"))?;
         // Last: a pid or thread id another process holds here may be free
         // on another node, where the wrapper then moves the job (security
         // review F7, N3).
@@ -150,7 +151,7 @@ impl Agent {
         })?;
         let check_ms = ms(t);
         self.clear_time_wait(&manifest);
-        let (pid, tree) = self.criu_restore(&dir, &manifest, cgroup, opened, sw)?;
+        let (pid, tree) = self.criu_restore(&dir, &manifest, cgroup, opened, buffer, sw)?;
         let t = Instant::now();
         if !manifest.cuda.is_empty() {
             if let Err(e) = self.checkpointer().restore_processes(&manifest.cuda, &map) {
@@ -201,7 +202,7 @@ impl Agent {
     /// verified (images::ImageStore::open_for_restore), and the run
     /// directory stays open to CRIU's reads until the returned loan ends:
     /// nothing checked here can change before CRIU reads it (N1).
-    fn vet(&self, dir: &Path, sw: &mut Stopwatch) -> Result<(Manifest, DeviceMap, Lent), RequestError> {
+    fn vet(&self, dir: &Path, sw: &mut Stopwatch) -> Result<(Manifest, DeviceMap, Lent, BufferRestore), RequestError> {
         let m = sw
             .time("manifest", || -> Result<Manifest, ManifestError> {
                 let m = Manifest::load(dir)?;
@@ -216,6 +217,8 @@ impl Agent {
         }
         let names: Vec<&str> = m.images.iter().map(|f| f.name.as_str()).collect();
         let opened = ImageStore::open_for_restore(dir, &names, self.params.run.uid).map_err(|e| e.to_string()).because(FailureReason::ImageDir)?;
+        // Before the read-ahead: what the page cache held of the image decides how the buffer comes back.
+        let buffer = self.buffer_restore(dir, &m);
         read_ahead(dir, &m);
         sw.time("checksums", || m.check_files(dir)).because(FailureReason::Image)?;
         let map = sw.time("gpu-room", || -> Result<DeviceMap, RequestError> {
@@ -223,7 +226,19 @@ impl Agent {
             self.checkpointer().check_restore_room(&m.cuda, &map).map_err(|e| e.to_string()).because(FailureReason::GpuMemory)?;
             Ok(map)
         })?;
-        Ok((m, map, opened))
+        Ok((m, map, opened, buffer))
+    }
+
+    /// How the driver's buffer comes back (page_cache.rs), logged.
+    fn buffer_restore(&self, dir: &Path, m: &Manifest) -> BufferRestore {
+        let files: Vec<(&str, u64)> = m.images.iter().map(|f| (f.name.as_str(), f.bytes)).collect();
+        let (cached, total) = match crate::fsutil::open_dir_nofollow(dir) {
+            Ok(d) => page_cache::pages_cached(std::os::fd::AsFd::as_fd(&d), &files),
+            Err(_) => (None, files.iter().map(|f| f.1).sum()),
+        };
+        let decision = BufferRestore::decide(self.settings.restore_map_buffers, cached, total);
+        self.log("restore-buffer", crate::log::Outcome::Ok, &decision.to_string());
+        decision
     }
 
     /// The image's GPUs → this job's, by position; the same driver version
@@ -276,7 +291,15 @@ impl Agent {
     /// before anything looks at them: what is checked, resumed or killed is
     /// exactly what CRIU made, and a process that left the tree (a stray)
     /// goes with a refused one.
-    fn criu_restore(&self, dir: &Path, m: &Manifest, cgroup: TargetCgroup, opened: Lent, sw: &mut Stopwatch) -> Result<(i32, Vec<procfs::Pinned>), RequestError> {
+    fn criu_restore(
+        &self,
+        dir: &Path,
+        m: &Manifest,
+        cgroup: TargetCgroup,
+        opened: Lent,
+        buffer: BufferRestore,
+        sw: &mut Stopwatch,
+    ) -> Result<(i32, Vec<procfs::Pinned>), RequestError> {
         let (uid, gid) = (self.params.run.uid, self.params.run.gid);
         // CRIU reads root's files as the user through the directory's
         // descriptor (opened by vet); it writes only in a work directory
@@ -299,6 +322,7 @@ impl Agent {
                 script: h.script.clone(),
                 socket: crate::socket_path(&self.settings.socket_dir, self.params.run.job),
             }),
+            map_buffers: buffer.mapped(),
         };
         if let Some(settings) = hold {
             *self.hold.lock().unwrap_or_else(|p| p.into_inner()) =
