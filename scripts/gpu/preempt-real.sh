@@ -233,6 +233,14 @@ EOF
         cat "$W/job.out"; verdict "$name" 1 "not restored"; $S/scancel "$job" $hold; return
     fi
     apps > "$W/apps-restored.txt"; say "$name: restored:"; cat "$W/apps-restored.txt"
+    # CRIU's own account of the restore (it goes with the image at the job's
+    # end): kept in the case's folder, and where its time went, each step
+    # that took 10 ms or more after the line before it.
+    if cp "$D/images/$job/.criu-0-restore/restore.log" "$W/restore.log" 2>/dev/null; then
+        say "$name: CRIU's restore, steps of 10 ms or more (restore.log):"
+        grep -E "Mapped|Page readers read|Restore finished" "$W/restore.log" | cut -c1-160
+        awk -F'[()]' '/^\(/ { t = $2 + 0; if (NR > 1 && t - p >= 0.010) printf "  +%.3f s before: %s\n", t - p, substr($0, 1, 140); p = t }' "$W/restore.log" | head -n 20
+    fi
     for p in $pids; do
         grep -q "^$p," "$W/apps-restored.txt" || why="$why pid $p holds no GPU memory after the restore;"
         if [ $moved = 1 ]; then
