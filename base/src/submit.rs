@@ -100,6 +100,30 @@ const LONG_FLAGS: &[&str] = &[
     "--usage", "--use-min-nodes", "--verbose", "--version", "--wait",
 ];
 
+/// sbatch's long options that this check reads, or that take no value: what
+/// an abbreviation is resolved against ([`canonical`]).
+const LONG_NAMES: &[&str] =
+    &["--signal", "--open-mode", "--nodes", "--nodelist", "--ntasks", "--ntasks-per-node", "--gpu-mode", "--wrap"];
+
+/// A long option's full name, as sbatch's getopt_long takes it: an exact
+/// name is itself, and an abbreviation (`--ntasks-per-n`) is the one option
+/// of [`LONG_NAMES`] or [`LONG_FLAGS`] it begins. sbatch accepts only an
+/// abbreviation that begins one option of all of its own, so one that
+/// begins exactly one of these is that option; one that begins none is
+/// another option (or refused by sbatch), and one that begins several
+/// is refused by sbatch as ambiguous: both are left as they are.
+fn canonical(name: &str) -> &str {
+    let known = || LONG_NAMES.iter().chain(LONG_FLAGS);
+    if !name.starts_with("--") || name.len() < 3 || known().any(|k| *k == name) {
+        return name;
+    }
+    let mut begun = known().filter(|k| k.starts_with(name));
+    match (begun.next(), begun.next()) {
+        (Some(full), None) => full,
+        _ => name,
+    }
+}
+
 /// What separates a heterogeneous job's components on the command line.
 const HETJOB_SEPARATOR: &str = ":";
 
@@ -121,7 +145,7 @@ fn script_index(args: &[String]) -> Option<usize> {
             return Some(i);
         }
         let takes_next = if let Some(long) = a.strip_prefix("--") {
-            !long.contains('=') && !LONG_FLAGS.contains(&a.as_str())
+            !long.contains('=') && !LONG_FLAGS.contains(&canonical(a))
         } else {
             // -p low, but -plow and flags such as -H, -k, -Q, -s, -v.
             let mut chars = a.chars().skip(1);
@@ -136,7 +160,7 @@ fn script_index(args: &[String]) -> Option<usize> {
 /// read its `#SBATCH` lines.
 pub fn script_path(argv: &[String]) -> Option<&str> {
     let args = argv.get(1..)?;
-    if args.iter().any(|a| a == "--wrap" || a.starts_with("--wrap=")) {
+    if args.iter().any(|a| split_option(a).0 == "--wrap") {
         return None;
     }
     script_index(args).map(|i| args[i].as_str())
@@ -166,9 +190,9 @@ fn from_args(args: &[String]) -> Said {
     said
 }
 
-/// An option's name and its value when given in the same word: `--x=v`,
-/// and the short options whose value may follow at once (`-N2`, `-wn1`,
-/// `-n4`).
+/// An option's name (a long one in full: [`canonical`]) and its value when
+/// given in the same word: `--x=v`, and the short options whose value may
+/// follow at once (`-N2`, `-wn1`, `-n4`).
 fn split_option(a: &str) -> (&str, Option<String>) {
     if let Some(short @ ("-N" | "-w" | "-n")) = a.get(..2) {
         if a.len() > 2 && !a.starts_with("--") {
@@ -176,8 +200,8 @@ fn split_option(a: &str) -> (&str, Option<String>) {
         }
     }
     match a.split_once('=') {
-        Some((n, v)) => (n, Some(v.to_string())),
-        None => (a, None),
+        Some((n, v)) => (canonical(n), Some(v.to_string())),
+        None => (canonical(a), None),
     }
 }
 
@@ -474,7 +498,7 @@ fn suggestion(args: &[String], one_node: bool, site: &SubmitSite) -> String {
             _ => line.push(quote(a)),
         }
     }
-    if args.iter().all(|a| a.starts_with('-') && !a.starts_with("--wrap")) {
+    if args.iter().all(|a| a.starts_with('-') && split_option(a).0 != "--wrap") {
         line.push("job.sh".into());
     }
     line.join(" ")
@@ -716,6 +740,50 @@ mod tests {
         }
         // A step inside a job is the job's: its allocation holds it.
         assert!(check("srun -n 2 --ntasks-per-node=1 ./a", &[("SLURM_JOB_ID", "7")], None, &site()).is_ok());
+    }
+
+    /// sbatch's getopt_long takes a long option by any abbreviation that
+    /// begins it alone (`--ntasks-per-n=1`); the check reads them as sbatch
+    /// does, and leaves alone what sbatch would refuse as ambiguous.
+    #[test]
+    fn abbreviated_long_options_are_read_as_sbatch_reads_them() {
+        let names = [
+            ("--ntasks-per-n", "--ntasks-per-node"),
+            ("--ntasks-per-node", "--ntasks-per-node"),
+            ("--ntasks", "--ntasks"),
+            ("--nodel", "--nodelist"),
+            ("--nodes", "--nodes"),
+            ("--node", "--node"),
+            ("--nt", "--nt"),
+            ("--req", "--requeue"),
+            ("--no-req", "--no-requeue"),
+            ("--spread", "--spread-job"),
+            ("--sig", "--signal"),
+            ("--partition", "--partition"),
+            ("--", "--"),
+            ("-n", "-n"),
+        ];
+        for (given, full) in names {
+            assert_eq!(canonical(given), full, "{given}");
+        }
+        let ok = "sbatch --sig=B:USR1@120 --req job.sh";
+        assert!(check(ok, &[], None, &site()).is_ok(), "abbreviated --signal and --requeue");
+        let cases = [
+            ("sbatch --sig=B:USR1@120 --req -n 2 --ntasks-per-n=1 job.sh", "--ntasks=2 with --ntasks-per-node=1 needs 2 nodes"),
+            ("sbatch --sig=B:USR1@120 --req --ntasks-per-n 1 --ntasks=3 job.sh", "--ntasks=3 with --ntasks-per-node=1 needs 3 nodes"),
+            ("sbatch --sig=B:USR1@120 --req --nodel=a,b job.sh", "--nodelist=a,b names 2 nodes"),
+            ("sbatch --sig=B:USR1@120 --req --spread -n 2 job.sh", "--spread-job spreads the --ntasks=2 tasks"),
+        ];
+        for (cmd, needle) in cases {
+            let err = check(cmd, &[], None, &site()).map(|ok| format!("accepted: {ok:?}")).unwrap_or_else(|e| e);
+            assert!(err.contains(needle), "{cmd}: {err}");
+        }
+        // An abbreviated flag takes no value: the script after it is found.
+        assert_eq!(script_path(&"sbatch --req job.sh -n 2".split_whitespace().map(String::from).collect::<Vec<_>>()), Some("job.sh"));
+        assert_eq!(script_path(&"sbatch --wr=hostname".split_whitespace().map(String::from).collect::<Vec<_>>()), None);
+        // The line to use drops what spread the job, abbreviated or not.
+        let err = check("sbatch -n 2 --ntasks-per-n 1 job.sh", &[], None, &site()).unwrap_err();
+        assert!(err.contains("--open-mode=append -N 1 -n 2 job.sh\n"), "{err}");
     }
 
     /// SBATCH_SPREAD_JOB counts as --spread-job (sbatch reads it).

@@ -41,8 +41,8 @@ fn sbatch_of_a_checkpoint_job_on_two_nodes_is_refused_with_what_to_do() {
 }
 
 /// Shapes that ask for no node count above one yet can give the job two
-/// nodes: `-n 2 --ntasks-per-node=1` (two tasks, one per node) and the
-/// range `-N 1-2`. Refused at sbatch, naming the options, with a line that
+/// nodes: `-n 2 --ntasks-per-node=1` (two tasks, one per node; also with
+/// the option abbreviated) and the range `-N 1-2`. Refused at sbatch, naming the options, with a line that
 /// asks for one node. The control: the same `-n 2 --ntasks-per-node=1`
 /// without --gpu-mode runs on both nodes, so the refusal is of a real
 /// two-node shape.
@@ -50,9 +50,11 @@ fn sbatch_of_a_checkpoint_job_on_two_nodes_is_refused_with_what_to_do() {
 fn sbatch_of_a_checkpoint_job_whose_tasks_need_two_nodes_is_refused() {
     let Some(c) = c() else { return };
     let app = counter_of(c, 10, 0, None);
-    let cases: [(&[&str], &str); 2] = [
+    let cases: [(&[&str], &str); 3] = [
         (&["-n", "2", "--ntasks-per-node=1"], "--ntasks=2 with --ntasks-per-node=1 needs 2 nodes"),
         (&["-N", "1-2"], "--nodes=1-2 allows up to 2 nodes"),
+        // An abbreviation sbatch's getopt_long takes (submit::canonical).
+        (&["-n", "2", "--ntasks-per-n=1"], "--ntasks=2 with --ntasks-per-node=1 needs 2 nodes"),
     ];
     for (shape, needle) in cases {
         let err = submit(c, shape, &app).expect_err("sbatch must refuse it");
@@ -60,7 +62,7 @@ fn sbatch_of_a_checkpoint_job_whose_tasks_need_two_nodes_is_refused() {
         assert!(err.contains(&format!("{needle}: {ONE_NODE}")), "{err}");
         assert!(err.contains("(use -N 1, or drop --gpu-mode=checkpoint"), "{err}");
         let line = err.split("Submit it as:\n").nth(1).and_then(|l| l.lines().next()).unwrap_or_default();
-        assert!(line.contains(" -N 1 ") && !line.contains("--ntasks-per-node") && !line.contains("1-2"), "{err}");
+        assert!(line.contains(" -N 1 ") && !line.contains("--ntasks-per-n") && !line.contains("1-2"), "{err}");
     }
     let who = job_user();
     // No GPU: it must not stand in the way of the other tests' preemptors.
