@@ -456,6 +456,10 @@ mod tests {
             assert_eq!(failed(detail).pid_taken(), taken, "{detail}");
         }
         assert!(!CriuError::Other { verb: "restore", detail: "Unable to create a thread: -17".into() }.pid_taken());
+        // packaging/criu/0007's restorer, where mapping the buffer failed.
+        let mapped = "  4242: Error (criu/pie/restorer.c:2190): Can't map pages from the image (-12); Error (criu/cr-restore.c:2344): Restoring FAILED.";
+        assert!(failed(mapped).buffer_mapping_failed() && !failed(mapped).pid_taken());
+        assert!(!failed("Error (criu/files-reg.c:2294): File x has bad mode").buffer_mapping_failed());
     }
 
     #[test]

@@ -220,6 +220,12 @@ impl CriuError {
         let CriuError::Failed { detail, .. } = self else { return false };
         detail.contains("Unable to create a thread: -17") || (detail.contains("Can't fork for") && detail.contains("File exists"))
     }
+
+    /// A restore that failed where the restorer mapped the driver's buffer
+    /// from the image (packaging/criu/0007): read instead, it may succeed.
+    pub fn buffer_mapping_failed(&self) -> bool {
+        matches!(self, CriuError::Failed { detail, .. } if detail.contains("Can't map pages from the image"))
+    }
 }
 
 /// The most a dump's images may take: the tree's memory (resident and

@@ -345,7 +345,10 @@ impl Agent {
             (Ok(r), Ok(())) => r,
             (Err(e), _) => {
                 self.reap_failed_restore(m);
-                let message = format!("{e}; the image is kept");
+                let mut message = format!("{e}; the image is kept");
+                if e.buffer_mapping_failed() {
+                    message.push_str(" (the driver's buffer was mapped from the image: with [preempt] restore_map_buffers = false it is read instead)");
+                }
                 // A pid or thread id held here (N3): another node may have it free.
                 return Err(if e.pid_taken() { RequestError::NotHere(message) } else { RequestError::failed(FailureReason::Criu, message) });
             }
