@@ -310,7 +310,9 @@ impl Agent {
         };
         let (lent, work_dir) = lend().map_err(|e| format!("{e}; the image is kept")).because(FailureReason::ImageDir)?;
         let hold = self.settings.restore_hold.clone();
-        let pages = ImagePages::of(dir, m.images.iter().map(|f| f.name.as_str()));
+        // What a restored process may hold mapped of the image: its pages
+        // files, only where CRIU maps the buffer from them.
+        let pages = if buffer.mapped() { ImagePages::of(dir, m.images.iter().map(|f| f.name.as_str())) } else { ImagePages::default() };
         let req = RestoreRequest {
             images_dir: dir.to_path_buf(),
             work_dir,

@@ -831,7 +831,7 @@ fn main() -> anyhow::Result<()> {
         shim(o.plain_preload),
         if o.cold { "the storage (the images dropped from the page cache)" } else { "the page cache the dump left" },
         cfg.preempt.restore_page_readers,
-        if cfg.preempt.restore_map_buffers { "mapped from the image" } else { "read" },
+        if cfg.preempt.restore_map_buffers { "mapped from the image where it is cached" } else { "read" },
     );
     let driver: Box<dyn CudaCkptDriver> = if o.plain_bounded {
         let timeout = Duration::from_millis(cfg.cuda_ckpt.call_timeout_ms);
