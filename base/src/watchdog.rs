@@ -55,9 +55,14 @@ where
     call_until(what, deadline, || None, f)
 }
 
-/// [`call_with_deadline`] that also stops waiting as soon as `gone` says
+/// How long an answer is still waited for once `gone` has said why it no
+/// longer matters ([`call_until`]).
+const GONE_GRACE: Duration = Duration::from_millis(250);
+
+/// [`call_with_deadline`] that also stops waiting soon after `gone` says
 /// why the answer no longer matters (looked at before the call and every
-/// 50 ms), e.g. the process a driver call is about has ended: `Abandoned`.
+/// 50 ms), e.g. the process a driver call is about has ended: `Abandoned`,
+/// unless the answer comes within [`GONE_GRACE`] of that.
 pub fn call_until<T, F>(what: &str, deadline: Duration, gone: impl Fn() -> Option<String>, f: F) -> Result<T, DeadlineError>
 where
     F: FnOnce() -> T + Send + 'static,
@@ -81,9 +86,13 @@ where
         match rx.recv_timeout(left.min(Duration::from_millis(50))) {
             Err(RecvTimeoutError::Timeout) if !left.is_zero() => {
                 if let Some(why) = gone() {
-                    // An answer that came meanwhile stands: the process may
-                    // end right after the call returned.
-                    if let Ok(value) = rx.try_recv() {
+                    // An answer that came meanwhile, or comes within
+                    // GONE_GRACE, stands: the process may end as soon as the
+                    // call lets it go (an unlocked process that exits at
+                    // once), before the call's thread has passed the answer
+                    // on (seen in CI's churn: an unlock "abandoned" that had
+                    // succeeded, and a restored job failed for it).
+                    if let Ok(value) = rx.recv_timeout(GONE_GRACE.min(deadline.saturating_sub(start.elapsed()))) {
                         return Ok(value);
                     }
                     return Err(DeadlineError::Abandoned { what: what.to_string(), why });
@@ -254,6 +263,20 @@ mod tests {
             42
         };
         assert_eq!(call_until("restore(pid 7)", Duration::from_secs(30), gone, call), Ok(42));
+    }
+
+    /// The end is seen first, and the answer comes a moment later (the
+    /// call let the process go, it exited at once, and the call's thread
+    /// passed the answer on after): the answer stands.
+    #[test]
+    fn an_answer_that_comes_just_after_the_end_was_seen_stands() {
+        let start = Instant::now();
+        let gone = || (start.elapsed() > Duration::from_millis(60)).then(|| "the process ended".to_string());
+        let call = || {
+            std::thread::sleep(Duration::from_millis(140));
+            42
+        };
+        assert_eq!(call_until("unlock(pid 7)", Duration::from_secs(30), gone, call), Ok(42));
     }
 
     #[test]
