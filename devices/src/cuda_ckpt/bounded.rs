@@ -12,9 +12,11 @@ use std::time::Duration;
 /// the driver itself gives up at its timeout). A call that does not return
 /// is [`DriverError::NoAnswer`], naming the call and the pid. A call about a
 /// process that ends meanwhile (killed by its user, or by the OOM killer
-/// while the driver stages its memory) is not waited for: the driver may
-/// never answer for a process that is gone, and the job should start over
-/// now rather than at the deadline (`DeadlineError::Abandoned`).
+/// while the driver stages its memory) is waited for no longer than a
+/// moment (an answer already on its way stands: an unlocked process may
+/// exit at once): the driver may never answer for a process that is gone,
+/// and the job should start over now rather than at the deadline
+/// (`DeadlineError::Abandoned`).
 #[derive(Clone)]
 pub struct BoundedDriver {
     inner: Arc<dyn CudaCkptDriver>,
