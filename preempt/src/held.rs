@@ -289,7 +289,7 @@ impl ImagePages {
     /// cannot be looked at is left out (its mapping is then checked as any
     /// other, and refused).
     pub fn of<'a>(dir: &std::path::Path, names: impl IntoIterator<Item = &'a str>) -> Self {
-        let pages = names.into_iter().filter(|n| n.starts_with("pages-") && n.ends_with(".img"));
+        let pages = names.into_iter().filter(|n| crate::page_cache::is_pages_file(n));
         Self(pages.filter_map(|n| std::fs::symlink_metadata(dir.join(n)).ok()).map(|m| (m.dev(), m.ino())).collect())
     }
 

@@ -106,18 +106,26 @@ impl std::fmt::Display for BufferRestore {
     }
 }
 
-/// The image's pages files (`pages-*.img`) among `files` (name, bytes) in
-/// the run directory `dir`: their bytes in the page cache (`None` where
-/// one cannot be told) and their total.
-pub fn pages_cached(dir: BorrowedFd, files: &[(&str, u64)]) -> (Option<u64>, u64) {
+/// Whether an image file is one of CRIU's pages files (`pages-<id>.img`),
+/// which hold the processes' memory: the ones the buffer is mapped from.
+pub fn is_pages_file(name: &str) -> bool {
+    name.starts_with("pages-") && name.ends_with(".img")
+}
+
+/// The image's pages files among `files` (name, bytes) in the run
+/// directory `dir`: their bytes in the page cache (`None` where one cannot
+/// be told, or the directory cannot be opened) and their total.
+pub fn pages_cached(dir: &std::path::Path, files: &[(&str, u64)]) -> (Option<u64>, u64) {
     use nix::fcntl::{openat, OFlag};
     use std::os::fd::AsFd;
-    let pages = files.iter().filter(|(n, _)| n.starts_with("pages-") && n.ends_with(".img"));
+    let dir = crate::fsutil::open_dir_nofollow(dir).ok();
+    let pages = files.iter().filter(|(n, _)| is_pages_file(n));
     let (mut cached, mut total) = (Some(0u64), 0u64);
     for (name, bytes) in pages {
         total += bytes;
         let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK;
-        let here = openat(dir, *name, flags, nix::sys::stat::Mode::empty()).ok().and_then(|fd| cached_bytes(fd.as_fd()));
+        let open = |d: &std::os::fd::OwnedFd| openat(d, *name, flags, nix::sys::stat::Mode::empty()).ok();
+        let here = dir.as_ref().and_then(open).and_then(|fd| cached_bytes(fd.as_fd()));
         cached = cached.zip(here).map(|(a, b)| a + b);
     }
     (cached, total)
@@ -126,7 +134,6 @@ pub fn pages_cached(dir: BorrowedFd, files: &[(&str, u64)]) -> (Option<u64>, u64
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::fd::AsFd;
 
     #[test]
     fn the_buffer_is_mapped_only_from_a_cached_image_and_where_the_site_allows() {
@@ -160,10 +167,11 @@ mod tests {
         for name in ["pages-1.img", "core-1.img"] {
             std::fs::write(dir.path().join(name), &data).unwrap();
         }
-        let d = std::fs::File::open(dir.path()).unwrap();
         let files = [("pages-1.img", 8u64 << 20), ("core-1.img", 8 << 20)];
-        let (cached, total) = pages_cached(d.as_fd(), &files);
+        let (cached, total) = pages_cached(dir.path(), &files);
         assert_eq!(total, 8 << 20, "the core file counted");
+        // A run directory that cannot be opened: unknown, of the pages' bytes alone.
+        assert_eq!(pages_cached(&dir.path().join("gone"), &files), (None, 8 << 20));
         let Some(cached) = cached else {
             gpu_mode_testkit::skipped("page_cache::the_page_cache_is_asked_about_the_pages_files_only", "no cachestat(2) (Linux 6.5)");
             return;
@@ -173,7 +181,7 @@ mod tests {
         f.sync_all().unwrap();
         // SAFETY: advice on a descriptor we own.
         assert_eq!(unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) }, 0);
-        let (cached, _) = pages_cached(d.as_fd(), &files);
+        let (cached, _) = pages_cached(dir.path(), &files);
         let cached = cached.unwrap();
         if cached >= 1 << 20 {
             // tmpfs (its pages are the files themselves), or a file system

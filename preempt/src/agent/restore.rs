@@ -232,10 +232,7 @@ impl Agent {
     /// How the driver's buffer comes back (page_cache.rs), logged.
     fn buffer_restore(&self, dir: &Path, m: &Manifest) -> BufferRestore {
         let files: Vec<(&str, u64)> = m.images.iter().map(|f| (f.name.as_str(), f.bytes)).collect();
-        let (cached, total) = match crate::fsutil::open_dir_nofollow(dir) {
-            Ok(d) => page_cache::pages_cached(std::os::fd::AsFd::as_fd(&d), &files),
-            Err(_) => (None, files.iter().map(|f| f.1).sum()),
-        };
+        let (cached, total) = page_cache::pages_cached(dir, &files);
         let decision = BufferRestore::decide(self.settings.restore_map_buffers, cached, total);
         self.log("restore-buffer", crate::log::Outcome::Ok, &decision.to_string());
         decision
