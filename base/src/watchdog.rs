@@ -90,8 +90,9 @@ where
                     // GONE_GRACE, stands: the process may end as soon as the
                     // call lets it go (an unlocked process that exits at
                     // once), before the call's thread has passed the answer
-                    // on (seen in CI's churn: an unlock "abandoned" that had
-                    // succeeded, and a restored job failed for it).
+                    // on. (A driver that never answers for it is abandoned
+                    // all the same: cuda_ckpt::after_criu takes such an
+                    // unlock as the process's own end.)
                     if let Ok(value) = rx.recv_timeout(GONE_GRACE.min(deadline.saturating_sub(start.elapsed()))) {
                         return Ok(value);
                     }

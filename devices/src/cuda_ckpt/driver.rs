@@ -143,6 +143,12 @@ impl DriverError {
     pub fn unanswered(&self) -> bool {
         matches!(self, DriverError::NoAnswer(DeadlineError::Timeout { .. } | DeadlineError::Panicked { .. }))
     }
+
+    /// The caller stopped waiting because the process ended during the call
+    /// ([`super::bounded::BoundedDriver`]).
+    pub fn process_ended(&self) -> bool {
+        matches!(self, DriverError::NoAnswer(DeadlineError::Abandoned { .. }))
+    }
 }
 
 /// The driver's names of the six calls, as errors and records name them.

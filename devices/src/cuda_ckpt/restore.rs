@@ -21,7 +21,8 @@ pub struct RestoreReport {
     /// Processes only unlocked (restored by an earlier, interrupted run).
     pub unlocked_only: Vec<i32>,
     /// Processes of an incomplete checkpoint that have exited since: nothing
-    /// to bring back.
+    /// to bring back. After CRIU (after_criu.rs): restored processes that
+    /// ended as their unlock let them go.
     pub gone: Vec<i32>,
     pub phases: Vec<Phase>,
     pub total_ms: f64,

@@ -40,6 +40,9 @@ struct Node {
     delay: Duration,
     /// Runs at the start of every call: (call, pid).
     on_call: Option<Box<dyn Fn(&'static str, i32) + Send + Sync>>,
+    /// Processes that end as their unlock lets them go: the call is
+    /// abandoned, as the bounded driver abandons a call about a process gone.
+    ends_at_unlock: Vec<i32>,
 }
 
 impl Node {
@@ -130,7 +133,12 @@ impl CudaCkptDriver for Node {
         Ok(())
     }
     fn unlock(&self, pid: i32) -> Result<(), DriverError> {
-        self.step("unlock", pid, ProcessState::Locked, ProcessState::Running)
+        self.step("unlock", pid, ProcessState::Locked, ProcessState::Running)?;
+        if self.ends_at_unlock.contains(&pid) {
+            let why = format!("pid {pid} ended during the call");
+            return Err(DriverError::NoAnswer(crate::watchdog::DeadlineError::Abandoned { what: format!("unlock(pid {pid})"), why }));
+        }
+        Ok(())
     }
 }
 
@@ -323,6 +331,29 @@ fn a_failed_restore_leaves_all_locked_and_a_rerun_finishes_the_job() {
         assert_eq!(report.unlocked_only, [1]);
     });
     assert_eq!(all_states(&node, &[1, 2]), [RUNNING; 2]);
+}
+
+/// After CRIU: a process that ends as its unlock lets it go (it was dumped
+/// on its way out) was restored; it is named gone, not a failed restore,
+/// while a process whose unlock fails otherwise still fails the restore.
+#[test]
+fn a_restored_process_that_ends_during_its_unlock_is_gone_not_a_failure() {
+    let mut node = Node::with_cuda(&[1, 2]);
+    node.ends_at_unlock = vec![2];
+    let node = Arc::new(node);
+    with(&node, |c| {
+        let procs = c.checkpoint(&Target::Pids(vec![1, 2])).unwrap().processes;
+        let report = c.restore_processes(&procs, &DeviceMap::default()).unwrap();
+        assert_eq!(report.gone, [2]);
+        assert_eq!(report.restored.len(), 2);
+    });
+    assert_eq!(all_states(&node, &[1, 2]), [RUNNING; 2]);
+    let node = Arc::new(Node::with_cuda(&[1]).failing("unlock", 1, 2));
+    with(&node, |c| {
+        let procs = c.checkpoint(&Target::Pids(vec![1])).unwrap().processes;
+        let err = c.restore_processes(&procs, &DeviceMap::default()).unwrap_err().to_string();
+        assert!(err.contains("pid 1"), "{err}");
+    });
 }
 
 #[test]
