@@ -809,13 +809,99 @@ fn huge_kib(pid: i32, address: u64) -> u64 {
 fn a_failed_cuda_checkpoint_requeues_to_start_over() {
     let Some(n) = node() else { return };
     let images = n.dir.join("images-b");
-    let spoil = |pid: i32| {
-        let sim = cuda_sim::files::SimDir::from_env().unwrap();
-        let mut f = sim.faults();
-        f.push(cuda_sim::files::Fault { call: "checkpoint".into(), pid: Some(pid), action: cuda_sim::files::Action::Fail { code: 999 } });
-        sim.set_faults(&f).unwrap();
-    };
+    let spoil = |pid: i32| add_fault(pid, "checkpoint", cuda_sim::files::Action::Fail { code: 999 });
     failed_checkpoint_starts_over("b", 9102, &images, spoil, "CUDA checkpoint failed");
+}
+
+/// The simulated driver's `call` to `pid` does `action` from now on.
+fn add_fault(pid: i32, call: &str, action: cuda_sim::files::Action) {
+    let sim = cuda_sim::files::SimDir::from_env().unwrap();
+    let mut faults = sim.faults();
+    faults.push(cuda_sim::files::Fault { call: call.into(), pid: Some(pid), action });
+    sim.set_faults(&faults).unwrap();
+}
+
+/// The simulated driver's faults of `pid` go; those other tests (running
+/// side by side) set for their own processes stay.
+fn clear_faults_of(pid: i32) {
+    let sim = cuda_sim::files::SimDir::from_env().unwrap();
+    let kept: Vec<_> = sim.faults().into_iter().filter(|f| f.pid != Some(pid)).collect();
+    sim.set_faults(&kept).unwrap();
+}
+
+/// A GPU program the job starts while its checkpoint is under way (the
+/// churn's job preempted as its application started, CI of stop 43): it
+/// opens its GPU file after the agent's scan, CRIU dumps it with the file,
+/// and the image is dropped with the tree and its GPU state put back. The
+/// second attempt's scan finds it: both programs are checkpointed and
+/// restored, and the job keeps its progress (before: requeued to start over).
+#[test]
+fn a_gpu_program_started_during_the_checkpoint_is_found_by_a_second_attempt_and_the_job_keeps_its_progress() {
+    let Some(n) = node() else { return };
+    let job = 9160;
+    let images = n.dir.join("images-late");
+    let (cfg_path, cfg) = n.config("late", &images);
+    let out = n.dir.join("late.out");
+    let (late_out, go) = (n.dir.join("user/late-b.out"), n.dir.join("user/late.go"));
+    let ready = format!("{}/user/late.ready", n.dir.display());
+    let counter = n.counter();
+    // The first program counts in the background; the second starts when
+    // `go` appears and counts into a file of its own (long enough to be
+    // there at both attempts' dumps); the shell then waits for the first
+    // and ends with its status.
+    let script = r#"c=$1 go=$2 ready=$3 late=$4
+"$c" --steps 600 --interval-ms 20 --mib 8 --exit-code 5 --ready "$ready" & a=$!
+while [ ! -e "$go" ]; do sleep 0.01; done
+"$c" --steps 400 --interval-ms 20 --mib 4 > "$late"
+wait $a"#;
+    let app = ["/bin/sh", "-c", script, "sh", &counter, go.to_str().unwrap(), &ready, late_out.to_str().unwrap()];
+    n.agent((&cfg_path, &cfg), job, 0, 0);
+    let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 0, cgroup: None, out: &out }, &app);
+    wait_for("three steps", Duration::from_secs(20), || last_step(&out) >= 3);
+    let first = ready_pid(&n.dir, "late.ready");
+    // The first program's checkpoint call reaches it 1.5 s late, at each
+    // attempt: the second program starts and opens its GPU file meanwhile.
+    add_fault(first, "checkpoint", cuda_sim::files::Action::DelayMs { ms: 1500 });
+    signal(&w, libc::SIGUSR1);
+    let sim = cuda_sim::files::SimDir::from_env().unwrap();
+    // Locked: the agent's scan is behind it.
+    let state = |pid: i32| cuda_sim::files::read_json::<cuda_sim::files::Published>(&sim.proc_dir(pid).join("state.json")).map(|p| p.state);
+    wait_for("the first program locked", Duration::from_secs(10), || state(first) == Some(cuda_sim::codes::state::LOCKED));
+    std::fs::write(&go, b"").unwrap();
+    let code = exit_code(&mut w, Duration::from_secs(60));
+    clear_faults_of(first);
+    let err = read(&out.with_extension("err"));
+    assert_eq!(code, 0, "{err}");
+    let store = ImageStore::new(&images);
+    let m = Manifest::load(&store.run_dir(job, 0)).unwrap();
+    let pids: Vec<i32> = m.cuda.iter().map(|p| p.pid).collect();
+    let second = *pids.iter().find(|p| **p != first).unwrap_or_else(|| panic!("one CUDA process in the image: {pids:?}; {err}"));
+    assert_eq!(pids.len(), 2, "{pids:?}");
+    // Seen by the driver's checkpoint, before CRIU (its verify step); one
+    // opened after it fails CRIU's dump the same way (agent::tests).
+    let dropped = format!(
+        "job {job}: the first checkpoint attempt was dropped and a second one taken: CUDA checkpoint failed: GPU files remain after checkpoint: pid {second} still holds "
+    );
+    assert!(err.contains(&dropped) && err.contains(&format!("rollback: pid {first} running again")), "{err}");
+    assert!(err.contains(&format!("job {job} checkpointed:")) && !err.contains("start over"), "{err}");
+    let dumped_at = last_step(&out);
+    assert_eq!(stop_agent(&cfg, job, Duration::from_secs(10)).map_err(|e| e.to_string()), Ok(true));
+    assert_eq!(cleanup_after_job(&store, job, 0, &|| panic!("not asked")).unwrap(), Cleanup::Kept { restart: 0 });
+
+    // Run 1 on GPU 1: both come back and count on to their ends.
+    n.agent((&cfg_path, &cfg), job, 1, 1);
+    let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 1, cgroup: None, out: &out }, &app);
+    assert_eq!(exit_code(&mut w, Duration::from_secs(60)), 5, "{}", read(&out.with_extension("err")));
+    assert!(read(&out.with_extension("err")).contains("restoring the checkpoint taken in run 0"));
+    let all = steps(&out);
+    assert!(dumped_at > 3 && dumped_at < 600, "{dumped_at}");
+    assert_eq!(all.iter().map(|s| s.0).collect::<Vec<_>>(), (1..=600).collect::<Vec<_>>(), "every step of the first once, in order");
+    assert!(read(&out).contains("DONE count=600") && !read(&out).contains("MISMATCH"));
+    let late: Vec<u64> = steps(&late_out).iter().map(|s| s.0).collect();
+    assert_eq!(late, (1..=400).collect::<Vec<_>>(), "every step of the second once, in order");
+    assert!(read(&late_out).contains("DONE count=400") && !read(&late_out).contains("MISMATCH"));
+    assert_eq!(stop_agent(&cfg, job, Duration::from_secs(10)).map_err(|e| e.to_string()), Ok(true));
+    assert_eq!(cleanup_after_job(&store, job, 1, &|| true).unwrap(), Cleanup::Removed);
 }
 
 /// Issue 25 item 4: the driver copies GPU memory into the process's host
@@ -1451,16 +1537,13 @@ fn an_application_killed_during_the_drivers_checkpoint_ends_the_job_at_once() {
     let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 0, cgroup: None, out: &out }, &app);
     wait_for("three steps", Duration::from_secs(20), || last_step(&out) >= 3);
     let app_pid = ready_pid(&n.dir, "kill.ready");
-    let sim = cuda_sim::files::SimDir::from_env().unwrap();
-    let mut faults = sim.faults();
     // The checkpoint call reaches the process only after 3 s: killed meanwhile.
-    faults.push(cuda_sim::files::Fault { call: "checkpoint".into(), pid: Some(app_pid), action: cuda_sim::files::Action::DelayMs { ms: 3000 } });
-    sim.set_faults(&faults).unwrap();
+    add_fault(app_pid, "checkpoint", cuda_sim::files::Action::DelayMs { ms: 3000 });
     signal(&w, libc::SIGUSR1);
     std::thread::sleep(Duration::from_millis(1000));
     unsafe { libc::kill(app_pid, libc::SIGKILL) };
     let code = exit_code(&mut w, Duration::from_secs(30));
-    sim.set_faults(&[]).unwrap();
+    clear_faults_of(app_pid);
     let err = read(&out.with_extension("err"));
     assert_eq!(code, 128 + libc::SIGKILL, "{err}");
     assert!(err.contains("the application ended (status 137) while it was being checkpointed"), "{err}");

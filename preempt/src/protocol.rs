@@ -76,6 +76,10 @@ pub struct CheckpointSummary {
     /// populated in the host memory pool (preempt::pool); 0 without a pool.
     #[serde(default)]
     pub pool_bytes: u64,
+    /// Why a first attempt was dropped, when the checkpoint was taken at a
+    /// second (a process opened a GPU file after the first's scan).
+    #[serde(default)]
+    pub first_attempt: Option<String>,
 }
 
 /// One CUDA process's lock and checkpoint, as the driver answered them.

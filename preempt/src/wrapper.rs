@@ -593,6 +593,9 @@ impl Wrapper<'_> {
         };
         let status = match result {
             Ok(s) => {
+                if let Some(line) = first_attempt_line(self.o.job, &s) {
+                    say(&line);
+                }
                 say(&checkpointed_line(self.o.job, &s));
                 if !s.timeline.phases.is_empty() {
                     say(&format!("job {} checkpoint phases: {}", self.o.job, s.timeline.render()));
@@ -724,6 +727,13 @@ fn checkpointed_line(job: u32, s: &protocol::CheckpointSummary) -> String {
     }
 }
 
+/// A checkpoint taken at a second attempt: why the first was dropped (the
+/// job keeps its progress all the same).
+fn first_attempt_line(job: u32, s: &protocol::CheckpointSummary) -> Option<String> {
+    let why = s.first_attempt.as_deref()?;
+    Some(format!("job {job}: the first checkpoint attempt was dropped and a second one taken: {why}"))
+}
+
 /// What the job's host memory pool gave the driver's checkpoint (issue 39):
 /// memory populated while the job ran, not at the signal.
 fn pool_words(bytes: u64) -> String {
@@ -766,7 +776,9 @@ mod tests {
             timeline: Default::default(),
             processes: vec![],
             pool_bytes: 0,
+            first_attempt: None,
         };
+        assert_eq!(first_attempt_line(7, &s), None);
         s.timings.total_ms = 12_000.0;
         assert_eq!(checkpointed_line(7, &s), "job 7 checkpointed: 8.58 GiB image in 12.0 s; requeueing");
         s.timings.signal_to_durable_ms = Some(12_100.0);
@@ -781,6 +793,11 @@ mod tests {
             checkpointed_line(7, &s),
             "job 7 checkpointed: 8.58 GiB image durable 12.1 s after the signal, GPU memory free 3.9 s after the signal \
              (its buffers' 10.96 GiB populated before the signal, in the host memory pool); requeueing"
+        );
+        s.first_attempt = Some("pid 9 opened /dev/nvidia0 (fd 3) after the GPU scan".into());
+        assert_eq!(
+            first_attempt_line(7, &s).as_deref(),
+            Some("job 7: the first checkpoint attempt was dropped and a second one taken: pid 9 opened /dev/nvidia0 (fd 3) after the GPU scan")
         );
     }
 

@@ -219,7 +219,8 @@ impl Checkpointer<'_> {
         let blocked = self.leftover_files(target, pids);
         if !blocked.is_empty() {
             let rollback = self.roll_back(record);
-            return Err(CheckpointError::HandlesRemain { blocked, rollback });
+            let joined_after_scan = record.status == RecordStatus::RolledBack && blocked.iter().all(|(p, _)| !pids.contains(p));
+            return Err(CheckpointError::HandlesRemain { blocked, rollback, joined_after_scan });
         }
         self.advance(record, |r| r.status = RecordStatus::Complete, "the checkpoint was undone")?;
         marks.push(("verify", t, Instant::now()));

@@ -136,8 +136,11 @@ pub enum CheckpointError {
     Lock { failures: Vec<PidFailure>, rollback: String },
     #[error("checkpoint failed: {}; rollback: {rollback}", list_failures(failures))]
     Checkpoint { failures: Vec<PidFailure>, rollback: String },
+    /// `joined_after_scan`: every holder is a process the scan did not
+    /// find (it opened its GPU file, or joined the scope, after the scan)
+    /// and the rollback was whole: a new scan would find them.
     #[error("GPU files remain after checkpoint: {}; rollback: {rollback}", list_blocked(blocked))]
-    HandlesRemain { blocked: Vec<(i32, NvidiaFile)>, rollback: String },
+    HandlesRemain { blocked: Vec<(i32, NvidiaFile)>, rollback: String, joined_after_scan: bool },
     #[error("no checkpoint record for {target} at {path}: was it checkpointed by gpu-mode-cuda-ckpt on this node?")]
     NoRecord { target: Target, path: PathBuf },
     #[error("checkpoint record {path}: {detail}")]

@@ -241,6 +241,49 @@ fn failures_roll_everything_back_to_running_and_the_record_says_so() {
     }
 }
 
+/// GPU files left after the checkpoint: by a process the scan did not find
+/// (a child that opened its GPU file while pid 1 was checkpointed), which a
+/// new scan would find, or by a checkpointed one (sticky), which it would
+/// not mend; and a latecomer whose rollback did not finish.
+#[test]
+fn files_left_by_a_process_the_scan_missed_say_so_and_those_of_a_checkpointed_one_do_not() {
+    let latecomer = |restore_fails: bool| {
+        let node = Arc::new_cyclic(|me: &std::sync::Weak<Node>| {
+            let me = me.clone();
+            let hook = move |call: &str, pid: i32| {
+                if (call, pid) == ("checkpoint", 1) {
+                    me.upgrade().unwrap().files.lock().unwrap().insert(4, vec![file("/dev/nvidia0")]);
+                }
+            };
+            let mut node = Node { on_call: Some(Box::new(hook)), ..Node::with_cuda(&[1]) };
+            node.children.insert(1, vec![4]);
+            node.states.get_mut().unwrap().insert(4, ProcessState::Running);
+            node.files.get_mut().unwrap().insert(4, vec![]);
+            node
+        });
+        if restore_fails {
+            node.fail.lock().unwrap().insert(("restore", 1), 2);
+        }
+        node
+    };
+    let sticky = Arc::new(Node { sticky: vec![2], ..Node::with_cuda(&[1, 2]) });
+    let cases = [
+        (latecomer(false), vec![1], "pid 4 still holds /dev/nvidia0", true),
+        (latecomer(true), vec![1], "pid 4 still holds /dev/nvidia0", false),
+        (sticky, vec![1, 2], "pid 2 still holds /dev/nvidia0", false),
+    ];
+    for (node, pids, needle, want) in cases {
+        let target = Target::Pids(pids);
+        match with(&node, |c| c.checkpoint(&target).unwrap_err()) {
+            e @ CheckpointError::HandlesRemain { joined_after_scan, .. } => {
+                assert!(e.to_string().contains(needle), "{e}");
+                assert_eq!(joined_after_scan, want, "{e}");
+            }
+            other => panic!("{other}"),
+        }
+    }
+}
+
 #[test]
 fn a_lock_timeout_is_reported_with_the_driver_code_and_only_locked_ones_are_unlocked() {
     let node = Arc::new(Node::with_cuda(&[1, 2]).failing("lock", 1, driver::CUDA_ERROR_TIMEOUT));

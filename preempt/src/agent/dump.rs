@@ -49,6 +49,33 @@ impl DumpedError {
     }
 }
 
+/// A failed checkpoint attempt. `again`: only a GPU file opened after the
+/// scan failed it, and the tree runs on with its GPU state back, as before
+/// the attempt: a second attempt may succeed (Agent::checkpoint).
+pub(super) struct AttemptFailed {
+    error: RequestError,
+    again: bool,
+}
+
+impl From<RequestError> for AttemptFailed {
+    fn from(error: RequestError) -> AttemptFailed {
+        AttemptFailed { error, again: false }
+    }
+}
+
+/// What a rollback after a failed dump did: `whole` when the tree's GPU
+/// state is back (or it had none); its words end the failure's message.
+struct Undo {
+    whole: bool,
+    text: String,
+}
+
+impl std::fmt::Display for Undo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
 /// What stands ready for CRIU's dump: the driver's checkpoint (none when the
 /// tree holds no GPU files) and the /dev/shm files to carry (shm.rs).
 struct Prepared<'a> {
@@ -97,14 +124,33 @@ impl TreeRecord {
 
 /// The CUDA checkpoint's outcome: its report, or none when the tree holds
 /// no GPU files.
-type CudaOutcome = Result<Option<CheckpointReport>, RequestError>;
+type CudaOutcome = Result<Option<CheckpointReport>, AttemptFailed>;
 
 impl Agent {
+    /// One attempt, and a second when the first was dropped only because a
+    /// process of the tree opened a GPU file after the scan (a job preempted
+    /// as its application starts, or as it starts another GPU process) and
+    /// everything went back as it was: the second attempt's scan finds that
+    /// process, and the job keeps its progress rather than starting over.
+    /// At most two: a tree that keeps opening GPU files cannot hold its
+    /// checkpoint past the job's grace time.
     pub(super) fn checkpoint(&self, peer: Peer, root: i32, signal_at_ms: Option<u64>) -> Result<CheckpointSummary, RequestError> {
-        let lead_ms = signal_at_ms.map(|at| now_ms().saturating_sub(at) as f64);
-        let mut sw = Stopwatch::new("request", lead_ms);
         let _op = self.exclusive()?;
         self.criu_usable("checkpoint")?;
+        match self.checkpoint_once(peer, root, signal_at_ms) {
+            Err(AttemptFailed { error, again: true }) => {
+                self.log("checkpoint-attempt", Outcome::Failed, &format!("{error}; checkpointing once more"));
+                let summary = self.checkpoint_once(peer, root, signal_at_ms).map_err(|f| f.error)?;
+                Ok(CheckpointSummary { first_attempt: Some(error.to_string()), ..summary })
+            }
+            other => other.map_err(|f| f.error),
+        }
+    }
+
+    fn checkpoint_once(&self, peer: Peer, root: i32, signal_at_ms: Option<u64>) -> Result<CheckpointSummary, AttemptFailed> {
+        // From the signal: a second attempt's phases count the first's time.
+        let lead_ms = signal_at_ms.map(|at| now_ms().saturating_sub(at) as f64);
+        let mut sw = Stopwatch::new("request", lead_ms);
         let t = Instant::now();
         self.check_root(peer, root)?;
         self.refuse_several_nodes()?;
@@ -124,6 +170,7 @@ impl Agent {
         let result = pinned
             .still_there()
             .because(FailureReason::Other)
+            .map_err(AttemptFailed::from)
             .and_then(|_| self.dump_tree(&pinned, root, &pids, shm, signal_at_ms.is_some(), &mut sw));
         if was.is_some() {
             self.set_root(root, Some(if result.is_ok() { RootState::Dumped } else { RootState::Running }));
@@ -142,7 +189,7 @@ impl Agent {
         shm: Option<Staged>,
         from_signal: bool,
         sw: &mut Stopwatch,
-    ) -> Result<CheckpointSummary, RequestError> {
+    ) -> Result<CheckpointSummary, AttemptFailed> {
         let target = Target::Pids(vec![root]);
         let (run, cuda, record) = self.cuda_checkpoint_and_run_dir(&target, pids, sw);
         let record = &record;
@@ -157,7 +204,7 @@ impl Agent {
             }
             (Err(e), Ok(cuda)) => {
                 let undo = self.roll_back(cuda.is_some(), &target);
-                return Err(RequestError::failed(FailureReason::ImageDir, format!("cannot prepare the image directory: {e}; {undo}")));
+                return Err(RequestError::failed(FailureReason::ImageDir, format!("cannot prepare the image directory: {e}; {undo}")).into());
             }
         };
         let result = self.dump_into(&run, root, pids, Prepared { cuda, shm, pinned, record }, from_signal, sw);
@@ -190,7 +237,10 @@ impl Agent {
                         CheckpointError::NotCheckpointable { .. } => FailureReason::Uncheckpointable,
                         _ => FailureReason::CudaCheckpoint,
                     };
-                    Err(RequestError::failed(reason, format!("CUDA checkpoint failed: {e}")))
+                    // A process that opened its GPU file after the scan, seen
+                    // before CRIU: the same race as end_dumped_tree's.
+                    let again = matches!(e, CheckpointError::HandlesRemain { joined_after_scan: true, .. });
+                    Err(AttemptFailed { error: RequestError::failed(reason, format!("CUDA checkpoint failed: {e}")), again })
                 }
             };
             let run = prep.join().unwrap_or_else(|_| {
@@ -259,7 +309,7 @@ impl Agent {
         prepared: Prepared,
         from_signal: bool,
         sw: &mut Stopwatch,
-    ) -> Result<CheckpointSummary, RequestError> {
+    ) -> Result<CheckpointSummary, AttemptFailed> {
         let Prepared { cuda, shm, pinned, record } = prepared;
         let target = Target::Pids(vec![root]);
         // CRIU writes as the user (crate::criu): the run directory is theirs
@@ -274,7 +324,7 @@ impl Agent {
             .still_there()
             .because(FailureReason::Other)
             .and_then(|_| lend().map_err(|e| e.to_string()).because(FailureReason::ImageDir))
-            .map_err(|e| e.noting(&self.roll_back(cuda.is_some(), &target)))?;
+            .map_err(|e| e.noting(&self.roll_back(cuda.is_some(), &target).to_string()))?;
         // A second survey, not the one `uncheckpointable::refuse` made
         // before the lock: CRIU's `--ghost-limit` and the image's bound must
         // fit the files as CRIU will find them, and the tree runs on between
@@ -330,13 +380,23 @@ impl Agent {
             sw.since("writeback", t);
         }
         if let Err(e) = dumped {
-            return Err(RequestError::failed(FailureReason::Criu, format!("{e}; {}", self.roll_back(cuda.is_some(), &target))));
+            // The real driver's files are character devices CRIU refuses:
+            // a process that opened one after the scan fails CRIU itself.
+            // The driver's checkpoint left no GPU file in the processes it
+            // found, so one there now is such a latecomer.
+            let late = self.gpu_holder(root).map(|(pid, file)| format!("; pid {pid} opened {file} after the GPU scan"));
+            let undo = self.roll_back(cuda.is_some(), &target);
+            let reason = if late.is_some() { FailureReason::GpuFileInDump } else { FailureReason::Criu };
+            let error = RequestError::failed(reason, format!("{e}{}; {undo}", late.as_deref().unwrap_or("")));
+            return Err(AttemptFailed { error, again: late.is_some() && undo.whole });
         }
         if let Some(Err(e)) = ended {
             // The tree runs again: its GPU state goes back too, and its
             // connections must flow again.
             self.release_lock(lock.as_deref());
-            return Err(RequestError::failed(e.reason(), format!("{e}; {}", self.roll_back(cuda.is_some(), &target))));
+            let undo = self.roll_back(cuda.is_some(), &target);
+            let again = matches!(e, DumpedError::GpuFileOpened { .. }) && undo.whole;
+            return Err(AttemptFailed { error: RequestError::failed(e.reason(), format!("{e}; {undo}")), again });
         }
         let _ = CheckpointRecord::remove(&self.settings.checkpoint.record_dir, &target.key());
         // From here on the tree is gone: a failure means starting over,
@@ -355,7 +415,7 @@ impl Agent {
         if sealed.is_err() {
             self.release_lock(lock.as_deref());
         }
-        sealed.map_err(|(reason, e)| lost(reason, e))
+        sealed.map_err(|(reason, e)| lost(reason, e).into())
     }
 
     /// The nftables table the dump in `run` left (netlock.rs), recorded for
@@ -436,6 +496,7 @@ impl Agent {
             timings: timings_of(&timeline, from_signal),
             timeline,
             pool_bytes: 0,
+            first_attempt: None,
         })
     }
 
@@ -489,10 +550,9 @@ impl Agent {
     /// able to reap). The real driver's files are character devices CRIU
     /// refuses on its own; this catches every `device_paths` file.
     fn end_dumped_tree(&self, root: i32) -> Result<(), DumpedError> {
-        let pids = self.host.with_descendants(root);
-        let held = pids.iter().find_map(|p| Some((*p, self.host.nvidia_files(*p).ok()?.into_iter().next()?)));
-        match held {
+        match self.gpu_holder(root) {
             None => {
+                let pids = self.host.with_descendants(root);
                 let ids: Vec<crate::procfs::ProcId> = pids.iter().filter_map(|p| crate::procfs::read(*p)).map(|p| p.id()).collect();
                 tree::kill_all(&ids);
                 if let Err(pid) = tree::wait_dead(&ids, self.settings.pid_wait) {
@@ -501,22 +561,30 @@ impl Agent {
                 Ok(())
             }
             Some((pid, file)) => {
-                tree::resume_all(&pids);
+                tree::resume_all(&self.host.with_descendants(root));
                 Err(DumpedError::GpuFileOpened { pid, file })
             }
         }
     }
 
+    /// A process of the tree that holds a GPU file (`device_paths`), and
+    /// that file: after the driver's checkpoint, one it did not find.
+    fn gpu_holder(&self, root: i32) -> Option<(i32, NvidiaFile)> {
+        self.host.with_descendants(root).into_iter().find_map(|p| Some((p, self.host.nvidia_files(p).ok()?.into_iter().next()?)))
+    }
+
     /// After a failed CRIU dump (CRIU resumed the tree): the GPU state goes
     /// back so the application runs on until the job ends or is requeued.
-    fn roll_back(&self, had_cuda: bool, target: &Target) -> String {
-        if !had_cuda {
-            return "the application runs on".into();
-        }
-        match self.checkpointer().restore(target, &DeviceMap::default()) {
-            Ok(_) => "its GPU state was restored and the application runs on".into(),
-            Err(e) => format!("its GPU state could NOT be restored ({e})"),
-        }
+    fn roll_back(&self, had_cuda: bool, target: &Target) -> Undo {
+        let (whole, text) = if !had_cuda {
+            (true, "the application runs on".to_string())
+        } else {
+            match self.checkpointer().restore(target, &DeviceMap::default()) {
+                Ok(_) => (true, "its GPU state was restored and the application runs on".to_string()),
+                Err(e) => (false, format!("its GPU state could NOT be restored ({e})")),
+            }
+        };
+        Undo { whole, text }
     }
 
     fn manifest(

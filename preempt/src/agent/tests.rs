@@ -238,10 +238,13 @@ fn a_failure_after_the_dump_answers_that_the_tree_is_lost() {
 /// file after the agent's scan and before CRIU freezes it (seen in the
 /// churn test with the simulated driver, whose device files CRIU dumps as
 /// regular files; the image then failed to restore and the job ended
-/// FAILED). The image is dropped and the application runs on, as after any
-/// failed dump; the wrapper then starts the job over.
+/// FAILED). The image is dropped, the application runs on, as after any
+/// failed dump, and the checkpoint is tried once more: its scan finds the
+/// file. This driver knows no CUDA process, so the second attempt refuses
+/// the holder before the lock (the wrapper then starts the job over); the
+/// second attempt that succeeds is in checkpoint/tests/preempt_criu.rs.
 #[test]
-fn a_gpu_file_opened_while_crius_dump_began_drops_the_image_and_the_app_runs_on() {
+fn a_gpu_file_opened_while_crius_dump_began_drops_the_image_and_the_second_attempts_scan_finds_it() {
     use std::os::unix::fs::PermissionsExt;
     if !root_or_skip() {
         return;
@@ -270,10 +273,12 @@ fn a_gpu_file_opened_while_crius_dump_began_drops_the_image_and_the_app_runs_on(
         unsafe { libc::kill(pid, libc::SIGSTOP) };
     }));
     let e = fx.agent.checkpoint(me(), pid, None).unwrap_err();
-    assert_eq!(e.reason(), Some(FailureReason::GpuFileInDump));
+    assert_eq!(e.reason(), Some(FailureReason::Uncheckpointable), "{e}");
     let err = e.to_string();
-    let expected = format!("pid {pid} opened {} (fd 3) after the GPU scan and before CRIU froze the tree", device.display());
-    assert!(err.contains(&expected) && err.contains("is dropped; the application runs on"), "{err}");
+    let holds = format!("pid {pid} holds {} (fd 3) but the CUDA driver cannot checkpoint it", device.display());
+    assert!(err.contains(&holds) && err.ends_with("refused, nothing was changed"), "{err}");
+    let dumps = fx.criu.calls().iter().filter(|c| matches!(c, CriuCall::Dump(_))).count();
+    assert_eq!(dumps, 1, "the second attempt stopped before CRIU");
     assert!(!fx.agent.settings.images.run_dir(7, 0).exists(), "the image is removed");
     assert_eq!(fx.agent.settings.images.latest(7), None);
     assert_eq!(child.try_wait().unwrap(), None, "the application still runs");
