@@ -1551,6 +1551,47 @@ fn an_application_killed_during_the_drivers_checkpoint_ends_the_job_at_once() {
     stop_agent(&cfg, job, Duration::from_secs(10)).unwrap();
 }
 
+/// A restored application that ends on its own as its next checkpoint
+/// begins (seen in a 400-job churn: `DONE count=18`, the lock failed, and
+/// the job started over from its first step): the job ends with the
+/// application's status, not requeued. The agent reaps a restored tree
+/// and reports its end; the wrapper waits for that report (bounded) before
+/// it gives up on it. Forced here: the lock reaches the process 1.5 s late
+/// while it runs its last steps.
+#[test]
+fn a_restored_application_that_ends_as_its_checkpoint_begins_ends_the_job_with_its_own_status() {
+    let Some(n) = node() else { return };
+    let job = 9161;
+    let images = n.dir.join("images-ends");
+    let (cfg_path, cfg) = n.config("ends", &images);
+    let out = n.dir.join("ends.out");
+    let ready = format!("{}/user/ends.ready", n.dir.display());
+    let counter = n.counter();
+    let app = [counter.as_str(), "--steps", "60", "--interval-ms", "50", "--mib", "8", "--exit-code", "4", "--ready", &ready];
+    n.agent((&cfg_path, &cfg), job, 0, 0);
+    let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 0, cgroup: None, out: &out }, &app);
+    wait_for("five steps", Duration::from_secs(20), || last_step(&out) >= 5);
+    let app_pid = ready_pid(&n.dir, "ends.ready");
+    signal(&w, libc::SIGUSR1);
+    assert_eq!(exit_code(&mut w, Duration::from_secs(60)), 0, "{}", read(&out.with_extension("err")));
+    assert_eq!(stop_agent(&cfg, job, Duration::from_secs(10)).map_err(|e| e.to_string()), Ok(true));
+
+    n.agent((&cfg_path, &cfg), job, 1, 0);
+    let mut w = wrapper(n, &Run { who: n.who, cfg: &cfg_path, job, restart: 1, cgroup: None, out: &out }, &app);
+    wait_for("the last steps", Duration::from_secs(30), || last_step(&out) >= 56);
+    add_fault(app_pid, "lock", cuda_sim::files::Action::DelayMs { ms: 1500 });
+    signal(&w, libc::SIGUSR1);
+    let code = exit_code(&mut w, Duration::from_secs(60));
+    clear_faults_of(app_pid);
+    let err = read(&out.with_extension("err"));
+    assert_eq!(code, 4, "{err}");
+    assert!(err.contains(&format!("job {job}: the application ended (status 4) while it was being checkpointed")), "{err}");
+    assert!(!err.contains("start over") && read(&out).contains("DONE count=60"), "{err}");
+    let requeues = read(&n.dir.join("scontrol.log")).lines().filter(|l| *l == format!("requeue {job}")).count();
+    assert_eq!(requeues, 1, "only run 0's");
+    assert_eq!(stop_agent(&cfg, job, Duration::from_secs(10)).map_err(|e| e.to_string()), Ok(true));
+}
+
 /// The processes running `argv` (their pids), zombies left out.
 fn running_argv(argv: &[&str]) -> Vec<i32> {
     let want: Vec<u8> = argv.iter().flat_map(|a| a.bytes().chain([0])).collect();

@@ -201,9 +201,11 @@ impl Checkpointer<'_> {
         let t = Instant::now();
         let lock = self.lock_all(pids);
         record.settle(&lock, ProcessPhase::Locked, ProcessPhase::Found);
-        if !lock.failures().is_empty() {
+        let failures = lock.failures();
+        if !failures.is_empty() {
             let rollback = self.roll_back(record);
-            return Err(CheckpointError::Lock { failures: lock.failures(), rollback });
+            let left_after_scan = record.status == RecordStatus::RolledBack && failures.iter().all(|f| self.left_cuda(f.pid));
+            return Err(CheckpointError::Lock { failures, rollback, left_after_scan });
         }
         self.advance(record, |r| r.mark(pids, ProcessPhase::Checkpointing), "nothing was checkpointed")?;
         marks.push(("cuda-lock", t, Instant::now()));
@@ -225,6 +227,15 @@ impl Checkpointer<'_> {
         self.advance(record, |r| r.status = RecordStatus::Complete, "the checkpoint was undone")?;
         marks.push(("verify", t, Instant::now()));
         Ok(vec![lock, ckpt])
+    }
+
+    /// Whether `pid`, a GPU holder at the scan, holds no GPU file now or
+    /// has ended (a process on its way out closes its files).
+    fn left_cuda(&self, pid: i32) -> bool {
+        match self.host.nvidia_files(pid) {
+            Ok(files) => files.is_empty(),
+            Err(_) => self.host.start_time(pid).is_none(),
+        }
     }
 
     /// GPU files still held after checkpoint, by the checkpointed processes or

@@ -132,8 +132,11 @@ pub enum CheckpointError {
     HostMemory { short: host_room::Shortfall },
     #[error("cannot record the GPU memory footprint (needed to check free memory before restore): {0}")]
     Footprint(GpuInfoError),
+    /// `left_after_scan`: every process whose lock failed holds no GPU file
+    /// any more, or has ended (it left CUDA, e.g. on its way out, after the
+    /// scan), and the rollback was whole: a new scan would not take it.
     #[error("locking failed: {}; rollback: {rollback}", list_failures(failures))]
-    Lock { failures: Vec<PidFailure>, rollback: String },
+    Lock { failures: Vec<PidFailure>, rollback: String, left_after_scan: bool },
     #[error("checkpoint failed: {}; rollback: {rollback}", list_failures(failures))]
     Checkpoint { failures: Vec<PidFailure>, rollback: String },
     /// `joined_after_scan`: every holder is a process the scan did not
@@ -166,6 +169,18 @@ pub enum CheckpointError {
     CannotRestore { pid: i32, state: String },
     #[error("{0}: refused, nothing was changed")]
     Unanswered(String),
+}
+
+impl CheckpointError {
+    /// The tree's GPU holders changed after the scan (a process opened its
+    /// GPU file, or left CUDA) and everything is back as it was: a new scan
+    /// may succeed where this one failed.
+    pub fn holders_changed_after_scan(&self) -> bool {
+        matches!(
+            self,
+            CheckpointError::HandlesRemain { joined_after_scan: true, .. } | CheckpointError::Lock { left_after_scan: true, .. }
+        )
+    }
 }
 
 /// The checkpoint machinery over a driver, a host and a GPU inventory, each a

@@ -277,10 +277,37 @@ fn files_left_by_a_process_the_scan_missed_say_so_and_those_of_a_checkpointed_on
         match with(&node, |c| c.checkpoint(&target).unwrap_err()) {
             e @ CheckpointError::HandlesRemain { joined_after_scan, .. } => {
                 assert!(e.to_string().contains(needle), "{e}");
-                assert_eq!(joined_after_scan, want, "{e}");
+                assert_eq!((joined_after_scan, e.holders_changed_after_scan()), (want, want), "{e}");
             }
             other => panic!("{other}"),
         }
+    }
+}
+
+/// A lock that fails for a process that left CUDA after the scan (its GPU
+/// files closed, as by a program on its way out) says so; one that fails
+/// for a process still holding its files (a lock timeout) does not.
+#[test]
+fn a_lock_failed_by_a_process_that_left_cuda_after_the_scan_says_so() {
+    let leaver = Arc::new_cyclic(|me: &std::sync::Weak<Node>| {
+        let me = me.clone();
+        let hook = move |call: &str, pid: i32| {
+            if (call, pid) == ("lock", 2) {
+                me.upgrade().unwrap().files.lock().unwrap().insert(2, vec![]);
+            }
+        };
+        Node { on_call: Some(Box::new(hook)), ..Node::with_cuda(&[1, 2]).failing("lock", 2, 3) }
+    });
+    let busy = Arc::new(Node::with_cuda(&[1, 2]).failing("lock", 2, driver::CUDA_ERROR_TIMEOUT));
+    for (node, want) in [(leaver, true), (busy, false)] {
+        match with(&node, |c| c.checkpoint(&Target::Pids(vec![1, 2])).unwrap_err()) {
+            e @ CheckpointError::Lock { left_after_scan, .. } => {
+                assert!(e.to_string().contains("locking failed: pid 2") && e.to_string().contains("pid 1 running again"), "{e}");
+                assert_eq!((left_after_scan, e.holders_changed_after_scan()), (want, want), "{e}");
+            }
+            other => panic!("{other}"),
+        }
+        assert_eq!(node.state_of(1), RUNNING);
     }
 }
 

@@ -138,9 +138,12 @@ impl Agent {
         let _op = self.exclusive()?;
         self.criu_usable("checkpoint")?;
         match self.checkpoint_once(peer, root, signal_at_ms) {
-            Err(AttemptFailed { error, again: true }) => {
+            // An application that ended meanwhile is not tried again: its
+            // end is what the wrapper must learn, with the first reason.
+            Err(AttemptFailed { error, again: true }) if crate::procfs::read(root).is_some_and(|p| p.state != 'Z') => {
                 self.log("checkpoint-attempt", Outcome::Failed, &format!("{error}; checkpointing once more"));
-                let summary = self.checkpoint_once(peer, root, signal_at_ms).map_err(|f| f.error)?;
+                let second = self.checkpoint_once(peer, root, signal_at_ms);
+                let summary = second.map_err(|f| f.error.noting(&format!("at a second attempt, the first failed: {error}")))?;
                 Ok(CheckpointSummary { first_attempt: Some(error.to_string()), ..summary })
             }
             other => other.map_err(|f| f.error),
@@ -237,9 +240,12 @@ impl Agent {
                         CheckpointError::NotCheckpointable { .. } => FailureReason::Uncheckpointable,
                         _ => FailureReason::CudaCheckpoint,
                     };
-                    // A process that opened its GPU file after the scan, seen
-                    // before CRIU: the same race as end_dumped_tree's.
-                    let again = matches!(e, CheckpointError::HandlesRemain { joined_after_scan: true, .. });
+                    // A process that opened its GPU file after the scan (the
+                    // same race as end_dumped_tree's, seen before CRIU), or
+                    // one that left CUDA meanwhile (an application ending as
+                    // the signal came: the next scan leaves it to CRIU, or
+                    // finds it ended).
+                    let again = e.holders_changed_after_scan();
                     Err(AttemptFailed { error: RequestError::failed(reason, format!("CUDA checkpoint failed: {e}")), again })
                 }
             };
