@@ -232,9 +232,16 @@ impl Checkpointer<'_> {
     /// Whether `pid`, a GPU holder at the scan, holds no GPU file now or
     /// has ended (a process on its way out closes its files).
     fn left_cuda(&self, pid: i32) -> bool {
+        self.files_held(pid).is_empty()
+    }
+
+    /// The GPU files `pid` holds now. Unreadable is not proof of absence,
+    /// unless the process is gone: it counts as one file then.
+    fn files_held(&self, pid: i32) -> Vec<NvidiaFile> {
         match self.host.nvidia_files(pid) {
-            Ok(files) => files.is_empty(),
-            Err(_) => self.host.start_time(pid).is_none(),
+            Ok(files) => files,
+            Err(e) if self.host.start_time(pid).is_some() => vec![NvidiaFile { how: "unreadable".into(), path: e.to_string() }],
+            Err(_) => vec![],
         }
     }
 
@@ -245,17 +252,6 @@ impl Checkpointer<'_> {
         if let Ok((now, _)) = self.scope(target) {
             scope.extend(now);
         }
-        let mut blocked = Vec::new();
-        for pid in scope {
-            match self.host.nvidia_files(pid) {
-                Ok(files) => blocked.extend(files.into_iter().map(|f| (pid, f))),
-                // Unreadable is not proof of absence, unless the process is gone.
-                Err(e) if self.host.start_time(pid).is_some() => {
-                    blocked.push((pid, NvidiaFile { how: "unreadable".into(), path: e.to_string() }))
-                }
-                Err(_) => {}
-            }
-        }
-        blocked
+        scope.into_iter().flat_map(|pid| self.files_held(pid).into_iter().map(move |f| (pid, f))).collect()
     }
 }

@@ -49,9 +49,10 @@ impl DumpedError {
     }
 }
 
-/// A failed checkpoint attempt. `again`: only a GPU file opened after the
-/// scan failed it, and the tree runs on with its GPU state back, as before
-/// the attempt: a second attempt may succeed (Agent::checkpoint).
+/// A failed checkpoint attempt. `again`: only a change of the tree's GPU
+/// holders after the scan failed it (a GPU file opened, or CUDA left), and
+/// the tree runs on with its GPU state back, as before the attempt: a second
+/// attempt may succeed (Agent::checkpoint).
 pub(super) struct AttemptFailed {
     error: RequestError,
     again: bool,
@@ -390,7 +391,7 @@ impl Agent {
             // a process that opened one after the scan fails CRIU itself.
             // The driver's checkpoint left no GPU file in the processes it
             // found, so one there now is such a latecomer.
-            let late = self.gpu_holder(root).map(|(pid, file)| format!("; pid {pid} opened {file} after the GPU scan"));
+            let late = self.gpu_holder(&self.host.with_descendants(root)).map(|(pid, file)| format!("; pid {pid} opened {file} after the GPU scan"));
             let undo = self.roll_back(cuda.is_some(), &target);
             let reason = if late.is_some() { FailureReason::GpuFileInDump } else { FailureReason::Criu };
             let error = RequestError::failed(reason, format!("{e}{}; {undo}", late.as_deref().unwrap_or("")));
@@ -556,9 +557,9 @@ impl Agent {
     /// able to reap). The real driver's files are character devices CRIU
     /// refuses on its own; this catches every `device_paths` file.
     fn end_dumped_tree(&self, root: i32) -> Result<(), DumpedError> {
-        match self.gpu_holder(root) {
+        let pids = self.host.with_descendants(root);
+        match self.gpu_holder(&pids) {
             None => {
-                let pids = self.host.with_descendants(root);
                 let ids: Vec<crate::procfs::ProcId> = pids.iter().filter_map(|p| crate::procfs::read(*p)).map(|p| p.id()).collect();
                 tree::kill_all(&ids);
                 if let Err(pid) = tree::wait_dead(&ids, self.settings.pid_wait) {
@@ -567,16 +568,16 @@ impl Agent {
                 Ok(())
             }
             Some((pid, file)) => {
-                tree::resume_all(&self.host.with_descendants(root));
+                tree::resume_all(&pids);
                 Err(DumpedError::GpuFileOpened { pid, file })
             }
         }
     }
 
-    /// A process of the tree that holds a GPU file (`device_paths`), and
-    /// that file: after the driver's checkpoint, one it did not find.
-    fn gpu_holder(&self, root: i32) -> Option<(i32, NvidiaFile)> {
-        self.host.with_descendants(root).into_iter().find_map(|p| Some((p, self.host.nvidia_files(p).ok()?.into_iter().next()?)))
+    /// A process of `pids` that holds a GPU file (`device_paths`), and that
+    /// file: after the driver's checkpoint, one it did not find.
+    fn gpu_holder(&self, pids: &[i32]) -> Option<(i32, NvidiaFile)> {
+        pids.iter().find_map(|&p| Some((p, self.host.nvidia_files(p).ok()?.into_iter().next()?)))
     }
 
     /// After a failed CRIU dump (CRIU resumed the tree): the GPU state goes
