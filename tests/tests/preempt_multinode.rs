@@ -101,7 +101,10 @@ fn a_job_that_lands_on_two_nodes_is_refused_at_the_checkpoint_and_starts_over() 
     let counted: Vec<u64> = steps(&out).iter().map(|s| s.0).collect();
     let restart = counted.windows(2).position(|w| w[1] == 1).expect("the count starts over") + 1;
     assert_eq!(counted[restart..], (1..=STEPS).collect::<Vec<_>>(), "{out}");
-    assert_eq!((end.get("ExitCode"), end.restarts()), (format!("{EXIT}:0").as_str(), 1), "{out}");
+    // Plus one for each run Slurm started without its Prolog, which the
+    // plugin requeues again (seen once in CI at 3eb9ca9: restarts 2).
+    let skipped = out.matches(gpu_mode_tests::churn::PROLOG_SKIPPED).count() as u32;
+    assert_eq!((end.get("ExitCode"), end.restarts()), (format!("{EXIT}:0").as_str(), 1 + skipped), "{out}");
     let (events, comment) = recorded_events(c, job);
     assert_eq!(events, ["ckpt-failed=r0@gma"], "{comment}");
     assert_images_removed(c, job);
